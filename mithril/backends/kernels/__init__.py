@@ -1,0 +1,25 @@
+"""Shared ONNX kernels, a module per op family. Importing this package registers them all."""
+
+from importlib import import_module
+
+FAMILIES = (
+    "elementwise",
+    "reduce",
+    "normalization",
+    "loss",
+    "shape",
+    "nn",
+    "image",
+    "attention",
+    "rnn",
+    "quantize",
+    "random",
+    "signal",
+    "strings",
+    "training",
+    "control_flow",
+    "sequence",
+)
+
+for _family in FAMILIES:
+    import_module(f"{__name__}.{_family}")

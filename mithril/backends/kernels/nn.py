@@ -1,0 +1,5 @@
+"""nn kernels."""
+
+from __future__ import annotations
+
+from ..registry import kernel  # noqa: F401

@@ -1,0 +1,5 @@
+"""quantize kernels."""
+
+from __future__ import annotations
+
+from ..registry import kernel  # noqa: F401

@@ -1,0 +1,5 @@
+"""sequence kernels."""
+
+from __future__ import annotations
+
+from ..registry import kernel  # noqa: F401

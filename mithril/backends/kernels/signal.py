@@ -1,0 +1,5 @@
+"""signal kernels."""
+
+from __future__ import annotations
+
+from ..registry import kernel  # noqa: F401

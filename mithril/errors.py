@@ -1,0 +1,116 @@
+"""One error hierarchy for everything Mithril raises on bad input.
+
+Every error that concerns a graph node names it: its name (or ``op_type#index`` when the
+node is unnamed), its op type and the opset in force, plus the shapes and dtypes involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class MithrilError(Exception):
+    """Base class of every error Mithril raises on purpose."""
+
+
+def describe_node(node_label: str | None, op_type: str | None, opset: int | None) -> str:
+    parts = []
+    if node_label:
+        parts.append(f"node {node_label!r}")
+    if op_type:
+        parts.append(f"op {op_type}")
+    if opset is not None:
+        parts.append(f"opset {opset}")
+    return ", ".join(parts)
+
+
+class NodeError(MithrilError):
+    """An error tied to one node of a graph."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None = None,
+        op_type: str | None = None,
+        opset: int | None = None,
+        shapes: Sequence | None = None,
+        dtypes: Sequence | None = None,
+    ):
+        self.node = node
+        self.op_type = op_type
+        self.opset = opset
+        self.shapes = list(shapes) if shapes is not None else None
+        self.dtypes = list(dtypes) if dtypes is not None else None
+        where = describe_node(node, op_type, opset)
+        text = f"{where}: {message}" if where else message
+        if self.shapes is not None:
+            text += f" (input shapes {self.shapes}"
+            text += f", dtypes {self.dtypes})" if self.dtypes is not None else ")"
+        elif self.dtypes is not None:
+            text += f" (input dtypes {self.dtypes})"
+        super().__init__(text)
+
+
+class OnnxLoadError(MithrilError):
+    """The file or bytes given are not a loadable ONNX model."""
+
+
+class UnsafeExternalDataError(OnnxLoadError):
+    """An external-data path points outside the model's folder."""
+
+
+class UnsupportedOpError(NodeError):
+    """No kernel for this op at this opset (on this backend)."""
+
+
+class UnsupportedDomainError(MithrilError):
+    """The graph uses operator domains Mithril does not implement."""
+
+    def __init__(self, nodes: Iterable[tuple[str, str, str]]):
+        self.nodes = list(nodes)
+        lines = [f"  {label}: {domain}::{op}" for label, domain, op in self.nodes]
+        domains = sorted({d for _, d, _ in self.nodes})
+        super().__init__(
+            f"unsupported domain(s) {', '.join(domains)}; {len(self.nodes)} node(s) use them:\n"
+            + "\n".join(lines)
+        )
+
+
+class UnsupportedOpsError(MithrilError):
+    """Several ops at once have no kernel: raised listing all of them."""
+
+    def __init__(self, missing: list[tuple[str, str, int]], backend: str):
+        self.missing = missing
+        lines = [f"  {label}: {op} (opset {opset})" for label, op, opset in missing]
+        super().__init__(
+            f"backend {backend!r} has no kernel for {len(missing)} node(s):\n" + "\n".join(lines)
+        )
+
+
+class UnsupportedAttributeError(NodeError):
+    """The kernel does not implement an attribute the node sets."""
+
+
+class ShapeError(NodeError):
+    """Shapes that cannot agree, or a shape the compile step needs but was not given."""
+
+
+class DTypeError(NodeError):
+    """A dtype that is wrong for the input, or unsupported by a backend."""
+
+
+class InputError(MithrilError):
+    """Missing, unexpected, or mis-shaped/mis-typed inputs to ``evaluate``."""
+
+
+class KernelError(NodeError):
+    """A kernel failed while running; wraps the underlying exception with node context."""
+
+
+class BackendUnavailableError(MithrilError):
+    """The framework behind a backend is not installed, or the device is not present."""
+
+
+class ValidationError(MithrilError):
+    """Validation against onnxruntime could not be carried out."""
