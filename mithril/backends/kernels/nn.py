@@ -1,5 +1,433 @@
-"""nn kernels."""
+"""nn kernels: convolution, pooling and the matmul family.
+
+Convolutions are im2col plus one batched matmul per node, so BLAS does the arithmetic. Pools,
+depthwise convolutions and im2col itself are built from *taps*: for each kernel offset, the
+strided slice of the padded input that this offset reads in every output window. That is one
+array operation per kernel offset, never a Python loop over pixels, and plain slicing works
+in every array namespace.
+"""
 
 from __future__ import annotations
 
-from ..registry import kernel  # noqa: F401
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy
+
+from ..registry import kernel
+
+# ---------------------------------------------------------------------------------------------
+# Window geometry shared by convolutions and pools
+
+
+@dataclass(frozen=True)
+class _Window:
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]  # padding before each spatial axis
+    end: tuple[int, ...]  # padding after each spatial axis
+    out: tuple[int, ...]  # output size of each spatial axis
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        # How far into the padded axis the last window reaches.
+        return tuple((n - 1) * s + (k - 1) * d + 1 for n, s, k, d in zip(self.out, self.strides, self.kernel, self.dilations))
+
+
+def _window(size, kernel, strides, dilations, pads, auto_pad, ceil_mode=0) -> _Window:
+    nd = len(kernel)
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    pads = tuple(pads or (0,) * (2 * nd))
+    begin, end, out = [], [], []
+    for i in range(nd):
+        n, k, s, d = size[i], kernel[i], strides[i], dilations[i]
+        span = (k - 1) * d + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-n // s)
+            total = max((o - 1) * s + span - n, 0)
+            # The odd pixel goes at the end for SAME_UPPER, at the beginning for SAME_LOWER.
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            e = total - b
+        else:
+            b, e = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + nd])
+            room = n + b + e - span
+            if ceil_mode:
+                o = -(-room // s) + 1
+                # A window may overhang the end but must start inside the input or the begin padding.
+                if (o - 1) * s >= n + b:
+                    o -= 1
+            else:
+                o = room // s + 1
+        begin.append(b)
+        end.append(e)
+        out.append(o)
+    return _Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def _pad_spatial(x, win: _Window, fill, xp):
+    # Pads just what the windows read: ceil_mode windows may overhang the end padding, and
+    # end padding no window reaches is dropped.
+    nd = len(win.kernel)
+    widths = [(0, 0)] * (x.ndim - nd)
+    for i in range(nd):
+        size = x.shape[x.ndim - nd + i]
+        widths.append((win.begin[i], max(win.extent[i] - win.begin[i] - size, 0)))
+    if not any(b or e for b, e in widths):
+        return x
+    return xp.pad(x, widths, constant_values=fill)
+
+
+def _taps(padded, win: _Window):
+    """Yields (offset, tap): for each kernel offset (row-major), the slice of ``padded`` that
+    this offset reads in every output window; tap.shape = padded.shape[:-nd] + win.out."""
+    for offset in itertools.product(*(range(k) for k in win.kernel)):
+        index = tuple(
+            slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, s, n in zip(offset, win.dilations, win.strides, win.out)
+        )
+        yield offset, padded[(Ellipsis, *index)]
+
+
+def _lowest(dtype):
+    dtype = numpy.dtype(dtype)
+    return -numpy.inf if dtype.kind in "fV" else numpy.iinfo(dtype).min
+
+
+def _matmul(a, b, xp):
+    # ml_dtypes' bfloat16 matmul returns float32 under NumPy; ONNX keeps the input type.
+    y = xp.matmul(a, b)
+    return y if y.dtype == a.dtype else y.astype(a.dtype)
+
+
+def _add_bias(y, b, xp):
+    if b is None:
+        return y
+    return y + xp.reshape(b, (-1,) + (1,) * (y.ndim - 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution
+
+
+def _conv(x, w, b, *, auto_pad, dilations, group, pads, strides, xp):
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    win = _window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+    padded = _pad_spatial(x, win, 0, xp)
+    taps = math.prod(win.kernel)
+    length = math.prod(win.out)
+    if cg == 1 and group > 1:
+        # Depthwise: each output channel sees one input channel, so a matmul would be a
+        # stack of dot products of length taps; multiply-accumulate shifted slices instead.
+        wk = xp.reshape(w, (1, group, mg, taps) + (1,) * len(win.out))
+        padded = xp.reshape(padded, (n, group, 1) + padded.shape[2:])
+        y = None
+        for k, (_, tap) in enumerate(_taps(padded, win)):
+            term = tap * wk[:, :, :, k]
+            y = term if y is None else y + term
+        return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
+    if taps == 1:
+        cols = next(_taps(padded, win))[1]
+    else:
+        # im2col: (n, c, taps, *out), channel-major to match W's (m, c, *kernel) layout.
+        cols = xp.stack([tap for _, tap in _taps(padded, win)], axis=2)
+    cols = xp.reshape(cols, (n, group, cg * taps, length))
+    y = _matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
+    return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
+
+
+@kernel("Conv", since=1)
+def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+    # kernel_shape, when given, equals W's spatial shape; W is the source of truth.
+    return _conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides, xp=xp)
+
+
+def _col2im(cols, grid, win: _Window, size, shift=0):
+    """Adds column blocks back into an image: cols (n, c, taps, *grid) -> (n, c, *size), the
+    block at grid position g and kernel offset o landing at g * stride + o * dilation + shift."""
+    # numpy-only: scatter-add through in-place slice assignment.
+    out = numpy.zeros(cols.shape[:2] + tuple(size), dtype=cols.dtype)
+    for k, offset in enumerate(itertools.product(*(range(k) for k in win.kernel))):
+        index = tuple(
+            slice(shift + o * d, shift + o * d + (g - 1) * s + 1, s)
+            for o, d, s, g in zip(offset, win.dilations, win.strides, grid)
+        )
+        out[(Ellipsis, *index)] += cols[:, :, k]
+    return out
+
+
+@kernel("ConvTranspose", since=1)
+def conv_transpose(
+    x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides, xp
+):
+    n, c = x.shape[:2]
+    size = x.shape[2:]
+    nd = len(size)
+    kernel = w.shape[2:]
+    cg, mg = c // group, w.shape[1]
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    output_padding = tuple(output_padding or (0,) * nd)
+    # Length of each axis before cropping the pads: what the kernel touches plus output_padding.
+    full = [s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)]
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
+        total = [f - o for f, o in zip(full, out)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
+        begin = list(pads[:nd])
+        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    taps = math.prod(kernel)
+    # Every input pixel spreads over the kernel: cols[n, m, tap, pixel].
+    wt = numpy.swapaxes(numpy.reshape(w, (group, cg, mg * taps)), 1, 2)
+    cols = _matmul(wt, numpy.reshape(x, (n, group, cg, math.prod(size))), numpy)
+    cols = numpy.reshape(cols, (n, group * mg, taps) + tuple(size))
+    shift = max(0, -min(begin))  # negative padding (output larger than full) grows the canvas
+    canvas = [shift + max(f, bg + o) for f, bg, o in zip(full, begin, out)]
+    win = _Window(tuple(kernel), strides, dilations, (0,) * nd, (0,) * nd, tuple(size))
+    y = _col2im(cols, size, win, canvas, shift)
+    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(begin, out)))]
+    return _add_bias(y, b, numpy)
+
+
+@kernel("Col2Im", since=18, static_inputs=(1, 2))
+def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
+    image = tuple(int(i) for i in image_shape)
+    block = tuple(int(k) for k in block_shape)
+    win = _window(image, block, strides, dilations, pads, "NOTSET")
+    n = x.shape[0]
+    cols = numpy.reshape(x, (n, -1, math.prod(block)) + win.out)
+    padded = [i + b + e for i, b, e in zip(image, win.begin, win.end)]
+    y = _col2im(cols, win.out, win, padded)
+    return y[(Ellipsis, *(slice(b, b + i) for b, i in zip(win.begin, image)))]
+
+
+@kernel("DeformConv", since=19)
+def deform_conv(x, w, offset, b=None, mask=None, *, dilations, group, kernel_shape, offset_group, pads, strides, xp):
+    n, c = x.shape[:2]
+    size = x.shape[2:]
+    nd = len(size)
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    win = _window(size, w.shape[2:], strides, dilations, pads, "NOTSET")
+    taps, length = math.prod(win.kernel), math.prod(win.out)
+    # Sampling position of every (tap, output pixel) along each axis, before the learned offset.
+    tap_pos = numpy.array(list(itertools.product(*(range(k) for k in win.kernel))), dtype=numpy.int64).reshape(taps, nd)
+    grid = numpy.meshgrid(*(numpy.arange(o) for o in win.out), indexing="ij")
+    offset = xp.reshape(offset, (n, offset_group, taps, nd) + win.out)
+    base_shape = (1, 1, taps) + win.out
+    pos = [
+        xp.asarray(
+            (tap_pos[:, i].reshape((taps,) + (1,) * nd) * win.dilations[i] + grid[i] * win.strides[i] - win.begin[i]).reshape(
+                base_shape
+            ),
+            dtype=x.dtype,
+        )
+        + offset[:, :, :, i]
+        for i in range(nd)
+    ]
+    lower = [xp.floor(p) for p in pos]
+    frac = [p - f for p, f in zip(pos, lower)]
+    # Multilinear interpolation with zeros outside the image: sum over the 2**nd corners.
+    flat_x = xp.reshape(x, (n, offset_group, c // offset_group, math.prod(size)))
+    sampled = None
+    for corner in itertools.product((0, 1), repeat=nd):
+        weight, flat, valid = 1, 0, True
+        for i in range(nd):
+            idx = lower[i] + corner[i]
+            weight = weight * (frac[i] if corner[i] else 1 - frac[i])
+            valid = valid & (idx >= 0) & (idx < size[i])
+            flat = flat * size[i] + idx
+        flat = xp.reshape(xp.where(valid, flat, 0).astype(numpy.int64), (n, offset_group, 1, taps * length))
+        weight = xp.reshape(xp.where(valid, weight, 0), (n, offset_group, 1, taps * length))
+        term = xp.take_along_axis(flat_x, flat, axis=3) * weight
+        sampled = term if sampled is None else sampled + term
+    if mask is not None:
+        sampled = sampled * xp.reshape(mask, (n, offset_group, 1, taps * length))
+    cols = xp.reshape(sampled, (n, group, cg * taps, length))
+    y = _matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
+    return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling
+
+
+@kernel("MaxPool", since=1)
+def max_pool(
+    x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0, num_outputs=1, xp
+):
+    size = x.shape[2:]
+    win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    padded = _pad_spatial(x, win, _lowest(x.dtype), xp)
+    if num_outputs < 2:
+        y = None
+        for _, tap in _taps(padded, win):
+            y = tap if y is None else xp.maximum(y, tap)
+        return y
+    # Indices: flat positions in the unpadded input, spatial axes row- or column-major.
+    nd = len(size)
+    order = range(nd) if storage_order else range(nd - 1, -1, -1)
+    axis_stride, step = [0] * nd, 1
+    for i in order:
+        axis_stride[i] = step
+        step *= size[i]
+    channel_base = numpy.arange(x.shape[0] * x.shape[1], dtype=numpy.int64).reshape(x.shape[:2] + (1,) * nd) * step
+    y = indices = None
+    for offset, tap in _taps(padded, win):
+        flat = channel_base
+        for i in range(nd):
+            coord = numpy.arange(win.out[i]) * win.strides[i] + offset[i] * win.dilations[i] - win.begin[i]
+            flat = flat + (coord * axis_stride[i]).reshape((win.out[i],) + (1,) * (nd - 1 - i))
+        if y is None:
+            y, indices = tap, xp.broadcast_to(xp.asarray(flat), tap.shape)
+        else:
+            # Strict > keeps the first maximum in window order.
+            better = tap > y
+            y = xp.where(better, tap, y)
+            indices = xp.where(better, xp.asarray(flat), indices)
+    return y, indices
+
+
+def _window_counts(size, win: _Window, count_include_pad):
+    # How many taps of each window hit counted pixels; separable, so an outer product of 1-D counts.
+    counts = numpy.ones(())
+    for i, n in enumerate(size):
+        lo, hi = (0, n + win.begin[i] + win.end[i]) if count_include_pad else (win.begin[i], win.begin[i] + n)
+        pos = numpy.arange(win.out[i])[:, None] * win.strides[i] + numpy.arange(win.kernel[i])[None, :] * win.dilations[i]
+        counts = numpy.multiply.outer(counts, ((pos >= lo) & (pos < hi)).sum(axis=1))
+    return counts
+
+
+@kernel("AveragePool", since=1)
+def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None, xp):
+    size = x.shape[2:]
+    win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    padded = _pad_spatial(x, win, 0, xp)
+    total = None
+    for _, tap in _taps(padded, win):
+        total = tap if total is None else total + tap
+    return total / xp.asarray(_window_counts(size, win, count_include_pad), dtype=x.dtype)
+
+
+@kernel("LpPool", since=1)
+def lp_pool(x, *, auto_pad, kernel_shape, p, pads, strides, ceil_mode=0, dilations=None, xp):
+    win = _window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    padded = xp.abs(_pad_spatial(x, win, 0, xp))
+    total = None
+    for _, tap in _taps(padded, win):
+        term = tap**p
+        total = term if total is None else total + term
+    return total ** (1.0 / p)
+
+
+def _spatial_axes(x):
+    return tuple(range(2, x.ndim))
+
+
+@kernel("GlobalAveragePool", since=1)
+def global_average_pool(x, *, xp):
+    return xp.mean(x, axis=_spatial_axes(x), keepdims=True)
+
+
+@kernel("GlobalMaxPool", since=1)
+def global_max_pool(x, *, xp):
+    return xp.max(x, axis=_spatial_axes(x), keepdims=True)
+
+
+@kernel("GlobalLpPool", since=1)
+def global_lp_pool(x, *, p, xp):
+    return xp.sum(xp.abs(x) ** p, axis=_spatial_axes(x), keepdims=True) ** (1.0 / p)
+
+
+@kernel("MaxUnpool", since=9, static_inputs=(2,))
+def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads, strides):
+    nd = len(kernel_shape)
+    strides = strides or (1,) * nd
+    pads = pads or (0,) * (2 * nd)
+    spatial = tuple(
+        (i - 1) * s + k - pads[j] - pads[j + nd] for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))
+    )
+    shape = x.shape[:2] + spatial
+    # numpy-only: scatter by assignment into a flat buffer.
+    y = numpy.zeros(math.prod(shape), dtype=x.dtype)
+    y[numpy.asarray(indices).reshape(-1)] = numpy.asarray(x).reshape(-1)
+    y = y.reshape(shape)
+    if output_shape is None:
+        return y
+    # Indices address the inferred shape; a given output_shape pads (or crops) at the end of each axis.
+    target = tuple(int(s) for s in output_shape)
+    y = y[tuple(slice(0, t) for t in target)]
+    return numpy.pad(y, [(0, t - s) for s, t in zip(y.shape, target)])
+
+
+@kernel("MaxRoiPool", since=1)
+def max_roi_pool(x, rois, *, pooled_shape, spatial_scale):
+    # numpy-only: each region has its own bin grid; the loops run over regions and bins, not pixels.
+    height, width = x.shape[2:]
+    ph, pw = pooled_shape
+    y = numpy.zeros((rois.shape[0], x.shape[1], ph, pw), dtype=x.dtype)
+    for r, roi in enumerate(numpy.asarray(rois, dtype=numpy.float64)):
+        batch = int(roi[0])
+        # Corners are rounded half away from zero, as in Caffe's RoI pooling.
+        x1, y1, x2, y2 = (int(numpy.sign(v) * numpy.floor(abs(v) * spatial_scale + 0.5)) for v in roi[1:5])
+        bin_h = max(y2 - y1 + 1, 1) / ph
+        bin_w = max(x2 - x1 + 1, 1) / pw
+        for i in range(ph):
+            h0 = min(max(math.floor(i * bin_h) + y1, 0), height)
+            h1 = min(max(math.ceil((i + 1) * bin_h) + y1, 0), height)
+            for j in range(pw):
+                w0 = min(max(math.floor(j * bin_w) + x1, 0), width)
+                w1 = min(max(math.ceil((j + 1) * bin_w) + x1, 0), width)
+                if h1 > h0 and w1 > w0:
+                    y[r, :, i, j] = x[batch, :, h0:h1, w0:w1].max(axis=(1, 2))
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul family
+
+
+def _compute_dtype(dtype):
+    # NumPy's einsum and linalg have no loops for ml_dtypes (bfloat16) or float16 in linalg.
+    return numpy.float32 if numpy.dtype(dtype).kind == "V" else dtype
+
+
+@kernel("MatMul", since=1)
+def matmul(a, b, *, xp):
+    return _matmul(a, b, xp)
+
+
+@kernel("Gemm", since=1)
+def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
+    # Gemm-1/6's broadcast flag only permitted what NumPy broadcasting does anyway.
+    dtype = a.dtype
+    if transA:
+        a = xp.swapaxes(a, 0, 1)
+    if transB:
+        b = xp.swapaxes(b, 0, 1)
+    y = _matmul(a, b, xp)
+    if alpha != 1:
+        y = (y * alpha).astype(dtype)
+    if c is not None and beta != 0:
+        y = (y + (c if beta == 1 else c * beta)).astype(dtype)
+    return y
+
+
+@kernel("Einsum", since=12)
+def einsum(*inputs, equation, xp):
+    dtype = inputs[0].dtype
+    compute = _compute_dtype(dtype)
+    operands = [i.astype(compute) if i.dtype != compute else i for i in inputs]
+    y = xp.einsum(equation.replace(" ", ""), *operands, optimize=len(operands) > 1)
+    return xp.asarray(y).astype(dtype)
+
+
+@kernel("Det", since=11)
+def det(x, *, xp):
+    compute = numpy.float32 if numpy.dtype(x.dtype).kind == "V" or x.dtype == numpy.float16 else x.dtype
+    return xp.asarray(xp.linalg.det(x.astype(compute))).astype(x.dtype)
