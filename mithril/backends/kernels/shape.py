@@ -319,24 +319,16 @@ def eye_like(input, *, dtype, k, xp):
     return xp.eye(input.shape[0], input.shape[1], k=k, dtype=out_dtype)
 
 
+# OneHot-9's text leaves negative indices off, but onnxruntime and the reference wrap them at
+# every version (as OneHot-11 specifies), so one kernel serves all.
 @kernel("OneHot", since=9, static_inputs=(1,))
-def one_hot_9(indices, depth, values, *, axis, xp):
-    return _one_hot(indices, depth, values, axis, False, xp)
-
-
-@kernel("OneHot", since=11, static_inputs=(1,))
 def one_hot(indices, depth, values, *, axis, xp):
-    return _one_hot(indices, depth, values, axis, True, xp)
-
-
-def _one_hot(indices, depth, values, axis, negative_wraps, xp):
     depth = int(numpy.asarray(depth).reshape(-1)[0])
     rank = indices.ndim + 1
     axis = _axis(axis, rank)
-    indices = xp.astype(indices, numpy.int64)
-    if negative_wraps:
-        indices = _wrap_negative(indices, depth, xp)
-    classes = xp.reshape(xp.arange(depth, dtype=numpy.int64), (depth,) + (1,) * (rank - 1 - axis))
+    indices = _wrap_negative(indices, depth, xp)
+    # Compared in the indices' own dtype: a fractional float index matches no class.
+    classes = xp.reshape(xp.arange(depth), (depth,) + (1,) * (rank - 1 - axis))
     hot = xp.expand_dims(indices, axis) == classes
     return xp.where(hot, values[1], values[0])
 
@@ -362,7 +354,9 @@ def gather(data, indices, *, axis, xp):
 @kernel("GatherElements", since=11)
 def gather_elements(data, indices, *, axis, xp):
     axis = _axis(axis, data.ndim)
-    return xp.take_along_axis(data, _wrap_negative(indices, data.shape[axis], xp), axis=axis)
+    # Output takes the indices' shape; take_along_axis would broadcast smaller non-axis dims.
+    window = tuple(slice(None) if i == axis else slice(0, n) for i, n in enumerate(indices.shape))
+    return xp.take_along_axis(data[window], _wrap_negative(indices, data.shape[axis], xp), axis=axis)
 
 
 @kernel("GatherND", since=11)
