@@ -1,0 +1,29 @@
+"""Mithril: compose, import and export models through ONNX, and run them on any backend.
+
+>>> import mithril as ml
+>>> ml.NumpyBackend().name
+'numpy'
+"""
+
+from .dtypes import (  # noqa: F401
+    DType,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+)
+from .errors import MithrilError  # noqa: F401
+from . import errors  # noqa: F401
+from .onnx_bridge.load import OnnxModel, load_onnx  # noqa: F401
+from .backends.numpy_backend import NumpyBackend  # noqa: F401
+from .compile import PhysicalModel, compile  # noqa: F401
+
+bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
+
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""The backend tensor API, shared by every backend over its array namespace ``xp``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType, as_dtype, float32
+
+
+class Backend:
+    """Base of every backend: the same tensor API everywhere, over an array namespace.
+
+    Subclasses set ``name`` and ``xp`` and may override the conversions.
+    """
+
+    name = "base"
+    xp: Any = np
+    supports_gradients = False
+
+    def __init__(self, dtype: DType = float32, device: str = "cpu"):
+        self.dtype = as_dtype(dtype)
+        self.device = device
+        self.set_seed(0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dtype={self.dtype!r}, device={self.device!r})"
+
+    # -- dtypes and conversion -------------------------------------------------------
+    def backend_dtype(self, dtype: DType | None):
+        return (as_dtype(dtype) if dtype is not None else self.dtype).numpy
+
+    def array(self, data, dtype: DType | None = None):
+        if dtype is None and isinstance(data, np.ndarray):
+            return self.from_numpy(data)
+        if dtype is None:
+            arr = np.asarray(data)
+            dtype = self.dtype if np.issubdtype(arr.dtype, np.floating) else as_dtype(arr.dtype)
+        return self.from_numpy(np.asarray(data, dtype=self.backend_dtype(dtype)))
+
+    def from_numpy(self, arr: np.ndarray):
+        return self.xp.asarray(arr)
+
+    def to_numpy(self, arr) -> np.ndarray:
+        return np.asarray(arr)
+
+    # -- creation --------------------------------------------------------------------
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def zeros(self, *shape, dtype: DType | None = None):
+        return self.from_numpy(np.zeros(_shape(shape), dtype=self.backend_dtype(dtype)))
+
+    def ones(self, *shape, dtype: DType | None = None):
+        return self.from_numpy(np.ones(_shape(shape), dtype=self.backend_dtype(dtype)))
+
+    def randn(self, *shape, dtype: DType | None = None):
+        return self.from_numpy(self.rng.standard_normal(_shape(shape)).astype(self.backend_dtype(dtype)))
+
+    def rand(self, *shape, dtype: DType | None = None):
+        return self.from_numpy(self.rng.random(_shape(shape)).astype(self.backend_dtype(dtype)))
+
+    def arange(self, *args, dtype: DType | None = None):
+        if dtype is None:
+            dtype = self.dtype if any(isinstance(a, float) for a in args) else as_dtype(np.int64)
+        return self.from_numpy(np.arange(*args).astype(self.backend_dtype(dtype)))
+
+    def zeros_like(self, x, dtype: DType | None = None):
+        n = self.to_numpy(x)
+        return self.from_numpy(np.zeros(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype)))
+
+    def ones_like(self, x, dtype: DType | None = None):
+        n = self.to_numpy(x)
+        return self.from_numpy(np.ones(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype)))
+
+    # -- arithmetic ------------------------------------------------------------------
+    def add(self, a, b):
+        return a + b
+
+    def subtract(self, a, b):
+        return a - b
+
+    def multiply(self, a, b):
+        return a * b
+
+    def divide(self, a, b):
+        return a / b
+
+    def matmul(self, a, b):
+        return self.xp.matmul(a, b)
+
+    def relu(self, x):
+        return self.xp.maximum(x, 0)
+
+    def sigmoid(self, x):
+        return 1 / (1 + self.xp.exp(-x))
+
+    def tanh(self, x):
+        return self.xp.tanh(x)
+
+    def sum(self, x, axis=None, keepdim: bool = False):
+        return self.xp.sum(x, axis=axis, keepdims=keepdim)
+
+    def mean(self, x, axis=None, keepdim: bool = False):
+        return self.xp.mean(x, axis=axis, keepdims=keepdim)
+
+    def max(self, x, axis=None, keepdim: bool = False):
+        return self.xp.max(x, axis=axis, keepdims=keepdim)
+
+    def reshape(self, x, shape):
+        return self.xp.reshape(x, tuple(shape))
+
+    def transpose(self, x, axes=None):
+        return self.xp.transpose(x, axes)
+
+    def concat(self, arrays, axis: int = 0):
+        return self.xp.concatenate(list(arrays), axis=axis)
+
+
+def _shape(shape) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)

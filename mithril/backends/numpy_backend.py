@@ -1,0 +1,32 @@
+"""The NumPy backend: the reference lowering of ONNX graphs into NumPy calls."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import Backend
+
+
+class NumpyBackend(Backend):
+    """Runs lowered ONNX graphs with NumPy on the CPU.
+
+    >>> import mithril as ml
+    >>> b = ml.NumpyBackend(dtype=ml.float32)
+    >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()
+    [2.0, 2.0]
+    """
+
+    name = "numpy"
+    xp = np
+
+    def __init__(self, dtype=None, device: str = "cpu"):
+        from .. import dtypes
+
+        if device != "cpu":
+            from ..errors import BackendUnavailableError
+
+            raise BackendUnavailableError(f"NumpyBackend runs on 'cpu' only; got device {device!r}")
+        super().__init__(dtype if dtype is not None else dtypes.float32, device)
+
+    def from_numpy(self, arr):
+        return np.asarray(arr)

@@ -1,0 +1,270 @@
+"""``ml.compile``: a model plus a backend becomes a :class:`PhysicalModel`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from .backends import kernels  # noqa: F401  (registers every kernel)
+from .backends.backend import Backend
+from .backends.lower import LoweredProgram, lower_graph
+from .dtypes import is_floating_np, np_dtype_of_onnx
+from .errors import DTypeError, InputError, KernelError, MithrilError, ShapeError
+from .onnx_bridge.load import OnnxModel, load_onnx
+from .onnx_bridge.passes import specialize
+
+
+def _clone(model: ir.Model) -> ir.Model:
+    # Passes mutate in place; the user's model must stay as loaded.
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+
+
+def _static_input_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> set[str]:
+    """Initializers read at a kernel's static input position (a shape, axes, scales...)."""
+    from .backends.lower import canonical_domain
+    from .backends.registry import REGISTRY
+
+    names: set[str] = set()
+    for node in graph.all_nodes():
+        domain = canonical_domain(node.domain)
+        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
+        if spec is None:
+            continue
+        for i in spec.static_inputs:
+            if i < len(node.inputs) and node.inputs[i] is not None and node.inputs[i].is_initializer():
+                names.add(node.inputs[i].name)
+    return names
+
+
+class PhysicalModel:
+    """A model lowered onto one backend.
+
+    ``evaluate(params, data)`` runs it; ``code`` is the generated source.
+    """
+
+    def __init__(
+        self,
+        model: OnnxModel,
+        backend: Backend,
+        graph_model: ir.Model,
+        program: LoweredProgram,
+        param_names: list[str],
+        trainable_keys: set[str],
+        data_keys: set[str],
+        inference: bool,
+    ):
+        self.model = model
+        self.backend = backend
+        self.ir = graph_model
+        self.program = program
+        self._param_names = param_names
+        self.trainable_keys = trainable_keys
+        self.data_keys = data_keys
+        self.inference = inference
+        graph = graph_model.graph
+        self._inputs = {v.name: v for v in graph.inputs if v.name not in set(param_names)}
+        self.input_keys = list(self._inputs)
+        self.output_keys = [v.name for v in graph.outputs]
+        self._params_numpy = {
+            name: graph.initializers[name].const_value.numpy() for name in param_names
+        }
+
+    @property
+    def code(self) -> str:
+        return self.program.source
+
+    @property
+    def parameter_keys(self) -> list[str]:
+        return list(self._param_names)
+
+    def get_parameters(self) -> dict[str, Any]:
+        """The model's initializers (those not folded into the program) as backend arrays."""
+        return {k: self.backend.from_numpy(np.array(v)) for k, v in self._params_numpy.items()}
+
+    def randomize_params(self) -> dict[str, Any]:
+        """Fresh random parameters with the same names, shapes and dtypes.
+
+        Floating tensors get a fan-in-scaled normal; integer and boolean ones keep their values
+        (they are indices or masks, not weights).
+        """
+        rng = self.backend.rng
+        out = {}
+        for k, v in self._params_numpy.items():
+            if is_floating_np(v.dtype):
+                fan_in = int(np.prod(v.shape[1:])) if v.ndim >= 2 else max(v.size, 1)
+                arr = rng.standard_normal(v.shape) / np.sqrt(max(fan_in, 1))
+                out[k] = self.backend.from_numpy(arr.astype(v.dtype))
+            else:
+                out[k] = self.backend.from_numpy(np.array(v))
+        return out
+
+    # -- evaluation ------------------------------------------------------------------
+    def _check_data(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        missing = [k for k in self.input_keys if k not in data]
+        if missing:
+            raise InputError(f"missing input(s) {missing}; the model takes {self.input_keys}")
+        unknown = [k for k in data if k not in self._inputs]
+        if unknown:
+            raise InputError(f"unknown input(s) {unknown}; the model takes {self.input_keys}")
+        checked = {}
+        for name, value in data.items():
+            declared = self._inputs[name]
+            checked[name] = self._check_value(name, declared, value)
+        return checked
+
+    def _check_value(self, name: str, declared: ir.Value, value: Any) -> Any:
+        if declared.type is None or not isinstance(declared.type, ir.TensorType):
+            return value  # sequences and optionals pass as they are
+        want = np_dtype_of_onnx(int(declared.dtype))
+        if isinstance(value, (list, tuple, int, float, bool)):
+            value = np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
+        got_dtype = _dtype_of(value)
+        if got_dtype is not None and got_dtype != want:
+            raise DTypeError(
+                f"input {name!r} expects {want} but got {got_dtype}; cast it explicitly "
+                f"(Mithril never casts inputs silently)",
+                node=_consumer_label(declared),
+            )
+        shape = tuple(getattr(value, "shape", ()))
+        if declared.shape is not None:
+            dims = tuple(declared.shape)
+            if len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
+                raise ShapeError(
+                    f"input {name!r} expects shape {[d if isinstance(d, int) else str(d) for d in dims]} "
+                    f"but got {list(shape)}",
+                    node=_consumer_label(declared),
+                )
+        return value
+
+    def evaluate(self, params: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
+                 output_gradients: Mapping[str, Any] | None = None):
+        """Run the model: ``params`` and ``data`` keyed by name -> outputs keyed by name."""
+        if output_gradients is not None:
+            raise MithrilError(
+                f"{type(self.backend).__name__} does not compute gradients yet; "
+                "use evaluate(params, data) for outputs"
+            )
+        if params is None:
+            params = self.get_parameters()
+        missing = [k for k in self._param_names if k not in params]
+        if missing:
+            raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
+        data = self._check_data(data or {})
+        try:
+            return self.program.forward(params, data)
+        except MithrilError:
+            raise
+        except Exception as exc:
+            raise _node_error(self.program, exc) from exc
+
+    __call__ = evaluate
+
+
+def _dtype_of(value):
+    dt = getattr(value, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        return None
+
+
+def _consumer_label(value: ir.Value) -> str | None:
+    uses = list(value.uses())
+    if not uses:
+        return None
+    node = uses[0][0] if isinstance(uses[0], tuple) else uses[0].node
+    return node.name or node.op_type
+
+
+def _node_error(program: LoweredProgram, exc: Exception) -> Exception:
+    """Find the generated line that failed and name its node, input shapes and dtypes."""
+    tb = exc.__traceback__
+    site = frame = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == program.filename and tb.tb_lineno in program.lines:
+            site, frame = program.lines[tb.tb_lineno], tb.tb_frame
+        tb = tb.tb_next
+    if site is None:
+        return exc
+    shapes, dtypes = [], []
+    for var in site.input_vars:
+        val = frame.f_locals.get(var) if var is not None else None
+        shapes.append(list(np.shape(val)) if val is not None and hasattr(val, "shape") else None)
+        dtypes.append(str(getattr(val, "dtype", type(val).__name__)) if val is not None else None)
+    return KernelError(
+        f"kernel {site.kernel} failed: {type(exc).__name__}: {exc}",
+        node=site.label, op_type=site.op_type, opset=site.opset, shapes=shapes, dtypes=dtypes,
+    )
+
+
+def compile(
+    model,
+    backend: Backend,
+    shapes: Mapping[str, Iterable[int]] | None = None,
+    data_keys: Iterable[str] | None = None,
+    constant_keys: Iterable[str] | None = None,
+    trainable_keys: Iterable[str] | None = None,
+    inference: bool = False,
+    jit: bool = True,
+    file_path: str | None = None,
+) -> PhysicalModel:
+    """Lower ``model`` (an ONNX path/bytes/proto or a loaded model) onto ``backend``.
+
+    >>> import mithril as ml, numpy as np
+    >>> from onnx import helper, TensorProto
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    >>> pm = ml.compile(ml.load_onnx(helper.make_model(g)), ml.NumpyBackend(), shapes={"x": [2, 3]})
+    >>> pm.evaluate({}, {"x": np.array([[-1, 2, 3]] * 2, np.float32)})["y"].tolist()
+    [[0.0, 2.0, 3.0], [0.0, 2.0, 3.0]]
+    """
+    if not isinstance(model, OnnxModel):
+        to_onnx = getattr(model, "to_onnx_model", None)
+        model = to_onnx(shapes=shapes) if to_onnx is not None else load_onnx(model)
+    opsets = model.opset_imports
+    work = _clone(model.ir)
+    graph = work.graph
+    constant_keys = set(constant_keys or ())
+    unknown = constant_keys - set(graph.initializers)
+    if unknown:
+        raise MithrilError(f"constant_keys names {sorted(unknown)}, which are not initializers of the model")
+    # Non-floating initializers (shapes, indices) and those read as static inputs are constants.
+    constants = set(constant_keys)
+    constants |= {n for n, v in graph.initializers.items() if v.const_value is not None and
+                  not is_floating_np(np_dtype_of_onnx(int(v.const_value.dtype)))}
+    constants |= _static_input_initializers(graph, opsets, backend.name)
+    # An initializer that is also a graph input can be overridden by the caller: never a constant.
+    constants -= {v.name for v in graph.inputs}
+    specialize(work, dict(shapes) if shapes else None, constants, opsets)
+    graph = work.graph
+    param_names = [n for n in graph.initializers if n not in constants]
+    for v in graph.inputs:
+        if v.name in graph.initializers and v.name not in param_names:
+            param_names.append(v.name)
+    if trainable_keys is not None:
+        trainable = set(trainable_keys)
+    else:
+        trainable = {n for n in param_names
+                     if is_floating_np(np_dtype_of_onnx(int(graph.initializers[n].const_value.dtype)))}
+    trainable -= constant_keys
+    program = lower_graph(
+        graph,
+        opsets,
+        backend.name,
+        param_names=set(param_names),
+        extra_namespace={"xp": backend.xp, "_backend": backend},
+        extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
+        file_path=file_path,
+    )
+    return PhysicalModel(
+        model, backend, work, program, param_names, trainable, set(data_keys or ()), inference
+    )
+
+
+__all__ = ["compile", "PhysicalModel"]

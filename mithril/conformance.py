@@ -1,0 +1,387 @@
+"""Run the ONNX backend test suite (node cases and model tests) on a Mithril backend.
+
+``python scripts/conformance.py --backend numpy`` (or ``mithril conformance``) runs every case,
+compares with the expected outputs at each case's own rtol/atol, and writes
+``docs/conformance.json`` (per-case results for each backend) and ``docs/conformance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
+CASE_TIMEOUT_S = 60
+
+
+@dataclass
+class CaseResult:
+    name: str
+    kind: str  # "node" or the model-test folder
+    status: str  # "pass", "fail", "unsupported"
+    reason: str
+    ops: list[str]
+    seconds: float
+
+
+# -- collecting cases ------------------------------------------------------------------
+_NODE_CASES = None
+
+
+def node_cases():
+    global _NODE_CASES
+    if _NODE_CASES is None:
+        from onnx.backend.test.case.node import collect_testcases
+
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            _NODE_CASES = {tc.name: tc for tc in collect_testcases(None)}
+    return _NODE_CASES
+
+
+def _data_root() -> Path:
+    return Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def model_test_dirs() -> dict[str, tuple[str, Path]]:
+    out = {}
+    for kind in MODEL_TEST_DIRS:
+        for d in sorted((_data_root() / kind).glob("*")):
+            if (d / "model.onnx").exists():
+                out[f"{kind}/{d.name}"] = (kind, d)
+    return out
+
+
+def _read_pb(path: str):
+    data = Path(path).read_bytes()
+    tensor = onnx.TensorProto()
+    try:
+        tensor.ParseFromString(data)
+        if tensor.data_type or tensor.dims:
+            return onnx.numpy_helper.to_array(tensor)
+    except Exception:
+        pass
+    seq = onnx.SequenceProto()
+    seq.ParseFromString(data)
+    return onnx.numpy_helper.to_list(seq)
+
+
+def _model_test_data(d: Path):
+    sets = []
+    for ds in sorted(d.glob("test_data_set_*")):
+        inputs = [_read_pb(p) for p in sorted(glob.glob(str(ds / "input_*.pb")), key=_pb_index)]
+        outputs = [_read_pb(p) for p in sorted(glob.glob(str(ds / "output_*.pb")), key=_pb_index)]
+        sets.append((inputs, outputs))
+    return sets
+
+
+def _pb_index(path: str) -> int:
+    return int(re.search(r"_(\d+)\.pb$", path).group(1))
+
+
+# -- running one case ------------------------------------------------------------------
+def _ops_of(model: onnx.ModelProto) -> list[str]:
+    ops = set()
+
+    def walk(graph):
+        for n in graph.node:
+            ops.add(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}")
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    walk(a.g)
+                for g in a.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return sorted(ops)
+
+
+def _compare(name: str, expected, got, rtol: float, atol: float) -> None:
+    if isinstance(expected, list):
+        if not isinstance(got, list) or len(got) != len(expected):
+            raise AssertionError(f"output {name!r}: expected a sequence of {len(expected)}, got {type(got).__name__}"
+                                 f"{' of ' + str(len(got)) if isinstance(got, list) else ''}")
+        for i, (e, g) in enumerate(zip(expected, got)):
+            _compare(f"{name}[{i}]", e, g, rtol, atol)
+        return
+    if expected is None:
+        if got is not None:
+            raise AssertionError(f"output {name!r}: expected an empty optional, got {type(got).__name__}")
+        return
+    if got is None:
+        raise AssertionError(f"output {name!r}: expected a value, got None")
+    expected = np.asarray(expected)
+    got_arr = np.asarray(got)
+    if expected.dtype != got_arr.dtype and not (expected.dtype == object and got_arr.dtype.kind in "OU"):
+        raise AssertionError(f"output {name!r}: dtype {got_arr.dtype}, expected {expected.dtype}")
+    if expected.shape != got_arr.shape:
+        raise AssertionError(f"output {name!r}: shape {list(got_arr.shape)}, expected {list(expected.shape)}")
+    if expected.dtype == object or expected.dtype.kind in "OUSb" or expected.dtype.kind in "iu":
+        if not np.array_equal(expected, got_arr.astype(expected.dtype) if expected.dtype == object else got_arr):
+            bad = int(np.sum(expected != got_arr))
+            raise AssertionError(f"output {name!r}: {bad} of {expected.size} elements differ")
+        return
+    e = expected.astype(np.float64) if expected.dtype.kind != "c" else expected
+    g = got_arr.astype(np.float64) if got_arr.dtype.kind != "c" else got_arr
+    try:
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+    except AssertionError:
+        with np.errstate(all="ignore"):
+            err = np.abs(g - e)
+            finite = np.isfinite(err)
+            worst = float(np.max(err[finite])) if finite.any() else float("nan")
+        nan_mismatch = int(np.sum(np.isnan(g) != np.isnan(e)))
+        raise AssertionError(
+            f"output {name!r}: values differ (max abs err {worst:.3g}, rtol {rtol}, atol {atol}"
+            + (f", {nan_mismatch} NaN mismatches" if nan_mismatch else "") + ")"
+        ) from None
+
+
+def _timeout_handler(signum, frame):
+    raise TimeoutError(f"case exceeded {CASE_TIMEOUT_S} s")
+
+
+def run_case(name: str, backend_name: str) -> CaseResult:
+    """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
+    import mithril as ml
+    from mithril.errors import UnsupportedDomainError, UnsupportedOpsError, UnsupportedAttributeError
+
+    if "/" in name:
+        kind, d = model_test_dirs()[name]
+        model = onnx.load(str(d / "model.onnx"))
+        data_sets = _model_test_data(d)
+        rtol, atol = 1e-3, 1e-7
+    else:
+        tc = node_cases()[name]
+        kind, model, data_sets, rtol, atol = "node", tc.model, tc.data_sets, tc.rtol, tc.atol
+    ops = _ops_of(model)
+    start = time.perf_counter()
+    use_alarm = hasattr(signal, "SIGALRM")
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _timeout_handler)
+        signal.alarm(CASE_TIMEOUT_S)
+    try:
+        backend = make_backend(backend_name)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            loaded = ml.load_onnx(model)
+            pm = ml.compile(loaded, backend)
+            names = pm.input_keys
+            for inputs, expected in data_sets:
+                if len(inputs) > len(names):
+                    raise AssertionError(f"{len(inputs)} inputs given but the model takes {names}")
+                data = {n: backend.from_numpy(v) if isinstance(v, np.ndarray) else v for n, v in zip(names, inputs)}
+                out = pm.evaluate(None, data)
+                for oname, exp in zip(pm.output_keys, expected):
+                    got = out[oname]
+                    got = [backend.to_numpy(x) for x in got] if isinstance(got, list) else (
+                        backend.to_numpy(got) if got is not None else None)
+                    _compare(oname, exp, got, rtol, atol)
+        status, reason = "pass", ""
+    except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError) as exc:
+        status, reason = "unsupported", _one_line(exc)
+    except Exception as exc:  # every failure is recorded with its reason
+        status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"
+        if os.environ.get("MITHRIL_CONFORMANCE_TRACEBACK"):
+            traceback.print_exc()
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return CaseResult(name, kind, status, reason, ops, round(time.perf_counter() - start, 4))
+
+
+def _one_line(exc: Exception, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def make_backend(name: str):
+    import mithril as ml
+
+    backends = {"numpy": "NumpyBackend", "jax": "JaxBackend", "torch": "TorchBackend", "mlx": "MlxBackend"}
+    cls = getattr(ml, backends[name], None)
+    if cls is None:
+        raise RuntimeError(f"backend {name!r} is not available in this build of mithril")
+    return cls()
+
+
+# -- expected failures -----------------------------------------------------------------
+def expected_failures(backend: str) -> dict[str, str]:
+    """Documented expected failures: ``tests/expected_failures/*.py``, ``BACKEND = {case: reason}``."""
+    out: dict[str, str] = {}
+    for path in sorted((REPO / "tests" / "expected_failures").glob("*.py")):
+        ns: dict = {}
+        exec(compile(path.read_text(), str(path), "exec"), ns)
+        out.update(ns.get(backend.upper(), {}))
+    return out
+
+
+# -- running many ------------------------------------------------------------------------
+def _worker(args):
+    name, backend = args
+    return run_case(name, backend)
+
+
+def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_models: bool = True,
+              progress: bool = True) -> list[CaseResult]:
+    names = list(node_cases())
+    if include_models:
+        names += list(model_test_dirs())
+    if pattern:
+        rx = re.compile(pattern)
+        names = [n for n in names if rx.search(n)]
+    results: list[CaseResult] = []
+    tasks = [(n, backend) for n in names]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[passed]} passed"), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        task = bar.add_task(f"{backend} conformance", total=len(tasks), passed=0)
+        passed = 0
+        if jobs > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("fork")
+            with ctx.Pool(jobs, maxtasksperchild=200) as pool:
+                for r in pool.imap_unordered(_worker, tasks, chunksize=4):
+                    results.append(r)
+                    passed += r.status == "pass"
+                    bar.update(task, advance=1, passed=passed)
+        else:
+            for t in tasks:
+                r = _worker(t)
+                results.append(r)
+                passed += r.status == "pass"
+                bar.update(task, advance=1, passed=passed)
+    order = {n: i for i, n in enumerate(names)}
+    results.sort(key=lambda r: order[r.name])
+    return results
+
+
+# -- reports -------------------------------------------------------------------------------
+def load_record() -> dict:
+    path = DOCS / "conformance.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"onnx_version": onnx.__version__, "backends": {}}
+
+
+def save_record(record: dict, backend: str, results: list[CaseResult]) -> None:
+    record["onnx_version"] = onnx.__version__
+    record["backends"][backend] = {
+        "cases": {r.name: {"status": r.status, "reason": r.reason, "kind": r.kind, "ops": r.ops} for r in results},
+    }
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    (DOCS / "conformance.md").write_text(render_markdown(record))
+
+
+def summarize(cases: dict) -> dict[str, Counter]:
+    by_kind: dict[str, Counter] = defaultdict(Counter)
+    for c in cases.values():
+        by_kind[c["kind"]][c["status"]] += 1
+    return by_kind
+
+
+def render_markdown(record: dict) -> str:
+    backends = sorted(record["backends"])
+    kinds = ["node", *MODEL_TEST_DIRS]
+    out = [
+        "# Conformance",
+        "",
+        f"Generated by `python scripts/conformance.py` with onnx {record['onnx_version']}: every case of the ONNX "
+        "backend node suite (`onnx.backend.test.case.node.collect_testcases`) and the model tests in "
+        "`onnx/backend/test/data`, compared with the expected outputs at each case's own rtol/atol. "
+        "Do not edit by hand.",
+        "",
+        "## Totals",
+        "",
+        "| suite | " + " | ".join(backends) + " |",
+        "|---|" + "---|" * len(backends),
+    ]
+    sums = {b: summarize(record["backends"][b]["cases"]) for b in backends}
+    for kind in kinds:
+        cells = []
+        for b in backends:
+            c = sums[b].get(kind, Counter())
+            total = sum(c.values())
+            cells.append(f"{c['pass']} / {total}" + (f" ({c['unsupported']} unsupported)" if c["unsupported"] else ""))
+        out.append(f"| {kind} | " + " | ".join(cells) + " |")
+    # per-op table over node cases
+    out += ["", "## Node cases per op", "", "Passed / cases that use the op.", "",
+            "| op | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
+    per_op: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for b in backends:
+        for c in record["backends"][b]["cases"].values():
+            if c["kind"] != "node":
+                continue
+            for op in c["ops"]:
+                per_op[op][b][c["status"] == "pass"] += 1
+    for op in sorted(per_op):
+        cells = []
+        for b in backends:
+            c = per_op[op][b]
+            cells.append(f"{c[True]} / {c[True] + c[False]}")
+        out.append(f"| {op} | " + " | ".join(cells) + " |")
+    for b in backends:
+        fails = {n: c for n, c in record["backends"][b]["cases"].items() if c["status"] != "pass"}
+        documented = expected_failures(b)
+        out += ["", f"## Failures: {b} ({len(fails)})", "", "| case | status | reason |", "|---|---|---|"]
+        for n, c in sorted(fails.items()):
+            reason = documented.get(n) or c["reason"]
+            reason = reason.replace("|", "\\|").replace("\n", " ")
+            out.append(f"| {n} | {c['status']} | {reason} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mithril conformance", description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="numpy", help="numpy, jax, torch, mlx (comma-separated for several)")
+    p.add_argument("-k", "--filter", default=None, help="only cases whose name matches this regex")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
+    p.add_argument("--no-models", action="store_true", help="node cases only")
+    p.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
+                   help="write docs/conformance.{json,md} (default: yes for a full run, no with -k)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    write = args.write if args.write is not None else args.filter is None
+    record = load_record()
+    status = 0
+    for backend in args.backend.split(","):
+        results = run_suite(backend, args.filter, args.jobs, not args.no_models,
+                            progress=not args.no_progress and sys.stderr.isatty())
+        counts = Counter(r.status for r in results)
+        node_pass = sum(r.status == "pass" for r in results if r.kind == "node")
+        node_total = sum(r.kind == "node" for r in results)
+        for r in results:
+            if args.verbose or (r.status != "pass" and args.filter):
+                print(f"{r.status.upper():12s} {r.name}  {r.reason}")
+        print(f"{backend}: {counts['pass']} passed, {counts['fail']} failed, {counts['unsupported']} unsupported "
+              f"(node cases: {node_pass} / {node_total})")
+        if write:
+            save_record(record, backend, results)
+            print(f"wrote {DOCS / 'conformance.md'}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

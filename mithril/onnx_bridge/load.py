@@ -1,0 +1,142 @@
+"""Loading ONNX models (files, bytes, protos) into Mithril's in-memory IR (onnx_ir)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from ..errors import OnnxLoadError, UnsafeExternalDataError
+
+# Domains with kernels. Model-local functions are inlined before lowering, so their domains pass too.
+SUPPORTED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.preview", "ai.onnx.preview.training"})
+
+
+def _canonical_domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+class OnnxModel:
+    """An ONNX model held in onnx_ir, the IR every Mithril backend lowers from.
+
+    >>> import mithril as ml
+    >>> from onnx import helper, TensorProto
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    >>> m = ml.load_onnx(helper.make_model(g))
+    >>> m.input_names, m.output_names
+    (['x'], ['y'])
+    """
+
+    def __init__(self, model: ir.Model, source: str | None = None):
+        self.ir = model
+        self.source = source
+
+    @property
+    def graph(self) -> ir.Graph:
+        return self.ir.graph
+
+    @property
+    def opset_imports(self) -> dict[str, int]:
+        return {_canonical_domain(d): v for d, v in self.ir.opset_imports.items()}
+
+    @property
+    def opset(self) -> int:
+        return self.opset_imports.get("", 1)
+
+    @property
+    def initializer_names(self) -> list[str]:
+        return list(self.graph.initializers)
+
+    @property
+    def input_names(self) -> list[str]:
+        inits = self.graph.initializers
+        return [v.name for v in self.graph.inputs if v.name not in inits]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.graph.outputs]
+
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.serde.serialize_model(self.ir)
+
+    def op_counts(self) -> dict[tuple[str, str], int]:
+        counts: dict[tuple[str, str], int] = {}
+        for node in self.graph.all_nodes():
+            key = (_canonical_domain(node.domain), node.op_type)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def __repr__(self) -> str:
+        return (
+            f"OnnxModel({self.source or self.graph.name!r}, inputs={self.input_names}, "
+            f"outputs={self.output_names}, opset={self.opset})"
+        )
+
+
+def _check_external_data(proto: onnx.ModelProto, base_dir: Path) -> None:
+    base = base_dir.resolve()
+    for tensor in onnx.external_data_helper._get_all_tensors(proto):
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        target = (base / location).resolve()
+        if os.path.isabs(location) or not target.is_relative_to(base):
+            raise UnsafeExternalDataError(
+                f"tensor {tensor.name!r}: external data path {location!r} escapes the model folder {str(base)!r}"
+            )
+        if not target.exists():
+            raise OnnxLoadError(f"tensor {tensor.name!r}: external data file {str(target)!r} not found")
+
+
+def _parse(data: bytes, what: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as exc:
+        raise OnnxLoadError(f"{what} is not a valid ONNX protobuf (malformed or truncated): {exc}") from None
+    if not proto.HasField("graph"):
+        raise OnnxLoadError(f"{what} holds no graph: not an ONNX model, or truncated")
+    return proto
+
+
+def load_onnx(src) -> OnnxModel:
+    """Load an ONNX model from a path, bytes, or an ``onnx.ModelProto``.
+
+    External data is read from paths relative to the model file; a path escaping that folder is
+    refused with :class:`UnsafeExternalDataError`.
+    """
+    source = None
+    if isinstance(src, OnnxModel):
+        return src
+    if isinstance(src, onnx.ModelProto):
+        proto = src
+    elif isinstance(src, (bytes, bytearray, memoryview)):
+        proto = _parse(bytes(src), "the bytes given")
+    elif isinstance(src, (str, os.PathLike)):
+        path = Path(src)
+        source = str(path)
+        if not path.is_file():
+            raise OnnxLoadError(f"no such file: {str(path)!r}")
+        proto = _parse(path.read_bytes(), f"file {str(path)!r}")
+        if any(
+            onnx.external_data_helper.uses_external_data(t)
+            for t in onnx.external_data_helper._get_all_tensors(proto)
+        ):
+            _check_external_data(proto, path.parent)
+            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    else:
+        raise OnnxLoadError(f"cannot load an ONNX model from {type(src).__name__}; give a path, bytes or ModelProto")
+    if not proto.opset_import:
+        # IR version 1/2 models without opset_import imply opset 1.
+        proto.opset_import.add(domain="", version=1)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:  # onnx_ir raises several types for inconsistent protos
+        raise OnnxLoadError(f"the ONNX model is inconsistent and cannot be read: {exc}") from exc
+    return OnnxModel(model, source)

@@ -1,0 +1,208 @@
+"""Graph passes, each small and named, each taking and returning an onnx_ir model.
+
+The compile pipeline runs ``specialize(model, shapes, constant_names)`` which chains:
+inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> remove_dead_nodes -> toposort.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from ..errors import ShapeError
+from ..backends.registry import REGISTRY, NodeInfo
+
+logger = logging.getLogger(__name__)
+
+# Folding never materializes constants larger than this (elements): they would bloat the program.
+FOLD_SIZE_LIMIT = 1 << 22
+
+
+def inline_functions(model: ir.Model) -> ir.Model:
+    """Inline model-local functions so every node is a standard op."""
+    if model.functions:
+        common.InlinePass()(model)
+        common.RemoveUnusedFunctionsPass()(model)
+    return model
+
+
+def set_input_shapes(model: ir.Model, shapes: dict[str, Iterable[int]] | None) -> ir.Model:
+    """Fix graph inputs to concrete shapes, checking rank and static dims against the model."""
+    if not shapes:
+        return model
+    by_name = {v.name: v for v in model.graph.inputs}
+    for name, shape in shapes.items():
+        if name not in by_name:
+            raise ShapeError(
+                f"shapes names {name!r}, which is not a graph input (inputs: {sorted(by_name)})"
+            )
+        value = by_name[name]
+        shape = tuple(int(d) for d in shape)
+        if value.shape is not None:
+            declared = value.shape
+            if len(declared) != len(shape):
+                raise ShapeError(
+                    f"input {name!r} has rank {len(declared)} ({declared}) but shapes gives {list(shape)}"
+                )
+            for axis, (want, got) in enumerate(zip(declared, shape)):
+                if isinstance(want, int) and want != got:
+                    raise ShapeError(
+                        f"input {name!r} dim {axis} is fixed to {want} in the model but shapes gives {got}"
+                    )
+        value.shape = ir.Shape(shape)
+    return model
+
+
+def infer_shapes(model: ir.Model) -> ir.Model:
+    """ONNX shape inference with data propagation; failure leaves the model unchanged."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    return model
+
+
+def static_shape(value: ir.Value) -> tuple[int, ...] | None:
+    if value.shape is None:
+        return None
+    dims = tuple(value.shape)
+    if all(isinstance(d, int) for d in dims):
+        return dims
+    return None
+
+
+def _constant_array(value: ir.Value | None, constants: set[ir.Value]) -> np.ndarray | None:
+    if value is None or value not in constants:
+        return None
+    return value.const_value.numpy() if value.const_value is not None else None
+
+
+def _canonical_domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def fold_constants(
+    model: ir.Model, constant_names: set[str], opsets: dict[str, int]
+) -> tuple[ir.Model, int]:
+    """Evaluate nodes whose inputs are all constants, and Shape/Size of static shapes.
+
+    Uses the shared NumPy kernels, so folding agrees with the NumPy backend by construction.
+    Returns the model and the number of nodes folded.
+    """
+    from ..backends.lower import _literal  # noqa: F401  (import cycle guard)
+    from ..onnx_bridge.schema import attribute_defaults, convert_attribute, is_graph_attribute
+
+    graph = model.graph
+    constants: set[ir.Value] = {
+        v for name, v in graph.initializers.items() if name in constant_names and v.const_value is not None
+    }
+    graph_outputs = set(graph.outputs)
+    folded = 0
+    for node in list(graph):
+        domain = _canonical_domain(node.domain)
+        opset = opsets.get(domain, 1)
+        if any(is_graph_attribute(a) for a in node.attributes.values()):
+            continue
+        result: list[np.ndarray] | None = None
+        if node.op_type == "Shape" and domain == "" and node.inputs[0] is not None:
+            dims = static_shape(node.inputs[0])
+            if dims is not None:
+                start = node.attributes.get("start")
+                end = node.attributes.get("end")
+                s = start.value if start is not None else 0
+                e = end.value if end is not None else None
+                result = [np.array(dims[s:e], dtype=np.int64)]
+        elif node.op_type == "Size" and domain == "" and node.inputs[0] is not None:
+            dims = static_shape(node.inputs[0])
+            if dims is not None:
+                result = [np.array(int(np.prod(dims)), dtype=np.int64)]
+        elif node.op_type == "Constant" and domain == "":
+            pass  # folded below like any node without inputs
+        if result is None:
+            inputs = [_constant_array(v, constants) if v is not None else None for v in node.inputs]
+            if any(v is not None and a is None for v, a in zip(node.inputs, inputs)):
+                continue
+            spec = REGISTRY.resolve(node.op_type, opset, domain)
+            if spec is None or spec.nondeterministic:
+                continue
+            if any(o.type is not None and not isinstance(o.type, ir.TensorType) for o in node.outputs):
+                continue
+            defaults = attribute_defaults(node.op_type, opset, domain)
+            kwargs = {k: v for k, v in defaults.items() if k in spec.accepts}
+            for name, attr in node.attributes.items():
+                if attr.is_ref():
+                    kwargs = None
+                    break
+                if name in spec.accepts or spec.accepts_var_keyword:
+                    kwargs[name] = convert_attribute(attr)
+            if kwargs is None:
+                continue
+            if "xp" in spec.accepts:
+                kwargs["xp"] = np
+            if "num_outputs" in spec.accepts:
+                kwargs["num_outputs"] = len(node.outputs)
+            if "opset" in spec.accepts:
+                kwargs["opset"] = opset
+            if "node" in spec.accepts:
+                kwargs["node"] = NodeInfo(node.name or node.op_type, node.op_type, domain, opset, ())
+            try:
+                out = spec.fn(*inputs, **kwargs)
+            except Exception as exc:  # leave it to run time, where the error names the node
+                logger.debug("not folding %s: %s", node.op_type, exc)
+                continue
+            result = list(out) if isinstance(out, tuple) else [out]
+            if any(not isinstance(r, (np.ndarray, np.generic)) for r in result[: len(node.outputs)]):
+                continue
+        result = [np.asarray(r) for r in result]
+        if any(r.size > FOLD_SIZE_LIMIT or r.dtype == object for r in result[: len(node.outputs)]):
+            continue
+        for out, arr in zip(node.outputs, result):
+            if not out.name and not out.uses():
+                continue
+            new = ir.Value(name=out.name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+                           const_value=ir.tensor(arr))
+            out.name = None
+            out.replace_all_uses_with(new, replace_graph_outputs=True)
+            graph.register_initializer(new)
+            constants.add(new)
+            constant_names.add(new.name)
+        graph.remove(node, safe=False)
+        folded += 1
+    # Folded values that are graph outputs stay initializers; graph outputs keep their names.
+    del graph_outputs
+    return model, folded
+
+
+def remove_dead_nodes(model: ir.Model) -> ir.Model:
+    common.RemoveUnusedNodesPass()(model)
+    return model
+
+
+def toposort(model: ir.Model) -> ir.Model:
+    common.TopologicalSortPass()(model)
+    return model
+
+
+def specialize(
+    model: ir.Model,
+    shapes: dict[str, Iterable[int]] | None,
+    constant_names: set[str],
+    opsets: dict[str, int],
+    max_rounds: int = 8,
+) -> ir.Model:
+    """The compile-time pass pipeline: after it, shape sub-graphs of static shapes are constants."""
+    inline_functions(model)
+    set_input_shapes(model, shapes)
+    toposort(model)
+    for _ in range(max_rounds):
+        infer_shapes(model)
+        _, folded = fold_constants(model, constant_names, opsets)
+        if not folded:
+            break
+    remove_dead_nodes(model)
+    toposort(model)
+    return model
