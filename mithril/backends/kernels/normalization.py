@@ -34,17 +34,20 @@ def _moments(x, axes, xp):
 
 
 def _batch_norm_train(X, scale, B, mean, var, epsilon, momentum, axes, xp):
-    """Normalizes X with its own batch statistics; returns Y, updated running stats and the
-    batch mean/variance (per channel, squeezed to the parameter shape)."""
+    """Normalizes X with its own batch statistics; returns Y, the updated running mean and
+    variance, and the saved batch mean and inverse standard deviation (parameter-shaped)."""
     xf = X.astype(_compute_dtype(X.dtype))
     batch_mean, batch_var = _moments(xf, axes, xp)
-    y = (xf - batch_mean) / xp.sqrt(batch_var + epsilon)
+    inv_std = 1 / xp.sqrt(batch_var + epsilon)
+    y = (xf - batch_mean) * inv_std
     y = y * _per_channel(scale, X.ndim, xp) + _per_channel(B, X.ndim, xp)
     batch_mean = xp.reshape(batch_mean, mean.shape).astype(mean.dtype)
     batch_var = xp.reshape(batch_var, var.shape).astype(var.dtype)
     running_mean = mean * momentum + batch_mean * (1 - momentum)
     running_var = var * momentum + batch_var * (1 - momentum)
-    return y.astype(X.dtype), running_mean.astype(mean.dtype), running_var.astype(var.dtype), batch_mean, batch_var
+    # saved_var (versions 7, 9) is the inverse standard deviation, as in onnxruntime and cuDNN.
+    saved_inv_std = xp.reshape(inv_std, var.shape).astype(var.dtype)
+    return y.astype(X.dtype), running_mean.astype(mean.dtype), running_var.astype(var.dtype), batch_mean, saved_inv_std
 
 
 def _batch_norm_infer(X, scale, B, mean, var, epsilon, xp):

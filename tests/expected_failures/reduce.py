@@ -1,0 +1,3 @@
+"""Expected failures of the reduce, normalization and loss conformance cases, per backend."""
+
+NUMPY: dict[str, str] = {}
