@@ -35,8 +35,9 @@ def _compute_dtype(dtype):
 def _to_dtype(y, dtype, xp):
     dtype = numpy.dtype(dtype)
     if dtype.kind in "iu":
+        # Truncate like onnxruntime's integer Resize; clip so overshooting cubic taps saturate.
         info = numpy.iinfo(dtype)
-        return xp.clip(xp.round(y), info.min, info.max).astype(dtype)
+        return xp.clip(y, info.min, info.max).astype(dtype)
     return y.astype(dtype)
 
 
@@ -53,7 +54,10 @@ def _keys_cubic(d, a):
 
 
 def _source_coords(out_len, in_len, scale, mode, roi_start, roi_end):
-    o = numpy.arange(out_len, dtype=numpy.float64)
+    # float32 arithmetic, as onnxruntime: it decides which pixel a coordinate on a .5 boundary picks.
+    f32 = numpy.float32
+    o = numpy.arange(out_len, dtype=f32)
+    scale, in_len, roi_start, roi_end = f32(scale), f32(in_len), f32(roi_start), f32(roi_end)
     if mode == "half_pixel":
         return (o + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
@@ -61,11 +65,12 @@ def _source_coords(out_len, in_len, scale, mode, roi_start, roi_end):
         offset = in_len / 2 * (1 - adjustment)
         return offset + (o + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if out_len > 1 else numpy.zeros(out_len)
+        return (o + 0.5) / scale - 0.5 if out_len > 1 else numpy.zeros(out_len, dtype=f32)
     if mode == "align_corners":
-        # Divides by the fractional resized length (scale * in_len), as the ONNX reference does.
+        # The fractional resized length (scale * in_len), as the ONNX test data expects
+        # (onnxruntime uses the integer length and fails those cases).
         resized = scale * in_len
-        return o * (in_len - 1) / (resized - 1) if resized != 1 else numpy.zeros(out_len)
+        return o * (in_len - 1) / (resized - 1) if resized != 1 else numpy.zeros(out_len, dtype=f32)
     if mode == "asymmetric":
         return o / scale
     if mode == "tf_half_pixel_for_nn":
@@ -73,7 +78,7 @@ def _source_coords(out_len, in_len, scale, mode, roi_start, roi_end):
     if mode == "tf_crop_and_resize":
         if out_len > 1:
             return roi_start * (in_len - 1) + o * (roi_end - roi_start) * (in_len - 1) / (out_len - 1)
-        return numpy.full(out_len, 0.5 * (roi_start + roi_end) * (in_len - 1))
+        return numpy.full(out_len, 0.5 * (roi_start + roi_end) * (in_len - 1), dtype=f32)
     raise ValueError(f"unknown coordinate_transformation_mode {mode!r}")
 
 
@@ -291,7 +296,8 @@ def grid_sample(x, grid, *, align_corners, mode, padding_mode, xp):
         if mode == "nearest":
             coord = xp.round(coord)
         outside = (coord < lo) | (coord > hi)
-        if padding_mode == "border":
+        # Cubic border padding clamps each tap, not the coordinate (as torch and onnxruntime).
+        if padding_mode == "border" and mode != "cubic":
             coord = xp.where(outside, xp.clip(coord, 0, size - 1), coord)
         elif padding_mode == "reflection":
             coord = _reflect(coord, lo, hi, xp)
@@ -368,6 +374,8 @@ def roi_align(x, rois, batch_indices, *, mode, output_height, output_width, samp
         grid_h = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_h / output_height))
         grid_w = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_w / output_width))
         count = max(grid_h * grid_w, 1)
+        if grid_h <= 0 or grid_w <= 0:
+            continue  # an inverted half-pixel ROI has no sample points
         ys = y1 + (numpy.arange(output_height)[:, None] + (numpy.arange(grid_h)[None, :] + 0.5) / grid_h) * bin_h
         xs = x1 + (numpy.arange(output_width)[:, None] + (numpy.arange(grid_w)[None, :] + 0.5) / grid_w) * bin_w
         ylo, yhi, wy_lo, wy_hi, y_empty = _roi_bilinear(ys.reshape(-1), height)
