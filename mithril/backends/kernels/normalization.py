@@ -47,7 +47,8 @@ def _batch_norm_train(X, scale, B, mean, var, epsilon, momentum, axes, xp):
     running_var = var * momentum + batch_var * (1 - momentum)
     # saved_var (versions 7, 9) is the inverse standard deviation, as in onnxruntime and cuDNN.
     saved_inv_std = xp.reshape(inv_std, var.shape).astype(var.dtype)
-    return y.astype(X.dtype), running_mean.astype(mean.dtype), running_var.astype(var.dtype), batch_mean, saved_inv_std
+    running = (running_mean.astype(mean.dtype), running_var.astype(var.dtype))
+    return (y.astype(X.dtype), *running, batch_mean, saved_inv_std)
 
 
 def _batch_norm_infer(X, scale, B, mean, var, epsilon, xp):
