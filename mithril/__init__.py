@@ -27,3 +27,4 @@ from .compile import PhysicalModel, compile  # noqa: F401
 bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 
 __version__ = "0.1.0"
+from .validate import ValidationReport, validate  # noqa: F401,E402

@@ -86,6 +86,10 @@ class KernelRegistry:
                 raise ValueError(f"kernel {spec.name} registered twice for backend {backend!r}")
         bisect.insort(entries, (spec.since, spec), key=lambda e: e[0])
 
+    def unregister(self, backend: str, op_type: str, since: int, domain: str = "") -> None:
+        entries = self._tables.get(backend, {}).get((domain, op_type), [])
+        entries[:] = [(s, spec) for s, spec in entries if s != since]
+
     def resolve(self, op_type: str, opset: int, domain: str = "", backend: str = "*") -> KernelSpec | None:
         """Newest kernel with since <= opset; a backend override beats the shared kernel
         only when its ``since`` is at least as new."""

@@ -1,0 +1,186 @@
+"""The ``mithril`` command line: ``inspect``, ``validate``, ``conformance``.
+
+    mithril inspect model.onnx
+    mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
+    mithril conformance --backend numpy
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+
+import numpy as np
+
+from .errors import MithrilError
+
+# Backend name -> class name in the mithril namespace; absent classes are "not installed".
+BACKENDS = {"numpy": "NumpyBackend", "jax": "JaxBackend", "torch": "TorchBackend", "mlx": "MlxBackend"}
+
+
+def available_backends() -> dict[str, type]:
+    import mithril as ml
+
+    out = {}
+    for name, cls_name in BACKENDS.items():
+        cls = getattr(ml, cls_name, None)
+        if cls is not None:
+            out[name] = cls
+    return out
+
+
+def make_backends(spec: str) -> list:
+    avail = available_backends()
+    names = list(avail) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    backends = []
+    for n in names:
+        if n not in BACKENDS:
+            raise MithrilError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS)} or 'all'")
+        if n not in avail:
+            raise MithrilError(f"backend {n!r} is not available in this installation")
+        try:
+            backends.append(avail[n]())
+        except MithrilError as exc:
+            if spec == "all":
+                print(f"skipping {n}: {exc}", file=sys.stderr)
+                continue
+            raise
+    return backends
+
+
+def _parse_kv(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise MithrilError(f"{flag} expects NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def cmd_inspect(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    import mithril as ml
+    from .backends.lower import canonical_domain
+    from .backends.registry import REGISTRY
+    from .dtypes import onnx_type_name
+
+    model = ml.load_onnx(args.model)
+    console = Console()
+    console.print(f"[bold]{args.model}[/bold]  ir_version {model.ir.ir_version}, producer "
+                  f"{model.ir.producer_name or '?'} {model.ir.producer_version or ''}")
+    console.print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model.opset_imports.items())))
+    io = Table(title="inputs and outputs")
+    for col in ("kind", "name", "dtype", "shape"):
+        io.add_column(col)
+    inits = model.graph.initializers
+    for kind, values in (("input", [v for v in model.graph.inputs if v.name not in inits]), ("output", model.graph.outputs)):
+        for v in values:
+            dtype = onnx_type_name(int(v.dtype)) if v.dtype is not None else str(v.type)
+            shape = [d if isinstance(d, int) else str(d) for d in v.shape] if v.shape is not None else "?"
+            io.add_row(kind, v.name, dtype, str(shape))
+    console.print(io)
+    n_params = sum(int(np.prod(v.shape)) for v in inits.values() if v.shape is not None)
+    console.print(f"{len(inits)} initializers, {n_params:,} elements")
+    backends = list(BACKENDS)
+    ops = Table(title="ops")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for b in backends:
+        ops.add_column(b, justify="center")
+    unsupported: dict[str, list[str]] = {b: [] for b in backends}
+    counts = Counter()
+    for node in model.graph.all_nodes():
+        counts[(canonical_domain(node.domain), node.op_type)] += 1
+    avail = available_backends()
+    for (domain, op), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        opset = model.opset_imports.get(domain, 1)
+        label = f"{domain}::{op}" if domain else op
+        row = [label, str(n)]
+        for b in backends:
+            if b not in avail:
+                row.append("[dim]n/a[/dim]")
+                continue
+            ok = REGISTRY.resolve(op, opset, domain, b) is not None
+            row.append("[green]yes[/green]" if ok else "[red]no[/red]")
+            if not ok:
+                unsupported[b].append(f"{label} (opset {opset})")
+        ops.add_row(*row)
+    console.print(ops)
+    for b in backends:
+        if b in avail:
+            missing = unsupported[b]
+            console.print(f"{b}: " + (f"[red]{len(missing)} unsupported op(s):[/red] " + ", ".join(missing)
+                                       if missing else "[green]every op supported[/green]"))
+    if any(b not in avail for b in backends):
+        console.print("[dim]n/a: backend not available in this installation[/dim]")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from rich.console import Console
+
+    import mithril as ml
+
+    inputs = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()} or None
+    shapes = {k: [int(d) for d in v.split(",") if d] for k, v in _parse_kv(args.shape, "--shape").items()} or None
+    backends = make_backends(args.backend)
+    report = ml.validate(args.model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
+                         rtol=args.rtol, atol=args.atol, seed=args.seed)
+    console = Console()
+    console.print(report.table())
+    for b, d in report.first_divergence.items():
+        console.print(f"{b}: " + (d.describe() if d else "every node within tolerance"))
+    console.print("[green]all outputs pass[/green]" if report.passed else "[red]validation failed[/red]")
+    return 0 if report.passed else 1
+
+
+def cmd_conformance(args, rest: list[str]) -> int:
+    from .conformance import main as conformance_main
+
+    return conformance_main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mithril", description="Mithril: ONNX-centred model compiler.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__import__('mithril').__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts and backend support of an ONNX file")
+    i.add_argument("model")
+    v = sub.add_parser("validate", help="run a model on backends and on onnxruntime and compare outputs")
+    v.add_argument("model")
+    v.add_argument("--backend", default="numpy", help="comma-separated backends, or 'all' (default: numpy)")
+    v.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="input data (repeatable)")
+    v.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="input shape for random data (repeatable)")
+    v.add_argument("--per-node", action="store_true", help="find the first node whose output leaves tolerance")
+    v.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")
+    v.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
+    v.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
+                   add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "conformance":
+        return cmd_conformance(None, argv[1:])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "inspect":
+            return cmd_inspect(args)
+        if args.command == "validate":
+            return cmd_validate(args)
+    except MithrilError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Validate a backend's numerics against onnxruntime, down to the first node that diverges.
+
+>>> import mithril as ml                                           # doctest: +SKIP
+>>> report = ml.validate("resnet18.onnx", ml.NumpyBackend())       # doctest: +SKIP
+>>> report.passed, report.outputs[0].max_abs_err                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from .backends.backend import Backend
+from .dtypes import np_dtype_of_onnx
+from .errors import ValidationError
+from .onnx_bridge.load import OnnxModel, load_onnx
+
+# Per-dtype tolerance: |mithril - ort| <= atol + rtol * |ort| elementwise. float32 allows for the
+# reassociation that different BLAS/conv algorithms do over deep networks.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-3, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+}
+EXACT = (0.0, 0.0)
+
+
+def tolerance_for(dtype) -> tuple[float, float]:
+    return TOLERANCES.get(np.dtype(dtype).name, EXACT)
+
+
+@dataclass
+class OutputReport:
+    name: str
+    backend: str
+    shape: tuple
+    dtype: str
+    max_abs_err: float
+    max_rel_err: float
+    rtol: float
+    atol: float
+    passed: bool
+    note: str = ""
+
+
+@dataclass
+class NodeReport:
+    """The first node, in topological order, whose output leaves tolerance."""
+
+    node: str
+    op_type: str
+    output: str
+    max_abs_err: float
+    max_rel_err: float
+    isolated_max_abs_err: float | None
+    local_error: bool  # True: the node alone on onnxruntime's inputs diverges (a kernel error)
+
+    def describe(self) -> str:
+        kind = ("a local kernel error: the node alone, on onnxruntime's inputs, diverges"
+                if self.local_error else
+                "accumulated drift: the node alone, on onnxruntime's inputs, agrees")
+        return (f"first divergent node {self.node!r} ({self.op_type}), output {self.output!r}: "
+                f"max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}; {kind}"
+                + (f" (isolated max abs err {self.isolated_max_abs_err:.3g})"
+                   if self.isolated_max_abs_err is not None else ""))
+
+
+@dataclass
+class ValidationReport:
+    model: str
+    inputs: dict[str, np.ndarray]
+    outputs: list[OutputReport] = field(default_factory=list)
+    first_divergence: dict[str, NodeReport | None] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def table(self):
+        from rich.table import Table
+
+        t = Table(title=f"Validation against onnxruntime: {self.model}")
+        for col in ("backend", "output", "shape", "dtype", "max abs err", "max rel err", "tolerance (rtol/atol)", "result"):
+            t.add_column(col, justify="right" if "err" in col else "left")
+        for o in self.outputs:
+            t.add_row(o.backend, o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}",
+                      f"{o.rtol:g} / {o.atol:g}", "[green]pass[/green]" if o.passed else f"[red]FAIL[/red] {o.note}")
+        return t
+
+    def __str__(self) -> str:
+        lines = [f"{'backend':8s} {'output':24s} {'shape':18s} {'dtype':9s} {'max abs':>10s} {'max rel':>10s}  result"]
+        for o in self.outputs:
+            lines.append(f"{o.backend:8s} {o.name:24s} {str(list(o.shape)):18s} {o.dtype:9s} {o.max_abs_err:10.3g} "
+                         f"{o.max_rel_err:10.3g}  {'pass' if o.passed else 'FAIL ' + o.note}")
+        for b, d in self.first_divergence.items():
+            lines.append(f"{b}: " + (d.describe() if d else "no node leaves tolerance"))
+        return "\n".join(lines)
+
+
+def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: float | None = None) -> OutputReport:
+    ref = np.asarray(ref)
+    got = np.asarray(got)
+    d_rtol, d_atol = tolerance_for(ref.dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return OutputReport(name, backend, got.shape, str(got.dtype), float("inf"), float("inf"), rtol, atol, False,
+                            f"expected {list(ref.shape)} {ref.dtype}")
+    if ref.dtype.kind in "biuOUS":
+        same = bool(np.array_equal(got, ref))
+        err = 0.0 if same else float("inf")
+        return OutputReport(name, backend, got.shape, str(got.dtype), err, err, 0.0, 0.0, same)
+    g = got.astype(np.float64)
+    r = ref.astype(np.float64)
+    with np.errstate(all="ignore"):
+        nan_ok = np.array_equal(np.isnan(g), np.isnan(r))
+        diff = np.where(np.isnan(g) & np.isnan(r), 0.0, np.abs(g - r))
+        diff = np.where(np.isinf(g) & (g == r), 0.0, diff)
+        abs_err = float(np.max(diff)) if diff.size else 0.0
+        rel = diff / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
+        rel_err = float(np.max(np.where(diff == 0, 0.0, rel))) if diff.size else 0.0
+        ok = nan_ok and bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(r))))
+    return OutputReport(name, backend, got.shape, str(got.dtype), abs_err, rel_err, rtol, atol, ok,
+                        "" if nan_ok else "NaN positions differ")
+
+
+def random_inputs(model: OnnxModel, shapes: dict[str, Any] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of the declared dtype; symbolic dims take ``shapes`` or 1."""
+    rng = np.random.default_rng(seed)
+    shapes = shapes or {}
+    out = {}
+    inits = model.graph.initializers
+    for v in model.graph.inputs:
+        if v.name in inits:
+            continue
+        if not isinstance(v.type, ir.TensorType):
+            raise ValidationError(f"input {v.name!r} is not a tensor ({v.type}); pass it explicitly")
+        dtype = np_dtype_of_onnx(int(v.dtype))
+        if v.name in shapes:
+            shape = tuple(int(d) for d in shapes[v.name])
+        elif v.shape is None:
+            raise ValidationError(f"input {v.name!r} has no declared shape; give one with --shape {v.name}=...")
+        else:
+            shape = tuple(d if isinstance(d, int) else 1 for d in v.shape)
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            arr = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            arr = rng.random(shape) < 0.5
+        elif dtype.kind in "iu":
+            arr = rng.integers(0, 10, size=shape).astype(dtype)
+        else:
+            raise ValidationError(f"cannot make random data for input {v.name!r} of dtype {dtype}; pass it explicitly")
+        out[v.name] = arr
+    return out
+
+
+def _ort_session(proto: onnx.ModelProto):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    # The reference runs the graph as written: no fusions that change rounding.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        # onnx can write a newer IR version than onnxruntime reads; the IR version only gates
+        # proto features, so the reference runs the same graph at the newest version it knows.
+        m = re.search(r"max supported IR version: (\d+)", str(exc))
+        if not m or proto.ir_version <= int(m.group(1)):
+            raise
+        older = onnx.ModelProto()
+        older.CopyFrom(proto)
+        older.ir_version = int(m.group(1))
+        return ort.InferenceSession(older.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _with_all_outputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[str, str, str]]]:
+    """The model with every node output of the main graph also a graph output (typed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    types = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    model = onnx.ModelProto()
+    model.CopyFrom(inferred)
+    existing = {o.name for o in model.graph.output}
+    order = []
+    for i, node in enumerate(model.graph.node):
+        for out in node.output:
+            if not out:
+                continue
+            order.append((out, node.name or f"{node.op_type}#{i}", node.op_type))
+            if out not in existing and out in types and types[out].type.HasField("tensor_type"):
+                model.graph.output.append(types[out])
+                existing.add(out)
+    return model, order
+
+
+def _compile_outputs(model: OnnxModel, backend: Backend, shapes):
+    from .compile import compile as ml_compile
+
+    return ml_compile(model, backend, shapes=shapes)
+
+
+def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_values: dict, backend: Backend) -> float | None:
+    """Run one node alone on onnxruntime and on the backend, fed onnxruntime's inputs."""
+    from .compile import compile as ml_compile
+
+    inputs = [n for n in node.input if n]
+    if any(n not in ref_values for n in inputs):
+        inits = {t.name for t in proto.graph.initializer}
+        if any(n not in ref_values and n not in inits for n in inputs):
+            return None
+    feeds = {}
+    graph_inputs = []
+    initializers = []
+    init_map = {t.name: t for t in proto.graph.initializer}
+    for n in inputs:
+        if n in ref_values:
+            arr = np.asarray(ref_values[n])
+            feeds[n] = arr
+            graph_inputs.append(onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+        else:
+            initializers.append(init_map[n])
+    outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
+    single = onnx.helper.make_model(
+        onnx.helper.make_graph([node], "isolated", graph_inputs, outs, initializer=initializers),
+        opset_imports=list(proto.opset_import), ir_version=proto.ir_version,
+    )
+    try:
+        ref = _ort_session(single).run(None, feeds)
+        pm = ml_compile(load_onnx(single), backend)
+        got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in feeds.items()})
+    except Exception:
+        return None
+    errs = []
+    for name, r in zip([o for o in node.output if o], ref):
+        errs.append(compare(name, backend.name, backend.to_numpy(got[name]), r).max_abs_err)
+    return max(errs) if errs else None
+
+
+def first_divergent_node(model: OnnxModel, backend: Backend, inputs: dict[str, np.ndarray],
+                         rtol: float | None = None, atol: float | None = None) -> NodeReport | None:
+    """Compare every intermediate value in topological order; return the first out of tolerance."""
+    proto = model.to_proto()
+    full, order = _with_all_outputs(proto)
+    sess = _ort_session(full)
+    names = [o.name for o in sess.get_outputs()]
+    ref_values = dict(zip(names, sess.run(None, inputs)))
+    ref_values.update(inputs)
+    pm = _compile_outputs(load_onnx(full), backend, {k: v.shape for k, v in inputs.items()})
+    got_values = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in inputs.items()})
+    node_by_output = {o: n for n in full.graph.node for o in n.output}
+    for out, label, op_type in order:
+        if out not in ref_values or out not in got_values:
+            continue
+        rep = compare(out, backend.name, backend.to_numpy(got_values[out]), ref_values[out], rtol, atol)
+        if not rep.passed:
+            iso = _isolated_node_error(full, node_by_output[out], ref_values, backend)
+            _, iso_atol = tolerance_for(np.asarray(ref_values[out]).dtype)
+            iso_rtol, _ = tolerance_for(np.asarray(ref_values[out]).dtype)
+            scale = float(np.max(np.abs(ref_values[out]))) if np.asarray(ref_values[out]).size else 0.0
+            local = iso is None or iso > (atol if atol is not None else iso_atol) + (rtol if rtol is not None else iso_rtol) * scale
+            return NodeReport(label, op_type, out, rep.max_abs_err, rep.max_rel_err, iso, local)
+    return None
+
+
+def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | None = None,
+             shapes: dict[str, Any] | None = None, per_node: bool = False,
+             rtol: float | None = None, atol: float | None = None, seed: int = 0) -> ValidationReport:
+    """Run ``model`` on ``backend`` (or several) and on onnxruntime with the same inputs.
+
+    Inputs default to random data of each input's dtype and shape (``shapes`` fixes symbolic dims).
+    Returns a :class:`ValidationReport`; ``report.passed`` is True when every output is within the
+    per-dtype tolerance (``TOLERANCES``), or within ``rtol``/``atol`` when given.
+    """
+    loaded = load_onnx(model)
+    backends = backend if isinstance(backend, (list, tuple)) else [backend]
+    if inputs is None:
+        inputs = random_inputs(loaded, shapes, seed)
+    else:
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+    proto = loaded.to_proto()
+    try:
+        ref = _ort_session(proto).run(None, inputs)
+    except Exception as exc:
+        raise ValidationError(f"onnxruntime could not run the model: {exc}") from exc
+    ref_by_name = dict(zip(loaded.output_names, ref))
+    report = ValidationReport(loaded.source or loaded.graph.name or "model", inputs)
+    for b in backends:
+        pm = _compile_outputs(loaded, b, {k: v.shape for k, v in inputs.items()})
+        got = pm.evaluate(None, {k: b.from_numpy(v) for k, v in inputs.items()})
+        for name in loaded.output_names:
+            report.outputs.append(compare(name, b.name, b.to_numpy(got[name]), ref_by_name[name], rtol, atol))
+        if per_node:
+            report.first_divergence[b.name] = first_divergent_node(loaded, b, inputs, rtol, atol)
+    return report
