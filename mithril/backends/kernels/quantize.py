@@ -15,7 +15,8 @@ import numpy
 from ...dtypes import np_dtype_of_onnx
 from ..registry import kernel
 
-_FLOAT8_WITH_NAN_ONLY = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+# Float8 types keep inf/NaN for out-of-range values when saturate=0; float4/float6 always saturate.
+_FLOAT8 = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"}
 _WIDE_FLOATS = {"float16", "bfloat16", "float32", "float64"}
 
 
@@ -62,7 +63,7 @@ def _saturate_cast(y, dtype, saturate, xp):
     if _is_integer(dtype):
         lo, hi = _integer_range(dtype)
         return xp.clip(y, lo, hi).astype(dtype)
-    if saturate or dtype.name not in _FLOAT8_WITH_NAN_ONLY | {"float8_e5m2"}:
+    if saturate or dtype.name not in _FLOAT8:
         big = float(ml_dtypes.finfo(dtype).max)
         y = xp.clip(y, -big, big)
     return y.astype(dtype)
