@@ -153,6 +153,14 @@ def _compare(name: str, expected, got, rtol: float, atol: float) -> None:
         ) from None
 
 
+def _decode(value):
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
 def _timeout_handler(signum, frame):
     raise TimeoutError(f"case exceeded {CASE_TIMEOUT_S} s")
 
@@ -170,6 +178,8 @@ def run_case(name: str, backend_name: str) -> CaseResult:
     else:
         tc = node_cases()[name]
         kind, model, data_sets, rtol, atol = "node", tc.model, tc.data_sets, tc.rtol, tc.atol
+    # The suite stores narrow types (float8, int4, ...) as TensorProto: decode them like any array.
+    data_sets = [([_decode(v) for v in ins], [_decode(v) for v in outs]) for ins, outs in data_sets]
     ops = _ops_of(model)
     start = time.perf_counter()
     use_alarm = hasattr(signal, "SIGALRM")

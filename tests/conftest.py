@@ -1,0 +1,32 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17, ir_version=10, domains=()):
+    """A small hand-made model: inputs/outputs are (name, elem_type, shape) triples."""
+    graph = helper.make_graph(
+        nodes,
+        "test",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in dict(initializers).items()],
+    )
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
+
+
+@pytest.fixture
+def conv_model():
+    """Conv -> Sigmoid -> Mul -> ReduceMean with a dynamic batch."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+        helper.make_node("Mul", ["s", "c"], ["m"], name="mul"),
+        helper.make_node("ReduceMean", ["m"], ["y"], axes=[2, 3], keepdims=0, name="gap"),
+    ]
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 4, 8, 8])], [("y", TensorProto.FLOAT, ["N", 8])],
+                      {"W": w})
