@@ -1,0 +1,156 @@
+"""The compile pipeline: version resolution, schema defaults, shape folding, generated code."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+from mithril.backends.registry import KernelRegistry, _make_spec
+
+from .conftest import make_model
+
+
+def test_registry_takes_newest_since_not_above_opset():
+    reg = KernelRegistry()
+    for since in (1, 13, 18):
+        reg.register("*", _make_spec(lambda x, s=since: s, "Op", "", since))
+    assert reg.resolve("Op", 12).since == 1
+    assert reg.resolve("Op", 13).since == 13
+    assert reg.resolve("Op", 17).since == 13
+    assert reg.resolve("Op", 25).since == 18
+    assert reg.resolve("Other", 25) is None
+    reg.register("jax", _make_spec(lambda x: x, "Op", "", 13))
+    assert reg.resolve("Op", 20, backend="jax").since == 18  # a newer shared kernel wins over an older override
+    assert reg.resolve("Op", 17, backend="jax").fn is not reg.resolve("Op", 17).fn
+
+
+def test_schema_default_attributes_are_passed():
+    # LeakyRelu's alpha defaults to 0.01 in the schema; the node does not set it.
+    model = make_model([helper.make_node("LeakyRelu", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2])],
+                       [("y", TensorProto.FLOAT, [2])])
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    # ONNX FLOAT attributes are float32: the default arrives as float32(0.01) exactly.
+    assert f"alpha={float(np.float32(0.01))!r}" in pm.code
+    out = pm.evaluate(None, {"x": np.array([-1.0, 2.0], np.float32)})["y"]
+    np.testing.assert_allclose(out, [-0.01, 2.0], rtol=1e-6)
+
+
+def test_opset_selects_semantics():
+    # Softmax before opset 13 flattens to 2-D from `axis`; from 13 it normalises along `axis` only.
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    results = {}
+    for opset in (11, 13):
+        model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", TensorProto.FLOAT, [1, 2, 3])],
+                           [("y", TensorProto.FLOAT, [1, 2, 3])], opset=opset)
+        results[opset] = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    assert results[11].sum() == pytest.approx(1.0, rel=1e-5)
+    np.testing.assert_allclose(results[13].sum(axis=1), np.ones((1, 3)), rtol=1e-5)
+
+
+def _shape_subgraph_model():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W"], ["y"], name="proj"),
+    ]
+    inits = {"zero": np.array(0, np.int64), "axes0": np.array([0], np.int64), "minus1": np.array([-1], np.int64),
+             "W": np.ones((12, 5), np.float32)}
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 3, 4])], [("y", TensorProto.FLOAT, ["N", 5])], inits)
+
+
+def test_shape_subgraph_folds_when_shapes_are_given():
+    model = ml.load_onnx(_shape_subgraph_model())
+    pm = ml.compile(model, ml.NumpyBackend(), shapes={"x": [2, 3, 4]})
+    import re
+
+    assert not re.search(r"\b(shape|gather|concat|unsqueeze)_\d", pm.code)
+    assert pm.code.count("# ") == 2  # Reshape and MatMul remain, one line each
+    out = pm.evaluate(None, {"x": np.ones((2, 3, 4), np.float32)})["y"]
+    np.testing.assert_array_equal(out, np.full((2, 5), 12.0, np.float32))
+    assert list(pm.get_parameters()) == ["W"]
+
+
+def test_symbolic_dims_run_at_several_batch_sizes():
+    pm = ml.compile(ml.load_onnx(_shape_subgraph_model()), ml.NumpyBackend())
+    assert " shape_" in pm.code  # not folded: the batch is symbolic
+    for n in (1, 5):
+        assert pm.evaluate(None, {"x": np.ones((n, 3, 4), np.float32)})["y"].shape == (n, 5)
+
+
+def test_generated_code_frees_values_and_is_written(tmp_path, conv_model):
+    path = tmp_path / "forward.py"
+    pm = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(), file_path=str(path))
+    assert path.read_text() == pm.code
+    lines = pm.code.splitlines()
+    assert lines[0] == "def forward(params, data):"
+    assert sum("# " in line for line in lines) == 4  # one line per node
+    assert any(line.strip().startswith("del ") for line in lines)
+
+
+def test_parameters_roundtrip_and_randomize(conv_model):
+    pm = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend())
+    params = pm.get_parameters()
+    assert list(params) == ["W"] and params["W"].shape == (8, 4, 3, 3) and params["W"].dtype == np.float32
+    fresh = pm.randomize_params()
+    assert fresh["W"].shape == params["W"].shape and fresh["W"].dtype == np.float32
+    assert not np.allclose(fresh["W"], params["W"])
+    x = np.ones((1, 4, 8, 8), np.float32)
+    assert not np.allclose(pm.evaluate(fresh, {"x": x})["y"], pm.evaluate(params, {"x": x})["y"])
+
+
+def test_load_from_path_bytes_and_proto(tmp_path, conv_model):
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model, path)
+    x = np.ones((1, 4, 8, 8), np.float32)
+    outs = [ml.compile(ml.load_onnx(src), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+            for src in (path, str(path), conv_model.SerializeToString(), conv_model)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_old_opset_model_runs():
+    # Opset 7: Upsample and BatchNormalization of that era.
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"]),
+        helper.make_node("Upsample", ["bn"], ["y"], scales=[1.0, 1.0, 2.0, 2.0], mode="nearest"),
+    ]
+    c = np.ones(2, np.float32)
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 2, 2, 2])], [("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+                       {"s": c, "b": 0 * c, "m": 0 * c, "v": c}, opset=7, ir_version=3)
+    x = np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)
+    y = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    expected = x / np.sqrt(1 + 1e-5)
+    np.testing.assert_allclose(y, expected.repeat(2, axis=2).repeat(2, axis=3), rtol=1e-6)
+
+
+def test_model_local_function_is_inlined():
+    import onnx
+
+    fn = helper.make_function("local", "Twice", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("Twice", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                    helper.make_opsetid("local", 1)], ir_version=10)
+    onnx.checker.check_model(model)
+    y = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {"x": np.ones(3, np.float32)})["y"]
+    np.testing.assert_array_equal(y, [2, 2, 2])
+
+
+def test_if_reads_outer_scope_values():
+    then_g = helper.make_graph([helper.make_node("Add", ["x", "x"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    model = make_model([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+                       [("c", TensorProto.BOOL, []), ("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, [2])])
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    x = np.array([1.0, -2.0], np.float32)
+    np.testing.assert_array_equal(pm.evaluate(None, {"c": np.array(True), "x": x})["y"], 2 * x)
+    np.testing.assert_array_equal(pm.evaluate(None, {"c": np.array(False), "x": x})["y"], -x)

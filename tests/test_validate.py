@@ -1,0 +1,87 @@
+"""Validation against onnxruntime, and --per-node localisation of a divergent kernel."""
+
+import numpy as np
+import onnx
+import pytest
+
+import mithril as ml
+from mithril.backends.registry import REGISTRY, override
+from mithril.cli import main as cli_main
+
+
+def test_validate_passes_on_a_correct_model(conv_model):
+    report = ml.validate(conv_model, ml.NumpyBackend(), shapes={"x": [2, 4, 8, 8]})
+    assert report.passed
+    (out,) = report.outputs
+    assert out.name == "y" and out.shape == (2, 8) and out.dtype == "float32"
+    assert out.max_abs_err < 1e-5
+
+
+@pytest.fixture
+def perturbed_sigmoid():
+    """A NumPy Sigmoid that is wrong by 1e-2: a deliberate kernel bug."""
+    @override("numpy", "Sigmoid", since=1000)
+    def bad_sigmoid(x, *, xp):
+        return (1 / (1 + xp.exp(-x)) + 1e-2).astype(x.dtype)
+
+    # Registered at since=1000 so it never resolves; re-register at the real version for the test.
+    REGISTRY.unregister("numpy", "Sigmoid", 1000)
+    override("numpy", "Sigmoid", since=13)(bad_sigmoid)
+    yield
+    REGISTRY.unregister("numpy", "Sigmoid", 13)
+
+
+def test_per_node_names_the_perturbed_node(conv_model, perturbed_sigmoid):
+    report = ml.validate(conv_model, ml.NumpyBackend(), shapes={"x": [2, 4, 8, 8]}, per_node=True)
+    assert not report.passed
+    first = report.first_divergence["numpy"]
+    assert first is not None
+    assert (first.node, first.op_type, first.output) == ("sig", "Sigmoid", "s")
+    assert first.max_abs_err == pytest.approx(1e-2, rel=1e-3)
+    # The node alone, fed onnxruntime's inputs, still diverges: a local kernel error, not drift.
+    assert first.local_error and first.isolated_max_abs_err == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_per_node_clean_model_reports_no_divergence(conv_model):
+    report = ml.validate(conv_model, ml.NumpyBackend(), shapes={"x": [1, 4, 8, 8]}, per_node=True)
+    assert report.passed and report.first_divergence["numpy"] is None
+
+
+def test_cli_validate_exit_codes(tmp_path, conv_model, perturbed_sigmoid, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model, path)
+    x = np.random.default_rng(1).standard_normal((3, 4, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    rc = cli_main(["validate", str(path), "--backend", "numpy", "--input", f"x={tmp_path / 'x.npy'}", "--per-node"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "'sig' (Sigmoid)" in out and "local kernel error" in out
+
+
+def test_cli_validate_passes(tmp_path, conv_model, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model, path)
+    assert cli_main(["validate", str(path), "--shape", "x=2,4,8,8"]) == 0
+    assert "all outputs pass" in capsys.readouterr().out
+
+
+def test_cli_inspect_lists_every_unsupported_op(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    from .conftest import make_model
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Frobnicate", ["a"], ["b"]),
+             helper.make_node("Wibble", ["b"], ["y"])]
+    path = tmp_path / "m.onnx"
+    onnx.save(make_model(nodes, [("x", TensorProto.FLOAT, ["N"])], [("y", TensorProto.FLOAT, ["N"])]), path)
+    assert cli_main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 unsupported op(s)" in out and "Frobnicate (opset 17)" in out and "Wibble (opset 17)" in out
+    assert "Relu" in out and "ai.onnx 17" in out
+
+
+def test_cli_error_is_clean(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model at all")
+    assert cli_main(["inspect", str(bad)]) == 2
+    assert "error:" in capsys.readouterr().err
