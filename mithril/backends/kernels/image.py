@@ -67,8 +67,8 @@ def _source_coords(out_len, in_len, scale, mode, roi_start, roi_end):
     if mode == "pytorch_half_pixel":
         return (o + 0.5) / scale - 0.5 if out_len > 1 else numpy.zeros(out_len, dtype=f32)
     if mode == "align_corners":
-        # The fractional resized length (scale * in_len), as the ONNX test data expects
-        # (onnxruntime uses the integer length and fails those cases).
+        # The fractional resized length (scale * in_len), intended per onnx/onnx#2462 and in the
+        # suite's data; onnxruntime uses the integer length and differs when scale * in_len is not whole.
         resized = scale * in_len
         return o * (in_len - 1) / (resized - 1) if resized != 1 else numpy.zeros(out_len, dtype=f32)
     if mode == "asymmetric":
