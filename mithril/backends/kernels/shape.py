@@ -2,6 +2,8 @@
 
 Inputs that fix an output shape (Reshape's shape, Slice's starts/ends, Pad's pads...) are
 declared ``static_inputs`` and read on the host with ``_ints``; everything else stays in ``xp``.
+Negative ONNX indices are left to take, take_along_axis and integer-array indexing, which wrap
+them in numpy and jax.numpy without an extra pass over the indices.
 """
 
 from __future__ import annotations
@@ -21,11 +23,6 @@ def _ints(values) -> tuple[int, ...]:
 
 def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
-
-
-def _wrap_negative(indices, dim, xp):
-    """ONNX index tensors count from the back when negative."""
-    return xp.where(indices < 0, indices + dim, indices)
 
 
 # ---------------------------------------------------------------- reshaping
@@ -326,7 +323,7 @@ def one_hot(indices, depth, values, *, axis, xp):
     depth = int(numpy.asarray(depth).reshape(-1)[0])
     rank = indices.ndim + 1
     axis = _axis(axis, rank)
-    indices = _wrap_negative(indices, depth, xp)
+    indices = xp.where(indices < 0, indices + depth, indices)
     # Compared in the indices' own dtype: a fractional float index matches no class.
     classes = xp.reshape(xp.arange(depth), (depth,) + (1,) * (rank - 1 - axis))
     hot = xp.expand_dims(indices, axis) == classes
@@ -348,7 +345,7 @@ def trilu(input, k=None, *, upper, xp):
 @kernel("Gather", since=1)
 def gather(data, indices, *, axis, xp):
     axis = _axis(axis, data.ndim)
-    return xp.take(data, _wrap_negative(indices, data.shape[axis], xp), axis=axis)
+    return xp.take(data, indices, axis=axis)
 
 
 @kernel("GatherElements", since=11)
@@ -356,7 +353,7 @@ def gather_elements(data, indices, *, axis, xp):
     axis = _axis(axis, data.ndim)
     # Output takes the indices' shape; take_along_axis would broadcast smaller non-axis dims.
     window = tuple(slice(None) if i == axis else slice(0, n) for i, n in enumerate(indices.shape))
-    return xp.take_along_axis(data[window], _wrap_negative(indices, data.shape[axis], xp), axis=axis)
+    return xp.take_along_axis(data[window], indices, axis=axis)
 
 
 @kernel("GatherND", since=11)
@@ -367,9 +364,7 @@ def gather_nd(data, indices, *, batch_dims=0, xp):
     tuples = indices.shape[b:-1]
     flat_data = xp.reshape(data, (batch,) + data.shape[b:])
     flat_idx = xp.reshape(indices, (batch, math.prod(tuples), depth))
-    picks = tuple(
-        _wrap_negative(flat_idx[..., j], data.shape[b + j], xp) for j in range(depth)
-    )
+    picks = tuple(flat_idx[..., j] for j in range(depth))
     out = flat_data[(xp.arange(batch)[:, None], *picks)]
     return xp.reshape(out, data.shape[:b] + tuples + data.shape[b + depth :])
 
@@ -466,7 +461,7 @@ def _scatter_into(data, index, updates, reduction):
 def _element_index(data, indices, axis):
     axis = _axis(axis, data.ndim)
     index = list(numpy.indices(indices.shape, sparse=True))
-    index[axis] = numpy.where(indices < 0, indices + data.shape[axis], indices)
+    index[axis] = indices
     return tuple(index)
 
 
@@ -482,11 +477,7 @@ def scatter(data, indices, updates, *, axis):
 
 @kernel("ScatterND", since=11)
 def scatter_nd(data, indices, updates, *, reduction="none"):
-    indices = numpy.asarray(indices)
-    index = tuple(
-        numpy.where(indices[..., j] < 0, indices[..., j] + data.shape[j], indices[..., j])
-        for j in range(indices.shape[-1])
-    )
+    index = tuple(indices[..., j] for j in range(indices.shape[-1]))
     return _scatter_into(data, index, updates, reduction)
 
 
