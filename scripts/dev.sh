@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up the development environment (once) and run a job in it.
+#   bash scripts/dev.sh demo    # the main job: export ResNet-18, run on every backend, validate
+#   bash scripts/dev.sh test    # the test suite
+#   bash scripts/dev.sh shell   # a shell inside the environment
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MITHRIL_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "creating $VENV" >&2
+  "$PY" -m venv "$VENV"
+fi
+# Reinstall only when the dependency files change.
+stamp="$VENV/.mithril-deps-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "installing dependencies into $VENV (CPU torch pinned by constraints.txt)" >&2
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[all]"
+  rm -f "$VENV"/.mithril-deps-*
+  touch "$stamp"
+fi
+export PATH="$PWD/$VENV/bin:$PATH"
+
+job=${1:-demo}
+shift || true
+case "$job" in
+  demo) exec python scripts/main_job.py "$@" ;;
+  test) exec python -m pytest -q "$@" ;;
+  shell) exec "${SHELL:-bash}" ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|shell} [args...]" >&2; exit 2 ;;
+esac
