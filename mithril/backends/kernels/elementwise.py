@@ -173,28 +173,51 @@ def sign(x, *, xp):
     return xp.sign(x)
 
 
-def _erf(x, xp):
-    """erf from xp primitives, to ~1e-15 in float64 (numpy has no erf).
+# erf(x) / x as a polynomial in x^2 on |x| <= 2.5, lowest power first: a degree-18 least-squares
+# fit on Chebyshev nodes against 50-digit erf (mpmath); max error of erf 6e-15.
+_ERF_NEAR = (
+    1.1283791670955101, -0.37612638903171425, 0.11283791670790354, -0.026866170635238086,
+    0.005223977592092699, -0.0008548326311962265, 0.00012055322642366229, -1.492554292181818e-05,
+    1.6461289092430622e-06, -1.6361048472188351e-07, 1.4785764952064115e-08, -1.2216192125335832e-09,
+    9.221105981026086e-11, -6.283176589101853e-12, 3.752022331594937e-13, -1.8624840872817096e-14,
+    7.070930837664845e-16, -1.7888841836283602e-17, 2.2232564744893975e-19,
+)
 
-    |x| <= 2.5: erf(x) = 2/sqrt(pi) exp(-x^2) sum 2^n x^(2n+1) / (1*3*...*(2n+1)) (positive
-    terms, no cancellation); beyond: the continued fraction of erfc, evaluated backwards.
+
+def _erf_parts(a, xp):
+    """For a >= 0: erf(a) where a <= 2.5, erfc(a) where a > 2.5, and that mask (numpy has no erf).
+
+    Near: the polynomial above; far: the continued fraction of erfc, evaluated backwards
+    (30 levels give float64 precision at 2.5, 10 float32). Computed in float64, as 1 - erf
+    cancels near 2.5.
     """
-    terms, fraction_depth = (40, 30) if x.dtype == xp.float64 else (30, 10)
-    a = xp.abs(x)
+    fraction_depth = 30 if a.dtype == xp.float64 else 10
+    a = a.astype(xp.float64)
+    near = a <= 2.5
     s = xp.minimum(a, 2.5)
-    two_s2 = 2 * s * s
-    term = s
-    total = s
-    for n in range(1, terms):
-        term = term * two_s2 / (2 * n + 1)
-        total = total + term
-    small = (2 / math.sqrt(math.pi)) * xp.exp(-s * s) * total
+    s2 = s * s
+    p = xp.full_like(s2, _ERF_NEAR[-1])
+    for c in _ERF_NEAR[-2::-1]:
+        p = p * s2 + c
+    erf_near = s * p
     b = xp.maximum(a, 2.5)
     t = b
     for k in range(fraction_depth, 0, -1):
         t = b + (k / 2) / t
-    large = 1 - xp.exp(-b * b) / (math.sqrt(math.pi) * t)
-    return xp.sign(x) * xp.where(a <= 2.5, small, large)
+    erfc_far = xp.exp(-b * b) / (math.sqrt(math.pi) * t)
+    return erf_near, erfc_far, near
+
+
+def _erf(x, xp):
+    erf_near, erfc_far, near = _erf_parts(xp.abs(x), xp)
+    return (xp.sign(x) * xp.where(near, erf_near, 1 - erfc_far)).astype(x.dtype)
+
+
+def _erfc(x, xp):
+    # Separately from 1 - erf, so the far tail keeps its relative precision (Gelu of large -x).
+    erf_near, erfc_far, near = _erf_parts(xp.abs(x), xp)
+    tail = xp.where(near, 1 - erf_near, erfc_far)
+    return xp.where(x >= 0, tail, 2 - tail).astype(x.dtype)
 
 
 @kernel("Erf", since=9)
@@ -569,10 +592,12 @@ def celu(x, *, alpha, xp):
 @kernel("Gelu", since=20)
 def gelu(x, *, approximate, xp):
     if approximate == "tanh":
-        k = math.sqrt(2 / math.pi)
-        fn = lambda v: 0.5 * v * (1 + xp.tanh(k * (v + 0.044715 * v**3)))  # noqa: E731
+        # 0.5 * (1 + tanh(u)) == sigmoid(2u), which does not cancel for large negative v.
+        k = 2 * math.sqrt(2 / math.pi)
+        fn = lambda v: v * _sigmoid(k * (v + 0.044715 * v**3), xp)  # noqa: E731
     elif approximate == "none":
-        fn = lambda v: 0.5 * v * (1 + _erf(v / math.sqrt(2), xp))  # noqa: E731
+        # 0.5 * (1 + erf(v / sqrt2)) == 0.5 * erfc(-v / sqrt2), likewise.
+        fn = lambda v: 0.5 * v * _erfc(-v / math.sqrt(2), xp)  # noqa: E731
     else:
         raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
     return _in_float32(fn, x, xp=xp)
