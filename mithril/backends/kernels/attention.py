@@ -52,22 +52,24 @@ def _masked_softmax(scores, xp):
 # Attention (opset 23; 24 adds nonpad_kv_seqlen, 25 adds sliding windows).
 
 
-def _allowed_keys(batch, q_len, total, offset, is_causal, nonpad, left, right, xp):
-    """Boolean (B or 1, 1, Sq, T) mask of keys each query may see, or None when all may."""
+def _allowed_keys(q_len, total, offset, is_causal, nonpad, left, right, xp):
+    """Boolean (B or 1, 1, Sq, T) mask of the keys each query may see, or None when all may."""
+    if not (is_causal or left >= 0 or right >= 0 or nonpad is not None):
+        return None
     i = numpy.arange(q_len)[:, None]
     j = numpy.arange(total)[None, :]
-    offset = numpy.asarray(offset).reshape(-1, 1, 1, 1)
-    pos = i + offset  # absolute query position
-    allowed = numpy.ones((offset.shape[0], 1, q_len, total), dtype=bool)
+    # Absolute query position; the offset is per batch for an external (nonpad) cache.
+    pos = i + (offset.reshape(-1, 1, 1, 1) if hasattr(offset, "reshape") else offset)
+    allowed = xp.ones((1, 1, q_len, total), dtype=bool)
     if is_causal:
-        allowed &= j <= pos
+        allowed = allowed & (j <= pos)
     if left >= 0:
-        allowed &= j >= pos - left
+        allowed = allowed & (j >= pos - left)
     if right >= 0:
-        allowed &= j <= pos + right
+        allowed = allowed & (j <= pos + right)
     if nonpad is not None:
-        allowed &= j < nonpad.reshape(-1, 1, 1, 1)
-    return None if allowed.all() else allowed
+        allowed = allowed & (j < nonpad.reshape(-1, 1, 1, 1))
+    return allowed
 
 
 @kernel("Attention", since=23)
@@ -111,16 +113,16 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
             bias = xp.where(attn_mask, xp.asarray(0, dtype=work), xp.asarray(-numpy.inf, dtype=work))
         else:
             bias = attn_mask.astype(work)
-    nonpad = None if nonpad_kv_seqlen is None else numpy.asarray(nonpad_kv_seqlen).astype(numpy.int64)
+    nonpad = nonpad_kv_seqlen
     if past_key is not None:
         offset = past_len
     elif nonpad is not None:
         offset = nonpad - q_len
     else:
         offset = 0
-    allowed = _allowed_keys(batch, q_len, total, offset, is_causal, nonpad, left_window_size, right_window_size, xp)
+    allowed = _allowed_keys(q_len, total, offset, is_causal, nonpad, left_window_size, right_window_size, xp)
     if allowed is not None:
-        frontier = xp.asarray(numpy.where(allowed, 0.0, -numpy.inf).astype(work))
+        frontier = xp.where(allowed, xp.asarray(0, dtype=work), xp.asarray(-numpy.inf, dtype=work))
         bias = frontier if bias is None else bias + frontier
     scores = capped if bias is None else capped + bias
 
