@@ -41,12 +41,12 @@ def _to_dtype(y, dtype, xp):
     return y.astype(dtype)
 
 
-def _keys_cubic(d, a):
+def _keys_cubic(d, a, xp=numpy):
     # Keys' cubic convolution kernel (IEEE TASSP 1981, eq. 4) at distance d.
-    d = numpy.abs(d)
+    d = xp.abs(d)
     near = ((a + 2) * d - (a + 3)) * d * d + 1
     far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-    return numpy.where(d <= 1, near, numpy.where(d < 2, far, 0.0))
+    return xp.where(d <= 1, near, xp.where(d < 2, far, 0))
 
 
 # ---------------------------------------------------------------------------
@@ -257,7 +257,8 @@ def _grid_taps(c, size, mode, padding_mode, lo, hi, xp):
         f = xp.floor(c)
         t = c - f
         bases = [f - 1, f, f + 1, f + 2]
-        weights = [_keys_cubic_xp(t + 1, xp), _keys_cubic_xp(t, xp), _keys_cubic_xp(1 - t, xp), _keys_cubic_xp(2 - t, xp)]
+        # GridSample's cubic is Keys' kernel with a = -0.75 (as torch's bicubic).
+        weights = [_keys_cubic(d, -0.75, xp) for d in (t + 1, t, 1 - t, 2 - t)]
     taps = []
     for base, w in zip(bases, weights):
         if padding_mode == "zeros":
@@ -266,13 +267,6 @@ def _grid_taps(c, size, mode, padding_mode, lo, hi, xp):
             base = xp.trunc(_reflect(base, lo, hi, xp))
         taps.append((xp.clip(base, 0, size - 1).astype(numpy.int64), w))
     return taps
-
-
-def _keys_cubic_xp(d, xp, a=-0.75):
-    d = xp.abs(d)
-    near = ((a + 2) * d - (a + 3)) * d * d + 1
-    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
-    return xp.where(d <= 1, near, xp.where(d < 2, far, 0))
 
 
 @kernel("GridSample", since=16)
@@ -403,6 +397,10 @@ def roi_align(x, rois, batch_indices, *, mode, output_height, output_width, samp
 # NonMaxSuppression.
 
 
+def _scalar(value):
+    return numpy.asarray(value).reshape(-1)[0]
+
+
 def _corners(boxes, center_point_box):
     if center_point_box:
         xc, yc, w, h = boxes.T
@@ -426,9 +424,9 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
     # numpy-only: greedy selection with a data-dependent number of outputs.
     boxes = numpy.asarray(boxes, dtype=numpy.float64)
     scores = numpy.asarray(scores, dtype=numpy.float64)
-    max_out = 0 if _is_empty(max_output_boxes_per_class) else int(numpy.asarray(max_output_boxes_per_class).reshape(-1)[0])
-    iou_thr = 0.0 if _is_empty(iou_threshold) else float(numpy.asarray(iou_threshold, dtype=numpy.float32).reshape(-1)[0])
-    score_thr = None if _is_empty(score_threshold) else float(numpy.asarray(score_threshold, dtype=numpy.float32).reshape(-1)[0])
+    max_out = 0 if _is_empty(max_output_boxes_per_class) else int(_scalar(max_output_boxes_per_class))
+    iou_thr = 0.0 if _is_empty(iou_threshold) else float(_scalar(iou_threshold))
+    score_thr = None if _is_empty(score_threshold) else float(_scalar(score_threshold))
     selected = []
     if max_out > 0:
         for b in range(boxes.shape[0]):
