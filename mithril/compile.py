@@ -154,7 +154,7 @@ class PhysicalModel:
             raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
         data = self._check_data(data or {})
         try:
-            return self.program.forward(params, data)
+            return self.backend.finalize_outputs(self.program.forward(params, data))
         except MithrilError:
             raise
         except Exception as exc:

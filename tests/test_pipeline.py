@@ -154,3 +154,22 @@ def test_if_reads_outer_scope_values():
     x = np.array([1.0, -2.0], np.float32)
     np.testing.assert_array_equal(pm.evaluate(None, {"c": np.array(True), "x": x})["y"], 2 * x)
     np.testing.assert_array_equal(pm.evaluate(None, {"c": np.array(False), "x": x})["y"], -x)
+
+
+def test_sparse_constant_is_densified():
+    sparse = helper.make_sparse_tensor(helper.make_tensor("v", TensorProto.FLOAT, [2], [5.0, 6.0]),
+                                       helper.make_tensor("i", TensorProto.INT64, [2], [1, 4]), [2, 3])
+    model = make_model([helper.make_node("Constant", [], ["y"], sparse_value=sparse)], [],
+                       [("y", TensorProto.FLOAT, [2, 3])], opset=13)
+    y = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {})["y"]
+    np.testing.assert_array_equal(y, [[0, 5, 0], [0, 6, 0]])
+
+
+def test_outputs_are_owned_arrays():
+    # Expand returns a broadcast view internally; the caller still gets a writable array of its own.
+    model = make_model([helper.make_node("Expand", ["x", "shape"], ["y"])], [("x", TensorProto.FLOAT, [1, 3])],
+                       [("y", TensorProto.FLOAT, [2, 3])], {"shape": np.array([2, 3], np.int64)})
+    x = np.ones((1, 3), np.float32)
+    y = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    y[0, 0] = 7.0
+    assert x[0, 0] == 1.0 and y[1, 0] == 1.0

@@ -45,6 +45,9 @@ class Backend:
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)
 
+    def finalize_outputs(self, outputs: dict) -> dict:
+        return outputs
+
     # -- creation --------------------------------------------------------------------
     def set_seed(self, seed: int) -> None:
         self.seed = seed

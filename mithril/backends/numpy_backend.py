@@ -30,3 +30,7 @@ class NumpyBackend(Backend):
 
     def from_numpy(self, arr):
         return np.asarray(arr)
+
+    def finalize_outputs(self, outputs: dict) -> dict:
+        # Kernels return views (Expand, Reshape, Identity); callers get arrays they own, as from onnxruntime.
+        return {k: v.copy() if isinstance(v, np.ndarray) and v.base is not None else v for k, v in outputs.items()}

@@ -94,6 +94,41 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: Path) -> None:
             raise OnnxLoadError(f"tensor {tensor.name!r}: external data file {str(target)!r} not found")
 
 
+def _densify_sparse_constants(graph: onnx.GraphProto) -> None:
+    """onnx_ir holds no sparse tensors: a Constant's sparse_value becomes a dense value."""
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _densify_sparse_constants(attr.g)
+            for g in attr.graphs:
+                _densify_sparse_constants(g)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for i, attr in enumerate(node.attribute):
+                if attr.name == "sparse_value":
+                    dense = _sparse_to_dense(attr.sparse_tensor)
+                    del node.attribute[i]
+                    node.attribute.append(onnx.helper.make_attribute("value", dense))
+                    break
+    if graph.sparse_initializer:
+        for sp in graph.sparse_initializer:
+            graph.initializer.append(_sparse_to_dense(sp))
+        del graph.sparse_initializer[:]
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> onnx.TensorProto:
+    import numpy as np
+
+    values = onnx.numpy_helper.to_array(sp.values)
+    indices = onnx.numpy_helper.to_array(sp.indices)
+    dims = tuple(sp.dims)
+    dense = np.zeros(dims, dtype=values.dtype)
+    if indices.ndim == 1:  # linearized indices
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return onnx.numpy_helper.from_array(dense, sp.values.name)
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
@@ -132,6 +167,7 @@ def load_onnx(src) -> OnnxModel:
             onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     else:
         raise OnnxLoadError(f"cannot load an ONNX model from {type(src).__name__}; give a path, bytes or ModelProto")
+    _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
         # IR version 1/2 models without opset_import imply opset 1.
         proto.opset_import.add(domain="", version=1)

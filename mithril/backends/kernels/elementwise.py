@@ -483,8 +483,9 @@ def _to_e8m0(x, *, saturate, round_mode, xp):
     else:
         nan = xp.isnan(a) | xp.isinf(a) | (a == 0) | (e < -127) | (e > 127)
         e = xp.clip(e, -127, 127)
-    value = xp.ldexp(xp.ones(e.shape, xp.float32), e.astype(xp.int32))
-    return xp.where(nan, xp.float32(xp.nan), value).astype(_E8M0)
+    # float64: 2**-127 is subnormal in float32, which XLA flushes to zero.
+    value = xp.ldexp(xp.ones(e.shape, xp.float64), e.astype(xp.int32))
+    return xp.where(nan, xp.nan, value).astype(_E8M0)
 
 
 def _saturate_float8(y, x, dst, xp):
