@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import warnings
+
 import numpy as np
 import onnx_ir as ir
 
@@ -12,7 +14,7 @@ from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.lower import LoweredProgram, lower_graph
 from .dtypes import is_floating_np, np_dtype_of_onnx
-from .errors import DTypeError, InputError, KernelError, MithrilError, ShapeError
+from .errors import DTypeError, InputError, KernelError, MithrilError, ShapeError, UnsupportedDTypeError
 from .onnx_bridge.load import OnnxModel, load_onnx
 from .onnx_bridge.passes import specialize
 
@@ -68,6 +70,8 @@ class PhysicalModel:
         self._inputs = {v.name: v for v in graph.inputs if v.name not in set(param_names)}
         self.input_keys = list(self._inputs)
         self.output_keys = [v.name for v in graph.outputs]
+        self._jitted = None
+        self._jit_verified = False
         self._params_numpy = {
             name: graph.initializers[name].const_value.numpy() for name in param_names
         }
@@ -141,18 +145,50 @@ class PhysicalModel:
 
     def evaluate(self, params: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
                  output_gradients: Mapping[str, Any] | None = None):
-        """Run the model: ``params`` and ``data`` keyed by name -> outputs keyed by name."""
-        if output_gradients is not None:
-            raise MithrilError(
-                f"{type(self.backend).__name__} does not compute gradients yet; "
-                "use evaluate(params, data) for outputs"
-            )
+        """Run the model: ``params`` and ``data`` keyed by name -> outputs keyed by name.
+
+        With ``output_gradients`` (cotangents keyed by output name) returns ``(outputs, gradients)``:
+        gradients of every trainable parameter and of the differentiable ``data_keys``.
+        """
         if params is None:
             params = self.get_parameters()
         missing = [k for k in self._param_names if k not in params]
         if missing:
             raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
         data = self._check_data(data or {})
+        if output_gradients is not None:
+            unknown = [k for k in output_gradients if k not in self.output_keys]
+            if unknown:
+                raise InputError(f"output_gradients names {unknown}, which are not outputs ({self.output_keys})")
+            if self.inference:
+                raise MithrilError("this model was compiled with inference=True: it computes no gradients")
+            diff_params = [k for k in self._param_names if k in self.trainable_keys]
+            diff_data = [k for k in self.input_keys if k in self.data_keys and
+                         is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
+            fn = self._jitted or self.program.forward
+            try:
+                outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
+                                                  dict(output_gradients))
+            except MithrilError:
+                raise
+            except Exception as exc:
+                raise _node_error(self.program, exc) from exc
+            return self.backend.finalize_outputs(outputs), grads
+        if self._jitted is not None:
+            try:
+                return self.backend.finalize_outputs(self._jitted(params, data))
+            except MithrilError:
+                raise
+            except Exception as exc:
+                err = _node_error(self.program, exc)
+                if not self._jit_verified and isinstance(err, KernelError):
+                    # The program cannot be traced as one (a value-dependent shape): run it eagerly.
+                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=2)
+                    self._jitted = None
+                else:
+                    raise err from exc
+            else:
+                self._jit_verified = True
         try:
             return self.backend.finalize_outputs(self.program.forward(params, data))
         except MithrilError:
@@ -161,6 +197,10 @@ class PhysicalModel:
             raise _node_error(self.program, exc) from exc
 
     __call__ = evaluate
+
+
+class JitFallbackWarning(UserWarning):
+    """The whole-graph jit could not trace the program; it runs eagerly instead."""
 
 
 def _dtype_of(value):
@@ -253,6 +293,7 @@ def compile(
         trainable = {n for n in param_names
                      if is_floating_np(np_dtype_of_onnx(int(graph.initializers[n].const_value.dtype)))}
     trainable -= constant_keys
+    _check_backend_dtypes(graph, backend)
     program = lower_graph(
         graph,
         opsets,
@@ -262,9 +303,56 @@ def compile(
         extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
         file_path=file_path,
     )
-    return PhysicalModel(
-        model, backend, work, program, param_names, trainable, set(data_keys or ()), inference
-    )
+    pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
+    if jit:
+        blocking = _data_dependent_nodes(graph, opsets, backend.name)
+        if blocking:
+            warnings.warn(
+                f"running un-jitted: output shapes of {', '.join(blocking)} depend on input values",
+                JitFallbackWarning, stacklevel=2,
+            )
+        else:
+            pm._jitted = backend.jit(program.forward)
+    return pm
+
+
+def _check_backend_dtypes(graph: ir.Graph, backend: Backend) -> None:
+    """A dtype the backend cannot hold is an error at compile time, with the reason."""
+    seen = set()
+    values = list(graph.inputs) + list(graph.initializers.values())
+    for node in graph.all_nodes():
+        values.extend(node.outputs)
+    for v in values:
+        if v.dtype is None or not isinstance(v.type, ir.TensorType):
+            continue
+        try:
+            dt = np_dtype_of_onnx(int(v.dtype))
+        except (KeyError, ValueError, TypeError):
+            continue
+        if dt in seen:
+            continue
+        seen.add(dt)
+        reason = backend.unsupported_dtype_reason(dt)
+        if reason:
+            producer = v.producer()
+            raise UnsupportedDTypeError(
+                f"{type(backend).__name__} cannot hold {dt} (value {v.name!r}): {reason}",
+                node=(producer.name or producer.op_type) if producer is not None else None,
+                op_type=producer.op_type if producer is not None else None,
+            )
+
+
+def _data_dependent_nodes(graph: ir.Graph, opsets: dict[str, int], backend: str) -> list[str]:
+    from .backends.lower import canonical_domain, node_label
+    from .backends.registry import REGISTRY
+
+    out = []
+    for i, node in enumerate(graph.all_nodes()):
+        domain = canonical_domain(node.domain)
+        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
+        if spec is not None and spec.data_dependent_shape:
+            out.append(f"{node_label(node, i)} ({node.op_type})")
+    return out
 
 
 __all__ = ["compile", "PhysicalModel"]

@@ -168,7 +168,8 @@ def _timeout_handler(signum, frame):
 def run_case(name: str, backend_name: str) -> CaseResult:
     """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
     import mithril as ml
-    from mithril.errors import UnsupportedDomainError, UnsupportedOpsError, UnsupportedAttributeError
+    from mithril.errors import (UnsupportedAttributeError, UnsupportedDomainError, UnsupportedDTypeError,
+                                UnsupportedOpsError)
 
     if "/" in name:
         kind, d = model_test_dirs()[name]
@@ -204,7 +205,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
                         backend.to_numpy(got) if got is not None else None)
                     _compare(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
-    except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError) as exc:
+    except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError) as exc:
         status, reason = "unsupported", _one_line(exc)
     except Exception as exc:  # every failure is recorded with its reason
         status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"

@@ -100,6 +100,10 @@ class DTypeError(NodeError):
     """A dtype that is wrong for the input, or unsupported by a backend."""
 
 
+class UnsupportedDTypeError(DTypeError):
+    """The backend cannot represent a dtype the graph uses (MLX float64, torch uint32...)."""
+
+
 class InputError(MithrilError):
     """Missing, unexpected, or mis-shaped/mis-typed inputs to ``evaluate``."""
 

@@ -48,6 +48,23 @@ class Backend:
     def finalize_outputs(self, outputs: dict) -> dict:
         return outputs
 
+    # -- compilation hooks: a backend overrides what its framework offers -------------
+    def unsupported_dtype_reason(self, dtype) -> str | None:
+        """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
+        return None
+
+    def jit(self, forward):
+        """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
+        return forward
+
+    def vjp(self, forward, params: dict, data: dict, diff_params: list[str], diff_data: list[str],
+            output_gradients: dict) -> tuple[dict, dict]:
+        """Outputs of ``forward`` and the gradients of ``diff_params`` and ``diff_data`` given the
+        cotangents ``output_gradients`` (outputs not named get zero cotangents)."""
+        from ..errors import MithrilError
+
+        raise MithrilError(f"{type(self).__name__} does not compute gradients")
+
     # -- creation --------------------------------------------------------------------
     def set_seed(self, seed: int) -> None:
         self.seed = seed

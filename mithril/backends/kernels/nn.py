@@ -77,6 +77,11 @@ def _pad_spatial(x, win: _Window, fill, xp):
         widths.append((win.begin[i], max(win.extent[i] - win.begin[i] - size, 0)))
     if not any(b or e for b, e in widths):
         return x
+    if xp is numpy:
+        # numpy-only: np.pad's generality costs ~100us a call, a tenth of a small conv.
+        out = numpy.full(tuple(n + b + e for n, (b, e) in zip(x.shape, widths)), fill, dtype=x.dtype)
+        out[tuple(slice(b, b + n) for n, (b, _) in zip(x.shape, widths))] = x
+        return out
     return xp.pad(x, widths, constant_values=fill)
 
 
@@ -102,9 +107,11 @@ def _matmul(a, b, xp):
 
 
 def _add_bias(y, b, xp):
-    if b is None:
-        return y
-    return y + xp.reshape(b, (-1,) + (1,) * (y.ndim - 2))
+    # y is always a fresh result here: += adds in place under NumPy (saving a pass and an
+    # allocation) and rebinds under immutable namespaces.
+    if b is not None:
+        y += xp.reshape(b, (-1,) + (1,) * (y.ndim - 2)).astype(y.dtype)
+    return y
 
 
 # ---------------------------------------------------------------------------------------------
