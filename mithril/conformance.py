@@ -251,7 +251,7 @@ def _worker(args):
 
 
 def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_models: bool = True,
-              progress: bool = True) -> list[CaseResult]:
+              progress: bool = True, log_progress: bool = False) -> list[CaseResult]:
     names = list(node_cases())
     if include_models:
         names += list(model_test_dirs())
@@ -267,6 +267,13 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(f"{backend} conformance", total=len(tasks), passed=0)
         passed = 0
+        every = max(len(tasks) // 10, 1)
+
+        def log_line():
+            # Without a terminal (CI logs) progress is a line per tenth of the run.
+            done = len(results)
+            if not progress and log_progress and (done % every == 0 or done == len(tasks)):
+                print(f"{backend} conformance: {done}/{len(tasks)} cases, {passed} passed", file=sys.stderr, flush=True)
         if jobs > 1:
             import multiprocessing as mp
 
@@ -276,12 +283,14 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
                     results.append(r)
                     passed += r.status == "pass"
                     bar.update(task, advance=1, passed=passed)
+                    log_line()
         else:
             for t in tasks:
                 r = _worker(t)
                 results.append(r)
                 passed += r.status == "pass"
                 bar.update(task, advance=1, passed=passed)
+                log_line()
     order = {n: i for i, n in enumerate(names)}
     results.sort(key=lambda r: order[r.name])
     return results
@@ -378,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     record = load_record()
     status = 0
     for backend in args.backend.split(","):
+        tty = sys.stderr.isatty()
         results = run_suite(backend, args.filter, args.jobs, not args.no_models,
-                            progress=not args.no_progress and sys.stderr.isatty())
+                            progress=not args.no_progress and tty, log_progress=not args.no_progress and not tty)
         counts = Counter(r.status for r in results)
         node_pass = sum(r.status == "pass" for r in results if r.kind == "node")
         node_total = sum(r.kind == "node" for r in results)
