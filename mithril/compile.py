@@ -150,6 +150,10 @@ class PhysicalModel:
         With ``output_gradients`` (cotangents keyed by output name) returns ``(outputs, gradients)``:
         gradients of every trainable parameter and of the differentiable ``data_keys``.
         """
+        with self.backend.scope():  # JAX: x64 and the device, for this call only
+            return self._evaluate(params, data, output_gradients)
+
+    def _evaluate(self, params, data, output_gradients):
         if params is None:
             params = self.get_parameters()
         missing = [k for k in self._param_names if k not in params]
@@ -183,7 +187,7 @@ class PhysicalModel:
                 err = _node_error(self.program, exc)
                 if not self._jit_verified and isinstance(err, KernelError):
                     # The program cannot be traced as one (a value-dependent shape): run it eagerly.
-                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=2)
+                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=3)
                     self._jitted = None
                 else:
                     raise err from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,10 @@ class Backend:
         return outputs
 
     # -- compilation hooks: a backend overrides what its framework offers -------------
+    def scope(self):
+        """The context each evaluation runs in (JAX: x64 and the device); none by default."""
+        return contextlib.nullcontext()
+
     def unsupported_dtype_reason(self, dtype) -> str | None:
         """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
         return None
