@@ -93,14 +93,12 @@ def fold_constants(
     Uses the shared NumPy kernels, so folding agrees with the NumPy backend by construction.
     Returns the model and the number of nodes folded.
     """
-    from ..backends.lower import _literal  # noqa: F401  (import cycle guard)
     from ..onnx_bridge.schema import attribute_defaults, convert_attribute, is_graph_attribute
 
     graph = model.graph
     constants: set[ir.Value] = {
         v for name, v in graph.initializers.items() if name in constant_names and v.const_value is not None
     }
-    graph_outputs = set(graph.outputs)
     folded = 0
     for node in list(graph):
         domain = _canonical_domain(node.domain)
@@ -120,8 +118,6 @@ def fold_constants(
             dims = static_shape(node.inputs[0])
             if dims is not None:
                 result = [np.array(int(np.prod(dims)), dtype=np.int64)]
-        elif node.op_type == "Constant" and domain == "":
-            pass  # folded below like any node without inputs
         if result is None:
             inputs = [_constant_array(v, constants) if v is not None else None for v in node.inputs]
             if any(v is not None and a is None for v, a in zip(node.inputs, inputs)):
@@ -172,8 +168,6 @@ def fold_constants(
             constant_names.add(new.name)
         graph.remove(node, safe=False)
         folded += 1
-    # Folded values that are graph outputs stay initializers; graph outputs keep their names.
-    del graph_outputs
     return model, folded
 
 
