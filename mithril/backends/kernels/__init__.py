@@ -16,6 +16,7 @@ FAMILIES = (
     "random",
     "signal",
     "strings",
+    "text",
     "training",
     "control_flow",
     "sequence",
