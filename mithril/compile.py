@@ -20,8 +20,9 @@ from .onnx_bridge.passes import specialize
 
 
 def _clone(model: ir.Model) -> ir.Model:
-    # Passes mutate in place; the user's model must stay as loaded.
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    # Passes mutate the graph in place; the user's model must stay as loaded. Tensors are shared
+    # (passes replace values, never write into tensors), so this is cheap for big models.
+    return model.clone()
 
 
 def _static_input_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> set[str]:
