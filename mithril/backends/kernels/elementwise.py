@@ -315,6 +315,46 @@ def pow_(x, y, *, xp):
     return xp.power(x.astype(wide), y.astype(wide)).astype(x.dtype)
 
 
+# Versions 1 and 6 (Pow: 1) predate numpy broadcasting: B broadcasts onto A only with
+# broadcast=1, its dims aligned with A's from `axis` (a suffix of A's shape when unset).
+
+
+def _legacy_operand(a, b, broadcast, axis, xp):
+    if not broadcast:
+        if a.shape != b.shape:
+            raise ValueError(f"shapes {a.shape} and {b.shape} differ and broadcast=0")
+        return b
+    if axis is None or b.ndim == 0:
+        return b
+    axis = axis + a.ndim if axis < 0 else axis
+    return xp.reshape(b, b.shape + (1,) * (a.ndim - axis - b.ndim))
+
+
+@kernel("Add", since=1)
+def add_legacy(a, b, *, broadcast, axis, consumed_inputs=None, xp):
+    return add(a, _legacy_operand(a, b, broadcast, axis, xp), xp=xp)
+
+
+@kernel("Sub", since=1)
+def sub_legacy(a, b, *, broadcast, axis, consumed_inputs=None, xp):
+    return sub(a, _legacy_operand(a, b, broadcast, axis, xp), xp=xp)
+
+
+@kernel("Mul", since=1)
+def mul_legacy(a, b, *, broadcast, axis, consumed_inputs=None, xp):
+    return mul(a, _legacy_operand(a, b, broadcast, axis, xp), xp=xp)
+
+
+@kernel("Div", since=1)
+def div_legacy(a, b, *, broadcast, axis, consumed_inputs=None, xp):
+    return div(a, _legacy_operand(a, b, broadcast, axis, xp), xp=xp)
+
+
+@kernel("Pow", since=1)
+def pow_legacy(x, y, *, broadcast, axis, xp):
+    return pow_(x, _legacy_operand(x, y, broadcast, axis, xp), xp=xp)
+
+
 @kernel("BitShift", since=11)
 def bitshift(x, y, *, direction, xp):
     bits = x.dtype.itemsize * 8
@@ -566,7 +606,15 @@ def leaky_relu(x, *, alpha, xp):
     return _in_float32(lambda v: xp.where(v >= 0, v, alpha * v), x, xp=xp)
 
 
-@kernel("PRelu", since=6)
+@kernel("PRelu", since=1)
+def prelu_legacy(x, slope, *, consumed_inputs=None, xp):
+    # Versions 1 and 6 predate numpy broadcasting: a [C] slope is per channel (axis 1).
+    if slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1]:
+        slope = xp.reshape(slope, slope.shape + (1,) * (x.ndim - 2))
+    return prelu(x, slope, xp=xp)
+
+
+@kernel("PRelu", since=7)
 def prelu(x, slope, *, xp):
     return _in_float32(lambda v, s: xp.where(v < 0, s * v, v), x, slope.astype(x.dtype), xp=xp)
 

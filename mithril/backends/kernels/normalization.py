@@ -58,6 +58,18 @@ def _batch_norm_infer(X, scale, B, mean, var, epsilon, xp):
     return ((X.astype(dtype) - m) / xp.sqrt(v + epsilon) * s + b).astype(X.dtype)
 
 
+# Versions 1 and 6: training mode needs is_test=0 and the optional outputs asked for (as in
+# onnxruntime); saved_var is the inverse standard deviation, as in versions 7 and 9.
+@kernel("BatchNormalization", since=1)
+def batch_normalization_v1(
+    X, scale, B, mean, var, *, epsilon, momentum, is_test, spatial, consumed_inputs=None, num_outputs, xp
+):
+    if is_test or num_outputs == 1:
+        return _batch_norm_infer(X, scale, B, mean, var, epsilon, xp)
+    axes = (0,) + tuple(range(2, X.ndim)) if spatial else (0,)
+    return _batch_norm_train(X, scale, B, mean, var, epsilon, momentum, axes, xp)
+
+
 # Versions 7 and 9: training mode is implied by asking for the optional outputs. spatial=0
 # (version 7 only) gives [C, D1, ...] parameters and statistics per activation.
 @kernel("BatchNormalization", since=7)
