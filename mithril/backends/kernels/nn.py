@@ -101,9 +101,13 @@ def _lowest(dtype):
 
 
 def _matmul(a, b, xp):
-    # ml_dtypes' bfloat16 matmul returns float32 under NumPy; ONNX keeps the input type.
+    dtype = a.dtype
+    if xp is numpy and (dtype == numpy.float16 or dtype.kind == "V"):
+        # NumPy has no BLAS for float16/bfloat16 (float16 matmul is a slow scalar loop);
+        # accumulate in float32 as onnxruntime does, and return the ONNX type.
+        a, b = a.astype(numpy.float32), b.astype(numpy.float32)
     y = xp.matmul(a, b)
-    return y if y.dtype == a.dtype else y.astype(a.dtype)
+    return y if y.dtype == dtype else y.astype(dtype)
 
 
 def _add_bias(y, b, xp):
@@ -359,7 +363,9 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads, strides):
     y = y.reshape(shape)
     if output_shape is None:
         return y
-    # Indices address the inferred shape; a given output_shape pads (or crops) at the end of each axis.
+    # Indices address the inferred shape; a given output_shape pads (or crops) at the end of
+    # each axis. This is what the ONNX suite expects; onnxruntime instead reads the indices as
+    # flat positions in output_shape (the two agree when output_shape is the inferred shape).
     target = tuple(int(s) for s in output_shape)
     y = y[tuple(slice(0, t) for t in target)]
     return numpy.pad(y, [(0, t - s) for s, t in zip(y.shape, target)])
