@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import overrides  # noqa: F401
 from .backend import Backend
+from .overrides import numpy as _numpy_overrides  # noqa: F401  (registers the NumPy overrides)
 
 
 class NumpyBackend(Backend):

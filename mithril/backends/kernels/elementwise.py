@@ -464,12 +464,12 @@ def clip_attrs(x, *, min, max, xp):  # noqa: A002 - ONNX attribute names
 
 @kernel("Clip", since=11)
 def clip(x, low=None, high=None, *, xp):
-    # max(min) first, so min > max gives max everywhere, as ONNX specifies.
-    if low is not None:
-        x = xp.maximum(x, low.astype(x.dtype))
-    if high is not None:
-        x = xp.minimum(x, high.astype(x.dtype))
-    return x
+    # clip is min(max(x, low), high): min > max gives max everywhere, as ONNX specifies.
+    if low is None and high is None:
+        return x
+    low = None if low is None else low.astype(x.dtype)
+    high = None if high is None else high.astype(x.dtype)
+    return xp.clip(x, low, high)
 
 
 # ---------------------------------------------------------------- casts

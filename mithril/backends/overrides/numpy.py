@@ -1,0 +1,36 @@
+"""NumPy overrides: where SciPy has the function NumPy lacks, use it (speed, and ulp-level accuracy)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from ..registry import override
+
+
+def _float_compute(x):
+    # float16/bfloat16 compute in float32 and round back, as the shared kernels do.
+    return x.astype(np.float32) if x.dtype.itemsize < 4 else x
+
+
+@override("numpy", "Erf", since=9)
+def erf(x, *, xp):
+    if x.dtype.kind in "iu":
+        return special.erf(x.astype(np.float64)).astype(x.dtype)
+    return special.erf(_float_compute(x)).astype(x.dtype)
+
+
+@override("numpy", "Gelu", since=20)
+def gelu(x, *, approximate, xp):
+    v = _float_compute(x)
+    if approximate == "none":
+        # 0.5 * v * erfc(-v / sqrt2) keeps its relative precision for large negative v.
+        y = 0.5 * v * special.erfc(-v * np.asarray(1 / math.sqrt(2), v.dtype))
+    elif approximate == "tanh":
+        k = np.asarray(2 * math.sqrt(2 / math.pi), v.dtype)
+        y = v * special.expit(k * (v + np.asarray(0.044715, v.dtype) * v * v * v))
+    else:
+        raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return y.astype(x.dtype)
