@@ -22,6 +22,9 @@ from .errors import MithrilError  # noqa: F401
 from . import errors  # noqa: F401
 from .onnx_bridge.load import OnnxModel, load_onnx  # noqa: F401
 from .backends.numpy_backend import NumpyBackend  # noqa: F401
+from .backends.mlx_backend import MLXBackend, MlxBackend  # noqa: F401  (imports mlx only when created)
+from .backends.jax_backend import JaxBackend  # noqa: F401  (imports jax only when created)
+from .backends.torch_backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import PhysicalModel, compile  # noqa: F401
 
 bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
