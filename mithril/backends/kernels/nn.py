@@ -33,7 +33,8 @@ class _Window:
     @property
     def extent(self) -> tuple[int, ...]:
         # How far into the padded axis the last window reaches.
-        return tuple((n - 1) * s + (k - 1) * d + 1 for n, s, k, d in zip(self.out, self.strides, self.kernel, self.dilations))
+        spans = ((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+        return tuple((n - 1) * s + span for n, s, span in zip(self.out, self.strides, spans))
 
 
 def _window(size, kernel, strides, dilations, pads, auto_pad, ceil_mode=0) -> _Window:
@@ -146,7 +147,9 @@ def _conv(x, w, b, *, auto_pad, dilations, group, pads, strides, xp):
 @kernel("Conv", since=1)
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     # kernel_shape, when given, equals W's spatial shape; W is the source of truth.
-    return _conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides, xp=xp)
+    return _conv(
+        x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides, xp=xp
+    )
 
 
 def _col2im(cols, grid, win: _Window, size, shift=0):
@@ -165,8 +168,9 @@ def _col2im(cols, grid, win: _Window, size, shift=0):
 
 @kernel("ConvTranspose", since=1)
 def conv_transpose(
-    x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides, xp
+    x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides
 ):
+    # numpy-only: the overlap-add in _col2im accumulates into a canvas in place.
     n, c = x.shape[:2]
     size = x.shape[2:]
     nd = len(size)
@@ -176,9 +180,13 @@ def conv_transpose(
     dilations = tuple(dilations or (1,) * nd)
     output_padding = tuple(output_padding or (0,) * nd)
     # Length of each axis before cropping the pads: what the kernel touches plus output_padding.
-    full = [s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)]
+    full = [
+        s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)
+    ]
     if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
+        # A negative total (output larger than what the kernel touches) pads with zeros, as the
+        # spec's formula says; onnxruntime clamps it to 0 for SAME and appends at the end.
         total = [f - o for f, o in zip(full, out)]
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
     else:
@@ -211,7 +219,9 @@ def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
 
 
 @kernel("DeformConv", since=19)
-def deform_conv(x, w, offset, b=None, mask=None, *, dilations, group, kernel_shape, offset_group, pads, strides, xp):
+def deform_conv(
+    x, w, offset, b=None, mask=None, *, dilations, group, kernel_shape, offset_group, pads, strides, xp
+):
     n, c = x.shape[:2]
     size = x.shape[2:]
     nd = len(size)
@@ -219,21 +229,15 @@ def deform_conv(x, w, offset, b=None, mask=None, *, dilations, group, kernel_sha
     cg, mg = c // group, m // group
     win = _window(size, w.shape[2:], strides, dilations, pads, "NOTSET")
     taps, length = math.prod(win.kernel), math.prod(win.out)
-    # Sampling position of every (tap, output pixel) along each axis, before the learned offset.
-    tap_pos = numpy.array(list(itertools.product(*(range(k) for k in win.kernel))), dtype=numpy.int64).reshape(taps, nd)
+    # Where each (tap, output pixel) samples along each axis: the regular grid plus the learned offset.
+    tap_at = numpy.array(list(itertools.product(*(range(k) for k in win.kernel))), dtype=numpy.int64)
     grid = numpy.meshgrid(*(numpy.arange(o) for o in win.out), indexing="ij")
     offset = xp.reshape(offset, (n, offset_group, taps, nd) + win.out)
-    base_shape = (1, 1, taps) + win.out
-    pos = [
-        xp.asarray(
-            (tap_pos[:, i].reshape((taps,) + (1,) * nd) * win.dilations[i] + grid[i] * win.strides[i] - win.begin[i]).reshape(
-                base_shape
-            ),
-            dtype=x.dtype,
-        )
-        + offset[:, :, :, i]
-        for i in range(nd)
-    ]
+    pos = []
+    for i in range(nd):
+        tap_i = tap_at[:, i].reshape((taps,) + (1,) * nd)
+        regular = tap_i * win.dilations[i] + grid[i] * win.strides[i] - win.begin[i]
+        pos.append(xp.asarray(regular[None, None], dtype=x.dtype) + offset[:, :, :, i])
     lower = [xp.floor(p) for p in pos]
     frac = [p - f for p, f in zip(pos, lower)]
     # Multilinear interpolation with zeros outside the image: sum over the 2**nd corners.
@@ -302,7 +306,8 @@ def _window_counts(size, win: _Window, count_include_pad):
     counts = numpy.ones(())
     for i, n in enumerate(size):
         lo, hi = (0, n + win.begin[i] + win.end[i]) if count_include_pad else (win.begin[i], win.begin[i] + n)
-        pos = numpy.arange(win.out[i])[:, None] * win.strides[i] + numpy.arange(win.kernel[i])[None, :] * win.dilations[i]
+        starts = numpy.arange(win.out[i])[:, None] * win.strides[i]
+        pos = starts + numpy.arange(win.kernel[i])[None, :] * win.dilations[i]
         counts = numpy.multiply.outer(counts, ((pos >= lo) & (pos < hi)).sum(axis=1))
     return counts
 
