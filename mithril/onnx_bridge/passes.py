@@ -1,7 +1,8 @@
 """Graph passes, each small and named, each taking and returning an onnx_ir model.
 
 The compile pipeline runs ``specialize(model, shapes, constant_names)`` which chains:
-inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> remove_dead_nodes -> toposort.
+inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> remove_identities ->
+remove_dead_nodes -> toposort.
 """
 
 from __future__ import annotations
@@ -171,6 +172,12 @@ def fold_constants(
     return model, folded
 
 
+def remove_identities(model: ir.Model) -> ir.Model:
+    """Identity nodes (exporters leave many) forward their input; graph outputs keep their names."""
+    common.IdentityEliminationPass()(model)
+    return model
+
+
 def remove_dead_nodes(model: ir.Model) -> ir.Model:
     common.RemoveUnusedNodesPass()(model)
     return model
@@ -197,6 +204,7 @@ def specialize(
         _, folded = fold_constants(model, constant_names, opsets)
         if not folded:
             break
+    remove_identities(model)
     remove_dead_nodes(model)
     toposort(model)
     return model
