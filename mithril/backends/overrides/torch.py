@@ -1,3 +1,306 @@
-"""PyTorch kernels: hot ops calling torch.nn.functional directly, and semantic gaps of the facade."""
+"""PyTorch kernels: hot ops calling ``torch.nn.functional`` directly (speed), and the ops whose
+shared kernels mutate NumPy arrays in place (scatters, the ConvTranspose overlap-add).
+
+Inputs arrive as :class:`~mithril.backends.xp.torch_xp.TorchArray` (or NumPy arrays for values
+folded on the host); every kernel returns TorchArrays. Cases torch cannot run natively
+(integer convolutions, more than three spatial axes, MaxPool's indices) go to the shared kernel.
+"""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..kernels import elementwise as _ew
+from ..kernels import nn as _nn
+from ..kernels import normalization as _norm
+from ..registry import override
+from ..xp import torch_xp as txp
+from ..xp.torch_xp import TorchArray
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _t(x):
+    return txp._native(x)
+
+
+def _spatial_pads(win, size):
+    """(begin, end) per spatial axis that the windows actually read (as _pad_spatial)."""
+    return [(b, max(ext - b - n, 0)) for b, ext, n in zip(win.begin, win.extent, size)]
+
+
+def _pad_input(x: torch.Tensor, pairs, value) -> torch.Tensor:
+    flat = []
+    for b, e in reversed(pairs):
+        flat += [b, e]
+    return F.pad(x, flat, value=value) if any(flat) else x
+
+
+# ---------------------------------------------------------------- convolution
+
+
+@override("torch", "Conv", since=1)
+def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+    xt, wt = _t(x), _t(w)
+    nd = xt.dim() - 2
+    if nd not in _CONV or xt.dtype not in _FLOATS or wt.dtype != xt.dtype:
+        return _nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group,
+                        kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
+    size = tuple(xt.shape[2:])
+    win = _nn._window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
+    pairs = _spatial_pads(win, size)
+    if all(b == e for b, e in pairs):
+        padding = tuple(b for b, _ in pairs)
+    else:
+        xt, padding = _pad_input(xt, pairs, 0.0), 0
+    bt = _t(b).to(xt.dtype) if b is not None else None
+    return TorchArray(_CONV[nd](xt, wt, bt, win.strides, padding, win.dilations, group))
+
+
+def _transpose_crop(y: torch.Tensor, begin, out) -> torch.Tensor:
+    """Window [begin, begin + out) of each spatial axis; outside y is zeros (negative padding)."""
+    nd = len(begin)
+    pairs = [(max(0, -bg), max(0, bg + o - n)) for bg, o, n in zip(begin, out, y.shape[2:])]
+    y = _pad_input(y, pairs, 0.0)
+    index = tuple(slice(bg + p[0], bg + p[0] + o) for bg, o, p in zip(begin, out, pairs))
+    return y[(Ellipsis, *index)] if nd else y
+
+
+@override("torch", "ConvTranspose", since=1)
+def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape,
+                   pads, strides):
+    xt, wt = _t(x), _t(w)
+    size = tuple(xt.shape[2:])
+    nd = len(size)
+    if nd not in _CONV_T or xt.dtype not in _FLOATS:
+        return _nn.conv_transpose(np.asarray(x), np.asarray(w), None if b is None else np.asarray(b),
+                                  auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                                  output_padding=output_padding, output_shape=output_shape, pads=pads,
+                                  strides=strides)
+    kernel = tuple(wt.shape[2:])
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    output_padding = tuple(output_padding or (0,) * nd)
+    touched = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, size, kernel, dilations)]
+    full = [t + p for t, p in zip(touched, output_padding)]
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
+        total = [f - o for f, o in zip(full, out)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
+        begin = list(pads[:nd])
+        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    y = _CONV_T[nd](xt, wt, None, strides, 0, 0, group, dilations)
+    y = _transpose_crop(y, begin, out)
+    if b is not None:
+        y = y + _t(b).to(y.dtype).reshape((-1,) + (1,) * nd)
+    return TorchArray(y)
+
+
+@override("torch", "Col2Im", since=18, static_inputs=(1, 2))
+def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
+    xt = _t(x)
+    image = tuple(int(i) for i in np.asarray(image_shape))
+    block = tuple(int(k) for k in np.asarray(block_shape))
+    nd, taps = len(image), math.prod(block)
+    if nd not in _CONV_T:
+        return _nn.col2im(np.asarray(x), image_shape, block_shape, dilations=dilations, pads=pads, strides=strides)
+    win = _nn._window(image, block, strides, dilations, pads, "NOTSET")
+    n, c = xt.shape[0], xt.shape[1] // taps
+    # Overlap-add is a transposed convolution with one-hot kernels: tap k of channel ch lands at offset k.
+    onehot = torch.eye(taps, dtype=xt.dtype, device=xt.device).reshape((taps, 1) + block).repeat(c, 1, *([1] * nd))
+    cols = xt.reshape((n, c * taps) + win.out)
+    y = _CONV_T[nd](cols, onehot, None, win.strides, 0, 0, c, win.dilations)
+    return TorchArray(_transpose_crop(y, list(win.begin), list(image)))
+
+
+# ---------------------------------------------------------------- pooling
+
+
+@override("torch", "MaxPool", since=1)
+def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
+             num_outputs=1, xp):
+    xt = _t(x)
+    nd = xt.dim() - 2
+    if num_outputs > 1 or nd not in _MAX_POOL or xt.dtype not in _FLOATS:
+        return _nn.max_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
+                            ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
+                            num_outputs=num_outputs, xp=xp)
+    size = tuple(xt.shape[2:])
+    win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    pairs = _spatial_pads(win, size)
+    if all(b == e and 2 * b <= k for (b, e), k in zip(pairs, win.kernel)):
+        padding = tuple(b for b, _ in pairs)
+    else:
+        xt, padding = _pad_input(xt, pairs, -math.inf), 0
+    return TorchArray(_MAX_POOL[nd](xt, win.kernel, win.strides, padding, win.dilations))
+
+
+@override("torch", "AveragePool", since=1)
+def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None,
+                 xp):
+    xt = _t(x)
+    nd = xt.dim() - 2
+    if nd not in _AVG_POOL or xt.dtype not in _FLOATS or any(d != 1 for d in (dilations or ())):
+        return _nn.average_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
+                                ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations,
+                                xp=xp)
+    size = tuple(xt.shape[2:])
+    win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    padded = _pad_input(xt, _spatial_pads(win, size), 0.0)
+    # Sum over each window, divided by how many of its taps are counted.
+    total = _AVG_POOL[nd](padded, win.kernel, win.strides, 0) * math.prod(win.kernel)
+    counts = _nn._window_counts(size, win, count_include_pad)
+    if np.all(counts == math.prod(win.kernel)):
+        return TorchArray(total / math.prod(win.kernel))
+    return TorchArray(total / txp.tensor_from_numpy(counts.astype(np.float64), xt.device).to(xt.dtype))
+
+
+@override("torch", "GlobalAveragePool", since=1)
+def global_average_pool(x):
+    xt = _t(x)
+    return TorchArray(xt.mean(dim=tuple(range(2, xt.dim())), keepdim=True))
+
+
+# ---------------------------------------------------------------- matmul family
+
+
+@override("torch", "MatMul", since=1)
+def matmul(a, b):
+    at, bt = _t(a), _t(b)
+    if at.dtype != bt.dtype:
+        return txp.matmul(a, b)
+    return TorchArray(torch.matmul(at, bt))
+
+
+@override("torch", "Gemm", since=1)
+def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
+    at, bt = _t(a), _t(b)
+    if transA:
+        at = at.t()
+    if transB:
+        bt = bt.t()
+    if c is not None and beta != 0 and at.dtype in _FLOATS:
+        ct = _t(c).to(at.dtype)
+        return TorchArray(torch.addmm(ct, at, bt, beta=beta, alpha=alpha) if ct.dim() <= 2 else
+                          torch.matmul(at, bt) * alpha + ct * beta)
+    y = torch.matmul(at, bt)
+    return TorchArray(y * alpha if alpha != 1 else y)
+
+
+# ---------------------------------------------------------------- activations and normalization
+
+
+@override("torch", "Relu", since=6)
+def relu(x):
+    return TorchArray(torch.relu(_t(x)))
+
+
+@override("torch", "Erf", since=9)
+def erf(x, *, xp):
+    xt = _t(x)
+    if xt.dtype not in _FLOATS:
+        return _ew.erf(x, xp=xp)
+    return TorchArray(torch.erf(xt))
+
+
+@override("torch", "Gelu", since=20)
+def gelu(x, *, approximate, xp):
+    xt = _t(x)
+    if approximate not in ("none", "tanh") or xt.dtype not in _FLOATS:
+        return _ew.gelu(x, approximate=approximate, xp=xp)
+    return TorchArray(F.gelu(xt, approximate=approximate))
+
+
+@override("torch", "Softmax", since=13)
+def softmax(x, *, axis):
+    xt = _t(x)
+    return TorchArray(torch.softmax(xt, dim=axis) if xt.dim() else torch.ones_like(xt))
+
+
+@override("torch", "LogSoftmax", since=13)
+def log_softmax(x, *, axis):
+    xt = _t(x)
+    return TorchArray(torch.log_softmax(xt, dim=axis) if xt.dim() else torch.zeros_like(xt))
+
+
+@override("torch", "BatchNormalization", since=14)
+def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon, momentum, training_mode, xp):
+    xt = _t(X)
+    params = [_t(p) for p in (scale, B, input_mean, input_var)]
+    if training_mode or xt.dtype not in (torch.float32, torch.float64) or any(p.dtype != xt.dtype for p in params):
+        return _norm.batch_normalization(X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,
+                                         training_mode=training_mode, xp=xp)
+    s, b, m, v = params
+    return TorchArray(F.batch_norm(xt, m, v, s, b, False, 0.0, epsilon))
+
+
+@override("torch", "LayerNormalization", since=17)
+def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, num_outputs, xp):
+    xt = _t(X)
+    axis = axis + xt.dim() if axis < 0 else axis
+    st = _t(Scale)
+    if num_outputs > 1 or xt.dtype != torch.float32 or stash_type != 1 or st.dtype != xt.dtype:
+        return _norm.layer_normalization(X, Scale, B, axis=axis, epsilon=epsilon, stash_type=stash_type, xp=xp)
+    shape = tuple(xt.shape[axis:])
+    bt = _t(B).to(xt.dtype) if B is not None else None
+    if tuple(st.shape) != shape or (bt is not None and tuple(bt.shape) != shape):
+        y = F.layer_norm(xt, shape, None, None, epsilon) * st
+        return TorchArray(y + bt if bt is not None else y)
+    return TorchArray(F.layer_norm(xt, shape, st, bt, epsilon))
+
+
+# ---------------------------------------------------------------- scatters
+
+
+_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+def _scatter_elements(data, indices, updates, axis, reduction):
+    dt = _t(data)
+    axis = axis % dt.dim()
+    idx = _t(indices).long()
+    idx = torch.where(idx < 0, idx + dt.shape[axis], idx)
+    up = _t(updates).to(dt.dtype)
+    if reduction == "none":
+        return TorchArray(dt.scatter(axis, idx, up))
+    return TorchArray(dt.scatter_reduce(axis, idx, up, _REDUCE[reduction], include_self=True))
+
+
+@override("torch", "ScatterElements", since=11)
+def scatter_elements(data, indices, updates, *, axis, reduction="none"):
+    return _scatter_elements(data, indices, updates, axis, reduction)
+
+
+@override("torch", "Scatter", since=9)
+def scatter(data, indices, updates, *, axis):
+    return _scatter_elements(data, indices, updates, axis, "none")
+
+
+@override("torch", "ScatterND", since=11)
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    dt, idx = _t(data), _t(indices).long()
+    k = idx.shape[-1]
+    lead = dt.shape[:k]
+    idx = torch.where(idx < 0, idx + torch.tensor(lead, device=idx.device), idx)
+    strides = torch.tensor([math.prod(lead[i + 1:]) for i in range(k)], device=idx.device)
+    flat_index = (idx * strides).sum(-1).reshape(-1)
+    rest = tuple(dt.shape[k:])
+    flat = dt.reshape((-1,) + rest)
+    up = _t(updates).to(dt.dtype).reshape((-1,) + rest)
+    if reduction == "none":
+        out = flat.index_copy(0, flat_index, up)
+    else:
+        where = flat_index.reshape((-1,) + (1,) * len(rest)).expand_as(up)
+        out = flat.scatter_reduce(0, where, up, _REDUCE[reduction], include_self=True)
+    return TorchArray(out.reshape(dt.shape))
+

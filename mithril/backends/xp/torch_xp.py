@@ -100,9 +100,9 @@ def tensor_from_numpy(arr: np.ndarray, device=None) -> torch.Tensor:
     tt = torch_dtype(arr.dtype)
     if arr.dtype.type.__module__ == "ml_dtypes":
         view = {1: np.uint8, 2: np.int16}[arr.dtype.itemsize]
-        t = torch.from_numpy(np.ascontiguousarray(arr).view(view).copy()).view(tt)
+        t = torch.from_numpy(np.array(arr, order="C").view(view)).view(tt)
     elif arr.dtype in STORAGE_ONLY:
-        t = torch.from_numpy(np.ascontiguousarray(arr).view(np.dtype(f"int{arr.dtype.itemsize * 8}")).copy()).view(tt)
+        t = torch.from_numpy(np.array(arr, order="C").view(np.dtype(f"int{arr.dtype.itemsize * 8}"))).view(tt)
     else:
         if not arr.flags.c_contiguous or not arr.flags.writeable:
             arr = np.array(arr, order="C")
@@ -548,10 +548,22 @@ def _unwrap(v):
     return v
 
 
+# float8 types without infinities: torch saturates out-of-range values, NumPy (ml_dtypes) and
+# ONNX's non-saturating Cast give NaN. Beyond these bounds a value rounds past the largest finite.
+_NAN_ABOVE = {torch.float8_e4m3fn: 464.0, torch.float8_e4m3fnuz: 248.0}
+
+
 def _cast(t: torch.Tensor, tt: torch.dtype) -> torch.Tensor:
     if t.is_complex() and not tt.is_complex:
         t = t.real
-    return t.to(tt)
+    out = t.to(tt)
+    bound = _NAN_ABOVE.get(tt)
+    if bound is not None and t.dtype.is_floating_point:
+        over = ~(t.abs() <= bound)
+        if t.dtype == torch.float32 or t.dtype == torch.float64:
+            over = over & ~torch.isnan(t) | torch.isnan(t)
+        out = torch.where(over, torch.full((), float("nan"), dtype=torch.float32).to(tt), out)
+    return out
 
 
 # -- host fallback for strings ------------------------------------------------------------------
@@ -588,7 +600,7 @@ def asarray(x, dtype=None, copy=None):
         return x if dtype is None else x.astype(dtype, copy=False)
     if isinstance(x, torch.Tensor):
         t = x
-    elif isinstance(x, (list, tuple)) and builtins.builtins.any(isinstance(v, TorchArray) for v in x):
+    elif isinstance(x, (list, tuple)) and builtins.any(isinstance(v, TorchArray) for v in x):
         (*ts,), _ = _promote(*x, tensors=True)
         t = torch.stack(ts)
     else:
@@ -820,7 +832,7 @@ def _extremum(fn, clamp, name):
     @_np(name)
     def op(a, b):
         if type(b) in _WEAK and type(a) is TorchArray and not (type(b) is float and math.isnan(b)):
-            (x,), rt = _promote(a, b)
+            (x, _), rt = _promote(a, b)
             if np.result_type(a.dtype, b) == a.dtype:
                 return TorchArray(clamp(x, b))
         (x, y), _ = _promote(a, b, tensors=True)
@@ -1227,7 +1239,7 @@ def matmul(a, b):
 dot = matmul
 
 
-def einsum(subscripts, *operands):
+def einsum(subscripts, *operands, optimize=None):
     ts, _ = _promote(*operands, tensors=True)
     return TorchArray(torch.einsum(subscripts, *ts))
 
