@@ -1,0 +1,19 @@
+"""The logical-model frontend: compose blocks into Models, infer shapes, export to ONNX.
+
+Blocks live in family modules and register themselves in :data:`BLOCKS`; ``mithril.models`` is
+the public import path.
+"""
+
+from .block import BLOCKS, register  # noqa: F401
+from .model import (  # noqa: F401
+    Block,
+    Connection,
+    IOKey,
+    In,
+    Model,
+    Out,
+    Param,
+    Primitive,
+    ShapeView,
+)
+from . import elementwise, losses, nn, reduce, shape_ops  # noqa: F401  (register blocks)

@@ -1,0 +1,51 @@
+"""``ml.export_onnx``: a logical Model (or a loaded ONNX model) to an ONNX file or proto."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import onnx
+
+
+def export_onnx(
+    model,
+    path: str | os.PathLike | None = None,
+    shapes: Mapping[str, Iterable[int]] | None = None,
+    params: Mapping[str, Any] | None = None,
+    opset: int | None = None,
+    dynamic_axes: Mapping[str, Any] | None = None,
+) -> onnx.ModelProto:
+    """Export ``model`` to ONNX, write it to ``path`` when given, and return the ModelProto.
+
+    ``shapes`` fixes input dims (dims not given stay symbolic ``dim_param``s); ``dynamic_axes``
+    (``{"input": {0: "batch"}}`` or ``{"input": [0]}``) keeps given dims symbolic in the graph.
+    ``params`` (arrays of any backend, keyed by the names ``ml.compile`` reports) become
+    initializers; missing ones are randomized and a :class:`RandomParamsWarning` says so.
+    ``opset`` defaults to the newest the installed onnxruntime loads.
+
+    >>> import mithril as ml
+    >>> from mithril.models import Model, Relu
+    >>> m = Model()
+    >>> m |= Relu()(input="input", output="output")
+    >>> proto = ml.export_onnx(m, shapes={"input": [2, 3]})
+    >>> [n.op_type for n in proto.graph.node]
+    ['Relu']
+    """
+    from .frontend.model import Model
+    from .frontend.onnx_export import build_onnx
+    from .onnx_bridge.load import OnnxModel, load_onnx
+
+    if isinstance(model, Model):
+        proto, _ = build_onnx(model, shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes,
+                              warn_random=True)
+        onnx.checker.check_model(proto, full_check=True)
+    else:
+        proto = (model if isinstance(model, OnnxModel) else load_onnx(model)).to_proto()
+    if path is not None:
+        onnx.save(proto, os.fspath(path))
+    return proto
+
+
+__all__ = ["export_onnx"]

@@ -1,0 +1,16 @@
+"""Mithril's logical models: ``from mithril.models import Model, Linear, Relu, IOKey``.
+
+>>> from mithril.models import Model, Linear, Relu
+>>> model = Model()
+>>> model |= Linear(dimension=32)(input="input", output="hidden")
+>>> model += Relu()
+>>> model += Linear(dimension=16).connect(output="output")
+>>> model.shape_of("output")
+'[..., 16]'
+"""
+
+from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
+
+globals().update(BLOCKS)
+
+__all__ = ["Block", "Connection", "IOKey", "Model", "Primitive", *sorted(BLOCKS)]
