@@ -172,8 +172,9 @@ class PhysicalModel:
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
             fn = self._jitted or self.program.forward
             try:
-                outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
-                                                  dict(output_gradients))
+                with self.backend.execution_context():
+                    outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
+                                                      dict(output_gradients))
             except MithrilError:
                 raise
             except Exception as exc:
@@ -181,7 +182,8 @@ class PhysicalModel:
             return self.backend.finalize_outputs(outputs), grads
         if self._jitted is not None:
             try:
-                return self.backend.finalize_outputs(self._jitted(params, data))
+                with self.backend.execution_context():
+                    return self.backend.finalize_outputs(self._jitted(params, data))
             except MithrilError:
                 raise
             except Exception as exc:
@@ -195,7 +197,8 @@ class PhysicalModel:
             else:
                 self._jit_verified = True
         try:
-            return self.backend.finalize_outputs(self.program.forward(params, data))
+            with self.backend.execution_context():
+                return self.backend.finalize_outputs(self.program.forward(params, data))
         except MithrilError:
             raise
         except Exception as exc:

@@ -173,3 +173,26 @@ def test_outputs_are_owned_arrays():
     y = ml.compile(ml.load_onnx(model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
     y[0, 0] = 7.0
     assert x[0, 0] == 1.0 and y[1, 0] == 1.0
+
+
+def test_numpy_thread_cap_applies_inside_the_program_only(conv_model):
+    from threadpoolctl import threadpool_info
+
+    from mithril.backends.registry import REGISTRY, override
+
+    seen = []
+
+    @override("numpy", "Sigmoid", since=13)
+    def spy_sigmoid(x, *, xp):
+        seen.append([p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"])
+        return 1 / (1 + xp.exp(-x))
+
+    try:
+        pm = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(num_threads=1))
+        x = np.ones((1, 4, 8, 8), np.float32)
+        capped = pm.evaluate(None, {"x": x})["y"]
+    finally:
+        REGISTRY.unregister("numpy", "Sigmoid", 13)
+    assert seen and all(n == 1 for n in seen[0])
+    free = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    np.testing.assert_allclose(capped, free, rtol=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,10 @@ class Backend:
     def unsupported_dtype_reason(self, dtype) -> str | None:
         """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
         return None
+
+    def execution_context(self):
+        """Entered around every call of the program (thread limits, device scopes...)."""
+        return contextlib.nullcontext()
 
     def jit(self, forward):
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""

@@ -21,8 +21,14 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
 
-    def __init__(self, dtype=None, device: str = "cpu"):
+    def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None):
+        """``num_threads`` caps the BLAS threads while the program runs (like onnxruntime's
+        intra_op_num_threads); None leaves the library default. On a machine whose cores are
+        busy, a cap avoids BLAS threads stalling each other on small matmuls."""
         from .. import dtypes
+
+        self.num_threads = num_threads
+        self._threadpools = None
 
         if device != "cpu":
             from ..errors import BackendUnavailableError
@@ -32,6 +38,15 @@ class NumpyBackend(Backend):
 
     def from_numpy(self, arr):
         return np.asarray(arr)
+
+    def execution_context(self):
+        if self.num_threads is None:
+            return super().execution_context()
+        if self._threadpools is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._threadpools = ThreadpoolController()
+        return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
     def finalize_outputs(self, outputs: dict) -> dict:
         # Kernels return views (Expand, Reshape, Identity); callers get arrays they own, as from onnxruntime.
