@@ -161,8 +161,7 @@ class SiLU(Unary):
     """``x * sigmoid(x)`` (Swish)."""
 
     def lower(self, g, input):
-        if g.opset >= 24:
-            return g.op("Swish", input)
+        # Not Swish (opset 24): onnxruntime has no kernel for it.
         return g.op("Mul", input, g.op("Sigmoid", input))
 
 

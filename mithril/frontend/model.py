@@ -700,6 +700,14 @@ class Model(Block):
             else:
                 yield prefix + b.name, b
 
+    def __getattr__(self, key: str):
+        # Child blocks by name (model.linear_0), then terminals.
+        if not key.startswith("_") and "_blocks" in self.__dict__:
+            for b in self.__dict__["_blocks"]:
+                if b.name == key:
+                    return b
+        return super().__getattr__(key)
+
     def _own_terminal(self, key: str) -> Connection | None:
         wire = self._named.get(key)
         return Connection(self, wire) if wire is not None else None

@@ -89,6 +89,9 @@ class Emitter:
         """Emit one node; attributes with value None are left out (the schema default applies)."""
         names = [self._fresh(op_type) for _ in range(outputs)]
         attrs = {k: v for k, v in attrs.items() if v is not None}
+        inputs = list(inputs)
+        while inputs and inputs[-1] is None:  # trailing missing optionals are left out (onnxruntime
+            inputs.pop()                      # crashes on LayerNormalization(x, scale, ""))
         ins = ["" if i is None else i for i in inputs]
         self.nodes.append(helper.make_node(op_type, ins, names, name=self._fresh(op_type + "_node"), **attrs))
         out_dtype = np.dtype(dtype) if dtype is not None else next(

@@ -285,11 +285,14 @@ class Indexer(Primitive):
         items = self._expanded(len(dims))
         starts, ends, axes, steps = [], [], [], []
         squeeze, unsqueeze = [], []
-        axis = 0
-        for pos, it in enumerate(items):
+        axis = out_pos = 0  # input axis; output position among non-int items (where None lands)
+        for it in items:
             if it is None:
-                unsqueeze.append(pos)
+                unsqueeze.append(out_pos)
+                out_pos += 1
                 continue
+            if not isinstance(it, int):
+                out_pos += 1
             if isinstance(it, int):
                 starts.append(it)
                 ends.append(it + 1 if it != -1 else INT64_MAX)
