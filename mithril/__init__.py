@@ -26,6 +26,7 @@ from .backends.mlx_backend import MLXBackend, MlxBackend  # noqa: F401  (imports
 from .backends.jax_backend import JaxBackend  # noqa: F401  (imports jax only when created)
 from .backends.torch_backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import PhysicalModel, compile  # noqa: F401
+from .export import export_onnx  # noqa: F401
 
 bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 

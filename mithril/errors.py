@@ -118,3 +118,32 @@ class BackendUnavailableError(MithrilError):
 
 class ValidationError(MithrilError):
     """Validation against onnxruntime could not be carried out."""
+
+
+# -- the logical-model frontend ---------------------------------------------------------------------
+class ModelError(MithrilError):
+    """Composing a logical Model went wrong; the message names the model and the terminal."""
+
+
+class ShapeMismatchError(ModelError, ShapeError):
+    """Two connected terminals (or a block's shape rule) disagree on a shape."""
+
+
+class TypeMismatchError(ModelError, DTypeError):
+    """Two connected terminals disagree on an element type."""
+
+
+class UnconnectedInputError(ModelError):
+    """A required input terminal is bound to nothing when the model is compiled or exported."""
+
+
+class CycleError(ModelError):
+    """A connection would make a block depend on its own output."""
+
+
+class DuplicateOutputError(ModelError):
+    """Two blocks write the same named connection."""
+
+
+class MissingShapeError(ModelError, ShapeError):
+    """Compile or export needs a concrete shape (a parameter's) that the given shapes do not fix."""
