@@ -1,0 +1,244 @@
+"""The PyTorch backend: tensor API, the NumPy facade, parity with NumPy, gradients, devices, dtypes."""
+
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mithril as ml
+from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
+
+from .conftest import make_model
+
+torch = pytest.importorskip("torch", reason="the Torch backend needs torch (pip install mithril[torch])")
+from mithril.backends.xp import torch_xp as txp  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return ml.TorchBackend()
+
+
+# -- tensor API and facade ------------------------------------------------------------------
+def test_tensor_api(backend):
+    a = backend.array([[1.0, 2.0], [3.0, 4.0]])
+    assert a.dtype == np.float32 and isinstance(backend.to_torch(a), torch.Tensor)
+    assert backend.to_numpy(backend.add(a, backend.ones(2, 2))).tolist() == [[2, 3], [4, 5]]
+    assert backend.to_numpy(backend.matmul(a, a)).tolist() == [[7, 10], [15, 22]]
+    assert backend.to_numpy(backend.sum(a, axis=0)).tolist() == [4, 6]
+    assert backend.to_numpy(backend.relu(backend.array([-1.0, 2.0]))).tolist() == [0, 2]
+    assert backend.to_numpy(backend.reshape(backend.arange(6), (2, 3))).shape == (2, 3)
+    assert backend.arange(3).dtype == np.int64
+    assert ml.TorchBackend(dtype=ml.float64).randn(2, 2).dtype == np.float64
+    # torch functions accept backend arrays as they are
+    assert torch.exp(backend.zeros(2)).tolist() == [1.0, 1.0]
+
+
+def test_facade_follows_numpy_semantics():
+    x = np.arange(12, dtype=np.int32).reshape(3, 4)
+    t = txp.asarray(x)
+    cases = [
+        (t * 2.5, x * 2.5),  # weak float scalar: int32 -> float64
+        (t + np.int64(1), x + np.int64(1)),
+        (t / 2, x / 2),
+        (t // -3, x // -3),
+        (t % 5, x % 5),
+        (t[::-1, ::-2], x[::-1, ::-2]),
+        (t[:, [0, -1]], x[:, [0, -1]]),
+        (t[x > 4], x[x > 4]),
+        (t[None, ..., 1], x[None, ..., 1]),
+        (np.float32(2) * t.astype(np.float16), np.float32(2) * x.astype(np.float16)),
+        (txp.sum(t, axis=1, keepdims=True), np.sum(x, axis=1, keepdims=True)),
+        (txp.mean(t), np.mean(x)),
+        (txp.take(t, np.array([[0, -1]]), axis=1), np.take(x, np.array([[0, -1]]), axis=1)),
+        (txp.pad(t, ((1, 0), (2, 1)), mode="reflect"), np.pad(x, ((1, 0), (2, 1)), mode="reflect")),
+        (txp.where(t > 3, t, 0.5), np.where(x > 3, x, 0.5)),
+        (txp.clip(t, 2, 7), np.clip(x, 2, 7)),
+        (txp.split(t, [1, 3], axis=1)[1], np.split(x, [1, 3], axis=1)[1]),
+    ]
+    for got, want in cases:
+        got = np.asarray(got)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert txp.sign(txp.asarray(np.array([np.nan, -2.0]))).tolist()[1] == -1.0
+    assert np.isnan(txp.sign(txp.asarray(np.array([np.nan]))).tolist()[0])
+
+
+# -- parity with NumPy ------------------------------------------------------------------------
+def _run(model, backend, data, **kw):
+    pm = ml.compile(ml.load_onnx(model), backend, **kw)
+    out = pm.evaluate(None, {k: backend.array(v) for k, v in data.items()})
+    return {k: backend.to_numpy(v) for k, v in out.items()}
+
+
+def test_parity_with_numpy_on_conv_model(conv_model, backend):
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    want = _run(conv_model, ml.NumpyBackend(), {"x": x}, shapes={"x": x.shape})
+    got = _run(conv_model, backend, {"x": x}, shapes={"x": x.shape})
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_parity_with_numpy_on_resnet(backend):
+    from . import models
+
+    spec = models.build("resnet18", image_size=32)
+    onnx_bytes = models.export_onnx(spec, "torchscript")
+    x = spec.numpy_inputs(2)
+    want = _run(onnx_bytes, ml.NumpyBackend(), x, shapes={"input": x["input"].shape})
+    got = _run(onnx_bytes, backend, x, shapes={"input": x["input"].shape})
+    np.testing.assert_allclose(got["output"], want["output"], rtol=1e-4, atol=1e-4)
+    # params moved through NumPy give the same outputs
+    pm = ml.compile(ml.load_onnx(onnx_bytes), backend, shapes={"input": x["input"].shape})
+    params = {k: backend.from_numpy(ml.NumpyBackend().to_numpy(v)) for k, v in pm.get_parameters().items()}
+    out = backend.to_numpy(pm.evaluate(params, {"input": backend.array(x["input"])})["output"])
+    np.testing.assert_allclose(out, got["output"], rtol=1e-6, atol=1e-6)
+
+
+# -- gradients vs finite differences -----------------------------------------------------------
+def _check_gradients(model, data, shapes, eps=1e-6, seed=0):
+    backend = ml.TorchBackend(dtype=ml.float64)
+    pm = ml.compile(ml.load_onnx(model), backend, shapes=shapes, data_keys=set(data))
+    params = {k: backend.to_numpy(v) for k, v in pm.get_parameters().items()}
+    rng = np.random.default_rng(seed)
+    out0 = pm.evaluate({k: backend.array(v) for k, v in params.items()}, {k: backend.array(v) for k, v in data.items()})
+    cot = {k: rng.standard_normal(backend.to_numpy(v).shape) for k, v in out0.items()}
+
+    def objective(p, d):
+        out = pm.evaluate({k: backend.array(v) for k, v in p.items()}, {k: backend.array(v) for k, v in d.items()})
+        return sum(float(np.sum(backend.to_numpy(out[k]) * cot[k])) for k in cot)
+
+    _, grads = pm.evaluate({k: backend.array(v) for k, v in params.items()},
+                           {k: backend.array(v) for k, v in data.items()},
+                           output_gradients={k: backend.array(v) for k, v in cot.items()})
+    assert set(grads) == set(pm.trainable_keys) | set(data)
+    for name, grad in grads.items():
+        grad = backend.to_numpy(grad)
+        is_param = name in params
+        base = params if is_param else data
+        direction = rng.standard_normal(base[name].shape)
+        plus, minus = dict(base), dict(base)
+        plus[name] = base[name] + eps * direction
+        minus[name] = base[name] - eps * direction
+        args = (lambda b: (b, data)) if is_param else (lambda b: (params, b))
+        numeric = (objective(*args(plus)) - objective(*args(minus))) / (2 * eps)
+        assert np.isclose(np.sum(grad * direction), numeric, rtol=1e-5, atol=1e-7), name
+
+
+def test_gradients_conv_gemm_softmax():
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Tanh", ["c"], ["t"]),
+        helper.make_node("Flatten", ["t"], ["f"]),
+        helper.make_node("Gemm", ["f", "W2", "C"], ["g"], transB=1),
+        helper.make_node("Softmax", ["g"], ["y"], axis=1),
+    ]
+    inits = {"W": rng.standard_normal((3, 2, 3, 3)), "B": rng.standard_normal(3),
+             "W2": rng.standard_normal((4, 27)) * 0.3, "C": rng.standard_normal(4)}
+    model = make_model(nodes, [("x", TensorProto.DOUBLE, [2, 2, 5, 5])], [("y", TensorProto.DOUBLE, [2, 4])], inits)
+    _check_gradients(model, {"x": rng.standard_normal((2, 2, 5, 5))}, {"x": (2, 2, 5, 5)})
+
+
+def _if_loop_model():
+    d = TensorProto.DOUBLE
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "W"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", d, [3])])
+    else_g = helper.make_graph([helper.make_node("Add", ["x", "W"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", d, [3])])
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["v", "W2"], ["m"]), helper.make_node("Sin", ["m"], ["s"]),
+         helper.make_node("Add", ["s", "y"], ["v_out"]), helper.make_node("Identity", ["c"], ["c_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", d, [3])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", d, [3])],
+    )
+    nodes = [
+        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("Loop", ["M", "keep", "y"], ["z"], body=body),
+    ]
+    graph = helper.make_graph(
+        nodes, "if_loop",
+        [helper.make_tensor_value_info("x", d, [3]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", d, [3])],
+        initializer=[numpy_helper.from_array(np.array([0.5, -1.0, 2.0]), "W"),
+                     numpy_helper.from_array(np.array([1.5, 0.3, -0.7]), "W2"),
+                     numpy_helper.from_array(np.array(3, np.int64), "M"),
+                     numpy_helper.from_array(np.array(True), "keep")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_gradients_if_and_loop(cond):
+    model = _if_loop_model()
+    backend = ml.TorchBackend(dtype=ml.float64)
+    pm = ml.compile(ml.load_onnx(model), backend, data_keys={"x"})
+    x = np.array([0.2, -0.4, 0.9])
+    out, grads = pm.evaluate(None, {"x": backend.array(x), "cond": backend.array(np.array(cond))},
+                             output_gradients={"z": backend.array(np.ones(3))})
+    assert set(grads) == {"W", "W2", "x"}
+    params = {k: backend.to_numpy(v) for k, v in pm.get_parameters().items()}
+
+    def z(p, xv):
+        y = xv * p["W"] if cond else xv + p["W"]
+        v = y
+        for _ in range(3):
+            v = np.sin(v * p["W2"]) + y
+        return v.sum()
+
+    eps = 1e-6
+    np.testing.assert_allclose(backend.to_numpy(out["z"]).sum(), z(params, x))
+    for name in ("W", "W2"):
+        for i in range(3):
+            p1, p2 = dict(params), dict(params)
+            p1[name] = params[name] + eps * np.eye(3)[i]
+            p2[name] = params[name] - eps * np.eye(3)[i]
+            assert np.isclose(backend.to_numpy(grads[name])[i], (z(p1, x) - z(p2, x)) / (2 * eps), rtol=1e-6)
+    num_x = [(z(params, x + eps * e) - z(params, x - eps * e)) / (2 * eps) for e in np.eye(3)]
+    np.testing.assert_allclose(backend.to_numpy(grads["x"]), num_x, rtol=1e-6)
+
+
+# -- jit, devices, dtypes, availability ----------------------------------------------------------
+def test_jit_is_identity_without_compile(backend):
+    def forward(params, data):
+        return {}
+
+    assert backend.jit(forward) is forward
+    assert ml.TorchBackend(compile=True).jit(forward) is not forward
+
+
+def test_absent_device_lists_present_ones():
+    with pytest.raises(BackendUnavailableError, match=r"present devices: cpu") as info:
+        ml.TorchBackend(device="cuda:7")
+    assert "cuda:7" in str(info.value)
+    with pytest.raises(BackendUnavailableError, match="present devices"):
+        ml.TorchBackend(device="tpu")
+    assert ml.TorchBackend(device="cpu").device == "cpu"
+
+
+def test_unsupported_dtype_is_reported_with_reason():
+    model = make_model([helper.make_node("Add", ["a", "b"], ["c"])],
+                       [("a", TensorProto.UINT32, [2]), ("b", TensorProto.UINT32, [2])],
+                       [("c", TensorProto.UINT32, [2])])
+    with pytest.raises(UnsupportedDTypeError, match="uint32.*no arithmetic kernels"):
+        ml.compile(ml.load_onnx(model), ml.TorchBackend())
+
+
+def test_strings_run_on_the_host(backend):
+    model = make_model([helper.make_node("StringConcat", ["a", "b"], ["c"])],
+                       [("a", TensorProto.STRING, [2]), ("b", TensorProto.STRING, [2])],
+                       [("c", TensorProto.STRING, [2])], opset=20)
+    pm = ml.compile(ml.load_onnx(model), backend)
+    out = pm.evaluate(None, {"a": np.array(["x", "y"], dtype=object), "b": np.array(["1", "2"], dtype=object)})
+    assert backend.to_numpy(out["c"]).tolist() == ["x1", "y2"]
+
+
+def test_missing_torch_names_the_extra(monkeypatch):
+    from mithril.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend, "torch", None)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(BackendUnavailableError, match=r"pip install mithril\[torch\]"):
+        ml.TorchBackend()
