@@ -98,8 +98,8 @@ def test_parameter_names_are_stable_across_compile_export_and_backends():
 def test_iokey_binds_a_parameter_with_a_shape():
     m = Model()
     m |= Linear(dimension=4)(input="h", weight=IOKey("w", shape=[4, 7]), output="out")
-    assert m.shape_of("h") == "[...v, 7]" or m.shape_of("h").endswith("7]")
-    assert m.shape_of("out").endswith("4]")
+    assert m.shape_of("h") == "[...v, 7]"
+    assert m.shape_of("out") == "[...v, 4]"
     pm = ml.compile(m, ml.NumpyBackend(), shapes={"h": [2, 7]})
     assert "w" in pm.parameter_keys and "linear_0.bias" in pm.parameter_keys
 
@@ -130,7 +130,6 @@ def test_operators_build_blocks():
     np.testing.assert_allclose(out["z"], hv.max(), rtol=1e-6)
     np.testing.assert_allclose(out["neg"], -np.abs(hv) - hv / 3, rtol=1e-5)
     np.testing.assert_array_equal(out["flags"], (hv > 0) & (hv < 1))
-    assert m.shape_of("y") == "[4, 4]" or m.shape_of("y").startswith("[")
     proto = ml.export_onnx(m, None, shapes={"x": [4, 5]}, params=params)
     want = ort_run(proto, {"x": x_val})
     for k in want:

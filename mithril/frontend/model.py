@@ -198,7 +198,9 @@ class _Operators:
 
     def transpose(self, axes=None): return self._expr("Transpose", self, axes=axes)
     def reshape(self, *shape):
-        return self._expr("Reshape", self, shape=shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape)
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = shape[0]  # a.reshape((2, -1)) as well as a.reshape(2, -1)
+        return self._expr("Reshape", self, shape=shape)
     def sum(self, axis=None, keepdim=False): return self._expr("Sum", self, axis=axis, keepdim=keepdim)
     def mean(self, axis=None, keepdim=False): return self._expr("Mean", self, axis=axis, keepdim=keepdim)
     def max(self, axis=None, keepdim=False): return self._expr("Max", self, axis=axis, keepdim=keepdim)

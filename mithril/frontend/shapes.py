@@ -284,7 +284,6 @@ class Namer:
         prefix, var, suffix = node.normalized()
         parts = [self.dim(d) for d in prefix]
         if var is not None:
-            parts.append("..." + self._name(var, var.symbol.lstrip(".") or "v") if var.symbol != "..." else
-                         "..." + self._name(var, "v"))
+            parts.append("..." + self._name(var, var.symbol.lstrip(".") or "v"))
         parts += [self.dim(d) for d in suffix]
         return "[" + ", ".join(parts) + "]"
