@@ -85,3 +85,15 @@ def test_cli_error_is_clean(tmp_path, capsys):
     bad.write_bytes(b"not a model at all")
     assert cli_main(["inspect", str(bad)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_trailing_empty_optional_input_does_not_reach_onnxruntime():
+    # onnxruntime 1.31 aborts the process on LayerNormalization(x, scale, ""): validate must not crash.
+    from onnx import TensorProto, helper
+
+    from .conftest import make_model
+
+    node = helper.make_node("LayerNormalization", ["x", "scale", ""], ["y"], axis=-1)
+    model = make_model([node], [("x", TensorProto.FLOAT, [2, 4])], [("y", TensorProto.FLOAT, [2, 4])],
+                       {"scale": np.ones(4, np.float32)})
+    assert ml.validate(model, ml.NumpyBackend()).passed
