@@ -1,0 +1,211 @@
+"""The MLX backend: the generated program over a NumPy-compatible facade of ``mlx.core``,
+compiled whole with ``mx.compile``; gradients by ``mx.value_and_grad``."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..errors import BackendUnavailableError
+from .backend import Backend
+
+# Imported by the first MlxBackend(), so `import mithril` never imports mlx.
+mx = xp = None
+
+
+def _import_mlx() -> None:
+    global mx, xp
+    if mx is None:
+        try:
+            import mlx.core as _mx
+
+            from .xp import mlx_xp as _xp
+        except ImportError as exc:
+            raise BackendUnavailableError(f"MlxBackend needs mlx ({exc}): pip install mithril[mlx]") from exc
+        mx, xp = _mx, _xp
+
+
+def _parse_device(device: str):
+    """``"cpu"`` or ``"gpu"`` -> the mx.Device, or BackendUnavailableError naming what is present."""
+    kinds = {"cpu": mx.cpu, "gpu": mx.gpu}
+    present = [name for name, kind in kinds.items() if mx.is_available(mx.Device(kind))]
+    kind = kinds.get(device.lower())
+    if kind is None or device.lower() not in present:
+        raise BackendUnavailableError(
+            f"MlxBackend: device {device!r} is not present; present devices: {', '.join(present)}")
+    return mx.Device(kind)
+
+
+def _nondeterministic_kernels() -> set[int]:
+    from .registry import REGISTRY
+
+    ids = set()
+    for table in REGISTRY._tables.values():
+        for entries in table.values():
+            ids.update(id(spec.fn) for _, spec in entries if spec.nondeterministic)
+    return ids
+
+
+def _unwrap(tree):
+    """Facade arrays -> mx.arrays through dicts, lists and tuples."""
+    if isinstance(tree, dict):
+        return {k: _unwrap(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_unwrap(v) for v in tree)
+    return tree.native if isinstance(tree, xp.MlxArray) else tree
+
+
+def _wrap(tree):
+    if isinstance(tree, dict):
+        return {k: _wrap(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_wrap(v) for v in tree)
+    return xp.MlxArray(tree) if isinstance(tree, mx.array) else tree
+
+
+def _only_arrays(tree) -> bool:
+    if isinstance(tree, dict):
+        return all(_only_arrays(v) for v in tree.values())
+    return isinstance(tree, mx.array)
+
+
+class _Compiled:
+    """``mx.compile`` of the whole generated forward, falling back to running it op by op
+    (with a JitFallbackWarning) when the program cannot be traced as one."""
+
+    def __init__(self, backend: "MlxBackend", forward):
+        self.backend = backend
+        self.forward = forward
+        uses_rng = any(id(v) in _nondeterministic_kernels() for v in forward.__globals__.values() if callable(v))
+        # A compiled program would freeze the random draws made while tracing.
+        self.reason = "the graph has random ops" if uses_rng else None
+        self._compiled = None if uses_rng else mx.compile(self._native_forward)
+
+    def _native_forward(self, params, data):
+        return _unwrap(self.forward(_wrap(params), _wrap(data)))
+
+    def __call__(self, params, data):
+        params, data = _unwrap(dict(params)), _unwrap(dict(data))
+        with mx.stream(self.backend._device):
+            if self._compiled is not None and _only_arrays(params) and _only_arrays(data):
+                try:
+                    return _wrap(self._compiled(params, data))
+                except Exception as exc:  # noqa: BLE001 - any trace failure: try eagerly
+                    error = exc
+                out = self.forward(_wrap(params), _wrap(data))
+                # The eager run worked, so the failure was tracing: stay eager from now on.
+                from ..compile import JitFallbackWarning
+
+                warnings.warn(f"mx.compile failed, running op by op: {type(error).__name__}: {error}",
+                              JitFallbackWarning, stacklevel=3)
+                self._compiled, self.reason = None, f"{type(error).__name__}: {error}"
+                return out
+            return self.forward(_wrap(params), _wrap(data))
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+
+class MlxBackend(Backend):
+    """Runs lowered ONNX graphs on Apple's MLX (CPU, or the GPU where present).
+
+    Tensors are :class:`~mithril.backends.xp.mlx_xp.MlxArray`, a NumPy-compatible facade whose
+    ``.native`` is the ``mx.array``. ``compile(..., jit=True)`` compiles the whole graph with
+    ``mx.compile``. MLX has no float64 on its default CPU path and none on the GPU, and no
+    strings: graphs holding them are reported unsupported at compile time.
+
+    >>> import mithril as ml
+    >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
+    >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()
+    [2.0, 2.0]
+    """
+
+    name = "mlx"
+    supports_gradients = True
+
+    def __init__(self, dtype=None, device: str = "cpu"):
+        from .. import dtypes
+
+        _import_mlx()
+        from .overrides import mlx as _registers_overrides  # noqa: F401
+
+        self._device = _parse_device(device)
+        self.xp = xp
+        super().__init__(dtype if dtype is not None else dtypes.float32, device)
+        reason = self.unsupported_dtype_reason(self.dtype.numpy)
+        if reason:
+            raise BackendUnavailableError(f"MlxBackend cannot use dtype {self.dtype!r}: {reason}")
+
+    # -- dtypes and conversion -------------------------------------------------------
+    def unsupported_dtype_reason(self, dtype) -> str | None:
+        dtype = np.dtype(dtype)
+        if dtype == np.float64:
+            return "MLX has no float64 on its default CPU path (arrays convert to float32) and none on the GPU"
+        if dtype == object:
+            return "MLX has no string arrays"
+        if not xp.is_supported(dtype):
+            return f"MLX has no {dtype} arrays"
+        return None
+
+    def from_numpy(self, arr):
+        if isinstance(arr, xp.MlxArray):
+            return arr
+        if isinstance(arr, mx.array):
+            return xp.MlxArray(arr)
+        arr = np.asarray(arr)
+        reason = self.unsupported_dtype_reason(arr.dtype)
+        if reason:
+            from ..errors import UnsupportedDTypeError
+
+            raise UnsupportedDTypeError(f"MlxBackend cannot hold {arr.dtype}: {reason}")
+        with mx.stream(self._device):
+            return xp.MlxArray(mx.array(arr))
+
+    def to_numpy(self, arr) -> np.ndarray:
+        if isinstance(arr, list):
+            return np.asarray([self.to_numpy(a) for a in arr])
+        return xp.to_host(arr)
+
+    def finalize_outputs(self, outputs: dict) -> dict:
+        # Kernels that ran on the host return NumPy arrays: callers always get facade arrays.
+        return {k: self._to_backend(v) for k, v in outputs.items()}
+
+    def _to_backend(self, v):
+        if isinstance(v, list):
+            return [self._to_backend(x) for x in v]
+        if isinstance(v, mx.array):
+            return xp.MlxArray(v)
+        if isinstance(v, (np.ndarray, np.generic)) and xp.is_supported(np.asarray(v).dtype):
+            return xp.MlxArray(xp.native(np.asarray(v)))
+        return v
+
+    # -- compilation hooks -----------------------------------------------------------
+    def jit(self, forward):
+        return _Compiled(self, forward)
+
+    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
+        forward = getattr(forward, "forward", forward)
+        params, data = _unwrap(dict(params)), _unwrap(dict(data))
+        cot = {k: _unwrap(self.from_numpy(v)) for k, v in output_gradients.items()}
+        names = list(diff_params) + list(diff_data)
+
+        def loss_and_outputs(primals):
+            p, d = dict(params), dict(data)
+            for name, value in zip(names, primals):
+                (p if name in diff_params else d)[name] = value
+            out = _unwrap(forward(_wrap(p), _wrap(d)))
+            # The vjp with cotangents g is the gradient of sum(out * g).
+            loss = mx.array(0.0)
+            for k, g in cot.items():
+                loss = loss + mx.sum(out[k].astype(mx.float32) * g.astype(mx.float32))
+            return loss, out
+
+        primals = [params[k] for k in diff_params] + [data[k] for k in diff_data]
+        with mx.stream(self._device):
+            (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
+        return _wrap(outputs), {k: xp.MlxArray(g) for k, g in zip(names, grads)}
+
+
+MLXBackend = MlxBackend

@@ -1,0 +1,184 @@
+"""MLX kernels: native calls for the hot ops (convolution, matmul, pooling, erf).
+
+MLX convolves channels-last (NHWC): inputs are transposed in and out, which MLX fuses into
+the convolution's copy. Cases the native call does not cover (integer data, more than three
+spatial axes) run the shared kernel through the facade.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mlx.core as mx
+
+from ..kernels import elementwise, nn
+from ..registry import override
+from ..xp.mlx_xp import MlxArray, _matmul, native
+
+_FLOAT = (mx.float16, mx.bfloat16, mx.float32)
+
+
+def _channels_last(a):
+    return mx.moveaxis(a, 1, -1)
+
+
+def _channels_first(a):
+    return mx.moveaxis(a, -1, 1)
+
+
+@override("mlx", "Conv", since=1)
+def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+    xn, wn = native(x), native(w)
+    nd = wn.ndim - 2
+    if xn.dtype not in _FLOAT or not 1 <= nd <= 3:
+        return nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                       pads=pads, strides=strides, xp=xp)
+    win = nn._window(xn.shape[2:], wn.shape[2:], strides, dilations, pads, auto_pad)
+    # Only the end padding some window reads: more would add output positions.
+    end = [max(0, ext - bg - n) for ext, bg, n in zip(win.extent, win.begin, xn.shape[2:])]
+    y = mx.conv_general(_channels_last(xn), _channels_last(wn).astype(xn.dtype), stride=list(win.strides),
+                        padding=(list(win.begin), end), kernel_dilation=list(win.dilations), groups=group)
+    if b is not None:
+        y = y + native(b).astype(y.dtype)
+    return MlxArray(_channels_first(y))
+
+
+@override("mlx", "MatMul", since=1)
+def matmul(a, b, *, xp):
+    return MlxArray(_matmul(native(a), native(b)))
+
+
+@override("mlx", "Gemm", since=1)
+def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
+    an, bn = native(a), native(b)
+    if transA:
+        an = mx.swapaxes(an, 0, 1)
+    if transB:
+        bn = mx.swapaxes(bn, 0, 1)
+    if an.dtype in _FLOAT and bn.dtype == an.dtype and c is not None and beta != 0:
+        cn = mx.broadcast_to(native(c).astype(an.dtype), (an.shape[0], bn.shape[1]))
+        return MlxArray(mx.addmm(cn, an, bn, alpha=alpha, beta=beta))
+    y = _matmul(an, bn)
+    if alpha != 1:
+        y = (y * alpha).astype(an.dtype)
+    if c is not None and beta != 0:
+        y = (y + native(c) * beta).astype(an.dtype)
+    return MlxArray(y)
+
+
+def _col2im(cols, grid, win, size, shift=0):
+    """nn._col2im with MLX's scatter-add: cols (n, c, taps, *grid) -> (n, c, *size)."""
+    out = mx.zeros(cols.shape[:2] + tuple(size), cols.dtype)
+    for k, offset in enumerate(itertools.product(*(range(k) for k in win.kernel))):
+        index = tuple(slice(shift + o * d, shift + o * d + (g - 1) * s + 1, s)
+                      for o, d, s, g in zip(offset, win.dilations, win.strides, grid))
+        out = out.at[(Ellipsis, *index)].add(cols[:, :, k])
+    return out
+
+
+@override("mlx", "ConvTranspose", since=1)
+def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads,
+                   strides):
+    # nn.conv_transpose's geometry, with the overlap-add as a functional scatter-add.
+    xn, wn = native(x), native(w)
+    n, c = xn.shape[:2]
+    size = xn.shape[2:]
+    nd = len(size)
+    kernel = wn.shape[2:]
+    cg, mg = c // group, wn.shape[1]
+    strides = tuple(strides or (1,) * nd)
+    dilations = tuple(dilations or (1,) * nd)
+    output_padding = tuple(output_padding or (0,) * nd)
+    full = [s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)]
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
+        total = [f - o for f, o in zip(full, out)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
+        begin = list(pads[:nd])
+        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    taps = math.prod(kernel)
+    wt = mx.swapaxes(mx.reshape(wn, (group, cg, mg * taps)), 1, 2)
+    cols = _matmul(wt, mx.reshape(xn, (n, group, cg, math.prod(size))))
+    cols = mx.reshape(cols, (n, group * mg, taps) + tuple(size))
+    shift = max(0, -min(begin))
+    canvas = [shift + max(f, bg + o) for f, bg, o in zip(full, begin, out)]
+    win = nn._Window(tuple(kernel), strides, dilations, (0,) * nd, (0,) * nd, tuple(size))
+    y = _col2im(cols, size, win, canvas, shift)
+    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(begin, out)))]
+    if b is not None:
+        y = y + mx.reshape(native(b), (-1,) + (1,) * nd).astype(y.dtype)
+    return MlxArray(y)
+
+
+@override("mlx", "Col2Im", since=18, static_inputs=(1, 2))
+def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
+    image = tuple(int(i) for i in image_shape)
+    block = tuple(int(k) for k in block_shape)
+    win = nn._window(image, block, strides, dilations, pads, "NOTSET")
+    xn = native(x)
+    cols = mx.reshape(xn, (xn.shape[0], -1, math.prod(block)) + win.out)
+    padded = [i + b + e for i, b, e in zip(image, win.begin, win.end)]
+    y = _col2im(cols, win.out, win, padded)
+    return MlxArray(y[(Ellipsis, *(slice(b, b + i) for b, i in zip(win.begin, image)))])
+
+
+def _windows(xn, win, fill):
+    """(N, C, *out, *kernel) view of every pooling window of a padded NCHW input."""
+    nd = len(win.kernel)
+    widths = [(0, 0), (0, 0)] + [
+        (b, max(ext - b - n, 0)) for b, ext, n in zip(win.begin, win.extent, xn.shape[2:])]
+    padded = mx.pad(xn, widths, constant_values=fill) if any(b or e for b, e in widths) else xn
+    shape = padded.shape
+    row = [math.prod(shape[i + 1:]) for i in range(len(shape))]  # row-major element strides
+    spatial = row[2:]
+    out_strides = [r * s for r, s in zip(spatial, win.strides)]
+    tap_strides = [r * d for r, d in zip(spatial, win.dilations)]
+    return mx.as_strided(padded, (*shape[:2], *win.out, *win.kernel), (*row[:2], *out_strides, *tap_strides)), nd
+
+
+@override("mlx", "MaxPool", since=1)
+def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
+             num_outputs=1, xp):
+    xn = native(x)
+    if num_outputs > 1 or xn.dtype not in _FLOAT:
+        return nn.max_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
+                           ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
+                           num_outputs=num_outputs, xp=xp)
+    win = nn._window(xn.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    windows, nd = _windows(xn, win, -math.inf)
+    return MlxArray(mx.max(windows, axis=tuple(range(-nd, 0))))
+
+
+@override("mlx", "AveragePool", since=1)
+def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None,
+                 xp):
+    xn = native(x)
+    if xn.dtype not in _FLOAT:
+        return nn.average_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
+                               ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations, xp=xp)
+    size = xn.shape[2:]
+    win = nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    windows, nd = _windows(xn, win, 0)
+    total = mx.sum(windows, axis=tuple(range(-nd, 0)))
+    counts = mx.array(nn._window_counts(size, win, count_include_pad).astype("float32")).astype(xn.dtype)
+    return MlxArray(total / counts)
+
+
+@override("mlx", "Erf", since=9)
+def erf(x, *, xp):
+    xn = native(x)
+    if xn.dtype not in _FLOAT:
+        return elementwise.erf(x, xp=xp)
+    return MlxArray(mx.erf(xn.astype(mx.float32)).astype(xn.dtype))
+
+
+@override("mlx", "Gelu", since=20)
+def gelu(x, *, approximate, xp):
+    xn = native(x)
+    if approximate != "none" or xn.dtype not in _FLOAT:
+        return elementwise.gelu(x, approximate=approximate, xp=xp)
+    v = xn.astype(mx.float32)
+    return MlxArray((0.5 * v * (1 + mx.erf(v / math.sqrt(2)))).astype(xn.dtype))
