@@ -4,12 +4,12 @@ _UNSIGNED = ("uint16/uint32/uint64: torch stores them but has no arithmetic kern
              "are not implemented), so the backend reports them unsupported")
 _ML_DOMAIN = "ai.onnx.ml domain: no kernels on any backend yet (same as NumPy)"
 _HALF_SUMS = ("bfloat16/float16 attention: torch sums half types with a float32 accumulator; the expected "
-               "values carry NumPy's in-dtype accumulation rounding (errors of one bf16 ulp)")
+              "values carry NumPy's in-dtype accumulation rounding (errors of one bf16 ulp)")
 _BERNOULLI = ("random sample: expected values come from numpy's global RNG state after drawing the input, "
               "no seed-derived stream can reproduce them (same as NumPy)")
 _SUB_BYTE = "int4/uint4/int2/uint2/float4e2m1: torch has no such dtype (float4 only packed in pairs)"
 _FFT_ROUNDING = ("float32 inverse DFT: torch's FFT rounds differently from NumPy's pocketfft; errors of 1e-6 "
-                  "near zero exceed the case's atol of 1e-7")
+                 "near zero exceed the case's atol of 1e-7")
 _GRADIENT = "Gradient op needs graph autodiff (the training issue), as on NumPy"
 
 TORCH: dict[str, str] = {
