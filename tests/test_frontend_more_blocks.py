@@ -17,14 +17,21 @@ from mithril.models import (
     Embedding,
     GroupNorm,
     IOKey,
+    LSTM,
+    LSTMCell,
     MaxPool1D,
     Model,
+    MultiHeadAttention,
+    RNNCell,
+    ScaledDotProduct,
+    TransformerBlock,
 )
 
 from .test_frontend_blocks import check_against_ort, f32, i64, single
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(7)
+pytestmark = pytest.mark.filterwarnings("ignore::mithril.frontend.onnx_export.RandomParamsWarning")
 
 
 def ort_run(proto, feeds):
@@ -153,3 +160,163 @@ def test_embedding():
     params = pm.randomize_params()
     np.testing.assert_array_equal(pm.evaluate(params, idx)["output"], params["embedding_0.weight"][idx["input"]])
     assert got["output"].shape == (3, 5, 4)
+
+
+# -- attention ----------------------------------------------------------------------------------
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("kw,mask", [({}, None), (dict(is_causal=True), None), (dict(use_mask=True), "bool"),
+                                     (dict(use_mask=True, scale=0.3), "float"),
+                                     (dict(is_causal=True, use_mask=True), "float")],
+                         ids=["plain", "causal", "bool_mask", "float_mask_scale", "causal_float_mask"])
+def test_scaled_dot_product(kw, mask):
+    torch = _torch()
+    inputs = {"query": f32(2, 3, 5, 4), "key": f32(2, 3, 6, 4), "value": f32(2, 3, 6, 7)}
+    if mask == "bool":
+        inputs["mask"] = RNG.random((5, 6)) > 0.3
+        inputs["mask"][:, 0] = True  # no row fully masked
+    elif mask == "float":
+        inputs["mask"] = f32(1, 5, 6)
+    got = check_against_ort(single(ScaledDotProduct(**kw), inputs), inputs, rtol=1e-4, atol=1e-5)
+    t = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    want = torch.nn.functional.scaled_dot_product_attention(t["query"], t["key"], t["value"], attn_mask=t.get("mask"),
+                                                            is_causal=kw.get("is_causal", False) and "mask" not in t,
+                                                            scale=kw.get("scale"))
+    if kw.get("is_causal") and "mask" in t:  # torch takes one or the other: add the causal part by hand
+        causal = torch.ones(5, 6, dtype=torch.bool).tril()
+        want = torch.nn.functional.scaled_dot_product_attention(
+            t["query"], t["key"], t["value"], attn_mask=t["mask"].masked_fill(~causal, float("-inf")))
+    np.testing.assert_allclose(got["output"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _mha_torch(torch, params, prefix, x, dims, heads, causal):
+    mha = torch.nn.MultiheadAttention(dims, heads, batch_first=True)
+    p = {k[len(prefix):]: torch.from_numpy(v) for k, v in params.items() if k.startswith(prefix)}
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([p["q_proj.weight"], p["k_proj.weight"], p["v_proj.weight"]]))
+        mha.in_proj_bias.copy_(torch.cat([p["q_proj.bias"], p["k_proj.bias"], p["v_proj.bias"]]))
+        mha.out_proj.weight.copy_(p["out_proj.weight"])
+        mha.out_proj.bias.copy_(p["out_proj.bias"])
+    n = x.shape[1]
+    mask = torch.ones(n, n, dtype=torch.bool).triu(1) if causal else None
+    return mha(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_multi_head_attention_matches_torch(causal):
+    torch = _torch()
+    m = Model()
+    m |= MultiHeadAttention(dims=8, num_heads=2, is_causal=causal)(input="input", output="output")
+    x = {"input": f32(2, 5, 8)}
+    check_against_ort(m, x, rtol=1e-4, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [2, 5, 8]}, jit=False)
+    assert sorted(pm.parameter_keys) == sorted(f"multiheadattention_0.{p}.{w}" for w in ("weight", "bias")
+                                               for p in ("q_proj", "k_proj", "v_proj", "out_proj"))
+    params = pm.randomize_params()
+    want = _mha_torch(torch, params, "multiheadattention_0.", torch.from_numpy(x["input"]), 8, 2, causal)
+    np.testing.assert_allclose(pm.evaluate(params, x)["output"], want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_multi_head_attention_without_bias_and_names():
+    m = Model()
+    m |= MultiHeadAttention(dims=6, num_heads=3, bias=False, name="attn")(input="input", output="output")
+    check_against_ort(m, {"input": f32(1, 4, 6)}, rtol=1e-4, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [1, 4, 6]}, jit=False)
+    assert sorted(pm.parameter_keys) == sorted(f"attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "out_proj"))
+
+
+def test_transformer_block_matches_torch_and_stays_dynamic():
+    torch = _torch()
+    F = torch.nn.functional
+    m = Model()
+    m |= TransformerBlock(dims=8, num_heads=2, name="block")(input="input", output="output")
+    x = {"input": f32(2, 5, 8)}
+    check_against_ort(m, x, rtol=1e-4, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [2, 5, 8]}, jit=False)
+    params = pm.randomize_params()
+    got = pm.evaluate(params, x)["output"]
+    p = {k[len("block."):]: torch.from_numpy(v) for k, v in params.items()}
+    h = torch.from_numpy(x["input"])
+    a = F.layer_norm(h, (8,), p["ln_1.weight"], p["ln_1.bias"])
+    h = h + _mha_torch(torch, {k: v.numpy() for k, v in p.items()}, "attn.", a, 8, 2, True)
+    a = F.layer_norm(h, (8,), p["ln_2.weight"], p["ln_2.bias"])
+    a = F.linear(F.gelu(F.linear(a, p["mlp.linear_0.weight"], p["mlp.linear_0.bias"])),
+                 p["mlp.linear_1.weight"], p["mlp.linear_1.bias"])
+    np.testing.assert_allclose(got, (h + a).detach().numpy(), rtol=1e-4, atol=1e-5)
+    # batch and sequence axes stay dynamic in the export
+    proto = ml.export_onnx(m, None, shapes={"input": [2, 5, 8]}, params=params,
+                           dynamic_axes={"input": {0: "batch", 1: "seq"}})
+    onnx.checker.check_model(proto, full_check=True)
+    np.testing.assert_allclose(ort_run(proto, x)["output"], got, rtol=1e-4, atol=1e-5)
+    xi = f32(3, 7, 8)
+    out = ort_run(proto, {"input": xi})["output"]
+    assert out.shape == (3, 7, 8)
+    # causal: the first three steps do not see later ones
+    np.testing.assert_allclose(ort_run(proto, {"input": xi[:, :3]})["output"], out[:, :3], rtol=1e-4, atol=1e-5)
+
+
+# -- recurrent ----------------------------------------------------------------------------------
+def _torch_params(module, params, prefix, suffix=""):
+    torch = _torch()
+    with torch.no_grad():
+        for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(module, k + suffix).copy_(torch.from_numpy(params[prefix + k]))
+    return module
+
+
+def test_rnn_cell_matches_torch():
+    torch = _torch()
+    m = Model()
+    m |= RNNCell(hidden_size=5)(input="input", prev_hidden="h", output="output")
+    inputs = {"input": f32(3, 4), "h": f32(3, 5)}
+    check_against_ort(m, inputs, rtol=1e-5, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()}, jit=False)
+    params = pm.randomize_params()
+    cell = _torch_params(torch.nn.RNNCell(4, 5), params, "rnncell_0.")
+    want = cell(torch.from_numpy(inputs["input"]), torch.from_numpy(inputs["h"])).detach().numpy()
+    np.testing.assert_allclose(pm.evaluate(params, inputs)["output"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [17, None])
+def test_lstm_cell_matches_torch(opset):
+    torch = _torch()
+    m = Model()
+    m |= LSTMCell(hidden_size=5)(input="input", prev_hidden="h", prev_cell="c", output="output", cell="cell")
+    inputs = {"input": f32(3, 4), "h": f32(3, 5), "c": f32(3, 5)}
+    check_against_ort(m, inputs, opset=opset, rtol=1e-5, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()}, jit=False)
+    params = pm.randomize_params()
+    got = pm.evaluate(params, inputs)
+    cell = _torch_params(torch.nn.LSTMCell(4, 5), params, "lstmcell_0.")
+    h, c = cell(torch.from_numpy(inputs["input"]), (torch.from_numpy(inputs["h"]), torch.from_numpy(inputs["c"])))
+    np.testing.assert_allclose(got["output"], h.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["cell"], c.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_lstm_many_to_one_matches_torch(use_bias):
+    torch = _torch()
+    m = Model()
+    m |= LSTM(hidden_size=6, use_bias=use_bias)(input="input", output="output", hidden_states="states")
+    x = {"input": f32(3, 7, 4)}
+    check_against_ort(m, x, rtol=1e-4, atol=1e-5)
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [3, 7, 4]}, jit=False)
+    params = pm.randomize_params()
+    got = pm.evaluate(params, x)
+    lstm = torch.nn.LSTM(4, 6, batch_first=True, bias=use_bias)
+    with torch.no_grad():
+        for k in ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if use_bias else ()):
+            getattr(lstm, k + "_l0").copy_(torch.from_numpy(params["lstm_0." + k]))
+    ys, (hn, _) = lstm(torch.from_numpy(x["input"]))
+    np.testing.assert_allclose(got["output"], hn[0].detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["states"], ys.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_sequence_length_stays_dynamic():
+    m = Model()
+    m |= LSTM(hidden_size=4)(input="input", output="output")
+    proto = ml.export_onnx(m, None, shapes={"input": [2, 5, 3]}, dynamic_axes={"input": {0: "N", 1: "T"}})
+    onnx.checker.check_model(proto, full_check=True)
+    assert ort_run(proto, {"input": f32(3, 9, 3)})["output"].shape == (3, 4)

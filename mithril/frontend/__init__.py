@@ -16,4 +16,4 @@ from .model import (  # noqa: F401
     Primitive,
     ShapeView,
 )
-from . import elementwise, losses, nn, reduce, shape_ops  # noqa: F401  (register blocks)
+from . import attention, elementwise, losses, nn, reduce, sequence_models, shape_ops  # noqa: F401  (register blocks)
