@@ -1,0 +1,186 @@
+"""The JAX backend: the generated program over ``jax.numpy``, jitted as one XLA program."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..errors import BackendUnavailableError
+from .backend import Backend
+
+# Imported by the first JaxBackend(), so `import mithril` never imports jax.
+jax = jnp = None
+
+
+def _import_jax() -> None:
+    global jax, jnp
+    if jax is None:
+        try:
+            import jax as _jax
+            import jax.numpy as _jnp
+        except ImportError as exc:
+            raise BackendUnavailableError("JaxBackend needs jax: pip install mithril[jax]") from exc
+        jax, jnp = _jax, _jnp
+
+
+def _parse_device(device: str):
+    """``"cpu"``, ``"gpu"``, ``"tpu"``, ``"gpu:1"`` -> the jax Device, or BackendUnavailableError."""
+    platform, _, index = device.partition(":")
+    present = [f"{d.platform}:{d.id}" for d in jax.devices()]
+    try:
+        candidates = jax.devices(platform.lower())
+        chosen = candidates[int(index) if index else 0]
+    except (RuntimeError, ValueError, IndexError) as exc:
+        raise BackendUnavailableError(
+            f"JaxBackend: device {device!r} is not present; present devices: {', '.join(present)}"
+        ) from exc
+    return chosen
+
+
+def _is_host_only(value) -> bool:
+    # Strings (object arrays) live on the host: JAX has no string dtype.
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+def _has_host_only(tree) -> bool:
+    if isinstance(tree, dict):
+        return any(_has_host_only(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return any(_has_host_only(v) for v in tree)
+    return _is_host_only(tree)
+
+
+class _Jitted:
+    """``jax.jit`` of the whole generated forward; host-only inputs (strings) run it eagerly."""
+
+    def __init__(self, backend: "JaxBackend", forward):
+        self.backend = backend
+        self.forward = forward
+        self._compiled = jax.jit(forward)
+
+    def __call__(self, params, data):
+        with self.backend.scope():
+            if _has_host_only(params) or _has_host_only(data):
+                return self.forward(params, data)
+            return self._compiled(params, data)
+
+
+class JaxBackend(Backend):
+    """Runs lowered ONNX graphs with ``jax.numpy``; ``compile(..., jit=True)`` jits the whole graph.
+
+    ONNX uses int64 (shapes, indices) and float64 throughout, which JAX holds only with x64
+    enabled. The backend does not flip the global ``jax_enable_x64`` flag: every call into it
+    (conversion, evaluation, gradients) runs inside ``jax.enable_x64(True)``, a thread-local
+    scope, and outside it the user's configuration is untouched. Arrays it returns keep their
+    64-bit dtypes; arithmetic on them outside the scope follows the user's configuration.
+
+    >>> import mithril as ml
+    >>> b = ml.JaxBackend(dtype=ml.float32, device="cpu")
+    >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()
+    [2.0, 2.0]
+    """
+
+    name = "jax"
+    supports_gradients = True
+
+    def __init__(self, dtype=None, device: str = "cpu"):
+        from .. import dtypes
+
+        _import_jax()
+        from .overrides import jax as _registers_overrides  # noqa: F401
+        self._device = _parse_device(device)
+        self.xp = jnp
+        self._vjp_cache: dict = {}
+        super().__init__(dtype if dtype is not None else dtypes.float32, device)
+
+    def scope(self):
+        """x64 and this backend's device, for the duration of one call."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.enable_x64(True))
+        stack.enter_context(jax.default_device(self._device))
+        return stack
+
+    # -- dtypes and conversion -------------------------------------------------------
+    def unsupported_dtype_reason(self, dtype) -> str | None:
+        dtype = np.dtype(dtype)
+        if dtype == object:
+            return None  # strings: the string kernels run on the host with NumPy
+        try:
+            jnp.zeros((), dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            return f"jax.numpy has no {dtype} ({exc})"
+        return None
+
+    def from_numpy(self, arr):
+        arr = np.asarray(arr)
+        if arr.dtype == object:
+            return arr
+        with self.scope():
+            return jax.device_put(arr, self._device)
+
+    def to_numpy(self, arr) -> np.ndarray:
+        return np.asarray(arr)
+
+    def finalize_outputs(self, outputs: dict) -> dict:
+        # Kernels that run on the host return NumPy arrays: callers always get backend arrays.
+        return {k: self._to_backend(v) for k, v in outputs.items()}
+
+    def _to_backend(self, v):
+        if isinstance(v, list):
+            return [self._to_backend(x) for x in v]
+        if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
+            return self.from_numpy(v)
+        return v
+
+    # -- compilation hooks -----------------------------------------------------------
+    def jit(self, forward):
+        return _Jitted(self, forward)
+
+    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
+        forward = getattr(forward, "forward", forward)
+        key = (id(forward), tuple(diff_params), tuple(diff_data), tuple(sorted(output_gradients)))
+        with self.scope():
+            run = self._vjp_cache.get(key)
+            if run is None:
+                run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data))
+            cot = {k: jnp.asarray(v) for k, v in output_gradients.items()}
+            if not (_has_host_only(params) or _has_host_only(data)):
+                try:
+                    return run.jitted(dict(params), dict(data), cot)
+                except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
+                    pass  # a value-dependent shape cannot be traced as one program: differentiate eagerly
+            return run(dict(params), dict(data), cot)
+
+
+def _make_vjp(forward, diff_params, diff_data):
+    def run(params, data, cotangents):
+        fixed_p = {k: v for k, v in params.items() if k not in diff_params}
+        fixed_d = {k: v for k, v in data.items() if k not in diff_data}
+
+        def f(dp, dd):
+            return forward({**fixed_p, **dp}, {**fixed_d, **dd})
+
+        primal_p = {k: params[k] for k in diff_params}
+        primal_d = {k: data[k] for k in diff_data}
+        outputs, pullback = jax.vjp(f, primal_p, primal_d)
+        cots = {k: _cotangent(v, cotangents.get(k)) for k, v in outputs.items()}
+        gp, gd = pullback(cots)
+        return outputs, {**gp, **gd}
+
+    run.jitted = jax.jit(run)
+    return run
+
+
+def _cotangent(out, given):
+    """The cotangent for one output: the given one, zeros, or float0 for non-floating outputs."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_cotangent(o, None) for o in out)
+    if out is None:
+        return None
+    dtype = jnp.result_type(out)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return np.zeros(np.shape(out), dtype=jax.dtypes.float0)
+    if given is None:
+        return jnp.zeros(np.shape(out), dtype=dtype)
+    return jnp.asarray(given, dtype=dtype)
