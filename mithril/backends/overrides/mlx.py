@@ -12,7 +12,7 @@ import math
 
 import mlx.core as mx
 
-from ..kernels import elementwise, nn
+from ..kernels import elementwise, nn, shape
 from ..registry import override
 from ..xp.mlx_xp import MlxArray, _matmul, native
 
@@ -182,3 +182,34 @@ def gelu(x, *, approximate, xp):
         return elementwise.gelu(x, approximate=approximate, xp=xp)
     v = xn.astype(mx.float32)
     return MlxArray((0.5 * v * (1 + mx.erf(v / math.sqrt(2)))).astype(xn.dtype))
+
+
+_SCATTER_METHODS = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def _scatter_into(data, index, updates, reduction):
+    # shape._scatter_into mutates a NumPy copy; MLX scatters functionally (duplicates accumulate).
+    d = native(data)
+    u = native(updates).astype(d.dtype)
+    index = tuple(native(i) if not isinstance(i, int) else i for i in index)
+    index = tuple(mx.array(i) if not isinstance(i, (int, mx.array)) else i for i in index)
+    if reduction == "none":
+        out = mx.array(d)
+        out[index] = u
+        return MlxArray(out)
+    return MlxArray(getattr(d.at[index], _SCATTER_METHODS[reduction])(u))
+
+
+@override("mlx", "ScatterElements", since=11)
+def scatter_elements(data, indices, updates, *, axis, reduction="none"):
+    return _scatter_into(data, shape._element_index(data, indices, axis), updates, reduction)
+
+
+@override("mlx", "Scatter", since=9)
+def scatter(data, indices, updates, *, axis):
+    return _scatter_into(data, shape._element_index(data, indices, axis), updates, "none")
+
+
+@override("mlx", "ScatterND", since=11)
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    return _scatter_into(data, tuple(indices[..., j] for j in range(indices.shape[-1])), updates, reduction)

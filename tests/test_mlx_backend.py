@@ -1,0 +1,169 @@
+"""The MLX backend: tensor API, parity with NumPy, whole-graph compile, gradients, devices, dtypes."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+from mithril.compile import JitFallbackWarning
+from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
+
+from .conftest import make_model
+
+mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip install mithril[mlx]")
+from mithril.backends.xp import mlx_xp  # noqa: E402
+
+
+@pytest.fixture
+def backend():
+    return ml.MlxBackend(dtype=ml.float32, device="cpu")
+
+
+def test_mlxbackend_alias_and_repr():
+    assert ml.MLXBackend is ml.MlxBackend
+    assert repr(ml.MlxBackend()) == "MlxBackend(dtype=ml.float32, device='cpu')"
+
+
+def test_tensor_api(backend):
+    a, b = backend.ones(2, 3), backend.arange(6.0)
+    assert isinstance(a, mlx_xp.MlxArray) and isinstance(a.native, mx.array)
+    assert a.dtype == np.float32 and a.shape == (2, 3)
+    s = backend.add(a, backend.reshape(b, (2, 3)))
+    np.testing.assert_array_equal(backend.to_numpy(s), np.arange(6.0).reshape(2, 3) + 1)
+    np.testing.assert_array_equal(backend.to_numpy(backend.sum(s, axis=1)), [6, 15])
+    np.testing.assert_array_equal(backend.to_numpy(backend.relu(backend.array([-1.0, 2.0]))), [0, 2])
+    m = backend.matmul(a, backend.transpose(a))
+    np.testing.assert_array_equal(backend.to_numpy(m), np.full((2, 2), 3.0))
+    assert backend.arange(3).dtype == np.int64
+    assert backend.array([1, 2], dtype=ml.int32).dtype == np.int32
+
+
+def test_facade_follows_numpy():
+    xp = mlx_xp
+    i32 = xp.asarray(np.array([-7, 7, -7, 7], np.int32))
+    assert (i32 * 2).dtype == np.int32 and (i32 * 1.5).dtype == np.float32  # Python scalars are weak
+    assert (i32 + np.int64(1)).dtype == np.int64  # NumPy scalars are not
+    np.testing.assert_array_equal(xp.fmod(i32, np.array([2, -2, -2, 2], np.int32)), np.fmod([-7, 7, -7, 7], [2, -2, -2, 2]))
+    x = xp.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    ref = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for key in [(slice(None), slice(None, None, -2)), (np.array([2, 0]),), (Ellipsis, None, 1), (ref > 5,)]:
+        np.testing.assert_array_equal(np.asarray(x[key]), ref[key])
+    assert x.argmax(axis=1).dtype == np.int64 and x.sum(axis=(0, 1), keepdims=True).shape == (1, 1)
+    np.testing.assert_array_equal(np.asarray(np.float32(2) * x), 2 * ref)  # numpy defers to the facade
+    y = x.copy()
+    y[0] = 0
+    assert float(x[0, 1]) == 1.0 and float(y[0, 1]) == 0.0  # writes never reach other holders
+    np.testing.assert_array_equal(np.asarray(xp.pad(x, [(1, 1), (2, 0)], mode="reflect")),
+                                  np.pad(ref, [(1, 1), (2, 0)], mode="reflect"))
+
+
+def test_parity_with_numpy_conv_model(conv_model, backend):
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    ref = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(), shapes={"x": x.shape}).evaluate(None, {"x": x})
+    pm = ml.compile(ml.load_onnx(conv_model), backend, shapes={"x": x.shape})
+    got = pm.evaluate(None, {"x": backend.array(x)})
+    assert pm._jitted.compiled  # the whole graph ran as one mx.compile program
+    np.testing.assert_allclose(backend.to_numpy(got["y"]), ref["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_parity_with_numpy_small_resnet(backend):
+    pytest.importorskip("torch")
+    try:
+        from models_zoo import torch_reference as models
+    except ImportError:  # before the model zoo moved out of tests/
+        from . import models
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = models.build("resnet18", image_size=32)
+        onnx_bytes = models.export_onnx(spec, "torchscript")
+    x = spec.numpy_inputs(2)["input"]
+    ref = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend(), shapes={"input": x.shape}).evaluate(None, {"input": x})
+    pm = ml.compile(ml.load_onnx(onnx_bytes), backend, shapes={"input": x.shape})
+    got = backend.to_numpy(pm.evaluate(None, {"input": backend.array(x)})["output"])
+    assert pm._jitted.compiled
+    # float32 with different summation orders (MLX convolution vs im2col matmul).
+    np.testing.assert_allclose(got, ref["output"], rtol=1e-4, atol=1e-4)
+
+
+def _mlp():
+    rng = np.random.default_rng(0)
+    inits = {"W": rng.standard_normal((4, 3)).astype(np.float32), "B": rng.standard_normal(3).astype(np.float32)}
+    nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("Mul", ["t", "t"], ["y"])]
+    return make_model(nodes, [("x", TensorProto.FLOAT, [2, 4])], [("y", TensorProto.FLOAT, [2, 3])], inits)
+
+
+def test_gradients_match_finite_differences(backend):
+    # Central differences in float64 on the NumPy backend's program as the reference; MLX computes
+    # in float32, so the tolerance is float32's (observed max rel err ~1e-6).
+    model = ml.load_onnx(_mlp())
+    pm = ml.compile(model, backend, data_keys=["x"])
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    g = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
+    params = pm.get_parameters()
+    outputs, grads = pm.evaluate(params, {"x": backend.array(x)}, output_gradients={"y": backend.array(g)})
+    assert set(grads) == {"W", "B", "x"}
+    W, B = (backend.to_numpy(params[k]).astype(np.float64) for k in ("W", "B"))
+
+    def loss(W, B, x):
+        return float(np.sum(np.tanh(x @ W + B) ** 2 * g))
+
+    eps = 1e-6
+    for name, value in (("W", W), ("B", B), ("x", x.astype(np.float64))):
+        numeric = np.zeros_like(value)
+        for idx in np.ndindex(value.shape):
+            args = {"W": W, "B": B, "x": x.astype(np.float64)}
+            hi, lo = value.copy(), value.copy()
+            hi[idx] += eps
+            lo[idx] -= eps
+            numeric[idx] = (loss(**{**args, name: hi}) - loss(**{**args, name: lo})) / (2 * eps)
+        np.testing.assert_allclose(backend.to_numpy(grads[name]), numeric, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(backend.to_numpy(outputs["y"]), np.tanh(x @ W + B) ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_match_jax(backend):
+    if getattr(ml, "JaxBackend", None) is None:
+        pytest.skip("the JAX backend is not in this build")
+    pytest.importorskip("jax")
+    x = np.random.default_rng(2).standard_normal((2, 4)).astype(np.float32)
+    g = np.ones((2, 3), np.float32)
+    results = []
+    for b in (backend, ml.JaxBackend()):
+        pm = ml.compile(ml.load_onnx(_mlp()), b, data_keys=["x"])
+        _, grads = pm.evaluate(None, {"x": b.from_numpy(x)}, output_gradients={"y": b.from_numpy(g)})
+        results.append({k: np.asarray(b.to_numpy(v)) for k, v in grads.items()})
+    for k in results[1]:
+        np.testing.assert_allclose(results[0][k], results[1][k], rtol=1e-5, atol=1e-6)
+
+
+def test_missing_device_lists_present_ones():
+    if mx.is_available(mx.gpu):
+        pytest.skip("this machine has an MLX GPU")
+    with pytest.raises(BackendUnavailableError, match="present devices: cpu"):
+        ml.MlxBackend(device="gpu")
+    with pytest.raises(BackendUnavailableError, match="'tpu'"):
+        ml.MlxBackend(device="tpu")
+
+
+def test_float64_model_is_unsupported_with_reason(backend):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.DOUBLE, [2])],
+                       [("y", TensorProto.DOUBLE, [2])])
+    with pytest.raises(UnsupportedDTypeError, match="no float64 on its default CPU path"):
+        ml.compile(ml.load_onnx(model), backend)
+    with pytest.raises(BackendUnavailableError, match="float64"):
+        ml.MlxBackend(dtype=ml.float64)
+
+
+def test_untraceable_graph_falls_back_to_op_by_op(backend):
+    # NonZero's output shape depends on values: compile warns and runs it eagerly.
+    model = make_model([helper.make_node("NonZero", ["x"], ["y"])], [("x", TensorProto.FLOAT, [4])],
+                       [("y", TensorProto.INT64, [1, "n"])])
+    with pytest.warns(JitFallbackWarning):
+        pm = ml.compile(ml.load_onnx(model), backend)
+    out = pm.evaluate(None, {"x": backend.array(np.array([0, 1, 0, 2], np.float32))})
+    np.testing.assert_array_equal(backend.to_numpy(out["y"]), [[1, 3]])
