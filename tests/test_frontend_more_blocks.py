@@ -9,21 +9,29 @@ import onnx
 import pytest
 
 import mithril as ml
+from mithril.frontend.elementwise import STOP_GRADIENT
 from mithril.frontend.nn import buffer_updates
 from mithril.models import (
+    Arange,
     AvgPool2D,
     BatchNorm2D,
+    BinaryCrossEntropy,
     Convolution1D,
+    Dropout,
     Embedding,
     GroupNorm,
+    HingeLoss,
     IOKey,
     LSTM,
     LSTMCell,
     MaxPool1D,
+    KLDivergence,
     Model,
     MultiHeadAttention,
+    Randn,
     RNNCell,
     ScaledDotProduct,
+    StopGradient,
     TransformerBlock,
 )
 
@@ -320,3 +328,112 @@ def test_lstm_sequence_length_stays_dynamic():
     proto = ml.export_onnx(m, None, shapes={"input": [2, 5, 3]}, dynamic_axes={"input": {0: "N", 1: "T"}})
     onnx.checker.check_model(proto, full_check=True)
     assert ort_run(proto, {"input": f32(3, 9, 3)})["output"].shape == (3, 4)
+
+
+# -- dropout, stop-gradient, generators ---------------------------------------------------------
+def test_dropout_inference_is_identity():
+    x = {"input": f32(4, 5)}
+    m = single(Dropout(p=0.3), x)
+    got = check_against_ort(m, x)
+    np.testing.assert_array_equal(got["output"], x["input"])
+    proto = ml.export_onnx(m, None, shapes={"input": [4, 5]})
+    assert [n.op_type for n in proto.graph.node] == ["Identity"]
+
+
+def test_dropout_training_drops_and_rescales():
+    x = {"input": np.abs(f32(200, 50)) + 1}
+    m = single(Dropout(p=0.25, training=True, seed=3), x)
+    proto = ml.export_onnx(m, None, shapes={"input": [200, 50]})
+    onnx.checker.check_model(proto, full_check=True)
+    assert [n.op_type for n in proto.graph.node if n.op_type == "Dropout"] == ["Dropout"]
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [200, 50]}, jit=False)
+    for out in (pm.evaluate({}, x)["output"], ort_run(proto, x)["output"]):
+        kept = out != 0
+        assert abs(kept.mean() - 0.75) < 0.02
+        np.testing.assert_allclose(out[kept], x["input"][kept] / 0.75, rtol=1e-6)
+
+
+def test_stop_gradient_is_a_marked_identity():
+    x = {"input": f32(3, 4)}
+    m = single(StopGradient(), x)
+    np.testing.assert_array_equal(check_against_ort(m, x)["output"], x["input"])
+    proto = ml.export_onnx(m, None, shapes={"input": [3, 4]}, opset=17)
+    onnx.checker.check_model(proto, full_check=True)
+    (node,) = proto.graph.node
+    assert node.op_type == "Identity"
+    assert {p.key: p.value for p in node.metadata_props} == {STOP_GRADIENT: "true"}
+
+
+@pytest.mark.parametrize("args,dtype", [((5,), np.int64), ((2, 9, 3), np.int64), ((1.0, 2.0, 0.25), np.float32),
+                                        ((4, 0, -1), np.int64)])
+def test_arange(args, dtype):
+    m = Model()
+    m |= Arange(*args)(output="output")
+    got = check_against_ort(m, {})
+    np.testing.assert_array_equal(got["output"], np.arange(*args).astype(dtype))
+    assert m.shape_of("output") == f"[{len(np.arange(*args))}]"
+
+
+def test_arange_feeds_other_blocks():
+    m = Model()
+    m |= Arange(4)(output="pos")
+    m |= Embedding(num_embeddings=4, dim=3)(input=m.pos, output="output")
+    assert m.shape_of("output") == "[4, 3]"
+    check_against_ort(m, {})
+
+
+def test_randn_fixed_shape_and_like():
+    m = Model()
+    m |= Randn(shape=(400, 300), mean=2.0, std=0.5, seed=1)(output="noise")
+    m |= Randn(dtype=ml.float64)(input="input", output="like")
+    assert m.shape_of("noise") == "[400, 300]"
+    x = f32(300, 200)
+    onnx.checker.check_model(ml.export_onnx(m, None, shapes={"input": [300, 200]}), full_check=True)
+    # onnxruntime 1.31 has no RandomNormal(-Like) kernel for opset 22+ (their bfloat16 version)
+    proto = ml.export_onnx(m, None, shapes={"input": [300, 200]}, opset=21)
+    onnx.checker.check_model(proto, full_check=True)
+    assert sorted(n.op_type for n in proto.graph.node) == ["RandomNormal", "RandomNormalLike"]
+    pm = ml.compile(m, ml.NumpyBackend(), shapes={"input": [300, 200]}, jit=False)
+    for out in (pm.evaluate({}, {"input": x}), ort_run(proto, {"input": x})):
+        assert out["noise"].shape == (400, 300) and out["noise"].dtype == np.float32
+        assert abs(out["noise"].mean() - 2.0) < 0.01 and abs(out["noise"].std() - 0.5) < 0.01
+        assert out["like"].shape == (300, 200) and out["like"].dtype == np.float64
+        assert abs(out["like"].mean()) < 0.02 and abs(out["like"].std() - 1) < 0.02
+    a, b = pm.evaluate({}, {"input": x})["like"], pm.evaluate({}, {"input": x})["like"]
+    assert not np.array_equal(a, b)
+
+
+# -- losses -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("input_type", ["logits", "probs"])
+def test_binary_cross_entropy_matches_torch(input_type):
+    torch = _torch()
+    logits = f32(6, 4) * 4
+    x = logits if input_type == "logits" else 1 / (1 + np.exp(-logits))
+    inputs = {"input": x.astype(np.float32), "target": RNG.random((6, 4)).astype(np.float32)}
+    got = check_against_ort(single(BinaryCrossEntropy(input_type=input_type), inputs), inputs, rtol=1e-4, atol=1e-5)
+    t = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    F = torch.nn.functional
+    want = (F.binary_cross_entropy_with_logits if input_type == "logits" else F.binary_cross_entropy)(
+        t["input"], t["target"], reduction="none")
+    np.testing.assert_allclose(got["output"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("log_input", [True, False])
+def test_kl_divergence_matches_torch(log_input):
+    torch = _torch()
+    p = np.exp(f32(5, 4))
+    q = np.exp(f32(5, 4))
+    p[0, 0] = 0  # a zero target contributes 0
+    p, q = p / p.sum(1, keepdims=True), q / q.sum(1, keepdims=True)
+    inputs = {"input": (np.log(q) if log_input else q).astype(np.float32), "target": p.astype(np.float32)}
+    got = check_against_ort(single(KLDivergence(log_input=log_input), inputs), inputs, rtol=1e-4, atol=1e-6)
+    want = torch.nn.functional.kl_div(torch.from_numpy(np.log(q).astype(np.float32)),
+                                      torch.from_numpy(inputs["target"]), reduction="none")
+    np.testing.assert_allclose(got["output"], want.numpy(), rtol=1e-4, atol=1e-6)
+    assert got["output"][0, 0] == 0
+
+
+def test_hinge_loss():
+    inputs = {"input": f32(4, 3), "target": np.where(RNG.random((4, 3)) > 0.5, 1, -1).astype(np.float32)}
+    got = check_against_ort(single(HingeLoss(), inputs), inputs)
+    np.testing.assert_allclose(got["output"], np.maximum(0, 1 - inputs["target"] * inputs["input"]), rtol=1e-6)

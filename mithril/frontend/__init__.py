@@ -16,4 +16,5 @@ from .model import (  # noqa: F401
     Primitive,
     ShapeView,
 )
-from . import attention, elementwise, losses, nn, reduce, sequence_models, shape_ops  # noqa: F401  (register blocks)
+# importing the family modules registers their blocks
+from . import attention, creation, elementwise, losses, nn, reduce, sequence_models, shape_ops  # noqa: F401

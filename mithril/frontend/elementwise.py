@@ -211,3 +211,43 @@ class Cast(Primitive):
 
     def lower(self, g, input):
         return g.op("Cast", input, to=self.dtype.onnx, dtype=self.dtype.numpy)
+
+
+@register
+class Dropout(Unary):
+    """Zeroes each element with probability ``p`` and scales the rest by ``1 / (1 - p)`` when
+    ``training``; the identity otherwise (lowered to Identity). ``seed`` fixes the ONNX op's seed."""
+
+    def __init__(self, p: float = 0.5, training: bool = False, seed: int | None = None, name: str | None = None):
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout p must be in [0, 1), not {p}")
+        self.p, self.training, self.seed = float(p), bool(training), seed
+        super().__init__(name)
+
+    def attributes(self):
+        return {"p": self.p, "training": self.training}
+
+    def lower(self, g, input):
+        if not self.training:
+            return g.op("Identity", input)
+        return g.op("Dropout", input, g.const(self.p, like=input), g.const(True, dtype=np.bool_), seed=self.seed)
+
+
+STOP_GRADIENT = "mithril.stop_gradient"
+
+
+@register
+class StopGradient(Unary):
+    """The identity whose output gradients do not flow back through (``jax.lax.stop_gradient``,
+    ``tensor.detach()``).
+
+    ONNX has no such op: it lowers to an Identity node carrying the node metadata property
+    ``mithril.stop_gradient = "true"`` (:data:`STOP_GRADIENT`). onnxruntime and inference ignore it.
+    A pass before differentiation must keep these Identity nodes (the Identity elimination of
+    ``specialize`` would drop them) and lower them to the backend's stop-gradient.
+    """
+
+    def lower(self, g, input):
+        out = g.op("Identity", input)
+        g.nodes[-1].metadata_props.add(key=STOP_GRADIENT, value="true")
+        return out

@@ -10,7 +10,8 @@
 """
 
 from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
+from ..frontend.nn import buffer_updates  # noqa: F401
 
 globals().update(BLOCKS)
 
-__all__ = ["Block", "Connection", "IOKey", "Model", "Primitive", *sorted(BLOCKS)]
+__all__ = ["Block", "Connection", "IOKey", "Model", "Primitive", "buffer_updates", *sorted(BLOCKS)]
