@@ -29,7 +29,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 import mithril as ml  # noqa: E402
 
@@ -69,7 +68,7 @@ def _interleaved_times(runners: dict, warmup: int, runs: int) -> dict[str, float
 
 
 def _export(name: str, workdir: str) -> tuple[str, dict[str, np.ndarray]]:
-    import models
+    from models_zoo import torch_reference as models
 
     kwargs, batch = MODELS[name]
     spec = models.build(name, **kwargs)

@@ -4,19 +4,16 @@ torch exporters, run on the NumPy backend and compared with onnxruntime on the s
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import mithril as ml  # noqa: E402
+import mithril as ml
 
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
-import models  # noqa: E402
+from models_zoo import torch_reference as models  # noqa: E402
 
 IMAGE_SIZE = 64
 SEQ = 16

@@ -1,5 +1,6 @@
-"""Real models for tests and benchmarks: ResNet-18 and MobileNetV2 in torch.nn (torchvision's
-architectures, written here because torchvision is not a dependency), small BERT and GPT-2 from
+"""Reference torch.nn models for tests, benchmarks and the main job: ResNet-18 and MobileNetV2
+(torchvision's architectures, written here because torchvision is not a dependency), a GPT-2 style
+language model (the architecture of ``models_zoo.create_gpt``), small BERT and GPT-2 from
 transformers configs with random weights, and ONNX export through both torch exporters.
 
 >>> m = resnet18(num_classes=10).eval()
@@ -10,6 +11,7 @@ transformers configs with random weights, and ONNX export through both torch exp
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,6 +176,62 @@ def _randomize_batchnorm(model: nn.Module, seed: int) -> None:
                 m.running_var.copy_(torch.rand(c, generator=g) * 0.5 + 0.75)
                 m.weight.copy_(torch.rand(c, generator=g) * 0.5 + 0.75)
                 m.bias.copy_(torch.randn(c, generator=g) * 0.1)
+
+
+# -- GPT-2 style language model (models_zoo.create_gpt's architecture) -------------------------
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dims: int, num_heads: int, block_size: int, bias: bool):
+        super().__init__()
+        self.num_heads = num_heads
+        self.c_attn = nn.Linear(dims, 3 * dims, bias=bias)  # query, key, value in one projection
+        self.c_proj = nn.Linear(dims, dims, bias=bias)
+        self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size, dtype=torch.bool)),
+                             persistent=False)
+
+    def forward(self, x):
+        n, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(n, t, self.num_heads, c // self.num_heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1)
+        return self.c_proj((att @ v).transpose(1, 2).reshape(n, t, c))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, dims: int, num_heads: int, block_size: int, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dims, bias=bias)
+        self.attn = CausalSelfAttention(dims, num_heads, block_size, bias)
+        self.ln_2 = nn.LayerNorm(dims, bias=bias)
+        self.mlp = nn.ModuleDict({"c_fc": nn.Linear(dims, 4 * dims, bias=bias),
+                                  "c_proj": nn.Linear(4 * dims, dims, bias=bias)})
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        h = nn.functional.gelu(self.mlp["c_fc"](self.ln_2(x)), approximate="tanh")
+        return x + self.mlp["c_proj"](h)
+
+
+class GPT(nn.Module):
+    """GPT-2 (pre-LN blocks, learned positions, tanh GELU, lm_head tied to the token embedding)."""
+
+    def __init__(self, bias: bool, block_size: int, dims: int, num_heads: int, num_layers: int, vocab_size: int):
+        super().__init__()
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(vocab_size, dims),
+            "wpe": nn.Embedding(block_size, dims),
+            "h": nn.ModuleList(GPTBlock(dims, num_heads, block_size, bias) for _ in range(num_layers)),
+            "ln_f": nn.LayerNorm(dims, bias=bias),
+        })
+        self.lm_head = nn.Linear(dims, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer["wte"].weight
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.transformer["wte"](idx) + self.transformer["wpe"](torch.arange(t, device=idx.device))
+        for block in self.transformer["h"]:
+            x = block(x)
+        return self.lm_head(self.transformer["ln_f"](x))
 
 
 # -- transformers ----------------------------------------------------------------------------
