@@ -64,6 +64,14 @@ class OnnxModel:
     def to_proto(self) -> onnx.ModelProto:
         return ir.serde.serialize_model(self.ir)
 
+    def __call__(self, **bindings):
+        """A block of this model for a logical Model: ``model |= onnx_model(input="x", output="y")``."""
+        from ..frontend.onnx_block import OnnxBlock
+
+        return OnnxBlock(self)(**bindings)
+
+    connect = __call__
+
     def op_counts(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
         for node in self.graph.all_nodes():
