@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -51,6 +52,42 @@ def _has_host_only(tree) -> bool:
     return _is_host_only(tree)
 
 
+def _on_host(value) -> bool:
+    if isinstance(value, jax.Array):  # tracers included
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_on_host(v) for v in value)
+    return True
+
+
+class _HostAwareJnp:
+    """``jax.numpy``, except that a call whose arguments are all host values (NumPy arrays,
+    Python scalars) runs in NumPy: shape arithmetic (Shape -> Gather -> Concat -> Reshape) then
+    stays concrete under ``jax.jit`` instead of becoming traced values a static input cannot read."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def __getattr__(self, name):
+        fn = self._cache.get(name)
+        if fn is None:
+            jfn, nfn = getattr(jnp, name), getattr(np, name, None)
+            if nfn is None or not callable(jfn) or isinstance(jfn, type) or not callable(nfn):
+                fn = jfn
+            else:
+                def fn(*args, **kwargs):
+                    if _on_host(args) and _on_host(tuple(kwargs.values())):
+                        return nfn(*args, **kwargs)
+                    return jfn(*args, **kwargs)
+
+                fn.__name__ = name
+            self._cache[name] = fn
+        return fn
+
+    def __repr__(self) -> str:
+        return "<jax.numpy, host-aware>"
+
+
 class _Jitted:
     """``jax.jit`` of the whole generated forward; host-only inputs (strings) run it eagerly."""
 
@@ -90,7 +127,7 @@ class JaxBackend(Backend):
         _import_jax()
         from .overrides import jax as _registers_overrides  # noqa: F401
         self._device = _parse_device(device)
-        self.xp = jnp
+        self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
         super().__init__(dtype if dtype is not None else dtypes.float32, device)
 
@@ -107,10 +144,11 @@ class JaxBackend(Backend):
         if dtype == object:
             return None  # strings: the string kernels run on the host with NumPy
         try:
-            jnp.zeros((), dtype=dtype)
+            with self.scope():
+                held = jnp.zeros((), dtype=dtype).dtype
         except (TypeError, ValueError) as exc:
             return f"jax.numpy has no {dtype} ({exc})"
-        return None
+        return None if held == dtype else f"jax.numpy holds {dtype} as {held}"
 
     def from_numpy(self, arr):
         arr = np.asarray(arr)
@@ -184,3 +222,19 @@ def _cotangent(out, given):
     if given is None:
         return jnp.zeros(np.shape(out), dtype=dtype)
     return jnp.asarray(given, dtype=dtype)
+
+
+def _scoped(fn):
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        with self.scope():
+            return fn(self, *args, **kwargs)
+
+    return run
+
+
+# The tensor API computes inside the scope too: int64 stays int64 (outside x64, jax.numpy truncates).
+for _name in ("array", "zeros", "ones", "randn", "rand", "arange", "zeros_like", "ones_like", "add", "subtract",
+              "multiply", "divide", "matmul", "relu", "sigmoid", "tanh", "sum", "mean", "max", "reshape",
+              "transpose", "concat"):
+    setattr(JaxBackend, _name, _scoped(getattr(Backend, _name)))

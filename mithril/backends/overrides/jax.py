@@ -189,22 +189,35 @@ def loop(max_trip_count, cond, *initial, body, num_outputs, node, xp):
     return control_flow.loop(max_trip_count, cond, *initial, body=body, num_outputs=num_outputs, node=node, xp=xp)
 
 
+# Longest counted loop run as a (differentiable) lax.scan; longer ones run as lax.while_loop.
+_MAX_SCAN_TRIPS = 4096
+
+
 def _while_loop(max_trip_count, cond, initial, body):
     carried0 = tuple(jnp.asarray(v) for v in initial)
-    trips = None if max_trip_count is None else _scalar(jnp.asarray(max_trip_count)).astype(jnp.int64)
     go0 = jnp.asarray(True) if cond is None else _scalar(jnp.asarray(cond)).astype(bool)
-
-    def keep_going(state):
-        i, go, _ = state
-        return go if trips is None else go & (i < trips)
+    state0 = (jnp.asarray(0, dtype=jnp.int64), go0, carried0)
 
     def step(state):
         i, go, carried = state
         outs = body(i, go, *carried)
         return i + 1, _scalar(jnp.asarray(outs[0])).astype(bool), _like(outs[1:1 + len(carried)], carried)
 
-    _, _, carried = lax.while_loop(keep_going, step, (jnp.asarray(0, dtype=jnp.int64), go0, carried0))
-    return tuple(carried)
+    if max_trip_count is not None and not _traced(max_trip_count):
+        trips = int(np.asarray(max_trip_count).reshape(-1)[0])
+        if trips <= _MAX_SCAN_TRIPS:
+            # A counted loop: lax.scan (reverse-differentiable), each step gated on the condition.
+            def counted(state, _):
+                return lax.cond(state[1], step, lambda s: s, state), None
+
+            return tuple(lax.scan(counted, state0, None, length=trips)[0][2])
+    trips = None if max_trip_count is None else _scalar(jnp.asarray(max_trip_count)).astype(jnp.int64)
+
+    def keep_going(state):
+        i, go, _ = state
+        return go if trips is None else go & (i < trips)
+
+    return tuple(lax.while_loop(keep_going, step, state0)[2])
 
 
 @override("jax", "Scan", since=9, graph_attributes=("body",))

@@ -1,0 +1,226 @@
+"""The JAX backend: tensor API, whole-graph jit and its fallback, gradients, x64 scoping, devices, parity."""
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+from mithril.compile import JitFallbackWarning
+from mithril.errors import BackendUnavailableError
+
+from .conftest import make_model
+
+jax = pytest.importorskip("jax", reason="the JAX backend needs jax (pip install mithril[jax])")
+D, F, I64 = TensorProto.DOUBLE, TensorProto.FLOAT, TensorProto.INT64
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return ml.JaxBackend()
+
+
+def _compile(model, backend, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)  # a test of jit must not pass eagerly
+        return _Strict(ml.compile(ml.load_onnx(model), backend, **kw))
+
+
+class _Strict:
+    """A compiled model whose every evaluation must run jitted (a fallback warning fails the test)."""
+
+    def __init__(self, pm):
+        self.pm = pm
+
+    def __getattr__(self, name):
+        return getattr(self.pm, name)
+
+    def evaluate(self, *args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", JitFallbackWarning)
+            result = self.pm.evaluate(*args, **kwargs)
+        assert self.pm._jitted is not None
+        return result
+
+
+# -- tensor API, devices, x64 -----------------------------------------------------------------
+def test_tensor_api(backend):
+    a = backend.array([[1.0, 2.0], [3.0, 4.0]])
+    assert isinstance(a, jax.Array) and a.dtype == np.float32
+    assert backend.to_numpy(backend.add(a, backend.ones(2, 2))).tolist() == [[2, 3], [4, 5]]
+    assert backend.to_numpy(backend.matmul(a, a)).tolist() == [[7, 10], [15, 22]]
+    assert backend.to_numpy(backend.sum(a, axis=0)).tolist() == [4, 6]
+    assert backend.to_numpy(backend.relu(backend.array([-1.0, 2.0]))).tolist() == [0, 2]
+    assert backend.reshape(backend.arange(6), (2, 3)).shape == (2, 3)
+    # int64 and float64 survive although the global x64 flag is off
+    assert backend.add(backend.arange(3), backend.arange(3)).dtype == np.int64
+    assert ml.JaxBackend(dtype=ml.float64).randn(2, 2).dtype == np.float64
+
+
+def test_x64_is_scoped_not_global(backend, conv_model):
+    before = jax.config.jax_enable_x64
+    pm = _compile(conv_model, backend, shapes={"x": [1, 4, 8, 8]})
+    pm.evaluate(None, {"x": backend.randn(1, 4, 8, 8)})
+    assert jax.config.jax_enable_x64 == before
+
+
+def test_missing_device_lists_present_ones():
+    with pytest.raises(BackendUnavailableError, match=r"'tpu:3'.*present devices: .*cpu:0"):
+        ml.JaxBackend(device="tpu:3")
+    assert ml.JaxBackend(device="cpu:0").device == "cpu:0"
+
+
+# -- whole-graph jit --------------------------------------------------------------------------
+def test_jit_matches_numpy_on_conv_model(backend, conv_model):
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    want = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    pm = _compile(conv_model, backend)
+    got = pm.evaluate(None, {"x": backend.from_numpy(x)})["y"]
+    assert isinstance(got, jax.Array)
+    np.testing.assert_allclose(backend.to_numpy(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_shape_arithmetic_stays_static_under_jit(backend):
+    # Shape -> Gather -> Concat -> Reshape with no shapes given at compile: the traced array's
+    # shape is static, so the new shape must be concrete inside jax.jit.
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Concat", ["n", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"], name="flatten"),
+    ]
+    model = make_model(nodes, [("x", F, ["N", 3, 4])], [("y", F, ["N", 12])],
+                       {"zero": np.array([0], np.int64), "minus1": np.array([-1], np.int64)})
+    pm = _compile(model, backend)
+    for n in (2, 5):
+        x = np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4)
+        y = pm.evaluate(None, {"x": backend.from_numpy(x)})["y"]
+        assert y.shape == (n, 12)
+        np.testing.assert_array_equal(backend.to_numpy(y), x.reshape(n, 12))
+
+
+def test_value_dependent_shape_runs_eagerly_naming_the_node(backend):
+    nodes = [helper.make_node("NonZero", ["x"], ["i"], name="where_nonzero"),
+             helper.make_node("Transpose", ["i"], ["y"], perm=[1, 0])]
+    model = make_model(nodes, [("x", F, [5])], [("y", I64, ["K", 1])])
+    with pytest.warns(JitFallbackWarning, match="where_nonzero"):
+        pm = ml.compile(ml.load_onnx(model), backend)
+    y = pm.evaluate(None, {"x": backend.array([0.0, 2.0, 0.0, 3.0, 1.0])})["y"]
+    assert backend.to_numpy(y).tolist() == [[1], [3], [4]]
+
+
+def test_shape_from_data_falls_back_at_first_call_naming_the_node(backend):
+    # Reshape's shape arrives as data: the trace cannot read it, the program runs eagerly.
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape_by_data")]
+    model = make_model(nodes, [("x", F, [6]), ("shape", I64, [2])], [("y", F, None)])
+    pm = ml.compile(ml.load_onnx(model), backend)
+    with pytest.warns(JitFallbackWarning, match="reshape_by_data"):
+        y = pm.evaluate(None, {"x": backend.arange(6.0), "shape": backend.array(np.array([2, 3]))})["y"]
+    assert y.shape == (2, 3)
+
+
+# -- gradients ----------------------------------------------------------------------------------
+def _finite_difference_check(pm, backend, params, data, cot, out_name, names, rng, eps=1e-6):
+    out, grads = pm.evaluate(params, data, output_gradients={out_name: cot})
+    assert set(names) <= set(grads)
+
+    def loss(p, d):
+        return float(np.sum(backend.to_numpy(pm.evaluate(p, d)[out_name]) * backend.to_numpy(cot)))
+
+    for name in names:
+        src = params if name in params else data
+        base = backend.to_numpy(src[name])
+        for i in rng.choice(base.size, size=min(3, base.size), replace=False):
+            step = np.zeros(base.size)
+            step[i] = eps
+            plus, minus = dict(src), dict(src)
+            plus[name] = backend.from_numpy(base + step.reshape(base.shape))
+            minus[name] = backend.from_numpy(base - step.reshape(base.shape))
+            if src is params:
+                fd = (loss(plus, data) - loss(minus, data)) / (2 * eps)
+            else:
+                fd = (loss(params, plus) - loss(params, minus)) / (2 * eps)
+            got = float(backend.to_numpy(grads[name]).reshape(-1)[i])
+            assert got == pytest.approx(fd, rel=1e-5, abs=1e-8), (name, i)
+    return out, grads
+
+
+def test_gradients_match_finite_differences_conv_gemm_softmax():
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv"),
+        helper.make_node("Flatten", ["c"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "G", "g"], ["z"], transB=1, name="gemm"),
+        helper.make_node("Softmax", ["z"], ["y"], axis=-1, name="softmax"),
+    ]
+    inits = {"W": rng.standard_normal((3, 2, 3, 3)), "B": rng.standard_normal(3),
+             "G": rng.standard_normal((5, 27)) * 0.3, "g": rng.standard_normal(5)}
+    model = make_model(nodes, [("x", D, [2, 2, 5, 5])], [("y", D, [2, 5])], inits)
+    backend = ml.JaxBackend(dtype=ml.float64)
+    pm = _compile(model, backend, data_keys=["x"])
+    data = {"x": backend.from_numpy(rng.standard_normal((2, 2, 5, 5)))}
+    cot = backend.from_numpy(rng.standard_normal((2, 5)))
+    _finite_difference_check(pm, backend, pm.get_parameters(), data, cot, "y", ["W", "B", "G", "g", "x"], rng)
+
+
+def _if_loop_model():
+    # Loop: three steps of x <- tanh(x * w); If: the sum's sign picks x * w or x * x.
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["x_in", "w"], ["t"]), helper.make_node("Tanh", ["t"], ["x_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", D, [3])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_out", D, [3])],
+    )
+    then = helper.make_graph([helper.make_node("Mul", ["h", "w"], ["a"])], "then", [],
+                             [helper.make_tensor_value_info("a", D, [3])])
+    other = helper.make_graph([helper.make_node("Mul", ["h", "h"], ["b"])], "else", [],
+                              [helper.make_tensor_value_info("b", D, [3])])
+    nodes = [
+        helper.make_node("Loop", ["trips", "", "x"], ["h"], body=body, name="loop"),
+        helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["positive"]),
+        helper.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="branch"),
+    ]
+    inits = {"w": np.array([0.7, -1.3, 0.4]), "trips": np.array(3, np.int64), "zero": np.array(0.0)}
+    return make_model(nodes, [("x", D, [3])], [("y", D, [3])], inits)
+
+
+@pytest.mark.parametrize("x", [[0.5, 0.2, 0.9], [-0.5, 0.2, -0.9]], ids=["then", "else"])
+def test_gradients_through_if_and_loop(x):
+    rng = np.random.default_rng(1)
+    backend = ml.JaxBackend(dtype=ml.float64)
+    pm = _compile(_if_loop_model(), backend, data_keys=["x"])
+    assert "lax" not in pm.code  # control flow is the kernels' business, the program stays one line per node
+    data = {"x": backend.from_numpy(np.array(x))}
+    cot = backend.from_numpy(rng.standard_normal(3))
+    out, _ = _finite_difference_check(pm, backend, pm.get_parameters(), data, cot, "y", ["w", "x"], rng)
+    want = ml.compile(ml.load_onnx(_if_loop_model()), ml.NumpyBackend()).evaluate(None, {"x": np.array(x)})["y"]
+    np.testing.assert_allclose(backend.to_numpy(out["y"]), want, rtol=1e-12)
+
+
+def test_non_floating_outputs_get_zero_cotangents():
+    nodes = [helper.make_node("Mul", ["x", "w"], ["y"]), helper.make_node("ArgMax", ["y"], ["k"], axis=0)]
+    model = make_model(nodes, [("x", D, [4])], [("y", D, [4]), ("k", I64, [1])], {"w": np.arange(4.0)})
+    backend = ml.JaxBackend(dtype=ml.float64)
+    pm = _compile(model, backend)
+    out, grads = pm.evaluate(None, {"x": backend.from_numpy(np.ones(4))}, output_gradients={"y": np.ones(4)})
+    assert backend.to_numpy(out["k"]).tolist() == [3]
+    assert backend.to_numpy(grads["w"]).tolist() == [1, 1, 1, 1]
+
+
+# -- parity with NumPy on an exported network -----------------------------------------------------
+def test_resnet_export_matches_numpy(backend):
+    pytest.importorskip("torch", reason="the ResNet export needs torch")
+    from models_zoo import torch_reference as models
+
+    spec = models.build("resnet18", image_size=32)
+    onnx_bytes = models.export_onnx(spec, "torchscript")
+    data = spec.numpy_inputs(2)
+    want = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend()).evaluate(None, data)
+    pm = _compile(onnx_bytes, backend)
+    got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in data.items()})
+    for name, value in want.items():
+        np.testing.assert_allclose(backend.to_numpy(got[name]), value, rtol=1e-4, atol=1e-4)
