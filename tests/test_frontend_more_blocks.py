@@ -22,17 +22,20 @@ from mithril.models import (
     GroupNorm,
     HingeLoss,
     IOKey,
+    KLDivergence,
+    Linear,
     LSTM,
     LSTMCell,
     MaxPool1D,
-    KLDivergence,
     Model,
     MultiHeadAttention,
     Randn,
+    Reshape,
     RNNCell,
     ScaledDotProduct,
     StopGradient,
     TransformerBlock,
+    Transpose,
 )
 
 from .test_frontend_blocks import check_against_ort, f32, i64, single
@@ -437,3 +440,39 @@ def test_hinge_loss():
     inputs = {"input": f32(4, 3), "target": np.where(RNG.random((4, 3)) > 0.5, 1, -1).astype(np.float32)}
     got = check_against_ort(single(HingeLoss(), inputs), inputs)
     np.testing.assert_allclose(got["output"], np.maximum(0, 1 - inputs["target"] * inputs["input"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [17, 18, 19, 21])
+def test_older_opsets(opset):
+    """Version-dependent lowerings of these blocks (Reduce* axes, AveragePool dilations, Gelu) at old opsets."""
+    m = Model()
+    m |= Convolution1D(kernel_size=3, out_channels=4, padding="same")(input="input")
+    m += GroupNorm(num_groups=2)
+    m += MaxPool1D(kernel_size=2)
+    m |= Transpose(axes=(0, 2, 1))(input=m.maxpool1d_0.output)
+    m += TransformerBlock(dims=4, num_heads=2, mlp_ratio=2)
+    m += LSTM(hidden_size=3)(output="output")
+    m |= Reshape(shape=(0, 4, 2, 3))(input=m.groupnorm_0.output)
+    m += BatchNorm2D(training=True)
+    m += AvgPool2D(kernel_size=2, stride=1, padding=1, count_include_pad=False)(output="pooled")
+    check_against_ort(m, {"input": f32(2, 4, 6)}, opset=opset, rtol=1e-4, atol=1e-5)
+
+
+def test_shape_rules_raise_at_the_connecting_line():
+    from mithril.errors import ShapeMismatchError
+
+    m = Model()
+    with pytest.raises(ShapeMismatchError, match="groups"):
+        m |= Convolution1D(kernel_size=3, out_channels=6, groups=3)(input=IOKey("input", shape=[2, 4, 9]))
+    m = Model()
+    with pytest.raises(ShapeMismatchError, match="do not divide into 4 groups"):
+        m |= GroupNorm(num_groups=4)(input=IOKey("input", shape=[2, 6, 5]))
+    m = Model()
+    m |= MultiHeadAttention(dims=8, num_heads=2)(input="input", output="output")
+    with pytest.raises(ShapeMismatchError):
+        m |= Linear(dimension=6)(input="x", output="input")
+    m = Model()
+    m |= LSTM(hidden_size=5)(input=IOKey("input", shape=[2, 7, 3]), output="h")
+    assert m.shape_of("h") == "[2, 5]"
+    with pytest.raises(ShapeMismatchError):
+        m |= RNNCell(hidden_size=4)(input="h", prev_hidden=m.h, output="out")
