@@ -56,7 +56,7 @@ class Linear(Primitive):
     >>> m = Model()
     >>> m |= Linear(dimension=3)(input="x", output="y")
     >>> m.shape_of("y")
-    '[..., 3]'
+    '[...v, 3]'
     """
 
     def __init__(self, dimension: int | None = None, use_bias: bool = True, name: str | None = None):
@@ -86,7 +86,7 @@ class MLP(Model):
     >>> from mithril.models import MLP, Relu
     >>> m = MLP(activations=[Relu, None], dimensions=[16, 4])
     >>> m.shape_of("output")
-    '[..., 4]'
+    '[...v, 4]'
     """
 
     def __init__(self, activations, dimensions, use_bias: bool = True, name: str | None = None):
@@ -243,7 +243,7 @@ class Convolution1D(_Convolution):
     >>> m = Model()
     >>> m |= Convolution1D(kernel_size=3, out_channels=8, padding="same")(input="x", output="y")
     >>> m.shape_of("y")
-    '[N, 8, W]'
+    '[N, 8, d]'
     """
 
     rank = 1

@@ -6,7 +6,7 @@
 >>> model += Relu()
 >>> model += Linear(dimension=16).connect(output="output")
 >>> model.shape_of("output")
-'[..., 16]'
+'[...v, 16]'
 """
 
 from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
