@@ -25,6 +25,17 @@ def _clone(model: ir.Model) -> ir.Model:
     return model.clone()
 
 
+def _batchnorm_statistics(graph: ir.Graph) -> set[str]:
+    """Initializers read as BatchNormalization's running mean/var: statistics, not weights."""
+    names: set[str] = set()
+    for node in graph.all_nodes():
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for v in node.inputs[3:5]:
+                if v is not None and v.is_initializer():
+                    names.add(v.name)
+    return names
+
+
 def _static_input_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> set[str]:
     """Initializers read at a kernel's static input position (a shape, axes, scales...)."""
     from .backends.lower import canonical_domain
@@ -73,6 +84,8 @@ class PhysicalModel:
         self.output_keys = [v.name for v in graph.outputs]
         self._jitted = None
         self._jit_verified = False
+        # Values a training step overwrites rather than trains (BatchNorm running statistics).
+        self.buffer_keys: set[str] = set()
         self._params_numpy = {
             name: graph.initializers[name].const_value.numpy() for name in param_names
         }
@@ -93,12 +106,13 @@ class PhysicalModel:
         """Fresh random parameters with the same names, shapes and dtypes.
 
         Floating tensors get a fan-in-scaled normal; integer and boolean ones keep their values
-        (they are indices or masks, not weights).
+        (they are indices or masks, not weights), and so do buffers (``buffer_keys``: running
+        statistics, whose variance must stay positive).
         """
         rng = self.backend.rng
         out = {}
         for k, v in self._params_numpy.items():
-            if is_floating_np(v.dtype):
+            if is_floating_np(v.dtype) and k not in self.buffer_keys:
                 fan_in = int(np.prod(v.shape[1:])) if v.ndim >= 2 else max(v.size, 1)
                 arr = rng.standard_normal(v.shape) / np.sqrt(max(fan_in, 1))
                 out[k] = self.backend.from_numpy(arr.astype(v.dtype))
@@ -272,12 +286,20 @@ def compile(
     >>> pm.evaluate({}, {"x": np.array([[-1, 2, 3]] * 2, np.float32)})["y"].tolist()
     [[0.0, 2.0, 3.0], [0.0, 2.0, 3.0]]
     """
+    buffers: set[str] = set()
     if not isinstance(model, OnnxModel):
         to_onnx = getattr(model, "to_onnx_model", None)
-        model = to_onnx(shapes=shapes) if to_onnx is not None else load_onnx(model)
+        if to_onnx is not None:
+            from .frontend.nn import buffer_updates
+
+            buffers |= set(buffer_updates(model))
+            model = to_onnx(shapes=shapes)
+        else:
+            model = load_onnx(model)
     opsets = model.opset_imports
     work = _clone(model.ir)
     graph = work.graph
+    buffers |= _batchnorm_statistics(graph)
     constant_keys = set(constant_keys or ())
     unknown = constant_keys - set(graph.initializers)
     if unknown:
@@ -301,6 +323,8 @@ def compile(
         trainable = {n for n in param_names
                      if is_floating_np(np_dtype_of_onnx(int(graph.initializers[n].const_value.dtype)))}
     trainable -= constant_keys
+    if trainable_keys is None:
+        trainable -= buffers
     _check_backend_dtypes(graph, backend)
     program = lower_graph(
         graph,
@@ -312,6 +336,7 @@ def compile(
         file_path=file_path,
     )
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
+    pm.buffer_keys = buffers & set(param_names)
     if jit:
         blocking = _data_dependent_nodes(graph, opsets, backend.name)
         if blocking:

@@ -196,3 +196,30 @@ def test_numpy_thread_cap_applies_inside_the_program_only(conv_model):
     assert seen and all(n == 1 for n in seen[0])
     free = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
     np.testing.assert_allclose(capped, free, rtol=1e-6)
+
+
+def test_batchnorm_statistics_are_buffers():
+    # Running mean/var are statistics: not trained by default, and randomize_params keeps them.
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "mean", "var"], ["y"])]
+    c = np.ones(2, np.float32)
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 1, 3, 3])], [("y", TensorProto.FLOAT, [1, 2, 3, 3])],
+                       {"W": np.ones((2, 1, 1, 1), np.float32), "s": c, "b": 0 * c, "mean": 0 * c, "var": c})
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    assert pm.buffer_keys == {"mean", "var"}
+    assert pm.trainable_keys == {"W", "s", "b"}
+    for _ in range(5):
+        params = pm.randomize_params()
+        np.testing.assert_array_equal(params["var"], c)
+        assert np.all(np.isfinite(pm.evaluate(params, {"x": np.ones((1, 1, 3, 3), np.float32)})["y"]))
+
+
+def test_frontend_batchnorm_buffers_survive_randomize():
+    from mithril.models import BatchNorm2D, Model
+
+    model = Model()
+    model |= BatchNorm2D()(input="input", output="output")
+    pm = ml.compile(model, ml.NumpyBackend(), shapes={"input": [2, 3, 4, 4]})
+    assert pm.buffer_keys and not (pm.buffer_keys & pm.trainable_keys)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    assert np.all(np.isfinite(pm.evaluate(pm.randomize_params(), {"input": x})["output"]))
