@@ -31,7 +31,8 @@ def _channels_first(a):
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     xn, wn = native(x), native(w)
     nd = wn.ndim - 2
-    if xn.dtype not in _FLOAT or not 1 <= nd <= 3:
+    # MLX convolves groups in 1-D and 2-D only.
+    if xn.dtype not in _FLOAT or not 1 <= nd <= 3 or (group != 1 and nd == 3):
         return nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
                        pads=pads, strides=strides, xp=xp)
     win = nn._window(xn.shape[2:], wn.shape[2:], strides, dilations, pads, auto_pad)
