@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 from ..errors import OnnxLoadError, UnsafeExternalDataError
 
 # Domains with kernels. Model-local functions are inlined before lowering, so their domains pass too.
-SUPPORTED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.preview", "ai.onnx.preview.training"})
+SUPPORTED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.preview", "ai.onnx.preview.training", "ai.mithril"})
 
 
 def _canonical_domain(domain: str) -> str:

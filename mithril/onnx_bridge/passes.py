@@ -1,7 +1,8 @@
 """Graph passes, each small and named, each taking and returning an onnx_ir model.
 
 The compile pipeline runs ``specialize(model, shapes, constant_names)`` which chains:
-inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> remove_identities ->
+inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> mark_stop_gradients ->
+remove_identities ->
 remove_dead_nodes -> toposort.
 """
 
@@ -61,9 +62,17 @@ def set_input_shapes(model: ir.Model, shapes: dict[str, Iterable[int]] | None) -
 
 def infer_shapes(model: ir.Model) -> ir.Model:
     """ONNX shape inference with data propagation; failure leaves the model unchanged."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    # onnx_ir logs a traceback when inference fails; the model then keeps its declared shapes,
+    # which is a normal outcome here (unknown dims stay unknown), not an error to show users.
+    ir_logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
+    level = ir_logger.level
+    ir_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    finally:
+        ir_logger.setLevel(level)
     return model
 
 
@@ -172,6 +181,31 @@ def fold_constants(
     return model, folded
 
 
+# The frontend's StopGradient exports as an Identity carrying this mark (onnxruntime ignores it).
+STOP_GRADIENT_MARK = "mithril.stop_gradient"
+INTERNAL_DOMAIN = "ai.mithril"
+
+
+def mark_stop_gradients(model: ir.Model) -> ir.Model:
+    """Marked Identity nodes become ``ai.mithril::StopGradient`` so identity removal keeps them and
+    autodiff backends can stop gradients there."""
+    for node in list(model.graph.all_nodes()):
+        if node.op_type == "Identity" and node.metadata_props.get(STOP_GRADIENT_MARK) == "true":
+            graph = node.graph
+            out = node.outputs[0]
+            replacement = ir.Node(INTERNAL_DOMAIN, "StopGradient", [node.inputs[0]], name=node.name,
+                                  metadata_props=dict(node.metadata_props))
+            new_out = replacement.outputs[0]
+            new_out.shape, new_out.type = out.shape, out.type
+            graph.insert_before(node, replacement)
+            name = out.name
+            out.name = None
+            out.replace_all_uses_with(new_out, replace_graph_outputs=True)
+            new_out.name = name
+            graph.remove(node, safe=False)
+    return model
+
+
 def remove_identities(model: ir.Model) -> ir.Model:
     """Identity nodes (exporters leave many) forward their input; graph outputs keep their names."""
     common.IdentityEliminationPass()(model)
@@ -204,6 +238,8 @@ def specialize(
         _, folded = fold_constants(model, constant_names, opsets)
         if not folded:
             break
+    # After inference and folding: the internal op has no ONNX schema for them to read.
+    mark_stop_gradients(model)
     remove_identities(model)
     remove_dead_nodes(model)
     toposort(model)

@@ -20,6 +20,7 @@ FAMILIES = (
     "training",
     "control_flow",
     "sequence",
+    "autodiff",
 )
 
 for _family in FAMILIES:
