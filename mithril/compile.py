@@ -174,7 +174,8 @@ class PhysicalModel:
         missing = [k for k in self._param_names if k not in params]
         if missing:
             raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
-        data = self._check_data(data or {})
+        data = self.backend.prepare_inputs(self._check_data(data or {}))
+        params = self.backend.prepare_inputs(dict(params))
         if output_gradients is not None:
             unknown = [k for k in output_gradients if k not in self.output_keys]
             if unknown:

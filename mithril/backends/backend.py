@@ -47,7 +47,12 @@ class Backend:
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)
 
+    def prepare_inputs(self, values: dict) -> dict:
+        """Params or data as the generated program takes them (a facade backend wraps natives here)."""
+        return values
+
     def finalize_outputs(self, outputs: dict) -> dict:
+        """Program outputs as users get them (native arrays of the framework)."""
         return outputs
 
     # -- compilation hooks: a backend overrides what its framework offers -------------
