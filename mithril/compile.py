@@ -140,7 +140,7 @@ class PhysicalModel:
         want = np_dtype_of_onnx(int(declared.dtype))
         if isinstance(value, (list, tuple, int, float, bool)):
             value = np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
-        got_dtype = _dtype_of(value)
+        got_dtype = self.backend.dtype_of(value)
         if got_dtype is not None and got_dtype != want:
             raise DTypeError(
                 f"input {name!r} expects {want} but got {got_dtype}; cast it explicitly "
@@ -224,16 +224,6 @@ class PhysicalModel:
 
 class JitFallbackWarning(UserWarning):
     """The whole-graph jit could not trace the program; it runs eagerly instead."""
-
-
-def _dtype_of(value):
-    dt = getattr(value, "dtype", None)
-    if dt is None:
-        return None
-    try:
-        return np.dtype(dt)
-    except TypeError:
-        return None
 
 
 def _consumer_label(value: ir.Value) -> str | None:

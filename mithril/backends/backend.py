@@ -47,6 +47,16 @@ class Backend:
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)
 
+    def dtype_of(self, value) -> np.dtype | None:
+        """The NumPy dtype of a backend (or NumPy) array, None when it has none (sequences)."""
+        dt = getattr(value, "dtype", None)
+        if dt is None:
+            return None
+        try:
+            return np.dtype(dt)
+        except TypeError:
+            return None
+
     def prepare_inputs(self, values: dict) -> dict:
         """Params or data as the generated program takes them (a facade backend wraps natives here)."""
         return values
