@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Cross-backend weight transfer: parameters created on one backend move, by name, through NumPy
+into every other backend, and give the same outputs there.
+
+    python examples/weight_transfer.py --source torch
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import mithril as ml
+import models_zoo
+from mithril.cli import make_backends
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--source", default="numpy", help="backend whose random parameters are transferred")
+    p.add_argument("--batch", type=int, default=8)
+    args = p.parse_args()
+
+    model = models_zoo.lenet(num_classes=10)
+    x = np.random.default_rng(0).standard_normal((args.batch, 1, 32, 32)).astype(np.float32)
+    shapes = {"input": list(x.shape)}
+    backends = {b.name: b for b in make_backends("all")}
+    source = backends.get(args.source)
+    if source is None:
+        raise SystemExit(f"backend {args.source!r} is not available here ({', '.join(backends)})")
+
+    pm = ml.compile(model, source, shapes=shapes)
+    params = pm.randomize_params()  # arrays of the source backend
+    want = source.to_numpy(pm.evaluate(params, {"input": source.from_numpy(x)})["output"])
+    as_numpy = {k: source.to_numpy(v) for k, v in params.items()}
+    print(f"{len(as_numpy)} parameters from {source.name}: {', '.join(sorted(as_numpy)[:4])}, ...")
+
+    worst = 0.0
+    for name, backend in backends.items():
+        target = ml.compile(model, backend, shapes=shapes)
+        assert sorted(target.parameter_keys) == sorted(as_numpy)  # the same names on every backend
+        moved = {k: backend.from_numpy(v) for k, v in as_numpy.items()}
+        got = backend.to_numpy(target.evaluate(moved, {"input": backend.from_numpy(x)})["output"])
+        diff = float(np.max(np.abs(got - want)))
+        worst = max(worst, diff)
+        print(f"{source.name} -> {name:6} max |diff| {diff:.2e}")
+    # Exporting with the same parameters gives an ONNX file that agrees too.
+    proto = ml.export_onnx(model, shapes=shapes, params=params)
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    print(f"{source.name} -> onnx   max |diff| {float(np.max(np.abs(ref - want))):.2e}")
+    return 0 if worst < 1e-4 and np.allclose(ref, want, rtol=1e-4, atol=1e-5) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""Every example in examples/ runs as a script with small sizes and reports success."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = {
+    "backends_timing.py": (["--model", "lenet", "--batch", "2", "--repeats", "2"], "median run ms"),
+    "weight_transfer.py": (["--batch", "2"], "-> onnx"),
+    "export_validate.py": (["--model", "gpt", "--seq", "8"], "every backend matches onnxruntime"),
+    # two backends keep it quick: whole-ResNet jit compiles on JAX and MLX take ~10 s each
+    "onnx_backbone.py": (["--image-size", "32", "--batch", "4", "--steps", "3", "--backends", "numpy,torch"],
+                         "onnxruntime agrees: True"),
+}
+
+
+def test_every_example_is_exercised():
+    assert sorted(p.name for p in (ROOT / "examples").glob("*.py")) == sorted(EXAMPLES)
+
+
+@pytest.mark.parametrize("script", list(EXAMPLES))
+def test_example_runs(script):
+    if script == "onnx_backbone.py":
+        pytest.importorskip("torch", reason="the example exports its backbone from a torch.nn ResNet-18")
+    args, expect = EXAMPLES[script]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert expect in proc.stdout
