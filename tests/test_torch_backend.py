@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
-from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
+from mithril.errors import BackendUnavailableError, DTypeError, UnsupportedDTypeError
 
 from .conftest import make_model
 
@@ -21,18 +21,51 @@ def backend():
 
 
 # -- tensor API and facade ------------------------------------------------------------------
-def test_tensor_api(backend):
+def test_tensor_api_takes_and_returns_tensors(backend):
     a = backend.array([[1.0, 2.0], [3.0, 4.0]])
-    assert a.dtype == np.float32 and isinstance(backend.to_torch(a), torch.Tensor)
-    assert backend.to_numpy(backend.add(a, backend.ones(2, 2))).tolist() == [[2, 3], [4, 5]]
-    assert backend.to_numpy(backend.matmul(a, a)).tolist() == [[7, 10], [15, 22]]
-    assert backend.to_numpy(backend.sum(a, axis=0)).tolist() == [4, 6]
-    assert backend.to_numpy(backend.relu(backend.array([-1.0, 2.0]))).tolist() == [0, 2]
-    assert backend.to_numpy(backend.reshape(backend.arange(6), (2, 3))).shape == (2, 3)
-    assert backend.arange(3).dtype == np.int64
-    assert ml.TorchBackend(dtype=ml.float64).randn(2, 2).dtype == np.float64
-    # torch functions accept backend arrays as they are
-    assert torch.exp(backend.zeros(2)).tolist() == [1.0, 1.0]
+    assert isinstance(a, torch.Tensor) and a.dtype == torch.float32 and backend.dtype_of(a) == np.float32
+    s = backend.add(a, backend.ones(2, 2))
+    assert isinstance(s, torch.Tensor) and s.tolist() == [[2, 3], [4, 5]]
+    assert backend.matmul(a, a).tolist() == [[7, 10], [15, 22]]
+    assert backend.sum(a, axis=0).tolist() == [4, 6]
+    assert backend.relu(backend.array([-1.0, 2.0])).tolist() == [0, 2]
+    assert backend.reshape(backend.arange(6), (2, 3)).shape == (2, 3)
+    assert backend.concat([a, a], axis=1).shape == (2, 4)
+    assert backend.zeros_like(a).dtype == torch.float32 and backend.ones_like(a, dtype=ml.int32).dtype == torch.int32
+    assert backend.arange(3).dtype == torch.int64
+    assert ml.TorchBackend(dtype=ml.float64).randn(2, 2).dtype == torch.float64
+    # NumPy semantics, tensors out: int64 / int64 is float64 (torch alone would give float32)
+    assert backend.divide(backend.arange(3), backend.arange(1, 4)).dtype == torch.float64
+    # to_numpy takes tensors and facade arrays alike
+    assert backend.to_numpy(a).dtype == np.float32 and backend.to_numpy(txp.TorchArray(a)).tolist() == a.tolist()
+    assert backend.from_numpy(np.arange(3, dtype=np.int16)).dtype == torch.int16  # the exact dtype
+
+
+def test_evaluate_takes_and_returns_tensors(conv_model, backend):
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    pm = ml.compile(ml.load_onnx(conv_model), backend, shapes={"x": x.shape}, data_keys=["x"])
+    params = pm.get_parameters()
+    assert all(isinstance(v, torch.Tensor) for v in params.values())
+    from_tensor = pm.evaluate(params, {"x": torch.from_numpy(x)})["y"]
+    from_numpy = pm.evaluate({k: v.numpy() for k, v in params.items()}, {"x": x})["y"]
+    assert type(from_tensor) is torch.Tensor and type(from_numpy) is torch.Tensor
+    torch.testing.assert_close(from_tensor, from_numpy, rtol=0, atol=0)
+    out, grads = pm.evaluate(params, {"x": torch.from_numpy(x)}, output_gradients={"y": torch.ones(2, 8)})
+    assert type(out["y"]) is torch.Tensor and not out["y"].requires_grad
+    assert set(grads) == {"W", "x"} and all(type(g) is torch.Tensor for g in grads.values())
+    assert grads["x"].shape == (2, 4, 8, 8)
+    # a float64 tensor for a float32 input is refused, not cast
+    with pytest.raises(DTypeError, match="expects float32"):
+        pm.evaluate(params, {"x": torch.from_numpy(x.astype(np.float64))})
+
+
+def test_sequence_and_string_outputs(backend):
+    seq = make_model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"])],
+                     [("a", TensorProto.FLOAT, [2]), ("b", TensorProto.FLOAT, [2])], [])
+    seq.graph.output.append(helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None))
+    out = ml.compile(ml.load_onnx(seq), backend).evaluate(None, {"a": torch.ones(2), "b": np.zeros(2, np.float32)})
+    assert isinstance(out["s"], list) and [type(t) for t in out["s"]] == [torch.Tensor, torch.Tensor]
+    assert [t.tolist() for t in out["s"]] == [[1, 1], [0, 0]]
 
 
 def test_facade_follows_numpy_semantics():

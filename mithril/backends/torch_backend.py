@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -53,11 +54,13 @@ def _parse_device(device: str):
 class TorchBackend(Backend):
     """Runs lowered ONNX graphs with PyTorch, eagerly by default.
 
-    The shared kernels run through :mod:`mithril.backends.xp.torch_xp`, a NumPy-compatible
-    facade: backend arrays are ``TorchArray`` objects (``.native`` is the ``torch.Tensor``;
-    ``torch.*`` functions accept them as they are). Hot ops (Conv, Gemm, MatMul, pools,
-    normalizations, Softmax...) call ``torch.nn.functional`` directly
-    (``mithril/backends/overrides/torch.py``). Every evaluation runs under ``torch.no_grad()``;
+    Users see ``torch.Tensor`` everywhere: ``evaluate`` takes tensors (or NumPy arrays, kept at
+    their dtype) and returns tensors, gradients are tensors, and the tensor API (``array``,
+    ``zeros``, ``add``...) takes and returns tensors. Inside, the shared kernels run through
+    :mod:`mithril.backends.xp.torch_xp`, a NumPy-compatible facade (``TorchArray``, whose
+    ``.native`` is the tensor): ``prepare_inputs`` wraps, ``finalize_outputs`` unwraps. Hot ops
+    (Conv, Gemm, MatMul, pools, normalizations, Softmax...) call ``torch.nn.functional``
+    directly (``mithril/backends/overrides/torch.py``). Every evaluation runs under ``torch.no_grad()``;
     gradients (``evaluate(..., output_gradients=...)``) use ``torch.autograd.grad``.
 
     ``compile=True`` wraps the generated forward in ``torch.compile`` (inductor). Measured on
@@ -70,8 +73,8 @@ class TorchBackend(Backend):
 
     >>> import mithril as ml
     >>> b = ml.TorchBackend(dtype=ml.float32, device="cpu")
-    >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()
-    [2.0, 2.0]
+    >>> b.add(b.ones(2), b.ones(2))
+    tensor([2., 2.])
     """
 
     name = "torch"
@@ -107,14 +110,16 @@ class TorchBackend(Backend):
         return None
 
     def from_numpy(self, arr):
+        """A ``torch.Tensor`` on this backend's device holding a copy of ``arr`` (its exact dtype);
+        NumPy string arrays stay NumPy (the string kernels run on the host)."""
         if isinstance(arr, txp.TorchArray):
-            return arr
+            arr = arr.native
         if isinstance(arr, torch.Tensor):
-            return txp.TorchArray(arr.to(self._device))
+            return arr.to(self._device)
         arr = np.asarray(arr)
         if arr.dtype == object:
             return arr
-        return txp.TorchArray(txp.tensor_from_numpy(np.array(arr), self._device))
+        return txp.tensor_from_numpy(np.array(arr), self._device)
 
     def to_numpy(self, arr) -> np.ndarray:
         if isinstance(arr, txp.TorchArray):
@@ -127,15 +132,37 @@ class TorchBackend(Backend):
         """The ``torch.Tensor`` behind a backend array."""
         return arr.native if isinstance(arr, txp.TorchArray) else torch.as_tensor(arr)
 
-    def finalize_outputs(self, outputs: dict) -> dict:
-        # Kernels that ran on the host return NumPy values: callers always get backend arrays.
-        return {k: self._to_backend(v) for k, v in outputs.items()}
+    def dtype_of(self, value) -> np.dtype | None:
+        if isinstance(value, torch.Tensor):
+            return txp.TO_NUMPY.get(value.dtype)
+        return super().dtype_of(value)
 
-    def _to_backend(self, v):
-        if isinstance(v, list):
-            return [self._to_backend(x) for x in v]
+    def prepare_inputs(self, values: dict) -> dict:
+        # The program computes on the facade; NumPy arrays keep their dtype (no casting) and
+        # share memory where torch can (inputs are never written).
+        return {k: self._to_facade(v) for k, v in values.items()}
+
+    def _to_facade(self, v):
+        if isinstance(v, txp.TorchArray):
+            return v
         if isinstance(v, torch.Tensor):
-            return txp.TorchArray(v)
+            return txp.TorchArray(v.to(self._device))
+        if isinstance(v, (list, tuple)):  # a sequence input
+            return [self._to_facade(x) for x in v]
+        if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
+            return txp.TorchArray(txp.tensor_from_numpy(np.asarray(v), self._device))
+        return v
+
+    def finalize_outputs(self, outputs: dict) -> dict:
+        # Users get torch.Tensors: facades are unwrapped, values kernels computed on the host
+        # (NumPy) become tensors; strings stay NumPy object arrays.
+        return {k: self._to_native(v) for k, v in outputs.items()}
+
+    def _to_native(self, v):
+        if isinstance(v, (list, tuple)):
+            return [self._to_native(x) for x in v]
+        if isinstance(v, txp.TorchArray):
+            return v.native
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
             return self.from_numpy(v)
         return v
@@ -169,17 +196,44 @@ class TorchBackend(Backend):
                 grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
             else:
                 grads = [None] * len(leaves)
-        out = {k: txp.TorchArray(v.native.detach()) if isinstance(v, txp.TorchArray) else v
-               for k, v in outputs.items()}
-        return out, {k: txp.TorchArray(g if g is not None else torch.zeros_like(leaf))
+        out = {k: v.native.detach() if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
+        return out, {k: g if g is not None else torch.zeros_like(leaf).detach()
                      for (k, leaf), g in zip(leaves.items(), grads)}
 
-    # -- tensor API --------------------------------------------------------------------
+    # -- tensor API: natives in and out; NumPy semantics through the facade -------------
     def relu(self, x):
-        return txp.TorchArray(torch.relu(_native(x, self._device)))
+        return torch.relu(_native(x, self._device))
 
     def sigmoid(self, x):
-        return txp.TorchArray(torch.sigmoid(_native(x, self._device)))
+        return torch.sigmoid(_native(x, self._device))
+
+
+def _native_api(name):
+    """The base tensor API method ``name`` over torch.Tensors (NumPy semantics, through the facade)."""
+    base = getattr(Backend, name)
+
+    @functools.wraps(base)
+    def method(self, *args, **kwargs):
+        return _unwrap(base(self, *_wrap(args), **kwargs))
+
+    return method
+
+
+def _wrap(v):
+    if isinstance(v, torch.Tensor):
+        return txp.TorchArray(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_wrap(x) for x in v)
+    return v
+
+
+def _unwrap(v):
+    return v.native if isinstance(v, txp.TorchArray) else v
+
+
+for _name in ("add", "subtract", "multiply", "divide", "matmul", "tanh", "sum", "mean", "max", "reshape",
+              "transpose", "concat"):
+    setattr(TorchBackend, _name, _native_api(_name))
 
 
 def _native(v, device):
