@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import mithril as ml
 from mithril.compile import JitFallbackWarning
-from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
+from mithril.errors import BackendUnavailableError, DTypeError, UnsupportedDTypeError
 
 from .conftest import make_model
 
@@ -28,18 +28,46 @@ def test_mlxbackend_alias_and_repr():
     assert repr(ml.MlxBackend()) == "MlxBackend(dtype=ml.float32, device='cpu')"
 
 
-def test_tensor_api(backend):
+def test_tensor_api_takes_and_returns_mx_arrays(backend):
     a, b = backend.ones(2, 3), backend.arange(6.0)
-    assert isinstance(a, mlx_xp.MlxArray) and isinstance(a.native, mx.array)
-    assert a.dtype == np.float32 and a.shape == (2, 3)
+    assert isinstance(a, mx.array) and a.dtype == mx.float32 and backend.dtype_of(a) == np.float32
+    assert a.shape == (2, 3)
     s = backend.add(a, backend.reshape(b, (2, 3)))
-    np.testing.assert_array_equal(backend.to_numpy(s), np.arange(6.0).reshape(2, 3) + 1)
-    np.testing.assert_array_equal(backend.to_numpy(backend.sum(s, axis=1)), [6, 15])
-    np.testing.assert_array_equal(backend.to_numpy(backend.relu(backend.array([-1.0, 2.0]))), [0, 2])
+    assert isinstance(s, mx.array)
+    np.testing.assert_array_equal(np.array(s), np.arange(6.0).reshape(2, 3) + 1)
+    np.testing.assert_array_equal(np.array(backend.sum(s, axis=1)), [6, 15])
+    np.testing.assert_array_equal(np.array(backend.relu(backend.array([-1.0, 2.0]))), [0, 2])
     m = backend.matmul(a, backend.transpose(a))
-    np.testing.assert_array_equal(backend.to_numpy(m), np.full((2, 2), 3.0))
-    assert backend.arange(3).dtype == np.int64
-    assert backend.array([1, 2], dtype=ml.int32).dtype == np.int32
+    np.testing.assert_array_equal(np.array(m), np.full((2, 2), 3.0))
+    assert backend.concat([a, a], axis=1).shape == (2, 6)
+    assert backend.arange(3).dtype == mx.int64
+    assert backend.array([1, 2], dtype=ml.int32).dtype == mx.int32
+    assert backend.zeros_like(a, dtype=ml.int32).dtype == mx.int32
+    assert backend.from_numpy(np.ones(2, np.int16)).dtype == mx.int16  # the exact dtype
+    # to_numpy takes mx.arrays and facade arrays alike
+    assert backend.to_numpy(a).dtype == np.float32 and backend.to_numpy(mlx_xp.MlxArray(a)).shape == (2, 3)
+    with pytest.raises(UnsupportedDTypeError, match="float64"):
+        backend.from_numpy(np.ones(2))  # never cast silently
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["mx.compile", "eager"])
+def test_evaluate_takes_and_returns_mx_arrays(conv_model, backend, jit):
+    x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    pm = ml.compile(ml.load_onnx(conv_model), backend, shapes={"x": x.shape}, data_keys=["x"], jit=jit)
+    params = pm.get_parameters()
+    assert all(isinstance(v, mx.array) for v in params.values())
+    from_native = pm.evaluate(params, {"x": mx.array(x)})["y"]
+    from_numpy = pm.evaluate({k: np.array(v) for k, v in params.items()}, {"x": x})["y"]
+    assert type(from_native) is mx.array and type(from_numpy) is mx.array
+    np.testing.assert_array_equal(np.array(from_native), np.array(from_numpy))
+    assert (pm._jitted is not None and pm._jitted.compiled) == jit
+    out, grads = pm.evaluate(params, {"x": mx.array(x)}, output_gradients={"y": mx.ones((2, 8))})
+    assert type(out["y"]) is mx.array
+    assert set(grads) == {"W", "x"} and all(type(g) is mx.array for g in grads.values())
+    assert grads["x"].shape == (2, 4, 8, 8)
+    # a float16 array for a float32 input is refused, not cast
+    with pytest.raises(DTypeError, match="expects float32"):
+        pm.evaluate(params, {"x": mx.array(x).astype(mx.float16)})
 
 
 def test_facade_follows_numpy():

@@ -3,6 +3,7 @@ compiled whole with ``mx.compile``; gradients by ``mx.value_and_grad``."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -111,14 +112,17 @@ class _Compiled:
 class MlxBackend(Backend):
     """Runs lowered ONNX graphs on Apple's MLX (CPU, or the GPU where present).
 
-    Tensors are :class:`~mithril.backends.xp.mlx_xp.MlxArray`, a NumPy-compatible facade whose
-    ``.native`` is the ``mx.array``. ``compile(..., jit=True)`` compiles the whole graph with
+    Users see ``mx.array`` everywhere: ``evaluate`` takes mx.arrays (or NumPy arrays, kept at
+    their dtype) and returns mx.arrays, gradients are mx.arrays, and the tensor API (``array``,
+    ``zeros``, ``add``...) takes and returns mx.arrays. Inside, the shared kernels run on
+    :class:`~mithril.backends.xp.mlx_xp.MlxArray`, a NumPy-compatible facade whose ``.native``
+    is the ``mx.array`` (``prepare_inputs`` wraps, ``finalize_outputs`` unwraps). ``compile(..., jit=True)`` compiles the whole graph with
     ``mx.compile``. MLX has no float64 on its default CPU path and none on the GPU, and no
     strings: graphs holding them are reported unsupported at compile time.
 
     >>> import mithril as ml
     >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
-    >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()
+    >>> b.add(b.ones(2), b.ones(2)).tolist()
     [2.0, 2.0]
     """
 
@@ -150,10 +154,11 @@ class MlxBackend(Backend):
         return None
 
     def from_numpy(self, arr):
+        """An ``mx.array`` holding ``arr`` at its exact dtype (float64 and strings are refused)."""
         if isinstance(arr, xp.MlxArray):
-            return arr
+            return arr.native
         if isinstance(arr, mx.array):
-            return xp.MlxArray(arr)
+            return arr
         arr = np.asarray(arr)
         reason = self.unsupported_dtype_reason(arr.dtype)
         if reason:
@@ -161,24 +166,43 @@ class MlxBackend(Backend):
 
             raise UnsupportedDTypeError(f"MlxBackend cannot hold {arr.dtype}: {reason}")
         with mx.stream(self._device):
-            return xp.MlxArray(mx.array(arr))
+            return mx.array(arr)
 
     def to_numpy(self, arr) -> np.ndarray:
         if isinstance(arr, list):
             return np.asarray([self.to_numpy(a) for a in arr])
         return xp.to_host(arr)
 
-    def finalize_outputs(self, outputs: dict) -> dict:
-        # Kernels that ran on the host return NumPy arrays: callers always get facade arrays.
-        return {k: self._to_backend(v) for k, v in outputs.items()}
+    def dtype_of(self, value) -> np.dtype | None:
+        if isinstance(value, mx.array):
+            return xp.np_dtype(value.dtype)
+        return super().dtype_of(value)
 
-    def _to_backend(self, v):
-        if isinstance(v, list):
-            return [self._to_backend(x) for x in v]
-        if isinstance(v, mx.array):
-            return xp.MlxArray(v)
+    def prepare_inputs(self, values: dict) -> dict:
+        # The program computes on the facade; NumPy arrays keep their dtype (no casting).
+        return {k: self._to_facade(v) for k, v in values.items()}
+
+    def _to_facade(self, v):
+        if isinstance(v, xp.MlxArray):
+            return v
+        if isinstance(v, (list, tuple)):  # a sequence input
+            return [self._to_facade(x) for x in v]
+        if isinstance(v, (mx.array, np.ndarray, np.generic)):
+            return xp.MlxArray(self.from_numpy(v))
+        return v
+
+    def finalize_outputs(self, outputs: dict) -> dict:
+        # Users get mx.arrays: facades are unwrapped, values kernels computed on the host (NumPy)
+        # become mx.arrays.
+        return {k: self._to_native(v) for k, v in outputs.items()}
+
+    def _to_native(self, v):
+        if isinstance(v, (list, tuple)):
+            return [self._to_native(x) for x in v]
+        if isinstance(v, xp.MlxArray):
+            return v.native
         if isinstance(v, (np.ndarray, np.generic)) and xp.is_supported(np.asarray(v).dtype):
-            return xp.MlxArray(xp.native(np.asarray(v)))
+            return xp.native(np.asarray(v))
         return v
 
     # -- compilation hooks -----------------------------------------------------------
@@ -188,7 +212,10 @@ class MlxBackend(Backend):
     def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
         forward = getattr(forward, "forward", forward)
         params, data = _unwrap(dict(params)), _unwrap(dict(data))
-        cot = {k: _unwrap(self.from_numpy(v)) for k, v in output_gradients.items()}
+        # Cotangents meet the outputs in float32 (the loss below): a NumPy float64 one is welcome.
+        cot = {k: _unwrap(self.from_numpy(v if isinstance(v, (mx.array, xp.MlxArray)) or np.asarray(v).dtype != np.float64
+                                          else np.asarray(v, np.float32)))
+               for k, v in output_gradients.items()}
         names = list(diff_params) + list(diff_data)
 
         def loss_and_outputs(primals):
@@ -205,7 +232,24 @@ class MlxBackend(Backend):
         primals = [params[k] for k in diff_params] + [data[k] for k in diff_data]
         with mx.stream(self._device):
             (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
-        return _wrap(outputs), {k: xp.MlxArray(g) for k, g in zip(names, grads)}
+        return outputs, dict(zip(names, grads))
+
+
+def _native_api(name):
+    """The base tensor API method ``name`` over mx.arrays (NumPy semantics, through the facade)."""
+    base = getattr(Backend, name)
+
+    @functools.wraps(base)
+    def method(self, *args, **kwargs):
+        with mx.stream(self._device):
+            return _unwrap(base(self, *_wrap(args), **kwargs))
+
+    return method
+
+
+for _name in ("add", "subtract", "multiply", "divide", "matmul", "relu", "sigmoid", "tanh", "sum", "mean", "max",
+              "reshape", "transpose", "concat"):
+    setattr(MlxBackend, _name, _native_api(_name))
 
 
 MLXBackend = MlxBackend
