@@ -26,11 +26,21 @@ def _traced(*values) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Convolution: XLA's own convolution instead of im2col.
+# Convolution: XLA's own convolution on accelerators. On the CPU the shared im2col + one batched
+# matmul is faster under jit (ResNet-18, batch 1, 224x224: 78 ms against 190-290 ms for
+# lax.conv_general_dilated, onnxruntime 75-110 ms on the same 2-core machine).
+
+
+def _on_cpu() -> bool:
+    device = jax.config.jax_default_device  # set by JaxBackend.scope()
+    return (device.platform if device is not None and not isinstance(device, str) else jax.default_backend()) == "cpu"
 
 
 @override("jax", "Conv", since=1)
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+    if _on_cpu():
+        return nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                       pads=pads, strides=strides, xp=xp)
     win = _window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     y = lax.conv_general_dilated(
         x, w.astype(x.dtype), window_strides=win.strides, padding=list(zip(win.begin, win.end)),
@@ -254,3 +264,13 @@ def _lax_scan(inputs, body, num_scan_inputs, in_axes, in_dirs, out_axes, out_dir
         results.append(jnp.moveaxis(y, 0, (out_axes[k] if out_axes else 0) % y.ndim))
     return tuple(states) + tuple(results)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Autodiff
+
+
+@override("jax", "StopGradient", since=1, domain="ai.mithril")
+def stop_gradient(x):
+    # Host values (static shapes, strings) carry no gradient and must stay concrete under jit.
+    return lax.stop_gradient(x) if isinstance(x, jax.Array) else x
