@@ -224,3 +224,19 @@ def test_resnet_export_matches_numpy(backend):
     got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in data.items()})
     for name, value in want.items():
         np.testing.assert_allclose(backend.to_numpy(got[name]), value, rtol=1e-4, atol=1e-4)
+
+
+def test_accelerator_conv_path_matches_im2col(monkeypatch):
+    # On GPU/TPU Conv is lax.conv_general_dilated; check that path here against the shared kernel.
+    from mithril.backends.kernels import nn
+    from mithril.backends.overrides import jax as jax_kernels
+
+    monkeypatch.setattr(jax_kernels, "_on_cpu", lambda: False)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    attrs = dict(auto_pad="NOTSET", dilations=(2, 1), group=2, kernel_shape=None, pads=(1, 0, 2, 1), strides=(2, 3))
+    want = nn.conv(x, w, b, xp=np, **attrs)
+    got = jax_kernels.conv(jax.numpy.asarray(x), jax.numpy.asarray(w), jax.numpy.asarray(b), xp=jax.numpy, **attrs)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
