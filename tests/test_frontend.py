@@ -311,3 +311,13 @@ def test_a_block_is_used_once():
 def test_unknown_terminal():
     with pytest.raises(ModelError, match="no terminal"):
         Model().extend(Relu()(inp="x"))
+
+
+def test_summary_shows_symbolic_shapes_literally():
+    # rich would read "[batch, 3]" as markup and drop it.
+    from mithril.models import IOKey, Linear, Model
+
+    m = Model()
+    m |= Linear(dimension=4)(input=IOKey("input", shape=["batch", 3]), output="output")
+    text = m.summary(file=False) if "file" in Model.summary.__code__.co_varnames else m.summary()
+    assert "[batch, 3]" in text and "[batch, 4]" in text

@@ -45,14 +45,16 @@ class PortSpec:
     type: Any = None
     param: bool = False
     optional: bool = False
-    init: str = "normal"  # how export fills a parameter without a given value: normal, zeros, ones
+    # How export fills a parameter without a given value: "normal", "zeros", "ones", or an array
+    # (an imported model's weights, so they are the default rather than random ones).
+    init: Any = "normal"
 
 
 def In(shape=None, type="T", optional: bool = False) -> PortSpec:  # noqa: N802
     return PortSpec("in", tuple(shape) if shape is not None else None, type, optional=optional)
 
 
-def Param(shape, init: str = "normal", type="T") -> PortSpec:  # noqa: N802
+def Param(shape, init: Any = "normal", type="T") -> PortSpec:  # noqa: N802
     return PortSpec("in", tuple(shape), type, param=True, init=init)
 
 

@@ -127,7 +127,8 @@ class OnnxBlock(Primitive):
             ports[vi.name] = In(_template(vi), type=_port_type(vi))
         for k in self._param_names:
             w = self._weights[k]
-            ports[k] = Param(list(w.shape), type=_dtypes.as_dtype(w.dtype))
+            # The imported weights are the parameter's initial value: compile/export use them by default.
+            ports[k] = Param(list(w.shape), init=w, type=_dtypes.as_dtype(w.dtype))
         for vi in self._output_infos:
             ports[vi.name] = Out(_template(vi), type=_port_type(vi))
         return ports

@@ -241,6 +241,8 @@ def _to_numpy(value) -> np.ndarray:
 
 
 def _init_param(wire: Wire, shape: tuple[int, ...], dtype: np.dtype, rng) -> np.ndarray:
+    if isinstance(wire.init, np.ndarray):
+        return wire.init.astype(dtype, copy=False)
     if wire.init == "zeros":
         return np.zeros(shape, dtype)
     if wire.init == "ones":
@@ -328,7 +330,8 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
                 arr = arr.astype(dtype, copy=False)
             else:
                 arr = _init_param(wire, shape, dtype, rng)
-                random_names.append(name)
+                if not isinstance(wire.init, np.ndarray):
+                    random_names.append(name)
             initializers.append(numpy_helper.from_array(arr, name))
         elif wire.model is decl and wire.name is not None:
             graph_inputs.append(_value_info(name, wire, dtype, dim_names))

@@ -6,9 +6,15 @@ import io
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .model import Model
 from .shapes import Namer, type_name
+
+
+def _plain(*cells) -> list[Text]:
+    # Shapes like "[batch, 3]" would otherwise be read as rich markup and vanish.
+    return [Text(str(c)) for c in cells]
 
 
 def render_summary(model: Model, file=None) -> str:
@@ -27,15 +33,15 @@ def render_summary(model: Model, file=None) -> str:
         attrs = getattr(block, "attributes", lambda: {})()
         title = f"{block.name}\n{type(block).__name__}" + "".join(f"\n{k}={v}" for k, v in attrs.items())
         for i, row in enumerate(rows):
-            table.add_row(title if i == 0 else "", *row)
+            table.add_row(*_plain(title if i == 0 else "", *row))
     inputs, outputs = model.external()
     terms = Table(title="Terminals")
     for col in ("Name", "Kind", "Shape", "Type"):
         terms.add_column(col)
     for w in inputs:
-        terms.add_row(w.key, "param" if w.param else "input", namer.shape(w.shape), type_name(w.type.root().value))
+        terms.add_row(*_plain(w.key, "param" if w.param else "input", namer.shape(w.shape), type_name(w.type.root().value)))
     for w in outputs:
-        terms.add_row(w.key, "output", namer.shape(w.shape), type_name(w.type.root().value))
+        terms.add_row(*_plain(w.key, "output", namer.shape(w.shape), type_name(w.type.root().value)))
     buf = io.StringIO()
     Console(file=buf, width=120, force_terminal=False).print(table, terms)
     text = buf.getvalue()

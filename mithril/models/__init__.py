@@ -11,7 +11,8 @@
 
 from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
 from ..frontend.nn import buffer_updates  # noqa: F401
+from ..frontend.onnx_block import OnnxBlock  # noqa: F401
 
 globals().update(BLOCKS)
 
-__all__ = ["Block", "Connection", "IOKey", "Model", "Primitive", "buffer_updates", *sorted(BLOCKS)]
+__all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "buffer_updates", *sorted(BLOCKS)]
