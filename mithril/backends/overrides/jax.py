@@ -101,8 +101,10 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
     # Only the padding a window reaches: ceil_mode windows may overhang the declared end padding.
     ends = [max(e - b - n, 0) for e, b, n in zip(win.extent, win.begin, x.shape[2:])]
     init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    # A concrete (NumPy) identity lets lax pick reduce_window_max, which has a gradient; a traced
+    # init would make the generic reduce_window, which does not.
     return lax.reduce_window(
-        x, jnp.asarray(init, dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel), (1, 1) + win.strides,
+        x, np.asarray(init, dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel), (1, 1) + win.strides,
         [(0, 0), (0, 0)] + list(zip(win.begin, ends)), window_dilation=(1, 1) + win.dilations,
     )
 

@@ -214,3 +214,9 @@ def scatter(data, indices, updates, *, axis):
 @override("mlx", "ScatterND", since=11)
 def scatter_nd(data, indices, updates, *, reduction="none"):
     return _scatter_into(data, tuple(indices[..., j] for j in range(indices.shape[-1])), updates, reduction)
+
+
+@override("mlx", "StopGradient", since=1, domain="ai.mithril")
+def stop_gradient(x):
+    # Host values (static shapes) carry no gradient.
+    return MlxArray(mx.stop_gradient(native(x))) if isinstance(x, (MlxArray, mx.array)) else x

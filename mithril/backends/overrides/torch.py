@@ -304,3 +304,12 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
         out = flat.scatter_reduce(0, where, up, _REDUCE[reduction], include_self=True)
     return TorchArray(out.reshape(dt.shape))
 
+
+
+# ---------------------------------------------------------------- autodiff
+
+
+@override("torch", "StopGradient", since=1, domain="ai.mithril")
+def stop_gradient(x):
+    # Host values (static shapes, strings) carry no gradient.
+    return TorchArray(_t(x).detach()) if isinstance(x, (TorchArray, torch.Tensor)) else x
