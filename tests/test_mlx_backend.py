@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -31,6 +32,7 @@ def test_mlxbackend_alias_and_repr():
 def test_tensor_api_takes_and_returns_mx_arrays(backend):
     a, b = backend.ones(2, 3), backend.arange(6.0)
     assert isinstance(a, mx.array) and a.dtype == mx.float32 and backend.dtype_of(a) == np.float32
+    assert backend.dtype_of(a.astype(mx.bfloat16)) == ml_dtypes.bfloat16
     assert a.shape == (2, 3)
     s = backend.add(a, backend.reshape(b, (2, 3)))
     assert isinstance(s, mx.array)
@@ -65,9 +67,10 @@ def test_evaluate_takes_and_returns_mx_arrays(conv_model, backend, jit):
     assert type(out["y"]) is mx.array
     assert set(grads) == {"W", "x"} and all(type(g) is mx.array for g in grads.values())
     assert grads["x"].shape == (2, 4, 8, 8)
-    # a float16 array for a float32 input is refused, not cast
-    with pytest.raises(DTypeError, match="expects float32"):
-        pm.evaluate(params, {"x": mx.array(x).astype(mx.float16)})
+    # a float16 or float64 array for a float32 input is refused, not cast
+    for wrong in (mx.float16, mx.float64):
+        with pytest.raises(DTypeError, match="expects float32"):
+            pm.evaluate(params, {"x": mx.array(x).astype(wrong)})
 
 
 def test_facade_follows_numpy():

@@ -2,6 +2,7 @@
 
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -24,6 +25,7 @@ def backend():
 def test_tensor_api_takes_and_returns_tensors(backend):
     a = backend.array([[1.0, 2.0], [3.0, 4.0]])
     assert isinstance(a, torch.Tensor) and a.dtype == torch.float32 and backend.dtype_of(a) == np.float32
+    assert backend.dtype_of(a.to(torch.bfloat16)) == ml_dtypes.bfloat16
     s = backend.add(a, backend.ones(2, 2))
     assert isinstance(s, torch.Tensor) and s.tolist() == [[2, 3], [4, 5]]
     assert backend.matmul(a, a).tolist() == [[7, 10], [15, 22]]

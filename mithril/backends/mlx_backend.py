@@ -175,7 +175,8 @@ class MlxBackend(Backend):
 
     def dtype_of(self, value) -> np.dtype | None:
         if isinstance(value, mx.array):
-            return xp.np_dtype(value.dtype)
+            # float64 (CPU-only in MLX) is not a facade dtype, but a check must still see it.
+            return np.dtype(np.float64) if value.dtype == mx.float64 else xp.np_dtype(value.dtype)
         return super().dtype_of(value)
 
     def prepare_inputs(self, values: dict) -> dict:
