@@ -10,7 +10,11 @@ _BF16_SUM = (
     "every bfloat16 add as NumPy does, 1 bf16 ulp apart"
 )
 
+_GRADIENT = "Gradient op needs graph autodiff (the NumPy backend's VJP rules land with the training issue)"
+
 JAX: dict[str, str] = {
+    "simple/test_gradient_of_add": _GRADIENT,
+    "simple/test_gradient_of_add_and_mul": _GRADIENT,
     "test_ai_onnx_ml_array_feature_extractor": _ML,
     "test_ai_onnx_ml_binarizer": _ML,
     "test_ai_onnx_ml_label_encoder_string_int": _ML,
