@@ -240,3 +240,18 @@ def test_accelerator_conv_path_matches_im2col(monkeypatch):
     want = nn.conv(x, w, b, xp=np, **attrs)
     got = jax_kernels.conv(jax.numpy.asarray(x), jax.numpy.asarray(w), jax.numpy.asarray(b), xp=jax.numpy, **attrs)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_max_pool_gradient_under_jit():
+    # lax.reduce_window with a traced init has no gradient; the override passes a concrete one.
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              name="pool")]
+    model = make_model(nodes, [("x", F, [1, 1, 4, 4])], [("y", F, [1, 1, 2, 2])])
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend, data_keys=["x"])
+    x = np.random.default_rng(0).permutation(16).astype(np.float32).reshape(1, 1, 4, 4)
+    _, grads = pm.evaluate(None, {"x": backend.from_numpy(x)}, output_gradients={"y": np.ones((1, 1, 2, 2), np.float32)})
+    want = np.zeros(16, np.float32)
+    for window in (x[0, 0, :2, :2], x[0, 0, :2, 1:], x[0, 0, 1:, :2], x[0, 0, 1:, 1:]):
+        want[int(window.max())] += 1  # values are 0..15, so a value is its flat index's key
+    np.testing.assert_array_equal(backend.to_numpy(grads["x"]).reshape(-1)[np.argsort(x.reshape(-1))], want)
