@@ -786,14 +786,16 @@ class Model(Block):
 
         return render_summary(self, file=file)
 
-    def to_onnx_model(self, shapes=None, params=None, opset: int | None = None, dynamic_axes=None):
-        """Export to an :class:`~mithril.onnx_bridge.load.OnnxModel` (``ml.compile`` calls this)."""
+    def to_onnx_model(self, shapes=None, params=None, opset: int | None = None, dynamic_axes=None, dtype=None):
+        """Export to an :class:`~mithril.onnx_bridge.load.OnnxModel` (``ml.compile`` calls this with
+        the backend's ``dtype``: the type of every float nobody fixed; float32 when None)."""
         from .onnx_export import build_onnx
 
         from ..onnx_bridge.load import OnnxModel
         import onnx_ir as ir
 
-        proto, _ = build_onnx(self, shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes)
+        proto, _ = build_onnx(self, shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes,
+                              dtype=dtype)
         return OnnxModel(ir.serde.deserialize_model(proto), source=self.name or "model")
 
     def __repr__(self) -> str:

@@ -56,7 +56,8 @@ def _make_model(graph, opset: int) -> onnx.ModelProto:
                              producer_name="mithril")
 
 
-def np_dtype_of(wire: Wire) -> np.dtype:
+def np_dtype_of(wire: Wire, float_dtype=np.float32) -> np.dtype:
+    """The NumPy dtype a wire exports with; ``float_dtype`` for a float nobody fixed."""
     t = wire.type.root().value
     if isinstance(t, _dtypes.DType):
         return t.numpy
@@ -64,15 +65,16 @@ def np_dtype_of(wire: Wire) -> np.dtype:
         return np.dtype(bool)
     if t is int or (t is None and wire.value is not None and np.asarray(wire.value).dtype.kind in "iu"):
         return np.dtype(np.int64)
-    return np.dtype(np.float32)
+    return np.dtype(float_dtype)
 
 
 # -- the emitter handed to Primitive.lower ------------------------------------------------------
 class Emitter:
     """Builds ONNX nodes for one graph; ``op`` returns output value names."""
 
-    def __init__(self, opset: int):
+    def __init__(self, opset: int, float_dtype=np.float32):
         self.opset = opset
+        self.float_dtype = np.dtype(float_dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.dtypes: dict[str, np.dtype] = {}
         self._count = 0
@@ -95,7 +97,7 @@ class Emitter:
         ins = ["" if i is None else i for i in inputs]
         self.nodes.append(helper.make_node(op_type, ins, names, name=self._fresh(op_type + "_node"), **attrs))
         out_dtype = np.dtype(dtype) if dtype is not None else next(
-            (self.dtypes[i] for i in ins if i in self.dtypes), np.dtype(np.float32))
+            (self.dtypes[i] for i in ins if i in self.dtypes), self.float_dtype)
         for n in names:
             self.dtypes[n] = out_dtype
         return names[0] if outputs == 1 else tuple(names)
@@ -272,8 +274,12 @@ def _value_info(name: str, wire: Wire, dtype: np.dtype, dim_names: dict[int, str
 
 
 def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None, dynamic_axes=None,
-               warn_random: bool = False) -> tuple[onnx.ModelProto, list[str]]:
-    """The ONNX ModelProto of ``model`` and the names of parameters given random values."""
+               warn_random: bool = False, dtype=None) -> tuple[onnx.ModelProto, list[str]]:
+    """The ONNX ModelProto of ``model`` and the names of parameters given random values.
+
+    ``dtype`` (an ml dtype, default float32) is the type of every float nobody fixed: ``ml.compile``
+    passes the backend's, so ``NumpyBackend(dtype=ml.float64)`` runs the model in float64."""
+    fdt = np.dtype(np.float32) if dtype is None else _dtypes.as_dtype(dtype).numpy
     opset = default_opset() if opset is None else int(opset)
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
@@ -295,7 +301,7 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
             if prim._ports[port].is_input:
                 consumers.setdefault(id(w), (path, port))
 
-    g = Emitter(opset)
+    g = Emitter(opset, fdt)
     graph_inputs, initializers = [], []
     dim_names: dict[int, str] = {}
     rng = np.random.default_rng(0)
@@ -306,7 +312,7 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
         if key in flat.producer:
             continue
         name = flat.names[key]
-        dtype = np_dtype_of(wire)
+        dtype = np_dtype_of(wire, fdt)
         g.dtypes[name] = dtype
         if wire.value is not None:
             arr = np.asarray(wire.value, dtype=dtype)
@@ -373,11 +379,11 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
                 g.op("Identity", tmp)
                 rename[g.nodes[-1].output[0]] = want
                 start = min(start, len(g.nodes) - 1)
-            g.dtypes[want] = np_dtype_of(wires[p])
+            g.dtypes[want] = np_dtype_of(wires[p], fdt)
         for node in g.nodes[start:]:
             node.output[:] = [rename.get(o, o) for o in node.output]
             node.input[:] = [rename.get(i, i) for i in node.input]
 
-    outputs = [_value_info(flat.name(w), w, np_dtype_of(w), dim_names) for w in root_outputs]
+    outputs = [_value_info(flat.name(w), w, np_dtype_of(w, fdt), dim_names) for w in root_outputs]
     graph = helper.make_graph(g.nodes, model.name or "model", graph_inputs, outputs, initializer=initializers)
     return _make_model(graph, opset), random_names
