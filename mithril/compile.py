@@ -86,6 +86,10 @@ class PhysicalModel:
         self._jit_verified = False
         # Values a training step overwrites rather than trains (BatchNorm running statistics).
         self.buffer_keys: set[str] = set()
+        # A compiled TrainModel's loss: evaluate(params, data) differentiates it by default; and
+        # buffer -> the output holding its update, which a training loop copies back after a step.
+        self.loss_key: str | None = None
+        self.buffer_updates: dict[str, str] = {}
         self._params_numpy = {
             name: graph.initializers[name].const_value.numpy() for name in param_names
         }
@@ -163,8 +167,13 @@ class PhysicalModel:
         """Run the model: ``params`` and ``data`` keyed by name -> outputs keyed by name.
 
         With ``output_gradients`` (cotangents keyed by output name) returns ``(outputs, gradients)``:
-        gradients of every trainable parameter and of the differentiable ``data_keys``.
+        gradients of every trainable parameter and of the differentiable ``data_keys``. A compiled
+        :class:`~mithril.models.TrainModel` (unless ``inference=True``) does so by default, with
+        the cotangent 1 for its ``loss_key`` output.
         """
+        if output_gradients is None and self.loss_key is not None and not self.inference:
+            dtype = np_dtype_of_onnx(int(next(v for v in self.ir.graph.outputs if v.name == self.loss_key).dtype))
+            output_gradients = {self.loss_key: self.backend.from_numpy(np.ones((), dtype))}
         with self.backend.scope():  # JAX: x64 and the device, for this call only
             return self._evaluate(params, data, output_gradients)
 
@@ -278,13 +287,22 @@ def compile(
     [[0.0, 2.0, 3.0], [0.0, 2.0, 3.0]]
     """
     buffers: set[str] = set()
+    loss_key, buffer_outputs = None, {}
     if not isinstance(model, OnnxModel):
         to_onnx = getattr(model, "to_onnx_model", None)
         if to_onnx is not None:
             from .frontend.nn import buffer_updates
+            from .frontend.train import TrainModel
 
-            buffers |= set(buffer_updates(model))
-            model = to_onnx(shapes=shapes)
+            if isinstance(model, TrainModel):
+                updates = model.buffer_updates()
+                buffers |= set(updates)
+                loss_key = model.loss_key
+                buffer_outputs = {k: v for k, v in updates.items() if v is not None}
+            else:
+                buffers |= set(buffer_updates(model))
+            # Floats the model leaves open take the backend's dtype (float64 on NumpyBackend(dtype=ml.float64)).
+            model = to_onnx(shapes=shapes, dtype=backend.dtype)
         else:
             model = load_onnx(model)
     opsets = model.opset_imports
@@ -328,6 +346,7 @@ def compile(
     )
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
     pm.buffer_keys = buffers & set(param_names)
+    pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
         blocking = _data_dependent_nodes(graph, opsets, backend.name)
         if blocking:
