@@ -12,7 +12,8 @@
 from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
 from ..frontend.nn import buffer_updates  # noqa: F401
 from ..frontend.onnx_block import OnnxBlock  # noqa: F401
+from ..frontend.train import TrainModel  # noqa: F401  (registers L1, L2)
 
 globals().update(BLOCKS)
 
-__all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "buffer_updates", *sorted(BLOCKS)]
+__all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "TrainModel", "buffer_updates", *sorted(BLOCKS)]

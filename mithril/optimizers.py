@@ -1,0 +1,219 @@
+"""Optimizers over any backend's parameter dict, and :func:`fit`, a training loop with a progress bar.
+
+An optimizer is a pair of pure functions: ``state = opt.init(params)`` and
+``params, state = opt.update(params, grads, state)``. Parameters and gradients are dicts of
+NumPy, JAX, torch or MLX arrays keyed by name; only the keys present in ``grads`` change (buffers
+and frozen parameters pass through). The arithmetic is the arrays' own (``+ - * /`` and their
+framework's ``sqrt``), in the order optax, torch.optim and mlx.optimizers use.
+
+>>> import numpy as np
+>>> from mithril.optimizers import SGD
+>>> opt = SGD(lr=0.1, momentum=0.9)
+>>> params = {"w": np.array([1.0, 2.0])}
+>>> state = opt.init(params)
+>>> params, state = opt.update(params, {"w": np.array([1.0, -1.0])}, state)
+>>> params["w"].tolist()
+[0.9, 2.1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+Schedule = Callable[[int], float]
+
+
+def _framework(x) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def _sqrt(x):
+    kind = _framework(x)
+    if kind == "torch":
+        import torch
+
+        return torch.sqrt(x)
+    if kind in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.sqrt(x)
+    if kind == "mlx":
+        import mlx.core as mx
+
+        return mx.sqrt(x)
+    return np.sqrt(x)
+
+
+def _zeros_like(x):
+    kind = _framework(x)
+    if kind == "torch":
+        import torch
+
+        return torch.zeros_like(x)
+    if kind in ("jax", "jaxlib"):
+        import jax.numpy as jnp
+
+        return jnp.zeros_like(x)
+    if kind == "mlx":
+        import mlx.core as mx
+
+        return mx.zeros_like(x)
+    return np.zeros_like(x)
+
+
+def _scope(values: Iterable[Any]):
+    """JAX computes float64 only inside an x64 scope (JaxBackend's arrays are float64 there)."""
+    for v in values:
+        if _framework(v) in ("jax", "jaxlib") and getattr(v, "dtype", None) == np.float64:
+            import jax
+
+            return jax.enable_x64(True)
+    return contextlib.nullcontext()
+
+
+class Optimizer:
+    """Base: ``lr`` is a number or a schedule ``step -> lr`` (step counts from 0)."""
+
+    def __init__(self, lr: float | Schedule):
+        self.lr = lr
+
+    def _lr(self, step: int) -> float:
+        return float(self.lr(step)) if callable(self.lr) else float(self.lr)
+
+    def init(self, params: Mapping[str, Any]) -> dict:
+        return {"step": 0}
+
+    def update(self, params: Mapping[str, Any], grads: Mapping[str, Any], state: dict) -> tuple[dict, dict]:
+        with _scope(grads.values()):
+            return self._update(dict(params), grads, state)
+
+    def _update(self, params: dict, grads: Mapping[str, Any], state: dict) -> tuple[dict, dict]:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """``p -= lr * g``; with ``momentum``, ``t = momentum * t + g`` and ``p -= lr * t``
+    (``nesterov``: ``p -= lr * (g + momentum * t)``), as torch.optim.SGD and optax.sgd."""
+
+    def __init__(self, lr: float | Schedule, momentum: float = 0.0, nesterov: bool = False):
+        super().__init__(lr)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+
+    def init(self, params):
+        state = {"step": 0}
+        if self.momentum:
+            state["trace"] = {k: _zeros_like(v) for k, v in params.items()}
+        return state
+
+    def _update(self, params, grads, state):
+        lr = self._lr(state["step"])
+        trace = dict(state.get("trace", {}))
+        for k, g in grads.items():
+            if self.momentum:
+                trace[k] = self.momentum * trace[k] + g
+                g = g + self.momentum * trace[k] if self.nesterov else trace[k]
+            params[k] = params[k] - lr * g
+        new = {"step": state["step"] + 1}
+        if self.momentum:
+            new["trace"] = trace
+        return params, new
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba): bias-corrected moments, ``p -= lr * m_hat / (sqrt(v_hat) + eps)``."""
+
+    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        super().__init__(lr)
+        self.b1, self.b2 = (float(b) for b in betas)
+        self.eps = float(eps)
+
+    def init(self, params):
+        return {"step": 0, "mu": {k: _zeros_like(v) for k, v in params.items()},
+                "nu": {k: _zeros_like(v) for k, v in params.items()}}
+
+    def _direction(self, g, k, mu, nu, t):
+        mu[k] = self.b1 * mu[k] + (1 - self.b1) * g
+        nu[k] = self.b2 * nu[k] + (1 - self.b2) * (g * g)
+        m_hat = mu[k] / (1 - self.b1 ** t)
+        v_hat = nu[k] / (1 - self.b2 ** t)
+        return m_hat / (_sqrt(v_hat) + self.eps)
+
+    def _update(self, params, grads, state):
+        lr, t = self._lr(state["step"]), state["step"] + 1
+        mu, nu = dict(state["mu"]), dict(state["nu"])
+        for k, g in grads.items():
+            params[k] = params[k] - lr * self._direction(g, k, mu, nu, t)
+        return params, {"step": t, "mu": mu, "nu": nu}
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter):
+    ``p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)``."""
+
+    def __init__(self, lr: float | Schedule = 1e-3, weight_decay: float = 0.01,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        super().__init__(lr, betas, eps)
+        self.weight_decay = float(weight_decay)
+
+    def _update(self, params, grads, state):
+        lr, t = self._lr(state["step"]), state["step"] + 1
+        mu, nu = dict(state["mu"]), dict(state["nu"])
+        for k, g in grads.items():
+            params[k] = params[k] - lr * (self._direction(g, k, mu, nu, t) + self.weight_decay * params[k])
+        return params, {"step": t, "mu": mu, "nu": nu}
+
+
+# -- the training loop ------------------------------------------------------------------------------
+def fit(pm, params: Mapping[str, Any], batches: Callable[[int], Iterable[Mapping[str, Any]]], optimizer: Optimizer,
+        epochs: int, state: dict | None = None, progress: bool = True,
+        on_epoch: Callable[[int, float], None] | None = None) -> tuple[dict, dict, list[float]]:
+    """Train a compiled :class:`~mithril.models.TrainModel` ``pm``: for each epoch, for each data
+    dict of ``batches(epoch)``, evaluate the loss and gradients, step the optimizer on the trainable
+    parameters and copy buffer updates (BatchNorm statistics) back. A rich progress bar shows the
+    epoch, the step and the running loss. Returns ``(params, state, losses)``, one loss per step.
+    """
+    if pm.loss_key is None:
+        raise TypeError("fit trains a compiled TrainModel (ml.compile(TrainModel(model), ...))")
+    backend = pm.backend
+    params = dict(params)
+    trainable = set(pm.trainable_keys)
+    state = optimizer.init({k: v for k, v in params.items() if k in trainable}) if state is None else state
+    losses: list[float] = []
+    bar = _progress() if progress else None
+    with bar or contextlib.nullcontext():
+        task = bar.add_task("training", total=epochs) if bar else None
+        for epoch in range(epochs):
+            epoch_losses = []
+            for data in batches(epoch):
+                outputs, grads = pm.evaluate(params, data)
+                with backend.scope():
+                    params, state = optimizer.update(params, {k: g for k, g in grads.items() if k in trainable},
+                                                     state)
+                for buf, out in pm.buffer_updates.items():
+                    params[buf] = outputs[out]
+                loss = float(backend.to_numpy(outputs[pm.loss_key]))
+                losses.append(loss)
+                epoch_losses.append(loss)
+                if bar:
+                    bar.update(task, description=f"epoch {epoch + 1}/{epochs} loss {loss:.4f}")
+            mean = float(np.mean(epoch_losses)) if epoch_losses else math.nan
+            if bar:
+                bar.update(task, advance=1, description=f"epoch {epoch + 1}/{epochs} loss {mean:.4f}")
+            if on_epoch is not None:
+                on_epoch(epoch, mean)
+    return params, state, losses
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=False)
+
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "fit"]
