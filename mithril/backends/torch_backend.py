@@ -138,8 +138,8 @@ class TorchBackend(Backend):
         return super().dtype_of(value)
 
     def prepare_inputs(self, values: dict) -> dict:
-        # The program computes on the facade; NumPy arrays keep their dtype (no casting) and
-        # share memory where torch can (inputs are never written).
+        # The program computes on the facade; NumPy arrays keep their dtype (no casting) and are
+        # copied, so an output that aliases an input (Identity, Reshape) never aliases the caller's array.
         return {k: self._to_facade(v) for k, v in values.items()}
 
     def _to_facade(self, v):
@@ -150,7 +150,7 @@ class TorchBackend(Backend):
         if isinstance(v, (list, tuple)):  # a sequence input
             return [self._to_facade(x) for x in v]
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
-            return txp.TorchArray(txp.tensor_from_numpy(np.asarray(v), self._device))
+            return txp.TorchArray(self.from_numpy(v))
         return v
 
     def finalize_outputs(self, outputs: dict) -> dict:
