@@ -84,6 +84,8 @@ class PhysicalModel:
         self.output_keys = [v.name for v in graph.outputs]
         self._jitted = None
         self._jit_verified = False
+        # A backend without autodiff: its gradient program, built at compile (Backend.lower_backward).
+        self.backward = None
         # Values a training step overwrites rather than trains (BatchNorm running statistics).
         self.buffer_keys: set[str] = set()
         # A compiled TrainModel's loss: evaluate(params, data) differentiates it by default; and
@@ -194,7 +196,7 @@ class PhysicalModel:
             diff_params = [k for k in self._param_names if k in self.trainable_keys]
             diff_data = [k for k in self.input_keys if k in self.data_keys and
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
-            fn = self._jitted or self.program.forward
+            fn = self.backward or self._jitted or self.program.forward
             try:
                 with self.backend.execution_context():
                     outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
@@ -346,6 +348,16 @@ def compile(
     )
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
     pm.buffer_keys = buffers & set(param_names)
+    if not inference:
+        # The names evaluate() differentiates: trainable parameters and floating data_keys.
+        diff_names = [k for k in param_names if k in trainable]
+        diff_names += [k for k in pm.input_keys if k in pm.data_keys and
+                       is_floating_np(np_dtype_of_onnx(int(pm._inputs[k].dtype)))]
+        pm.backward = backend.lower_backward(
+            graph, opsets, diff_names=diff_names, backend=backend.name, param_names=set(param_names),
+            extra_namespace={"xp": backend.xp, "_backend": backend}, extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
+            file_path=file_path + ".vjp.py" if file_path else None,
+        )
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
         blocking = _data_dependent_nodes(graph, opsets, backend.name)

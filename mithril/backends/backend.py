@@ -82,6 +82,13 @@ class Backend:
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
         return forward
 
+    def lower_backward(self, graph, opsets: dict[str, int], *, diff_names: list[str], **lowering):
+        """Called by ``compile`` (unless ``inference=True``) with the specialized graph and the names
+        to differentiate: a backend without autodiff builds its gradient program here, so a missing
+        rule fails at compile time. What it returns reaches :meth:`vjp` as ``forward``; None (the
+        default) leaves ``forward`` as the generated forward function, for autodiff to trace."""
+        return None
+
     def vjp(self, forward, params: dict, data: dict, diff_params: list[str], diff_data: list[str],
             output_gradients: dict) -> tuple[dict, dict]:
         """Outputs of ``forward`` and the gradients of ``diff_params`` and ``diff_data`` given the
