@@ -20,6 +20,7 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     xp = np
+    supports_gradients = True  # through the vector-Jacobian rules of mithril.backends.vjp
 
     def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None):
         """``num_threads`` caps the BLAS threads while the program runs (like onnxruntime's
@@ -47,6 +48,33 @@ class NumpyBackend(Backend):
 
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
+
+    def lower_backward(self, graph, opsets, *, diff_names, **lowering):
+        """The gradient program (forward kernels, then each node's vector-Jacobian rule from
+        :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here."""
+        from .vjp import lower_vjp
+
+        return lower_vjp(graph, opsets, diff_names=diff_names, **lowering)
+
+    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
+        from .vjp import GradientProgram
+
+        if not isinstance(forward, GradientProgram):
+            from ..errors import MithrilError
+
+            raise MithrilError("NumpyBackend computes gradients with the program compile builds; "
+                               "this model has none (compiled with inference=True?)")
+        program = forward.for_names(list(diff_params) + list(diff_data))
+        try:
+            outputs, grads = program.run(params, data, output_gradients)
+        except Exception as exc:
+            from ..compile import _node_error
+
+            err = _node_error(program.program, exc)
+            if err is exc:
+                raise
+            raise err from exc
+        return outputs, grads
 
     def finalize_outputs(self, outputs: dict) -> dict:
         # Kernels return views (Expand, Reshape, Identity); callers get arrays they own, as from onnxruntime.
