@@ -198,9 +198,8 @@ class PhysicalModel:
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
             fn = self.backward or self._jitted or self.program.forward
             try:
-                with self.backend.execution_context():
-                    outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
-                                                      dict(output_gradients))
+                outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
+                                                  dict(output_gradients))
             except MithrilError:
                 raise
             except Exception as exc:
@@ -208,8 +207,7 @@ class PhysicalModel:
             return self.backend.finalize_outputs(outputs), grads
         if self._jitted is not None:
             try:
-                with self.backend.execution_context():
-                    return self.backend.finalize_outputs(self._jitted(params, data))
+                out = self._jitted(params, data)
             except MithrilError:
                 raise
             except Exception as exc:
@@ -221,10 +219,11 @@ class PhysicalModel:
                 else:
                     raise err from exc
             else:
+                # Once a trace worked, a later failure is a real error, not a reason to fall back.
                 self._jit_verified = True
+                return self.backend.finalize_outputs(out)
         try:
-            with self.backend.execution_context():
-                return self.backend.finalize_outputs(self.program.forward(params, data))
+            return self.backend.finalize_outputs(self.program.forward(params, data))
         except MithrilError:
             raise
         except Exception as exc:
@@ -360,12 +359,9 @@ def compile(
         )
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
-        blocking = _data_dependent_nodes(graph, opsets, backend.name)
+        blocking = _jit_blockers(graph, opsets, backend.name)
         if blocking:
-            warnings.warn(
-                f"running un-jitted: output shapes of {', '.join(blocking)} depend on input values",
-                JitFallbackWarning, stacklevel=2,
-            )
+            warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=2)
         else:
             pm._jitted = backend.jit(program.forward)
     return pm
@@ -397,7 +393,9 @@ def _check_backend_dtypes(graph: ir.Graph, backend: Backend) -> None:
             )
 
 
-def _data_dependent_nodes(graph: ir.Graph, opsets: dict[str, int], backend: str) -> list[str]:
+def _jit_blockers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> list[str]:
+    """Nodes that keep a graph from being traced once: value-dependent output shapes, and random
+    draws (a trace would bake one draw into the compiled program)."""
     from .backends.lower import canonical_domain, node_label
     from .backends.registry import REGISTRY
 
@@ -405,9 +403,23 @@ def _data_dependent_nodes(graph: ir.Graph, opsets: dict[str, int], backend: str)
     for i, node in enumerate(graph.all_nodes()):
         domain = canonical_domain(node.domain)
         spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
-        if spec is not None and spec.data_dependent_shape:
-            out.append(f"{node_label(node, i)} ({node.op_type})")
+        if spec is None:
+            continue
+        if spec.data_dependent_shape:
+            out.append(f"{node_label(node, i)} ({node.op_type}: output shape depends on input values)")
+        elif spec.nondeterministic and not _inference_dropout(node):
+            out.append(f"{node_label(node, i)} ({node.op_type}: random draws)")
     return out
+
+
+def _inference_dropout(node: ir.Node) -> bool:
+    """Dropout without a training_mode input, or with a constant false one, is the identity."""
+    if node.op_type != "Dropout":
+        return False
+    mode = node.inputs[2] if len(node.inputs) > 2 else None
+    if mode is None:
+        return True
+    return mode.const_value is not None and not bool(np.asarray(mode.const_value.numpy()).reshape(-1)[0])
 
 
 __all__ = ["compile", "PhysicalModel"]

@@ -67,16 +67,12 @@ class Backend:
 
     # -- compilation hooks: a backend overrides what its framework offers -------------
     def scope(self):
-        """The context each evaluation runs in (JAX: x64 and the device); none by default."""
+        """The context each evaluation runs in (JAX: x64 and the device; NumPy: a BLAS thread cap)."""
         return contextlib.nullcontext()
 
     def unsupported_dtype_reason(self, dtype) -> str | None:
         """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
         return None
-
-    def execution_context(self):
-        """Entered around every call of the program (thread limits, device scopes...)."""
-        return contextlib.nullcontext()
 
     def jit(self, forward):
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""

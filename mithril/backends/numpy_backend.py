@@ -40,9 +40,9 @@ class NumpyBackend(Backend):
     def from_numpy(self, arr):
         return np.asarray(arr)
 
-    def execution_context(self):
+    def scope(self):
         if self.num_threads is None:
-            return super().execution_context()
+            return super().scope()
         if self._threadpools is None:
             from threadpoolctl import ThreadpoolController
 
