@@ -359,11 +359,12 @@ def compile(
         )
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
-        blocking = _jit_blockers(graph, opsets, backend.name)
+        jitted = backend.jit(program.forward)
+        blocking = _jit_blockers(graph, opsets, backend.name) if jitted is not program.forward else []
         if blocking:
             warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=2)
-        else:
-            pm._jitted = backend.jit(program.forward)
+        elif jitted is not program.forward:
+            pm._jitted = jitted
     return pm
 
 

@@ -223,3 +223,23 @@ def test_frontend_batchnorm_buffers_survive_randomize():
     assert pm.buffer_keys and not (pm.buffer_keys & pm.trainable_keys)
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
     assert np.all(np.isfinite(pm.evaluate(pm.randomize_params(), {"input": x})["output"]))
+
+
+def test_jit_blockers_are_named_and_numpy_never_warns():
+    import warnings
+
+    from mithril.compile import JitFallbackWarning
+
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise"), helper.make_node("Add", ["x", "r"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [3])], [("y", TensorProto.FLOAT, [3])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)
+        ml.compile(ml.load_onnx(model), ml.NumpyBackend())  # nothing to jit, nothing to warn about
+    jax_backend = getattr(ml, "JaxBackend", None)
+    if jax_backend is None:
+        pytest.skip("JAX not installed: the warning is only given by a jitting backend")
+    with pytest.warns(JitFallbackWarning, match=r"noise \(RandomNormalLike: random draws\)"):
+        pm = ml.compile(ml.load_onnx(model), jax_backend())
+    x = np.zeros(3, np.float32)
+    a, b = (np.asarray(pm.evaluate(None, {"x": x})["y"]) for _ in range(2))
+    assert not np.array_equal(a, b)  # fresh draws each call, not one baked into a trace
