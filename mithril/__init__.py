@@ -27,6 +27,8 @@ from .backends.jax_backend import JaxBackend  # noqa: F401  (imports jax only wh
 from .backends.torch_backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
+from .params_io import load_params, save_params  # noqa: F401
+from . import optimizers  # noqa: F401,E402
 
 bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 
