@@ -1,5 +1,6 @@
 """Every pair of installed backends agrees: outputs with parameters moved between them, gradients
-(through StopGradient, a ResNet export, If and Loop), and `mithril validate --backend all`.
+(StopGradient and a ResNet export on every backend that differentiates, NumPy's vector-Jacobian
+rules included; If and Loop across jax/torch/mlx), and `mithril validate --backend all`.
 
 Tolerances are float32's. Backends sum in different orders (im2col matmuls in NumPy, native
 convolutions in XLA/torch/MLX, fused softmax and layer norm), so outputs differ by a few ulps of
@@ -29,7 +30,10 @@ _BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "
              "mlx": ("MlxBackend", "mlx")}
 AVAILABLE = [n for n, (cls, pkg) in _BACKENDS.items()
              if getattr(ml, cls, None) is not None and importlib.util.find_spec(pkg) is not None]
-AUTODIFF = [n for n in AVAILABLE if n != "numpy"]
+# Backends that compute gradients: NumPy through its vector-Jacobian rules, the others by autodiff.
+GRADIENTS = [n for n in AVAILABLE if getattr(ml, _BACKENDS[n][0]).supports_gradients]
+# Framework autodiff traces control flow; NumPy has no rule for If or Loop.
+AUTODIFF = [n for n in GRADIENTS if n != "numpy"]
 PAIRS = list(itertools.permutations(AVAILABLE, 2))
 F32 = TensorProto.FLOAT
 
@@ -103,7 +107,8 @@ def compiled():
             build, shapes, _ = MODELS[model]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the frontend block's random-parameter notice
-                cache[key] = ml.compile(build(), make_backend(backend), shapes=shapes)
+                # NumPy only runs forward here: no gradient program to build.
+                cache[key] = ml.compile(build(), make_backend(backend), shapes=shapes, inference=backend == "numpy")
         return cache[key]
 
     return get
@@ -132,7 +137,7 @@ def test_params_moved_through_numpy_give_the_same_outputs(compiled, src, dst, mo
 
 
 # -- StopGradient --------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend_name", AUTODIFF)
+@pytest.mark.parametrize("backend_name", GRADIENTS)
 def test_stop_gradient_stops_the_gradient(backend_name):
     from mithril.models import Linear, Model, Multiply, StopGradient
 
@@ -194,14 +199,14 @@ def small_resnet():
         return models.export_onnx(spec, "torchscript")
 
 
-@pytest.mark.skipif(len(AUTODIFF) < 2, reason="needs two of jax, torch, mlx")
+@pytest.mark.skipif(len(GRADIENTS) < 2, reason="needs two backends that compute gradients")
 def test_resnet_gradients_agree(small_resnet):
     rng = np.random.default_rng(0)
     data = {"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
     cot = {"output": rng.standard_normal((1, 10)).astype(np.float32)}
-    results = {b: _gradients(b, small_resnet, data, cot, shapes={"input": (1, 3, 32, 32)}) for b in AUTODIFF}
+    results = {b: _gradients(b, small_resnet, data, cot, shapes={"input": (1, 3, 32, 32)}) for b in GRADIENTS}
     # The exporter folds each BatchNorm into its conv: 12 convs' weights and biases, fc, the input.
-    assert {"input", "fc.weight", "fc.bias"} <= set(results[AUTODIFF[0]]) and len(results[AUTODIFF[0]]) == 27
+    assert {"input", "fc.weight", "fc.bias"} <= set(results[GRADIENTS[0]]) and len(results[GRADIENTS[0]]) == 27
     _assert_gradients_agree(results)
 
 

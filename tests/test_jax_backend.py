@@ -74,7 +74,7 @@ def test_missing_device_lists_present_ones():
 # -- whole-graph jit --------------------------------------------------------------------------
 def test_jit_matches_numpy_on_conv_model(backend, conv_model):
     x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
-    want = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    want = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})["y"]
     pm = _compile(conv_model, backend)
     got = pm.evaluate(None, {"x": backend.from_numpy(x)})["y"]
     assert isinstance(got, jax.Array)
@@ -197,7 +197,7 @@ def test_gradients_through_if_and_loop(x):
     data = {"x": backend.from_numpy(np.array(x))}
     cot = backend.from_numpy(rng.standard_normal(3))
     out, _ = _finite_difference_check(pm, backend, pm.get_parameters(), data, cot, "y", ["w", "x"], rng)
-    want = ml.compile(ml.load_onnx(_if_loop_model()), ml.NumpyBackend()).evaluate(None, {"x": np.array(x)})["y"]
+    want = ml.compile(ml.load_onnx(_if_loop_model()), ml.NumpyBackend(), inference=True).evaluate(None, {"x": np.array(x)})["y"]
     np.testing.assert_allclose(backend.to_numpy(out["y"]), want, rtol=1e-12)
 
 
@@ -219,7 +219,7 @@ def test_resnet_export_matches_numpy(backend):
     spec = models.build("resnet18", image_size=32)
     onnx_bytes = models.export_onnx(spec, "torchscript")
     data = spec.numpy_inputs(2)
-    want = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend()).evaluate(None, data)
+    want = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend(), inference=True).evaluate(None, data)
     pm = _compile(onnx_bytes, backend)
     got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in data.items()})
     for name, value in want.items():

@@ -94,7 +94,7 @@ def test_facade_follows_numpy():
 
 def test_parity_with_numpy_conv_model(conv_model, backend):
     x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
-    ref = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(), shapes={"x": x.shape}).evaluate(None, {"x": x})
+    ref = ml.compile(ml.load_onnx(conv_model), ml.NumpyBackend(), shapes={"x": x.shape}, inference=True).evaluate(None, {"x": x})
     pm = ml.compile(ml.load_onnx(conv_model), backend, shapes={"x": x.shape})
     got = pm.evaluate(None, {"x": backend.array(x)})
     assert pm._jitted.compiled  # the whole graph ran as one mx.compile program
@@ -113,7 +113,7 @@ def test_parity_with_numpy_small_resnet(backend):
         spec = models.build("resnet18", image_size=32)
         onnx_bytes = models.export_onnx(spec, "torchscript")
     x = spec.numpy_inputs(2)["input"]
-    ref = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend(), shapes={"input": x.shape}).evaluate(None, {"input": x})
+    ref = ml.compile(ml.load_onnx(onnx_bytes), ml.NumpyBackend(), shapes={"input": x.shape}, inference=True).evaluate(None, {"input": x})
     pm = ml.compile(ml.load_onnx(onnx_bytes), backend, shapes={"input": x.shape})
     got = backend.to_numpy(pm.evaluate(None, {"input": backend.array(x)})["output"])
     assert pm._jitted.compiled

@@ -109,7 +109,7 @@ def _run(model, backend, data, **kw):
 
 def test_parity_with_numpy_on_conv_model(conv_model, backend):
     x = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
-    want = _run(conv_model, ml.NumpyBackend(), {"x": x}, shapes={"x": x.shape})
+    want = _run(conv_model, ml.NumpyBackend(), {"x": x}, shapes={"x": x.shape}, inference=True)
     got = _run(conv_model, backend, {"x": x}, shapes={"x": x.shape})
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
 
@@ -120,7 +120,7 @@ def test_parity_with_numpy_on_resnet(backend):
     spec = models.build("resnet18", image_size=32)
     onnx_bytes = models.export_onnx(spec, "torchscript")
     x = spec.numpy_inputs(2)
-    want = _run(onnx_bytes, ml.NumpyBackend(), x, shapes={"input": x["input"].shape})
+    want = _run(onnx_bytes, ml.NumpyBackend(), x, shapes={"input": x["input"].shape}, inference=True)
     got = _run(onnx_bytes, backend, x, shapes={"input": x["input"].shape})
     np.testing.assert_allclose(got["output"], want["output"], rtol=1e-4, atol=1e-4)
     # params moved through NumPy give the same outputs
