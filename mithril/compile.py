@@ -86,6 +86,8 @@ class PhysicalModel:
         self._jit_verified = False
         # A backend without autodiff: its gradient program, built at compile (Backend.lower_backward).
         self.backward = None
+        # Why this backend cannot differentiate the model (found at compile), if it cannot.
+        self.gradient_error: MithrilError | None = None
         # Values a training step overwrites rather than trains (BatchNorm running statistics).
         self.buffer_keys: set[str] = set()
         # A compiled TrainModel's loss: evaluate(params, data) differentiates it by default; and
@@ -193,6 +195,8 @@ class PhysicalModel:
                 raise InputError(f"output_gradients names {unknown}, which are not outputs ({self.output_keys})")
             if self.inference:
                 raise MithrilError("this model was compiled with inference=True: it computes no gradients")
+            if self.gradient_error is not None:
+                raise self.gradient_error
             diff_params = [k for k in self._param_names if k in self.trainable_keys]
             diff_data = [k for k in self.input_keys if k in self.data_keys and
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
@@ -352,11 +356,19 @@ def compile(
         diff_names = [k for k in param_names if k in trainable]
         diff_names += [k for k in pm.input_keys if k in pm.data_keys and
                        is_floating_np(np_dtype_of_onnx(int(pm._inputs[k].dtype)))]
-        pm.backward = backend.lower_backward(
-            graph, opsets, diff_names=diff_names, backend=backend.name, param_names=set(param_names),
-            extra_namespace={"xp": backend.xp, "_backend": backend}, extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
-            file_path=file_path + ".vjp.py" if file_path else None,
-        )
+        try:
+            pm.backward = backend.lower_backward(
+                graph, opsets, diff_names=diff_names, backend=backend.name, param_names=set(param_names),
+                extra_namespace={"xp": backend.xp, "_backend": backend},
+                extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
+                file_path=file_path + ".vjp.py" if file_path else None,
+            )
+        except MithrilError as exc:
+            # Found at compile either way. A model compiled to train (it has a loss) fails here;
+            # one that may only ever run forward keeps the error for its first gradient request.
+            if loss_key is not None:
+                raise
+            pm.gradient_error = exc
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
         jitted = backend.jit(program.forward)

@@ -243,3 +243,20 @@ def test_jit_blockers_are_named_and_numpy_never_warns():
     x = np.zeros(3, np.float32)
     a, b = (np.asarray(pm.evaluate(None, {"x": x})["y"]) for _ in range(2))
     assert not np.array_equal(a, b)  # fresh draws each call, not one baked into a trace
+
+
+def test_missing_gradient_rule_is_found_at_compile_and_raised_on_gradient_request():
+    # NumPy has no VJP rule for NonMaxSuppression-like ops; TopK stands in: forward works, and the
+    # gradient request names the node. A model compiled to train (with a loss) fails at compile instead.
+    from mithril.errors import MithrilError
+
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Det", ["h"], ["y"], name="det_node")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 2])], [("y", TensorProto.FLOAT, [])],
+                       {"W": np.eye(2, dtype=np.float32)})
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(pm.evaluate(None, {"x": x})["y"], -2.0, rtol=1e-5)
+    if pm.gradient_error is None:
+        pytest.skip("the NumPy backend has a Det rule now; pick another op without one")
+    with pytest.raises(MithrilError, match="det_node"):
+        pm.evaluate(None, {"x": x}, output_gradients={"y": np.ones((), np.float32)})
