@@ -246,8 +246,8 @@ def test_jit_blockers_are_named_and_numpy_never_warns():
 
 
 def test_missing_gradient_rule_is_found_at_compile_and_raised_on_gradient_request():
-    # NumPy has no VJP rule for NonMaxSuppression-like ops; TopK stands in: forward works, and the
-    # gradient request names the node. A model compiled to train (with a loss) fails at compile instead.
+    # NumPy has no VJP rule for Det: forward works, and the gradient request names the node.
+    # A model compiled to train (with a loss) fails at compile instead.
     from mithril.errors import MithrilError
 
     nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Det", ["h"], ["y"], name="det_node")]
