@@ -137,6 +137,9 @@ CASES = [
     _c("Identity", {"x": [2, 3]}),
     _c("Tile", {"x": [2, 3]}, consts={"r": _i64(2, 3)}),
     _c("Pad", {"x": [2, 3], "v": []}, consts={"pads": _i64(1, -1, 2, 1)}, order=["x", "pads", "v"]),
+    _c("Dropout", {"x": [3, 4]}, outputs=1, id="Dropout-inference"),
+    _c("Dropout", {"x": [4, 5]}, consts={"training": np.array(True)}, attrs=dict(seed=3),
+       nodes=[helper.make_node("Dropout", ["x", "", "training"], ["y0"], seed=3)], id="Dropout-training"),
     _c("Cast", {"x": [3]}, nodes=[helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT),
                                   helper.make_node("Cast", ["h"], ["y0"], to=F64)]),
     # Resize: nearest and linear, up and down, the coordinate modes the exporters use

@@ -241,3 +241,25 @@ def gelu_vjp(g, x, *, approximate):
         cdf = 0.5 * _erfc(-xf / math.sqrt(2), numpy)
         d = cdf + xf * numpy.exp(-0.5 * xf * xf) / math.sqrt(2 * math.pi)
     return ((g * d).astype(g.dtype),)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout: the identity in inference; in training y = x * keep / (1 - ratio), and keep is read
+# back from y (an element is kept where y != 0, up to inputs that are exactly 0, whose gradient
+# is taken as 0).
+
+
+@vjp_rule("Dropout", since=7)
+def dropout_7_vjp(g, data, *, ratio):
+    return (g[0],)
+
+
+@vjp_rule("Dropout", since=12)
+def dropout_vjp(g, data, ratio=None, training_mode=None, *, seed, y, needs):
+    gy = g[0]
+    # The ratio is a hyperparameter (an initializer is trainable by default): it gets zeros.
+    gratio = numpy.zeros_like(ratio) if ratio is not None and needs[1] else None
+    if training_mode is None or not bool(training_mode):
+        return gy, gratio, None
+    scale = 1 / (1 - (0.5 if ratio is None else float(ratio)))
+    return numpy.where(y != 0, gy * numpy.asarray(scale, gy.dtype), numpy.zeros((), gy.dtype)), gratio, None
