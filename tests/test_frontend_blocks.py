@@ -113,7 +113,30 @@ def check_against_ort(model, inputs: dict, opset=None, rtol=1e-5, atol=1e-6):
         assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
         assert g.shape == w.shape, (k, g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=k)
+    _check_other_backends(model, inputs, shapes, params, want, rtol, atol)
     return got
+
+
+def _check_other_backends(model, inputs, shapes, params, want, rtol, atol):
+    """Every other installed backend, fed the same parameters, matches onnxruntime too."""
+    from mithril.cli import available_backends
+    from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
+
+    for name, cls in available_backends().items():
+        if name == "numpy":
+            continue
+        try:
+            backend = cls()
+            pm = ml.compile(model, backend, shapes=shapes, jit=False)
+        except (BackendUnavailableError, UnsupportedDTypeError):
+            continue  # e.g. float64 on MLX: reported unsupported, not computed wrongly
+        moved = {k: backend.from_numpy(np.asarray(v)) for k, v in params.items()}
+        out = pm.evaluate(moved, {k: backend.from_numpy(v) for k, v in inputs.items()})
+        for k, w in want.items():
+            g = backend.to_numpy(out[k])
+            assert g.dtype == w.dtype and g.shape == w.shape, (name, k, g.dtype, g.shape)
+            # Other BLAS/reduction orders: float32 tolerances no tighter than 1e-5 relative.
+            np.testing.assert_allclose(g, w, rtol=max(rtol, 1e-5), atol=max(atol, 1e-5), err_msg=f"{name}: {k}")
 
 
 UNARY = [Negate, Exponential, Sqrt, Log, Absolute, Sine, Cosine, Relu, Sigmoid, Tanh, Softplus, SiLU, Buffer,
