@@ -255,3 +255,40 @@ def test_cli_validate_all_backends_prints_one_table(tmp_path, capsys, monkeypatc
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 2]
     assert rows == AVAILABLE, out  # one row per backend: the model has one output
     assert "all outputs pass" in out
+
+
+@pytest.fixture(scope="module")
+def small_transformers():
+    """The small BERT and GPT-2 (transformers configs, random weights) exported at sequence 16."""
+    pytest.importorskip("transformers", reason="BERT and GPT-2 come from transformers configs")
+    from models_zoo import torch_reference as models
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in ("bert", "gpt2"):
+            spec = models.build(name, seq=16)
+            out[name] = (models.export_onnx(spec, "torchscript"), spec)
+    return out
+
+
+@pytest.mark.skipif(len(AUTODIFF) < 2, reason="needs two of jax, torch, mlx")
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_transformer_gradients_agree(small_transformers, name):
+    # Gradients of every floating initializer (embeddings, attention, MLP, layer norms) agree across
+    # the autodiff backends; token ids and the mask are integer data, not differentiated.
+    proto, spec = small_transformers[name]
+    data = spec.numpy_inputs(batch=2)
+    rng = np.random.default_rng(1)
+    outs = {k: rng.standard_normal((2, 16, 64 if k == "last_hidden_state" else (1000 if k == "logits" else 64)))
+            .astype(np.float32) for k in spec.output_names if k != "pooler_output"}
+    shapes = {k: v.shape for k, v in data.items()}
+    results = {}
+    for b in AUTODIFF:
+        backend = make_backend(b)
+        pm = ml.compile(ml.load_onnx(proto), backend, shapes=shapes)
+        _, grads = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in data.items()},
+                               output_gradients={k: backend.from_numpy(v) for k, v in outs.items()})
+        results[b] = {k: backend.to_numpy(v) for k, v in grads.items()}
+    assert len(results[AUTODIFF[0]]) > 10
+    _assert_gradients_agree(results)
