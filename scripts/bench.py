@@ -1,12 +1,17 @@
 #!/usr/bin/env python
-"""Benchmark Mithril backends against onnxruntime on real models; writes docs/performance.md.
+"""Benchmark Mithril backends against onnxruntime and PyTorch eager on real models; writes docs/performance.md.
 
-    python scripts/bench.py                       # numpy backend, writes docs/performance.md
-    python scripts/bench.py --backends numpy,jax --runs 50 --no-write
-    python scripts/bench.py --profile resnet18    # time per op type on the NumPy backend
+    python scripts/bench.py                        # numpy,jax,torch,mlx on every model, writes docs/performance.md
+    python scripts/bench.py --quick --no-write     # a few runs per row, to check that everything runs
+    python scripts/bench.py --backends torch --models bert,gpt2 --no-write
+    python scripts/bench.py --profile resnet18     # time per op type on the NumPy backend
 
-Models are exported in-process with the TorchScript exporter (random weights, seeded):
-ResNet-18 and MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) at sequence 128.
+Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
+224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
+GPT-2 (hidden 64, 2 layers) at sequence 128. Every row is timed interleaved with onnxruntime and
+PyTorch eager (the torch.nn module the ONNX file came from) in the same process, so ratios compare
+runtimes under the same machine load. The JAX rows are also run in two subprocesses, without and
+with ``XLA_FLAGS`` (``--jax-xla-flags``), since XLA reads its flags once per process.
 """
 
 from __future__ import annotations
@@ -14,15 +19,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import json
 import os
 import platform
 import pstats
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,31 +41,124 @@ sys.path.insert(0, str(ROOT))
 
 import mithril as ml  # noqa: E402
 
-# name -> attribute of `mithril` holding the backend class; a backend not yet in mithril is skipped.
+# name -> (attribute of `mithril` holding the backend class, constructor kwargs); a backend that
+# mithril lacks or whose framework is not installed is skipped with a note.
 BACKENDS = {
-    "numpy": "NumpyBackend",
-    "jax": "JaxBackend",
-    "torch": "TorchBackend",
-    "mlx": "MlxBackend",
-    "c": "CBackend",
-    "ggml": "GGMLBackend",
+    "numpy": ("NumpyBackend", {}),
+    "jax": ("JaxBackend", {}),
+    "torch": ("TorchBackend", {}),
+    "torch-compile": ("TorchBackend", {"compile": True}),
+    "mlx": ("MlxBackend", {}),
+    "c": ("CBackend", {}),
+    "ggml": ("GGMLBackend", {}),
 }
+DEFAULT_BACKENDS = "numpy,jax,torch,mlx"
+# Backends whose thread pools --threads limits (BLAS through threadpoolctl, torch.set_num_threads);
+# JAX (XLA) and MLX fix theirs at start-up, so they run at their defaults only.
+THREAD_LIMITED = {"numpy", "torch", "torch-compile"}
+EAGER = "pytorch-eager"
 
-# name -> (models.build kwargs, batch)
+
+@dataclass(frozen=True)
+class Case:
+    arch: str  # models_zoo.torch_reference.build name; the batch axis of the export is dynamic
+    build: dict
+    batch: int
+
+
 MODELS = {
-    "resnet18": ({"image_size": 224}, 1),
-    "mobilenet_v2": ({"image_size": 224}, 1),
-    "bert": ({"seq": 128}, 1),
+    "resnet18": Case("resnet18", {"image_size": 224}, 1),
+    "resnet18_b8": Case("resnet18", {"image_size": 224}, 8),
+    "mobilenet_v2": Case("mobilenet_v2", {"image_size": 224}, 1),
+    "bert": Case("bert", {"seq": 128}, 1),
+    "gpt2": Case("gpt2", {"seq": 128}, 1),
 }
 
-TARGETS = "load+compile of resnet18 < 1 s; NumPy resnet18 latency <= 3x onnxruntime"
+JAX_TARGET = 1.5  # JAX (jit) latency / onnxruntime, issue 3
+TORCH_TARGET = 1.0  # Torch backend latency / PyTorch eager, issue 3
+NUMPY_TARGET = 3.0  # NumPy resnet18 latency / onnxruntime, issue 2
+COMPILE_TARGET_S = 1.0  # NumPy resnet18 load+compile, issue 2
 
 
-def _interleaved_times(runners: dict, warmup: int, runs: int) -> dict[str, float]:
-    """Median seconds per call of each runner, calls interleaved so that every runtime sees the
-    same machine load (the numbers are meant to be compared)."""
-    for fn in runners.values():
-        for _ in range(warmup):
+def _export(case: Case, workdir: str, cache: dict) -> tuple[str, object, dict[str, np.ndarray]]:
+    """The ONNX file, the torch.nn module it came from, and seeded inputs at the case's batch."""
+    from models_zoo import torch_reference as models
+
+    key = (case.arch, tuple(sorted(case.build.items())))
+    if key not in cache:
+        spec = models.build(case.arch, **case.build)
+        path = os.path.join(workdir, f"{case.arch}_{len(cache)}.onnx")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            models.export_onnx(spec, "torchscript", path)
+        cache[key] = (path, spec)
+    path, spec = cache[key]
+    return path, spec, spec.numpy_inputs(case.batch)
+
+
+def _to_numpy_outputs(backend, outputs) -> dict[str, np.ndarray]:
+    # to_numpy waits for asynchronous backends (JAX, MLX) to finish.
+    return {k: backend.to_numpy(v) for k, v in outputs.items()}
+
+
+def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repeats: int):
+    """Load+compile seconds (the first compile, median with further ones when repeated), first-call
+    seconds (the first evaluate of the first compiled model: where jax.jit and mx.compile compile),
+    the steady call, and the first call's outputs."""
+    shapes = {k: list(v.shape) for k, v in inputs.items()}
+
+    def load_compile():
+        return ml.compile(ml.load_onnx(path), backend, shapes=shapes)
+
+    t = time.perf_counter()
+    pm = load_compile()
+    compile_times = [time.perf_counter() - t]
+    params = pm.get_parameters()
+    data = {k: backend.from_numpy(v) for k, v in inputs.items()}
+    t = time.perf_counter()
+    outs = _to_numpy_outputs(backend, pm.evaluate(params, data))
+    first_s = time.perf_counter() - t
+    for _ in range(compile_repeats - 1):  # compile only: a jit compiles on its first call
+        t = time.perf_counter()
+        load_compile()
+        compile_times.append(time.perf_counter() - t)
+
+    def call():
+        return _to_numpy_outputs(backend, pm.evaluate(params, data))
+
+    return statistics.median(compile_times), first_s, call, outs
+
+
+def _eager_row(spec, inputs: dict[str, np.ndarray]):
+    """The torch.nn module itself under torch.no_grad, on the same inputs: first-call seconds, the
+    call, and its outputs in the ONNX output order."""
+    import torch
+
+    tensors = [torch.from_numpy(inputs[k]) for k in spec.inputs]
+
+    def call():
+        with torch.no_grad():
+            out = spec.module(*tensors)
+        return out if isinstance(out, tuple) else (out,)
+
+    t = time.perf_counter()
+    out = call()
+    first_s = time.perf_counter() - t
+    return first_s, call, {k: v.numpy() for k, v in zip(spec.output_names, out)}
+
+
+def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int, row_seconds: float):
+    """Median seconds per call of each runner and the number of rounds. Calls are interleaved so
+    every runtime sees the same machine load; the rounds fit in about ``row_seconds`` (at least
+    ``min_runs``, at most ``max_runs``), so a 3 s call gets a few runs and a 1 ms call many."""
+    round_s = 0.0
+    for fn in runners.values():  # one untimed-for-the-result call each, to size the row
+        t = time.perf_counter()
+        fn()
+        round_s += time.perf_counter() - t
+    runs = max(min_runs, min(max_runs, int(row_seconds / max(round_s, 1e-9))))
+    for _ in range(warmup - 1 if round_s * warmup < row_seconds / 2 else 0):
+        for fn in runners.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(runs):
@@ -64,71 +166,11 @@ def _interleaved_times(runners: dict, warmup: int, runs: int) -> dict[str, float
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, runs
 
 
-def _export(name: str, workdir: str) -> tuple[str, dict[str, np.ndarray]]:
-    from models_zoo import torch_reference as models
-
-    kwargs, batch = MODELS[name]
-    spec = models.build(name, **kwargs)
-    path = os.path.join(workdir, f"{name}.onnx")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        models.export_onnx(spec, "torchscript", path)
-    return path, spec.numpy_inputs(batch)
-
-
-def _backend_runner(backend, path: str, inputs: dict[str, np.ndarray], compile_repeats: int):
-    shapes = {k: list(v.shape) for k, v in inputs.items()}
-
-    def load_compile():
-        return ml.compile(ml.load_onnx(path), backend, shapes=shapes)
-
-    times = []
-    for _ in range(compile_repeats):
-        t = time.perf_counter()
-        pm = load_compile()
-        times.append(time.perf_counter() - t)
-    params = pm.get_parameters()
-    data = {k: backend.from_numpy(v) for k, v in inputs.items()}
-
-    def call():
-        # to_numpy waits for asynchronous backends (JAX, MLX) to finish.
-        return {k: backend.to_numpy(v) for k, v in pm.evaluate(params, data).items()}
-
-    return statistics.median(times), call, pm
-
-
-def _machine_facts() -> list[tuple[str, str]]:
-    import onnx
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    facts = [
-        ("CPU", cpu),
-        ("CPU count (os.cpu_count)", str(os.cpu_count())),
-        ("Usable CPUs (sched_getaffinity)", str(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "?"),
-        ("Python", platform.python_version()),
-        ("numpy", np.__version__),
-        ("onnx", onnx.__version__),
-        ("onnxruntime", onnxruntime.__version__),
-        ("torch (exporter)", torch.__version__),
-        ("mithril", ml.__version__),
-    ]
-    try:
-        import transformers
-
-        facts.append(("transformers", transformers.__version__))
-    except ImportError:
-        pass
-    return facts
+def _max_diff(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
+    return max(float(np.max(np.abs(np.asarray(outs[k], np.float64) - r))) for k, r in ref.items())
 
 
 def _signature(op: str, args, kwargs) -> str:
@@ -181,156 +223,406 @@ def profile_ops(pm, call, runs: int = 5) -> tuple[list[tuple[str, float, int]], 
     return rows(by_op), rows(by_sig)
 
 
+
+def _machine_facts() -> list[tuple[str, str]]:
+    import importlib.metadata as metadata
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    facts = [
+        ("CPU", cpu),
+        ("CPU count (os.cpu_count)", str(os.cpu_count())),
+        ("Usable CPUs (sched_getaffinity)", str(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "?"),
+        ("Python", platform.python_version()),
+        ("mithril", ml.__version__),
+    ]
+    for dist in ("numpy", "onnx", "onnxruntime", "torch", "jax", "jaxlib", "mlx", "transformers"):
+        try:
+            facts.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            facts.append((dist, "not installed"))
+    facts.append(("XLA_FLAGS of the main process", os.environ.get("XLA_FLAGS") or "(unset)"))
+    return facts
+
+
+def _load_average() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def _fmt_load(load) -> str:
+    return "?" if load is None else " / ".join(f"{v:.2f}" for v in load)
+
+
+@contextlib.contextmanager
+def _limits(threads: int):
+    """Limit BLAS pools (threadpoolctl) and torch's intra-op pool to ``threads``; 0 changes nothing."""
+    if threads == 0:
+        yield
+        return
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _threads_label(threads: int) -> str:
     return "default" if threads == 0 else str(threads)
 
 
-def _render(rows, facts, notes, args) -> str:
-    command = "python scripts/bench.py"
-    if args.backends != "numpy":
-        command += f" --backends {args.backends}"
-    if args.threads != "0":
-        command += f" --threads {args.threads}"
-    if args.runs != 20:
-        command += f" --runs {args.runs}"
+def _make_backends(names: list[str], notes: list[str]) -> list[tuple[str, object]]:
+    backends = []
+    for name in names:
+        attr, kwargs = BACKENDS[name]
+        cls = getattr(ml, attr, None)
+        if cls is None:
+            notes.append(f"backend {name} skipped: mithril has no {attr} yet")
+            continue
+        try:
+            backends.append((name, cls(**kwargs)))
+        except Exception as exc:  # framework not installed, device not present
+            notes.append(f"backend {name} skipped: {type(exc).__name__}: {exc}")
+    return backends
+
+
+def run_benchmark(args, backends, model_names, notes) -> list[dict]:
+    """One row per (model, threads, backend), plus a PyTorch eager row per (model, threads)."""
+    import onnxruntime as ort
+
+    rows = []
+    cache: dict = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        for model in model_names:
+            path, spec, inputs = _export(MODELS[model], workdir, cache)
+            input_desc = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+            load = _load_average()
+            for threads in args.thread_settings:
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = threads
+                with _limits(threads):
+                    t = time.perf_counter()
+                    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+                    ort_load_s = time.perf_counter() - t
+                    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+                    ort_call = lambda: sess.run(None, inputs)  # noqa: E731
+                    eager = None
+                    if not args.no_eager:
+                        first_s, eager_call, eager_outs = _eager_row(spec, inputs)
+                        eager = eager_call
+                        candidates = [(EAGER, lambda: (None, first_s, eager_call, eager_outs))]
+                    else:
+                        candidates = []
+                    for bname, backend in backends:
+                        if threads != 0 and bname not in THREAD_LIMITED:
+                            continue
+                        candidates.append((bname, lambda b=backend: _backend_row(b, path, inputs, args.compile_repeats)))
+                    for bname, prepare in candidates:
+                        try:
+                            compile_s, first_s, call, outs = prepare()
+                        except Exception as exc:  # one failing backend must not end the benchmark
+                            notes.append(f"{model} on {bname} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                            print(notes[-1], flush=True)
+                            continue
+                        runners = {"ort": ort_call}
+                        if eager is not None and bname != EAGER:
+                            runners[EAGER] = eager
+                        runners[bname] = call
+                        times, runs = _interleaved_times(runners, args.warmup, args.min_runs, args.runs,
+                                                         args.row_seconds)
+                        row = dict(model=model, input=input_desc, threads=_threads_label(threads), backend=bname,
+                                   compile_s=compile_s, first_s=first_s, ms=times[bname] * 1e3, runs=runs,
+                                   ort_ms=times["ort"] * 1e3, ratio=times[bname] / times["ort"],
+                                   eager_ms=times[EAGER] * 1e3 if EAGER in times else None,
+                                   vs_eager=times[bname] / times[EAGER] if EAGER in times else None,
+                                   diff=_max_diff(outs, ref), ort_load_s=ort_load_s, load=load,
+                                   xla_flags=os.environ.get("XLA_FLAGS", ""))
+                        rows.append(row)
+                        print(_row_line(row), flush=True)
+                        del call, runners
+                    del sess, ort_call, eager
+    return rows
+
+
+def _row_line(r: dict) -> str:
+    eager = f", {r['vs_eager']:.2f}x eager" if r["vs_eager"] is not None else ""
+    first = f"first call {r['first_s']:.2f} s, " if r["first_s"] is not None else ""
+    return (f"{r['model']:<13} {r['threads']:<7} {r['backend']:<14} {first}{r['ms']:.2f} ms "
+            f"(ort {r['ort_ms']:.2f} ms) = {r['ratio']:.2f}x ort{eager}, {r['runs']} runs")
+
+
+def run_jax_subprocesses(args, model_names) -> dict[str, list[dict]]:
+    """The JAX rows in fresh processes without and with ``args.jax_xla_flags`` (XLA reads
+    XLA_FLAGS once per process); label -> rows."""
+    results = {}
+    for label, flags in (("default", None), (args.jax_xla_flags, args.jax_xla_flags)):
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)
+        if flags:
+            env["XLA_FLAGS"] = flags
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--backends", "jax", "--models", ",".join(model_names),
+               "--threads", "0", "--no-eager", "--json", out, "--runs", str(args.runs), "--min-runs",
+               str(args.min_runs), "--warmup", str(args.warmup), "--row-seconds", str(args.row_seconds),
+               "--compile-repeats", str(args.compile_repeats)]
+        print(f"JAX subprocess, XLA_FLAGS={flags or '(unset)'}", flush=True)
+        proc = subprocess.run(cmd, env=env)
+        try:
+            results[label] = json.loads(Path(out).read_text()) if proc.returncode == 0 else []
+        finally:
+            os.unlink(out)
+    return results
+
+
+def _find(rows, model, backend, threads="default"):
+    return next((r for r in rows if r["model"] == model and r["backend"] == backend and r["threads"] == threads), None)
+
+
+def _targets(rows, model_names, backend_names, jax_sub) -> list[tuple[str, str, str, str, str]]:
+    """(issue, target, model, measured, verdict) computed from the rows."""
+    out = []
+    if "numpy" in backend_names and "resnet18" in model_names:
+        r = _find(rows, "resnet18", "numpy")
+        if r is not None:
+            ok = r["compile_s"] < COMPILE_TARGET_S
+            out.append(("2", f"NumPy load+compile < {COMPILE_TARGET_S:g} s", "resnet18", f"{r['compile_s']:.3f} s",
+                        "met" if ok else "NOT met"))
+        by_threads = [x for x in rows if x["model"] == "resnet18" and x["backend"] == "numpy"]
+        if by_threads:
+            measured = ", ".join(f"{x['ratio']:.2f}x ({x['threads']} threads)" for x in by_threads)
+            met = [x["threads"] for x in by_threads if x["ratio"] <= NUMPY_TARGET]
+            if len(met) == len(by_threads):
+                verdict = "met"
+            elif met:
+                verdict = f"NOT met at default threads (met at {', '.join(met)} thread)"
+            else:
+                verdict = "NOT met"
+            out.append(("2", f"NumPy latency <= {NUMPY_TARGET:g}x onnxruntime", "resnet18", measured, verdict))
+    for model in model_names:
+        if "torch" in backend_names:
+            r = _find(rows, model, "torch")
+            if r is None or r["vs_eager"] is None:
+                out.append(("3", "Torch backend <= PyTorch eager", model, "not measured", "not measured"))
+                continue
+            measured = f"{r['vs_eager']:.2f}x eager ({r['ms']:.2f} vs {r['eager_ms']:.2f} ms)"
+            measured += "".join(f"; {x['vs_eager']:.2f}x at {x['threads']} thread" for x in rows
+                                if x["model"] == model and x["backend"] == "torch" and x["threads"] != "default"
+                                and x["vs_eager"] is not None)
+            out.append(("3", "Torch backend <= PyTorch eager", model, measured,
+                        "met" if r["vs_eager"] <= TORCH_TARGET else "NOT met"))
+    for model in model_names:
+        if "jax" in backend_names:
+            r = _find(rows, model, "jax")
+            extra = []
+            for label, sub in jax_sub.items():
+                s = _find(sub, model, "jax")
+                if s is not None:
+                    extra.append(f"{s['ratio']:.2f}x subprocess {'XLA_FLAGS=' + label if label != 'default' else 'default'}")
+            measured = "not measured" if r is None else f"{r['ratio']:.2f}x"
+            if extra:
+                measured += " (" + "; ".join(extra) + ")"
+            verdict = "not measured" if r is None else ("met" if r["ratio"] <= JAX_TARGET else "NOT met")
+            out.append(("3", f"JAX (jit) <= {JAX_TARGET:g}x onnxruntime", model, measured, verdict))
+    for model in model_names:
+        if "mlx" in backend_names:
+            r = _find(rows, model, "mlx")
+            out.append(("3", "MLX reported", model, "not measured" if r is None else
+                        f"{r['ratio']:.2f}x onnxruntime, first call {r['first_s']:.2f} s",
+                        "reported" if r is not None else "NOT reported"))
+    return out
+
+
+def _f(v, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> str:
+    command = "python scripts/bench.py" + "".join(" " + shlex.quote(a) for a in args.argv)
+    load_start, load_end = loads
     lines = [
         "# Performance",
         "",
-        "Generated by `scripts/bench.py`; regenerate with:",
+        f"Generated by `scripts/bench.py` ({started}); regenerate with:",
         "",
         f"    {command}",
         "",
-        "Models are exported in-process by `torch.onnx.export(..., dynamo=False)` with seeded random weights;",
-        "batch 1. Load+compile is `ml.compile(ml.load_onnx(path), backend, shapes=...)`, median of 3.",
-        f"Latency is the median of {args.runs} calls after {args.warmup} warmup calls, onnxruntime and backend",
-        "calls interleaved so both see the same machine load; onnxruntime uses",
-        "CPUExecutionProvider. Threads \"default\" leaves NumPy's BLAS and onnxruntime's intra-op pool at",
-        "their defaults; a number limits both (threadpoolctl, `intra_op_num_threads`).",
-        "Ratio is backend / onnxruntime (lower is better).",
-        "NumPy's OpenBLAS pool degrades sharply when the CPUs are oversubscribed (load average, recorded",
-        "below, above the CPU count), far more than onnxruntime's; the 1-thread rows isolate kernel",
-        "efficiency from scheduling.",
-        f"Targets: {TARGETS}.",
-        "",
-        "| Model | Input | Threads | Backend | Load+compile (s) | ORT (ms) | Backend (ms) | Ratio | Max abs diff vs ORT |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        f"**Read the ratios, not the absolute times.** This is a shared {os.cpu_count()}-CPU machine on which other",
+        "sessions run their own jobs; absolute times drift with their load (load average, 1 / 5 / 15 min:",
+        f"{_fmt_load(load_start)} at the start, {_fmt_load(load_end)} at the end), while each ratio compares",
+        "runtimes timed in the same process, calls interleaved, under the same load.",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['input']} | {r['threads']} | {r['backend']} | {r['compile_s']:.3f} | "
-            f"{r['ort_ms']:.2f} | {r['ms']:.2f} | {r['ratio']:.2f}x | {r['diff']:.1e} |"
-        )
-    lines += ["", "## Machine", "", "| | |", "|---|---|"]
+    peak = max([x[0] for x in [load_start, load_end] + [r["load"] for r in rows] if x] or [0.0])
+    if peak >= (os.cpu_count() or 1):
+        lines += ["", f"The 1-minute load average reached {peak:.2f} on {os.cpu_count()} CPUs during this run: the machine "
+                  "was oversubscribed, so even ratios are noisier than usual. Spinning thread pools (OpenBLAS, "
+                  "torch's OpenMP pool, so NumPy, Torch and PyTorch eager) suffer most at default threads; the "
+                  "1-thread rows are the steadier comparison."]
+    if args.quick:
+        lines += ["", "This is a `--quick` run (few calls per row): a smoke test, not a measurement."]
+    lines += ["", "## Targets", "",
+              "Computed from the rows below (issue 2: core/NumPy; issue 3: JAX, Torch and MLX backends).", "",
+              "| Issue | Target | Model | Measured | Met |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | {t} | {m} | {v} | {verdict} |" for i, t, m, v, verdict in targets]
+    lines += ["", "## Results", "",
+              "Load+compile: `ml.compile(ml.load_onnx(path), backend, shapes=...)` with its defaults (jit=True; NumPy",
+              f"also builds its gradient program), median of {args.compile_repeats}. First call: the first `evaluate`",
+              "of the first compiled model, outputs converted to NumPy; jax.jit and mx.compile compile here.",
+              "Latency: median per call; Runs: interleaved rounds of onnxruntime, PyTorch eager and the backend",
+              f"(fewer for slow rows: each row takes about {args.row_seconds:g} s, at least {args.min_runs} and at most "
+              f"{args.runs} rounds, after up to {args.warmup} warmup calls).",
+              "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
+              "better). Max abs diff: largest difference from onnxruntime's outputs.", ""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mrows = [r for r in rows if r["model"] == model]
+        first = mrows[0]
+        lines += [f"### {model}", "",
+                  f"Input {first['input']}; onnxruntime session creation {first['ort_load_s']:.3f} s; load average "
+                  f"at the start of this model {_fmt_load(first['load'])}.", "",
+                  "| Backend | Threads | Load+compile (s) | First call (s) | Latency (ms) | Runs | ORT (ms) | vs ORT "
+                  "| Eager (ms) | vs eager | Max abs diff |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in mrows:
+            name = "PyTorch eager (baseline)" if r["backend"] == EAGER else r["backend"]
+            lines.append(f"| {name} | {r['threads']} | {_f(r['compile_s'], '.3f')} | {_f(r['first_s'], '.3f')} | "
+                         f"{r['ms']:.2f} | {r['runs']} | {r['ort_ms']:.2f} | {r['ratio']:.2f}x | "
+                         f"{_f(r['eager_ms'], '.2f')} | {_f(r['vs_eager'], '.2f')}{'x' if r['vs_eager'] else ''} | "
+                         f"{r['diff']:.1e} |")
+        lines.append("")
+    if jax_sub:
+        labels = list(jax_sub)
+        lines += ["## JAX on CPU with and without XLA flags", "",
+                  "The JAX rows again, each setting in a fresh subprocess (XLA reads `XLA_FLAGS` once per process),",
+                  "JAX interleaved with onnxruntime only. \"default\" leaves `XLA_FLAGS` unset, which is what",
+                  f"`ml.JaxBackend()` runs with; the other column sets `XLA_FLAGS={labels[-1]}` for the whole process.",
+                  "The backend's defaults are not changed by this benchmark; the Targets table judges the default.", "",
+                  "| Model | XLA_FLAGS | JAX (ms) | ORT (ms) | vs ORT | First call (s) | Runs |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            for lab in labels:
+                s = _find(jax_sub[lab], model, "jax")
+                flags = "(unset)" if lab == "default" else f"`{lab}`"
+                lines.append(f"| {model} | {flags} | — | — | — | — | — |" if s is None else
+                             f"| {model} | {flags} | {s['ms']:.2f} | {s['ort_ms']:.2f} | {s['ratio']:.2f}x | "
+                             f"{s['first_s']:.2f} | {s['runs']} |")
+        lines.append("")
+    lines += ["## Threads", "",
+              "\"default\" leaves every pool at its default (onnxruntime's intra-op pool, OpenBLAS, torch, XLA, MLX).",
+              "A number limits onnxruntime's `intra_op_num_threads`, BLAS pools (threadpoolctl) and torch's",
+              f"intra-op pool (`torch.set_num_threads`, PyTorch eager included); only {', '.join(sorted(THREAD_LIMITED))}",
+              "get such rows (XLA and MLX fix their pools at start-up). Spinning thread pools (OpenBLAS, torch's",
+              "OpenMP) degrade sharply when the CPUs are oversubscribed, far more than onnxruntime's; the 1-thread",
+              "rows isolate kernel efficiency from scheduling.", "",
+              "## Machine", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in facts]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
-def _load_average() -> str:
-    try:
-        return " / ".join(f"{v:.2f}" for v in os.getloadavg()) + " (1 / 5 / 15 min)"
-    except OSError:
-        return "?"
-
-
-def _limits(threads: int):
-    if threads == 0:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=threads)
-
-
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", default="numpy", help=f"comma list from {', '.join(BACKENDS)}")
+    ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
-    ap.add_argument("--runs", type=int, default=20, help="timed calls per model and runtime")
+    ap.add_argument("--runs", type=int, default=30, help="most interleaved rounds per row")
+    ap.add_argument("--min-runs", type=int, default=3, help="fewest rounds per row, however slow")
+    ap.add_argument("--row-seconds", type=float, default=12.0, help="time to spend timing one row")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", default="0",
-                    help="comma list of thread limits for BLAS (threadpoolctl) and onnxruntime intra-op; "
-                         "0 keeps the defaults (e.g. 0,1)")
+    ap.add_argument("--compile-repeats", type=int, default=3, help="load+compile is the median of this many")
+    ap.add_argument("--threads", default="0,1",
+                    help="comma list of thread limits for BLAS (threadpoolctl) and onnxruntime intra-op; 0 keeps "
+                         f"the defaults; limits other than 0 apply to {', '.join(sorted(THREAD_LIMITED))} only")
+    ap.add_argument("--jax-xla-flags", default="--xla_cpu_use_xnnpack=true",
+                    help="also run the JAX rows in subprocesses without and with these XLA_FLAGS ('' skips)")
+    ap.add_argument("--no-eager", action="store_true", help="no PyTorch eager baseline")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 warmup, 2-5 rounds of about 3 s per row, load+compile once, 1 thread setting")
     ap.add_argument("--output", default=str(ROOT / "docs" / "performance.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/performance.md alone")
+    ap.add_argument("--json", metavar="PATH", help=argparse.SUPPRESS)  # rows for the parent (JAX subprocesses)
     ap.add_argument("--profile", metavar="MODEL", help="print time per op type and a cProfile of load+compile")
     args = ap.parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.runs, args.min_runs, args.row_seconds, args.warmup, args.compile_repeats = 5, 2, 3.0, 1, 1
+        if "--threads" not in argv:
+            args.threads = "0"
+    args.thread_settings = [int(t) for t in args.threads.split(",") if t.strip()]
 
-    import onnxruntime as ort
+    names = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for name in names:
+        if name not in BACKENDS:
+            ap.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    model_names = [args.profile] if args.profile else [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in model_names:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    notes: list[str] = []
+    backends = _make_backends(names, notes)
+    for n in notes:
+        print(n, flush=True)
+    if args.profile:
+        args.no_eager = True
+        backends = backends[:1]
+
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
+    load_start = _load_average()
+    rows = run_benchmark(args, backends, model_names, notes)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows))
+        return 0
+    if args.profile:
+        for _, backend in backends:
+            _print_profile(backend, *_profile_inputs(args.profile))
+        return 0
+    jax_sub = {}
+    if args.jax_xla_flags and any(b == "jax" for b, _ in backends):
+        jax_sub = run_jax_subprocesses(args, model_names)
+    load_end = _load_average()
+    backend_names = [b for b, _ in backends]
+    targets = _targets(rows, model_names, backend_names, jax_sub)
+    for i, t, m, v, verdict in targets:
+        print(f"issue {i}: {t} [{m}]: {v} -> {verdict}")
+    if not args.no_write:
+        facts = _machine_facts() + [("Load average at start / end (1 / 5 / 15 min)",
+                                     f"{_fmt_load(load_start)}; {_fmt_load(load_end)}")]
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(_render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started))
+        print(f"wrote {out}")
+    return 0
+
+
+def _profile_inputs(model: str):
+    workdir = tempfile.mkdtemp()
+    path, _, inputs = _export(MODELS[model], workdir, {})
+    return path, inputs
+
+
+def _print_profile(backend, path, inputs) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    notes: list[str] = []
-    backends = []
-    for name in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        if name not in BACKENDS:
-            ap.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-        cls = getattr(ml, BACKENDS[name], None)
-        if cls is None:
-            notes.append(f"backend {name} skipped: mithril has no {BACKENDS[name]} yet")
-            continue
-        try:
-            backends.append((name, cls()))
-        except Exception as exc:  # an unavailable device or missing optional dependency
-            notes.append(f"backend {name} skipped: {type(exc).__name__}: {exc}")
-    for n in notes:
-        console.print(f"[yellow]{n}[/yellow]")
+    shapes = {k: list(v.shape) for k, v in inputs.items()}
+    pm = ml.compile(ml.load_onnx(path), backend, shapes=shapes)
+    params = pm.get_parameters()
+    data = {k: backend.from_numpy(v) for k, v in inputs.items()}
 
-    thread_settings = [int(t) for t in args.threads.split(",") if t.strip()]
-    model_names = [args.profile] if args.profile else [m.strip() for m in args.models.split(",") if m.strip()]
-    load_before = _load_average()
-    rows = []
-    with tempfile.TemporaryDirectory() as workdir:
-        for model in model_names:
-            path, inputs = _export(model, workdir)
-            input_desc = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
-            for threads in thread_settings:
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = threads
-                with _limits(threads):
-                    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-                    ref = sess.run(None, inputs)
-                    runners = {"ort": lambda: sess.run(None, inputs)}
-                    compiled = {}
-                    for bname, backend in backends:
-                        try:
-                            compile_s, call, pm = _backend_runner(backend, path, inputs, compile_repeats=3)
-                            outs = call()
-                        except ml.MithrilError as exc:
-                            notes.append(f"{model} on {bname} failed: {type(exc).__name__}: {exc}")
-                            console.print(f"[red]{notes[-1]}[/red]")
-                            continue
-                        diff = max(float(np.max(np.abs(outs[o.name] - r))) for o, r in zip(sess.get_outputs(), ref))
-                        runners[bname] = call
-                        compiled[bname] = (compile_s, diff, pm)
-                    times = _interleaved_times(runners, args.warmup, args.runs)
-                    for bname, (compile_s, diff, pm) in compiled.items():
-                        rows.append(dict(model=model, input=input_desc, threads=_threads_label(threads),
-                                         backend=bname, compile_s=compile_s, ort_ms=times["ort"] * 1e3,
-                                         ms=times[bname] * 1e3, ratio=times[bname] / times["ort"], diff=diff))
-                        if args.profile:
-                            _print_profile(console, pm, runners[bname], path, inputs, dict(backends)[bname])
-                    del sess, runners
-
-    table = Table(title="Mithril vs onnxruntime (CPU, batch 1)")
-    for col in ("Model", "Threads", "Backend", "Load+compile s", "ORT ms", "Backend ms", "Ratio", "Max abs diff"):
-        table.add_column(col, justify="left" if col in ("Model", "Backend") else "right")
-    for r in rows:
-        table.add_row(r["model"], r["threads"], r["backend"], f"{r['compile_s']:.3f}", f"{r['ort_ms']:.2f}",
-                      f"{r['ms']:.2f}", f"{r['ratio']:.2f}x", f"{r['diff']:.1e}")
-    console.print(table)
-    if not args.no_write and not args.profile:
-        facts = _machine_facts() + [("Load average before / after", f"{load_before}; {_load_average()}")]
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(_render(rows, facts, notes, args))
-        console.print(f"wrote {out}")
-    return 0
-
-
-def _print_profile(console, pm, call, path, inputs, backend) -> None:
-    from rich.table import Table
+    def call():
+        return _to_numpy_outputs(backend, pm.evaluate(params, data))
 
     per_op, per_sig = profile_ops(pm, call)
     total = sum(t for _, t, _ in per_op)
@@ -341,13 +633,13 @@ def _print_profile(console, pm, call, path, inputs, backend) -> None:
         for op, t, n in rows:
             table.add_row(op, str(n), f"{t * 1e3:.2f}", f"{100 * t / total:.1f}")
         console.print(table)
-    shapes = {k: list(v.shape) for k, v in inputs.items()}
     prof = cProfile.Profile()
     prof.enable()
     ml.compile(ml.load_onnx(path), backend, shapes=shapes)
     prof.disable()
     console.print("[bold]load+compile, cProfile by cumulative time[/bold]")
     pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+
 
 
 if __name__ == "__main__":
