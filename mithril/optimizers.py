@@ -67,32 +67,67 @@ def _zeros_like(x):
 
 
 def _scope(values: Iterable[Any]):
-    """JAX computes float64 only inside an x64 scope (JaxBackend's arrays are float64 there)."""
-    for v in values:
-        if _framework(v) in ("jax", "jaxlib") and getattr(v, "dtype", None) == np.float64:
-            import jax
+    """JAX arrays update inside an x64 scope, as JaxBackend computes: float64 stays float64, and
+    the jitted update is not retraced between calls made in and out of the scope."""
+    if any(_framework(v) in ("jax", "jaxlib") for v in values):
+        import jax
 
-            return jax.enable_x64(True)
+        return jax.enable_x64(True)
     return contextlib.nullcontext()
 
 
 class Optimizer:
-    """Base: ``lr`` is a number or a schedule ``step -> lr`` (step counts from 0)."""
+    """Base: ``lr`` is a number or a schedule ``step -> lr`` (step counts from 0).
+
+    A subclass names its per-parameter slots (``slots``), the step's scalars (``_scalars``, plain
+    floats) and the update of one parameter (``_apply_one``); on JAX arrays the whole update is one
+    ``jax.jit`` program (eager JAX dispatches each small op separately, which is slow)."""
+
+    slots: tuple[str, ...] = ()
 
     def __init__(self, lr: float | Schedule):
         self.lr = lr
+        self._jitted = None
 
     def _lr(self, step: int) -> float:
         return float(self.lr(step)) if callable(self.lr) else float(self.lr)
 
     def init(self, params: Mapping[str, Any]) -> dict:
-        return {"step": 0}
+        with _scope(params.values()):
+            return {"step": 0, **{s: {k: _zeros_like(v) for k, v in params.items()} for s in self.slots}}
 
     def update(self, params: Mapping[str, Any], grads: Mapping[str, Any], state: dict) -> tuple[dict, dict]:
+        step = int(state["step"])
+        scalars = self._scalars(step)
+        p = {k: params[k] for k in grads}
+        slots = {s: {k: state[s][k] for k in grads} for s in self.slots}
         with _scope(grads.values()):
-            return self._update(dict(params), grads, state)
+            new_p, new_slots = self._program(grads)(p, dict(grads), slots, scalars)
+        params = {**params, **new_p}
+        return params, {"step": step + 1, **{s: {**state[s], **new_slots[s]} for s in self.slots}}
 
-    def _update(self, params: dict, grads: Mapping[str, Any], state: dict) -> tuple[dict, dict]:
+    def _program(self, grads):
+        if any(_framework(g) in ("jax", "jaxlib") for g in grads.values()):
+            if self._jitted is None:
+                import jax
+
+                self._jitted = jax.jit(self._apply)
+            return self._jitted
+        return self._apply
+
+    def _apply(self, params, grads, slots, scalars):
+        new_p, new_slots = {}, {s: {} for s in self.slots}
+        for k, g in grads.items():
+            own = {s: slots[s][k] for s in self.slots}
+            new_p[k], own = self._apply_one(params[k], g, own, scalars)
+            for s in self.slots:
+                new_slots[s][k] = own[s]
+        return new_p, new_slots
+
+    def _scalars(self, step: int) -> dict[str, float]:
+        return {"lr": self._lr(step)}
+
+    def _apply_one(self, p, g, slots: dict, c: dict):
         raise NotImplementedError
 
 
@@ -103,52 +138,37 @@ class SGD(Optimizer):
     def __init__(self, lr: float | Schedule, momentum: float = 0.0, nesterov: bool = False):
         super().__init__(lr)
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.slots = ("trace",) if self.momentum else ()
 
-    def init(self, params):
-        state = {"step": 0}
+    def _apply_one(self, p, g, slots, c):
         if self.momentum:
-            state["trace"] = {k: _zeros_like(v) for k, v in params.items()}
-        return state
-
-    def _update(self, params, grads, state):
-        lr = self._lr(state["step"])
-        trace = dict(state.get("trace", {}))
-        for k, g in grads.items():
-            if self.momentum:
-                trace[k] = self.momentum * trace[k] + g
-                g = g + self.momentum * trace[k] if self.nesterov else trace[k]
-            params[k] = params[k] - lr * g
-        new = {"step": state["step"] + 1}
-        if self.momentum:
-            new["trace"] = trace
-        return params, new
+            slots = {"trace": self.momentum * slots["trace"] + g}
+            g = g + self.momentum * slots["trace"] if self.nesterov else slots["trace"]
+        return p - c["lr"] * g, slots
 
 
 class Adam(Optimizer):
     """Adam (Kingma & Ba): bias-corrected moments, ``p -= lr * m_hat / (sqrt(v_hat) + eps)``."""
+
+    slots = ("mu", "nu")
 
     def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
         super().__init__(lr)
         self.b1, self.b2 = (float(b) for b in betas)
         self.eps = float(eps)
 
-    def init(self, params):
-        return {"step": 0, "mu": {k: _zeros_like(v) for k, v in params.items()},
-                "nu": {k: _zeros_like(v) for k, v in params.items()}}
+    def _scalars(self, step):
+        t = step + 1
+        return {"lr": self._lr(step), "bc1": 1 - self.b1 ** t, "bc2": 1 - self.b2 ** t}
 
-    def _direction(self, g, k, mu, nu, t):
-        mu[k] = self.b1 * mu[k] + (1 - self.b1) * g
-        nu[k] = self.b2 * nu[k] + (1 - self.b2) * (g * g)
-        m_hat = mu[k] / (1 - self.b1 ** t)
-        v_hat = nu[k] / (1 - self.b2 ** t)
-        return m_hat / (_sqrt(v_hat) + self.eps)
+    def _direction(self, g, slots, c):
+        mu = self.b1 * slots["mu"] + (1 - self.b1) * g
+        nu = self.b2 * slots["nu"] + (1 - self.b2) * (g * g)
+        return (mu / c["bc1"]) / (_sqrt(nu / c["bc2"]) + self.eps), {"mu": mu, "nu": nu}
 
-    def _update(self, params, grads, state):
-        lr, t = self._lr(state["step"]), state["step"] + 1
-        mu, nu = dict(state["mu"]), dict(state["nu"])
-        for k, g in grads.items():
-            params[k] = params[k] - lr * self._direction(g, k, mu, nu, t)
-        return params, {"step": t, "mu": mu, "nu": nu}
+    def _apply_one(self, p, g, slots, c):
+        d, slots = self._direction(g, slots, c)
+        return p - c["lr"] * d, slots
 
 
 class AdamW(Adam):
@@ -160,12 +180,9 @@ class AdamW(Adam):
         super().__init__(lr, betas, eps)
         self.weight_decay = float(weight_decay)
 
-    def _update(self, params, grads, state):
-        lr, t = self._lr(state["step"]), state["step"] + 1
-        mu, nu = dict(state["mu"]), dict(state["nu"])
-        for k, g in grads.items():
-            params[k] = params[k] - lr * (self._direction(g, k, mu, nu, t) + self.weight_decay * params[k])
-        return params, {"step": t, "mu": mu, "nu": nu}
+    def _apply_one(self, p, g, slots, c):
+        d, slots = self._direction(g, slots, c)
+        return p - c["lr"] * (d + self.weight_decay * p), slots
 
 
 # -- the training loop ------------------------------------------------------------------------------
