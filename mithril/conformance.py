@@ -277,8 +277,15 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
         if jobs > 1:
             import multiprocessing as mp
 
-            ctx = mp.get_context("fork")
-            with ctx.Pool(jobs, maxtasksperchild=200) as pool:
+            # XLA, torch and MLX deadlock in a child forked after the parent started their thread
+            # pools, which a test session or an earlier backend may have done: their workers start
+            # from a clean forkserver. NumPy workers fork directly (fast, nothing to deadlock).
+            if backend == "numpy":
+                ctx, per_child = mp.get_context("fork"), 200
+            else:
+                ctx, per_child = mp.get_context("forkserver"), None
+                ctx.set_forkserver_preload(["mithril.conformance"])
+            with ctx.Pool(jobs, maxtasksperchild=per_child) as pool:
                 for r in pool.imap_unordered(_worker, tasks, chunksize=4):
                     results.append(r)
                     passed += r.status == "pass"
