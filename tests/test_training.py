@@ -108,17 +108,26 @@ def _train_lenet(backend, epochs: int, lr: float = 3e-3):
 
 
 # -- real training -----------------------------------------------------------------------------------
-# 15 epochs (345 steps) of Adam with a linear decay: ~10 s under JAX jit, 5-45 s eager on Torch and
-# MLX on two busy cores. All three reach 96.0% from the backends' seed 0 (the same initial values).
-# NumPy's hand-written gradients are slower still: it trains 3 epochs and must pass 85%.
-EPOCHS = {"jax": 15, "torch": 15, "mlx": 15, "numpy": 3}
-MIN_ACCURACY = {"jax": 0.95, "torch": 0.95, "mlx": 0.95, "numpy": 0.85}
+# 15 epochs (345 steps) of Adam with a linear decay from the backends' seed 0 (the same initial
+# values everywhere) take every backend to 96.3%: MITHRIL_FULL_TRAINING=1 runs that on all of them.
+# By default only JAX (jit: ~10-35 s on two busy cores) trains 15 epochs; eager NumPy, Torch and MLX
+# take 0.05-0.25 s a step there (1-1.5 min each for 15 epochs), so they train 6 epochs at a higher
+# rate, which reaches 93.6% on each, and must pass 92%. Their steps equal JAX's (next test).
+FULL = (15, 3e-3, 0.95)
+SHORT = (6, 4e-3, 0.92)
+
+
+def _plan(name: str):
+    import os
+
+    return FULL if name == "jax" or os.environ.get("MITHRIL_FULL_TRAINING") else SHORT
 
 
 @functools.lru_cache(maxsize=None)
 def _trained(name: str):
+    epochs, lr, _ = _plan(name)
     backend = _backend(name)
-    params, losses = _train_lenet(backend, EPOCHS[name])
+    params, losses = _train_lenet(backend, epochs, lr)
     return backend, params, losses
 
 
@@ -127,7 +136,22 @@ def test_lenet_learns_digits(name):
     backend, params, losses = _trained(name)
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
     acc = _accuracy(models_zoo.lenet(num_classes=10), backend, params)
-    assert acc >= MIN_ACCURACY[name], f"{name}: test accuracy {acc:.3f}"
+    assert acc >= _plan(name)[2], f"{name}: test accuracy {acc:.3f} after {_plan(name)[0]} epochs"
+
+
+def _twenty_steps(backend, init):
+    pm = _lenet_trainer(backend)
+    params = {k: backend.from_numpy(v.astype(backend.dtype.numpy)) for k, v in init.items()}
+    batches = _batches(backend, backend.dtype.numpy)
+    first_20 = lambda epoch: (b for _, b in zip(range(20), batches(epoch)))  # noqa: E731
+    return np.array(fit(pm, params, first_20, Adam(1e-3), 1, progress=False)[2])
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_reference():
+    reference = _backend("jax", ml.float64)
+    init = {k: np.asarray(reference.to_numpy(v)) for k, v in _lenet_trainer(reference).randomize_params().items()}
+    return init, _twenty_steps(reference, init)
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch", "mlx"])
@@ -136,17 +160,9 @@ def test_loss_agrees_with_jax_step_by_step(name):
     backend has it (agreement to 1e-9 relative), float32 on MLX (to 2e-4: float32 rounding, grown
     over 20 steps through Adam's normalisation, stays within that on this problem)."""
     dtype = ml.float32 if name == "mlx" else ml.float64
-    reference = _backend("jax", ml.float64)
     other = _backend(name, dtype)
-    init = {k: np.asarray(reference.to_numpy(v)) for k, v in _lenet_trainer(reference).randomize_params().items()}
-    runs = {}
-    for backend in (reference, other):
-        pm = _lenet_trainer(backend)
-        params = {k: backend.from_numpy(v.astype(backend.dtype.numpy)) for k, v in init.items()}
-        batches = _batches(backend, backend.dtype.numpy)
-        steps = lambda epoch: (b for i, b in zip(range(20), batches(epoch)))  # noqa: E731
-        _, _, runs[backend.name] = fit(pm, params, steps, Adam(1e-3), 1, progress=False)
-    want, got = np.array(runs["jax"]), np.array(runs[name])
+    init, want = _jax_reference()
+    got = _twenty_steps(other, init)
     assert len(got) == 20 and want[-1] < want[0]
     np.testing.assert_allclose(got, want, rtol=1e-9 if dtype == ml.float64 else 2e-4)
 
