@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import mithril as ml  # noqa: E402
+from mithril.compile import JitFallbackWarning  # noqa: E402
 
 # name -> (attribute of `mithril` holding the backend class, constructor kwargs); a backend that
 # mithril lacks or whose framework is not installed is skipped with a note.
@@ -57,6 +58,7 @@ DEFAULT_BACKENDS = "numpy,jax,torch,mlx"
 # JAX (XLA) and MLX fix theirs at start-up, so they run at their defaults only.
 THREAD_LIMITED = {"numpy", "torch", "torch-compile"}
 EAGER = "pytorch-eager"
+EAGER_PEERS = {"torch", "torch-compile"}  # rows timed interleaved with PyTorch eager as well
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,18 @@ def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repe
     def load_compile():
         return ml.compile(ml.load_onnx(path), backend, shapes=shapes)
 
-    t = time.perf_counter()
-    pm = load_compile()
-    compile_times = [time.perf_counter() - t]
-    params = pm.get_parameters()
-    data = {k: backend.from_numpy(v) for k, v in inputs.items()}
-    t = time.perf_counter()
-    outs = _to_numpy_outputs(backend, pm.evaluate(params, data))
-    first_s = time.perf_counter() - t
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", JitFallbackWarning)
+        t = time.perf_counter()
+        pm = load_compile()
+        compile_times = [time.perf_counter() - t]
+        params = pm.get_parameters()
+        data = {k: backend.from_numpy(v) for k, v in inputs.items()}
+        t = time.perf_counter()
+        outs = _to_numpy_outputs(backend, pm.evaluate(params, data))
+        first_s = time.perf_counter() - t
+    # A row that fell back to op-by-op execution is not a jit measurement: say so.
+    fallbacks = [str(w.message)[:200] for w in caught if issubclass(w.category, JitFallbackWarning)]
     for _ in range(compile_repeats - 1):  # compile only: a jit compiles on its first call
         t = time.perf_counter()
         load_compile()
@@ -126,7 +132,7 @@ def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repe
     def call():
         return _to_numpy_outputs(backend, pm.evaluate(params, data))
 
-    return statistics.median(compile_times), first_s, call, outs
+    return statistics.median(compile_times), first_s, call, outs, fallbacks
 
 
 def _eager_row(spec, inputs: dict[str, np.ndarray]):
@@ -319,9 +325,8 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                     ort_call = lambda: sess.run(None, inputs)  # noqa: E731
                     eager = None
                     if not args.no_eager:
-                        first_s, eager_call, eager_outs = _eager_row(spec, inputs)
-                        eager = eager_call
-                        candidates = [(EAGER, lambda: (None, first_s, eager_call, eager_outs))]
+                        eager_first_s, eager, eager_outs = _eager_row(spec, inputs)
+                        candidates = [(EAGER, lambda r=(None, eager_first_s, eager, eager_outs, []): r)]
                     else:
                         candidates = []
                     for bname, backend in backends:
@@ -330,13 +335,17 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                         candidates.append((bname, lambda b=backend: _backend_row(b, path, inputs, args.compile_repeats)))
                     for bname, prepare in candidates:
                         try:
-                            compile_s, first_s, call, outs = prepare()
+                            compile_s, first_s, call, outs, fallbacks = prepare()
                         except Exception as exc:  # one failing backend must not end the benchmark
                             notes.append(f"{model} on {bname} failed: {type(exc).__name__}: {str(exc)[:300]}")
                             print(notes[-1], flush=True)
                             continue
+                        for msg in fallbacks:
+                            notes.append(f"{model} on {bname} ({_threads_label(threads)} threads) ran un-jitted: {msg}")
+                            print(notes[-1], flush=True)
                         runners = {"ort": ort_call}
-                        if eager is not None and bname != EAGER:
+                        # Only Torch rows run next to eager: torch's spinning OpenMP pool would slow its neighbours.
+                        if eager is not None and bname in EAGER_PEERS:
                             runners[EAGER] = eager
                         runners[bname] = call
                         times, runs = _interleaved_times(runners, args.warmup, args.min_runs, args.runs,
@@ -362,7 +371,7 @@ def _row_line(r: dict) -> str:
             f"(ort {r['ort_ms']:.2f} ms) = {r['ratio']:.2f}x ort{eager}, {r['runs']} runs")
 
 
-def run_jax_subprocesses(args, model_names) -> dict[str, list[dict]]:
+def run_jax_subprocesses(args, model_names, notes) -> dict[str, list[dict]]:
     """The JAX rows in fresh processes without and with ``args.jax_xla_flags`` (XLA reads
     XLA_FLAGS once per process); label -> rows."""
     results = {}
@@ -380,7 +389,11 @@ def run_jax_subprocesses(args, model_names) -> dict[str, list[dict]]:
         print(f"JAX subprocess, XLA_FLAGS={flags or '(unset)'}", flush=True)
         proc = subprocess.run(cmd, env=env)
         try:
-            results[label] = json.loads(Path(out).read_text()) if proc.returncode == 0 else []
+            child = json.loads(Path(out).read_text()) if proc.returncode == 0 else {"rows": [], "notes": []}
+            results[label] = child["rows"]
+            notes.extend(f"JAX subprocess with XLA_FLAGS={flags or '(unset)'}: {n}" for n in child["notes"])
+            if proc.returncode != 0:
+                notes.append(f"JAX subprocess with XLA_FLAGS={flags or '(unset)'} exited with {proc.returncode}")
         finally:
             os.unlink(out)
     return results
@@ -416,12 +429,15 @@ def _targets(rows, model_names, backend_names, jax_sub) -> list[tuple[str, str, 
             if r is None or r["vs_eager"] is None:
                 out.append(("3", "Torch backend <= PyTorch eager", model, "not measured", "not measured"))
                 continue
+            others = [x for x in rows if x["model"] == model and x["backend"] == "torch" and x["threads"] != "default"
+                      and x["vs_eager"] is not None]
             measured = f"{r['vs_eager']:.2f}x eager ({r['ms']:.2f} vs {r['eager_ms']:.2f} ms)"
-            measured += "".join(f"; {x['vs_eager']:.2f}x at {x['threads']} thread" for x in rows
-                                if x["model"] == model and x["backend"] == "torch" and x["threads"] != "default"
-                                and x["vs_eager"] is not None)
-            out.append(("3", "Torch backend <= PyTorch eager", model, measured,
-                        "met" if r["vs_eager"] <= TORCH_TARGET else "NOT met"))
+            measured += "".join(f"; {x['vs_eager']:.2f}x at {x['threads']} thread" for x in others)
+            verdict = "met" if r["vs_eager"] <= TORCH_TARGET else "NOT met"
+            if others:
+                verdict = f"{verdict} at default threads; " + "; ".join(
+                    f"{'met' if x['vs_eager'] <= TORCH_TARGET else 'NOT met'} at {x['threads']} thread" for x in others)
+            out.append(("3", "Torch backend <= PyTorch eager", model, measured, verdict))
     for model in model_names:
         if "jax" in backend_names:
             r = _find(rows, model, "jax")
@@ -461,7 +477,8 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
         f"**Read the ratios, not the absolute times.** This is a shared {os.cpu_count()}-CPU machine on which other",
         "sessions run their own jobs; absolute times drift with their load (load average, 1 / 5 / 15 min:",
         f"{_fmt_load(load_start)} at the start, {_fmt_load(load_end)} at the end), while each ratio compares",
-        "runtimes timed in the same process, calls interleaved, under the same load.",
+        "runtimes timed in the same process, calls interleaved, under the same load. The load average",
+        "counts this benchmark's own threads too (about 2 while it runs).",
     ]
     peak = max([x[0] for x in [load_start, load_end] + [r["load"] for r in rows] if x] or [0.0])
     if peak >= (os.cpu_count() or 1):
@@ -479,9 +496,10 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               "Load+compile: `ml.compile(ml.load_onnx(path), backend, shapes=...)` with its defaults (jit=True; NumPy",
               f"also builds its gradient program), median of {args.compile_repeats}. First call: the first `evaluate`",
               "of the first compiled model, outputs converted to NumPy; jax.jit and mx.compile compile here.",
-              "Latency: median per call; Runs: interleaved rounds of onnxruntime, PyTorch eager and the backend",
-              f"(fewer for slow rows: each row takes about {args.row_seconds:g} s, at least {args.min_runs} and at most "
-              f"{args.runs} rounds, after up to {args.warmup} warmup calls).",
+              "Latency: median per call over Runs rounds, each round calling onnxruntime and the backend in turn;",
+              "the Torch rows call PyTorch eager too (only they: torch's spinning OpenMP pool slows whatever runs next",
+              f"to it at default threads). Each row takes about {args.row_seconds:g} s: at least {args.min_runs} and at "
+              f"most {args.runs} rounds, after up to {args.warmup} warmup calls, so slow rows get fewer.",
               "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
               "better). Max abs diff: largest difference from onnxruntime's outputs.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -581,7 +599,7 @@ def main(argv=None) -> int:
     load_start = _load_average()
     rows = run_benchmark(args, backends, model_names, notes)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows))
+        Path(args.json).write_text(json.dumps({"rows": rows, "notes": notes}))
         return 0
     if args.profile:
         for _, backend in backends:
@@ -589,7 +607,7 @@ def main(argv=None) -> int:
         return 0
     jax_sub = {}
     if args.jax_xla_flags and any(b == "jax" for b, _ in backends):
-        jax_sub = run_jax_subprocesses(args, model_names)
+        jax_sub = run_jax_subprocesses(args, model_names, notes)
     load_end = _load_average()
     backend_names = [b for b, _ in backends]
     targets = _targets(rows, model_names, backend_names, jax_sub)
