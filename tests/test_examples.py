@@ -17,6 +17,7 @@ EXAMPLES = {
     # two backends keep it quick: whole-ResNet jit compiles on JAX and MLX take ~10 s each
     "onnx_backbone.py": (["--image-size", "32", "--batch", "4", "--steps", "3", "--backends", "numpy,torch"],
                          "onnxruntime agrees: True"),
+    "train_lenet_digits.py": (["--backend", "torch", "--epochs", "1"], "onnxruntime agrees: True"),
 }
 
 
