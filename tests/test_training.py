@@ -278,11 +278,7 @@ def _dropout_net(training: bool):
     return m
 
 
-@pytest.mark.parametrize("name", [
-    "numpy", "torch", "mlx",
-    pytest.param("jax", marks=pytest.mark.xfail(strict=True, reason="under jax.jit the Dropout kernel draws its "
-                                                 "mask from NumPy's rng once, at trace time: every step gets the same mask")),
-])
+@pytest.mark.parametrize("name", ["numpy", "torch", "mlx", "jax"])
 def test_dropout_follows_the_mode(name):
     backend = _backend(name)
     tm = TrainModel(_dropout_net(training=True))

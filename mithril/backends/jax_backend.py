@@ -176,6 +176,9 @@ class JaxBackend(Backend):
         return _Jitted(self, forward)
 
     def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
+        # compile hands over its jitted program only when the graph may be traced once (jit=True,
+        # no random draws, no value-dependent shapes); a plain forward is differentiated eagerly.
+        may_jit = hasattr(forward, "forward")
         forward = getattr(forward, "forward", forward)
         key = (id(forward), tuple(diff_params), tuple(diff_data), tuple(sorted(output_gradients)))
         with self.scope():
@@ -183,7 +186,7 @@ class JaxBackend(Backend):
             if run is None:
                 run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data))
             cot = {k: jnp.asarray(v) for k, v in output_gradients.items()}
-            if not (_has_host_only(params) or _has_host_only(data)):
+            if may_jit and not (_has_host_only(params) or _has_host_only(data)):
                 try:
                     return run.jitted(dict(params), dict(data), cot)
                 except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
