@@ -243,7 +243,6 @@ class _Emitter:
         domain = canonical_domain(node.domain)
         opset = self.opsets.get(domain, 1)
         spec = self.specs[id(node)]
-        defaults = attribute_defaults(node.op_type, opset, domain)
         kwargs: dict[str, str] = {}
         for name, attr in node.attributes.items():
             if attr.is_ref():
@@ -261,18 +260,7 @@ class _Emitter:
                 else:
                     kwargs[name] = "(" + "".join(self.emit_subgraph(g, indent) + ", " for g in attr.value) + ")"
                 continue
-            value = convert_attribute(attr)
-            if name not in spec.accepts and not spec.accepts_var_keyword:
-                if name in defaults and _same(defaults[name], value):
-                    continue
-                raise UnsupportedAttributeError(
-                    f"kernel {spec.name} does not implement attribute {name}={value!r}",
-                    node=label, op_type=node.op_type, opset=opset,
-                )
-            kwargs[name] = self._value_source(value)
-        for name, default in defaults.items():
-            if name not in kwargs and (name in spec.accepts or spec.accepts_var_keyword) and name not in node.attributes:
-                kwargs[name] = self._value_source(default)
+        kwargs.update(self.attribute_kwargs(node, label, spec, opset))
         for name, expr in self.extra_kwargs.items():
             if name in spec.accepts:
                 kwargs[name] = expr
@@ -301,6 +289,29 @@ class _Emitter:
                     self.emit(indent, f"{self.var(o)} = _o[{i}]")
             self.emit(indent, "del _o")
         self.sites[line] = NodeSite(label, node.op_type, opset, input_vars, spec.name)
+
+    def attribute_kwargs(self, node: ir.Node, label: str, spec: KernelSpec, opset: int,
+                         kind: str = "kernel") -> dict[str, str]:
+        """Source for the node's non-graph attributes (its values, else schema defaults) that
+        ``spec`` accepts; an explicitly set, non-default attribute it does not accept is an error."""
+        defaults = attribute_defaults(node.op_type, opset, canonical_domain(node.domain))
+        kwargs: dict[str, str] = {}
+        for name, attr in node.attributes.items():
+            if is_graph_attribute(attr):
+                continue
+            value = convert_attribute(attr)
+            if name not in spec.accepts and not spec.accepts_var_keyword:
+                if name in defaults and _same(defaults[name], value):
+                    continue
+                raise UnsupportedAttributeError(
+                    f"{kind} {spec.name} does not implement attribute {name}={value!r}",
+                    node=label, op_type=node.op_type, opset=opset,
+                )
+            kwargs[name] = self._value_source(value)
+        for name, default in defaults.items():
+            if name not in kwargs and (name in spec.accepts or spec.accepts_var_keyword) and name not in node.attributes:
+                kwargs[name] = self._value_source(default)
+        return kwargs
 
     def _value_source(self, value: Any) -> str:
         src = _literal(value)

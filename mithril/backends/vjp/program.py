@@ -28,9 +28,8 @@ from typing import Any
 import numpy
 import onnx_ir as ir
 
-from ...errors import UnsupportedAttributeError
-from ...onnx_bridge.schema import attribute_defaults, convert_attribute, is_graph_attribute, max_outputs
-from ..lower import LoweredProgram, NodeSite, _Emitter, _np_dtype, _outer_refs, _same, canonical_domain, resolve_kernels
+from ...onnx_bridge.schema import is_graph_attribute, max_outputs
+from ..lower import LoweredProgram, NodeSite, _Emitter, _np_dtype, _outer_refs, canonical_domain, resolve_kernels
 from . import RULES, NoGradientRuleError
 
 _counter = itertools.count()
@@ -85,24 +84,7 @@ class _VjpEmitter(_Emitter):
         return "d" + self.var(value)[1:]
 
     def rule_call(self, node: ir.Node, label: str, spec, opset: int, needs, grads_in) -> str:
-        domain = canonical_domain(node.domain)
-        defaults = attribute_defaults(node.op_type, opset, domain)
-        kwargs: dict[str, str] = {}
-        for name, attr in node.attributes.items():
-            if is_graph_attribute(attr):
-                continue
-            value = convert_attribute(attr)
-            if name not in spec.accepts and not spec.accepts_var_keyword:
-                if name in defaults and _same(defaults[name], value):
-                    continue
-                raise UnsupportedAttributeError(
-                    f"gradient rule {spec.name} does not implement attribute {name}={value!r}",
-                    node=label, op_type=node.op_type, opset=opset,
-                )
-            kwargs[name] = self._value_source(value)
-        for name, default in defaults.items():
-            if name not in kwargs and name in spec.accepts and name not in node.attributes:
-                kwargs[name] = self._value_source(default)
+        kwargs = self.attribute_kwargs(node, label, spec, opset, kind="gradient rule")
         kwargs["needs"] = repr(tuple(needs)) if "needs" in spec.accepts else None
         if "y" in spec.accepts:
             kwargs["y"] = self.var(node.outputs[0])
