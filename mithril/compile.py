@@ -364,9 +364,10 @@ def compile(
                 file_path=file_path + ".vjp.py" if file_path else None,
             )
         except MithrilError as exc:
-            # Found at compile either way. A model compiled to train (it has a loss) fails here;
-            # one that may only ever run forward keeps the error for its first gradient request.
-            if loss_key is not None:
+            # Found at compile either way. A model compiled to train (it has a loss, or the caller
+            # chose what to differentiate with trainable_keys / data_keys) fails here; one that may
+            # only ever run forward keeps the error for its first gradient request.
+            if loss_key is not None or trainable_keys is not None or data_keys:
                 raise
             pm.gradient_error = exc
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs

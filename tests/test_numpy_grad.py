@@ -255,6 +255,11 @@ def test_an_op_without_a_rule_is_found_at_compile_naming_the_node():
     pm = ml.compile(ml.load_onnx(_sinh_model()), ml.NumpyBackend(dtype=ml.float64), trainable_keys=())
     out, grads = pm.evaluate(None, {"x": x}, output_gradients={"y": np.ones((2, 3))})
     assert pm.gradient_error is None and grads == {}
+    # Naming what to differentiate is asking for gradients: compile itself fails.
+    with pytest.raises(NoGradientRuleError, match=r"node 'odd_activation': op Sinh \(opset 18\)"):
+        ml.compile(ml.load_onnx(_sinh_model()), ml.NumpyBackend(dtype=ml.float64), trainable_keys=["w"])
+    with pytest.raises(NoGradientRuleError, match="odd_activation"):
+        ml.compile(ml.load_onnx(_sinh_model()), ml.NumpyBackend(dtype=ml.float64), data_keys={"x"})
 
 
 def test_a_model_compiled_to_train_fails_at_compile_naming_the_node():
