@@ -242,6 +242,41 @@ def test_accelerator_conv_path_matches_im2col(monkeypatch):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        # depthwise (multiply-add of shifted slices), with a channel multiplier, strided
+        ((2, 4, 9, 8), (4, 1, 3, 3), dict(group=4, pads=(1, 1, 1, 1), strides=(2, 1))),
+        ((1, 3, 7, 7), (6, 1, 3, 2), dict(group=3, pads=(0, 1, 2, 0), dilations=(2, 1))),
+        # dense and grouped im2col with the batch moved into the matmul, 1x1, 1-D and 3-D
+        ((3, 4, 9, 7), (6, 4, 3, 2), dict(group=1, pads=(1, 0, 2, 1), strides=(2, 3))),
+        ((2, 4, 6, 6), (8, 2, 3, 3), dict(group=2, pads=(1, 1, 1, 1))),
+        ((2, 8, 5, 5), (3, 8, 1, 1), dict(group=1)),
+        ((2, 4, 11), (6, 2, 3), dict(group=2, auto_pad="SAME_UPPER")),
+        ((2, 2, 4, 5, 3), (4, 2, 3, 3, 3), dict(group=1, auto_pad="SAME_LOWER")),
+    ],
+)
+def test_cpu_conv_paths_match_the_shared_kernel(x_shape, w_shape, attrs):
+    from mithril.backends.kernels import nn
+    from mithril.backends.overrides import jax as jax_kernels
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    attrs = dict(dict(auto_pad="NOTSET", dilations=None, kernel_shape=None, pads=None, strides=None), **attrs)
+    want = nn.conv(x, w, b, xp=np, **attrs)
+    jnp = jax.numpy
+    got = jax.jit(lambda x, w, b: jax_kernels.conv(x, w, b, xp=jnp, **attrs))(x, w, b)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    # float16 accumulates in float32: within float16 rounding of the float32 result.
+    got16 = jax.jit(lambda x, w: jax_kernels.conv(x, w, None, xp=jnp, **attrs))(x.astype(np.float16),
+                                                                                 w.astype(np.float16))
+    want16 = nn.conv(x.astype(np.float16).astype(np.float32), w.astype(np.float16).astype(np.float32), None,
+                     xp=np, **attrs)
+    np.testing.assert_allclose(np.asarray(got16, np.float32), want16, rtol=2e-3, atol=2e-3)
+
+
 def test_max_pool_gradient_under_jit():
     # lax.reduce_window with a traced init has no gradient; the override passes a concrete one.
     nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
