@@ -73,6 +73,25 @@ def test_shape_subgraph_folds_when_shapes_are_given():
     assert list(pm.get_parameters()) == ["W"]
 
 
+def test_constant_powers_become_multiplies_and_sqrt():
+    exps = {"e2": np.float32(2.0), "e3": np.array([3.0], np.float32), "e05": np.float64(0.5), "e4": np.float32(4.0)}
+    nodes = [helper.make_node("Pow", ["x", e], [f"y_{e}"], name=f"pow_{e}") for e in exps]
+    nodes.append(helper.make_node("Pow", ["x", "x"], ["y_x"], name="pow_data"))
+    outs = [(f"y_{e}", TensorProto.FLOAT, [2, 3]) for e in exps] + [("y_x", TensorProto.FLOAT, [2, 3])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3])], outs, exps)
+    x = np.random.default_rng(0).uniform(0.5, 2.0, (2, 3)).astype(np.float32)
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), constant_keys=set(exps))
+    code = pm.code
+    assert "pow_e2/Mul" in code and code.count("pow_e3/Mul") == 2 and "pow_e05/Sqrt" in code
+    assert "'pow_e4'" in code and "'pow_data'" in code  # other exponents and data exponents stay Pow
+    out = pm.evaluate({}, {"x": x})
+    for e, v in exps.items():
+        np.testing.assert_allclose(out[f"y_{e}"], x ** np.float32(np.asarray(v).reshape(-1)[0]), rtol=1e-6)
+    # A trainable exponent is a parameter, not a constant: it keeps its Pow (and its gradient).
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    assert "pow_e2/Mul" not in pm.code
+
+
 def test_symbolic_dims_run_at_several_batch_sizes():
     pm = ml.compile(ml.load_onnx(_shape_subgraph_model()), ml.NumpyBackend())
     assert " shape_" in pm.code  # not folded: the batch is symbolic

@@ -1,9 +1,8 @@
 """Graph passes, each small and named, each taking and returning an onnx_ir model.
 
 The compile pipeline runs ``specialize(model, shapes, constant_names)`` which chains:
-inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> mark_stop_gradients ->
-remove_identities ->
-remove_dead_nodes -> toposort.
+inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> reduce_powers ->
+mark_stop_gradients -> remove_identities -> remove_dead_nodes -> toposort.
 """
 
 from __future__ import annotations
@@ -181,6 +180,51 @@ def fold_constants(
     return model, folded
 
 
+# Pow by a constant the hardware does better another way: x*x and x*x*x are one or two multiplies
+# (GPT-2's tanh-GELU cubes its input; torch.pow with a tensor exponent takes the generic
+# exp/log path, 5x slower than two multiplies), x**0.5 is Sqrt. Differentiable the same way.
+_POWER_REWRITES = {2.0: ("Mul",), 3.0: ("Mul", "Mul"), 0.5: ("Sqrt",)}
+
+
+def reduce_powers(model: ir.Model, constant_names: set[str], opsets: dict[str, int]) -> ir.Model:
+    """``Pow(x, c)`` with a constant scalar exponent c in {0.5, 2, 3} and a floating base becomes
+    Sqrt(x) / Mul(x, x) / Mul(Mul(x, x), x). Only where the result's shape is the base's."""
+    if opsets.get("", 1) < 7:  # Pow-1's broadcast attribute: leave the legacy form alone
+        return model
+    graph = model.graph
+    for node in list(graph):
+        if node.op_type != "Pow" or _canonical_domain(node.domain) != "" or len(node.inputs) != 2:
+            continue
+        base, exponent = node.inputs
+        if base is None or exponent is None or exponent.name not in constant_names:
+            continue
+        if exponent.const_value is None or base.type is None or base.shape is None:
+            continue
+        value = exponent.const_value.numpy()
+        if value.size != 1 or value.ndim > len(base.shape) or not np.issubdtype(value.dtype, np.number):
+            continue
+        if base.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            continue
+        ops = _POWER_REWRITES.get(float(value.reshape(-1)[0]))
+        if ops is None:
+            continue
+        out = node.outputs[0]
+        result = base
+        for op in ops:
+            inputs = [result] if op == "Sqrt" else [result, base]
+            new = ir.Node("", op, inputs, name=f"{node.name}/{op}" if node.name else None,
+                          metadata_props=dict(node.metadata_props))
+            graph.insert_before(node, new)
+            result = new.outputs[0]
+            result.shape, result.type = base.shape, base.type
+        name = out.name
+        out.name = None
+        out.replace_all_uses_with(result, replace_graph_outputs=True)
+        result.name = name
+        graph.remove(node, safe=False)
+    return model
+
+
 # The frontend's StopGradient exports as an Identity carrying this mark (onnxruntime ignores it).
 STOP_GRADIENT_MARK = "mithril.stop_gradient"
 INTERNAL_DOMAIN = "ai.mithril"
@@ -238,6 +282,7 @@ def specialize(
         _, folded = fold_constants(model, constant_names, opsets)
         if not folded:
             break
+    reduce_powers(model, constant_names, opsets)
     # After inference and folding: the internal op has no ONNX schema for them to read.
     mark_stop_gradients(model)
     remove_identities(model)
