@@ -348,6 +348,7 @@ def compile(
         extra_namespace={"xp": backend.xp, "_backend": backend},
         extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
         file_path=file_path,
+        constant=backend.constant,
     )
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
     pm.buffer_keys = buffers & set(param_names)

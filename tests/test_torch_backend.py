@@ -61,6 +61,23 @@ def test_evaluate_takes_and_returns_tensors(conv_model, backend):
         pm.evaluate(params, {"x": torch.from_numpy(x.astype(np.float64))})
 
 
+def test_constants_become_tensors_once_at_compile_static_inputs_stay_on_the_host(backend):
+    nodes = [helper.make_node("Add", ["x", "bias"], ["h"], name="add"),
+             helper.make_node("Reshape", ["h", "shape"], ["y"], name="reshape")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 3])], [("y", TensorProto.FLOAT, [3, 2])],
+                       {"bias": np.arange(3, dtype=np.float32), "shape": np.array([3, 2], np.int64)})
+    pm = ml.compile(ml.load_onnx(model), backend, constant_keys={"bias"})
+    ns = pm.program.namespace
+    add_line = next(line for line in pm.code.splitlines() if "'add'" in line)
+    reshape_line = next(line for line in pm.code.splitlines() if "'reshape'" in line)
+    bias_name = add_line.split("(")[1].split(",")[1].strip()
+    shape_name = reshape_line.split("(")[1].split(",")[1].strip()
+    assert isinstance(ns[bias_name], txp.TorchArray) and ns[bias_name].native.dtype == torch.float32
+    assert isinstance(ns[shape_name], np.ndarray)  # Reshape reads its shape on the host
+    y = pm.evaluate({}, {"x": torch.ones(2, 3)})["y"]
+    assert y.tolist() == [[1, 2], [3, 1], [2, 3]]
+
+
 def test_sequence_and_string_outputs(backend):
     seq = make_model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"])],
                      [("a", TensorProto.FLOAT, [2]), ("b", TensorProto.FLOAT, [2])], [])

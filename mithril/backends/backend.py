@@ -65,6 +65,12 @@ class Backend:
         """Program outputs as users get them (native arrays of the framework)."""
         return outputs
 
+    def constant(self, value: np.ndarray):
+        """An initializer constant that kernels read as a tensor (not as a static input), in the
+        array type the program computes on; called once per constant at compile. The default keeps
+        the NumPy array (NumPy itself; JAX, whose jit embeds constants in the program)."""
+        return value
+
     # -- compilation hooks: a backend overrides what its framework offers -------------
     def scope(self):
         """The context each evaluation runs in (JAX: x64 and the device; NumPy: a BLAS thread cap)."""

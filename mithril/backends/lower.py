@@ -22,6 +22,7 @@ import itertools
 import linecache
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -157,6 +158,11 @@ class _Emitter:
         self._n_consts = 0
         self._n_graphs = 0
         self._node_index = 0
+        # Initializer constants as NumPy arrays, and as the backend's arrays where it keeps them so
+        # (Backend.constant), converted once here instead of on every call.
+        self.const_arrays: dict[ir.Value, np.ndarray] = {}
+        self.backend_constant: Callable[[np.ndarray], Any] | None = None
+        self._backend_consts: dict[ir.Value, str] = {}
 
     # -- names ---------------------------------------------------------------------
     def var(self, value: ir.Value) -> str:
@@ -171,6 +177,17 @@ class _Emitter:
         self._n_consts += 1
         self.namespace[name] = value
         return name
+
+    def backend_const(self, value: ir.Value) -> str:
+        """The name a non-static input reads: a constant in the backend's array type where the
+        backend converts constants (static inputs, read on the host, keep the NumPy name)."""
+        arr = self.const_arrays.get(value)
+        if arr is None or self.backend_constant is None:
+            return self.var(value)
+        if value not in self._backend_consts:
+            converted = self.backend_constant(arr)
+            self._backend_consts[value] = self.var(value) if converted is arr else self.const(converted, "d")
+        return self._backend_consts[value]
 
     def kernel_name(self, spec: KernelSpec) -> str:
         key = id(spec)
@@ -209,7 +226,9 @@ class _Emitter:
             if v in last_use or v in keep:
                 if v.const_value is None:
                     raise ValueError(f"initializer {v.name!r} has no value")
-                self.names[v] = self.const(v.const_value.numpy(), "c")
+                arr = v.const_value.numpy()
+                self.names[v] = self.const(arr, "c")
+                self.const_arrays[v] = arr
         frees: dict[int, list[ir.Value]] = {}
         for v, i in last_use.items():
             if v in local and v not in keep and not v.is_initializer():
@@ -272,7 +291,10 @@ class _Emitter:
         if "node" in spec.accepts:
             out_dtypes = tuple(_np_dtype(o) for o in node.outputs)
             kwargs["node"] = self.const(NodeInfo(label, node.op_type, domain, opset, out_dtypes), "n")
-        input_vars = tuple(self.var(v) if v is not None else None for v in node.inputs)
+        input_vars = tuple(
+            None if v is None else self.backend_const(v) if i not in spec.static_inputs else self.var(v)
+            for i, v in enumerate(node.inputs)
+        )
         args = [v if v is not None else "None" for v in input_vars]
         args += [f"{k}={v}" for k, v in kwargs.items()]
         call = f"{self.kernel_name(spec)}({', '.join(args)})"
@@ -350,10 +372,13 @@ def lower_graph(
     extra_namespace: dict[str, Any],
     extra_kwargs: dict[str, str],
     file_path: str | None = None,
+    constant: Callable[[np.ndarray], Any] | None = None,
 ) -> LoweredProgram:
-    """Generate and exec ``forward(params, data) -> dict`` for ``graph``."""
+    """Generate and exec ``forward(params, data) -> dict`` for ``graph``. ``constant`` converts an
+    initializer constant read as a tensor (not as a static input) into the backend's array, once."""
     specs = resolve_kernels(graph, opsets, backend)
     em = _Emitter(opsets, backend, specs, extra_kwargs)
+    em.backend_constant = constant
     em.namespace.update(extra_namespace)
     em.emit(0, "def forward(params, data):")
     for v in graph.inputs:

@@ -183,6 +183,13 @@ class MlxBackend(Backend):
         # The program computes on the facade; NumPy arrays keep their dtype (no casting).
         return {k: self._to_facade(v) for k, v in values.items()}
 
+    def constant(self, value: np.ndarray):
+        # Converted once at compile instead of by every op that reads it; float64 and strings stay
+        # on the host, where the kernels that accept them compute.
+        if value.dtype == object or self.unsupported_dtype_reason(value.dtype):
+            return value
+        return xp.MlxArray(self.from_numpy(value))
+
     def _to_facade(self, v):
         if isinstance(v, xp.MlxArray):
             return v

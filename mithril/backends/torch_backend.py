@@ -142,6 +142,10 @@ class TorchBackend(Backend):
         # copied, so an output that aliases an input (Identity, Reshape) never aliases the caller's array.
         return {k: self._to_facade(v) for k, v in values.items()}
 
+    def constant(self, value: np.ndarray):
+        # Converted (and moved to the device) once at compile instead of by every op that reads it.
+        return value if value.dtype == object else txp.TorchArray(self.from_numpy(value))
+
     def _to_facade(self, v):
         if isinstance(v, txp.TorchArray):
             return v

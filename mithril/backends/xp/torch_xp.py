@@ -156,6 +156,22 @@ def _device_of(args):
 def _promote(*args, tensors=False):
     """Operands as natives of NumPy's result dtype; Python scalars stay weak (left as scalars)
     unless ``tensors``. Returns (natives, numpy result dtype)."""
+    # Fast path (most calls): tensors of one dtype, and Python ints with a floating one (weak: the
+    # tensor's dtype wins, and no int overflows a float).
+    dt, scalars = None, False
+    for a in args:
+        if type(a) is TorchArray:
+            if dt is None:
+                dt = a.native.dtype
+            elif a.native.dtype is not dt:
+                break
+        elif type(a) is int and not tensors:
+            scalars = True
+        else:
+            break
+    else:
+        if dt is not None and (not scalars or dt.is_floating_point):
+            return [a.native if type(a) is TorchArray else a for a in args], TO_NUMPY[dt]
     dev = None
     items, dts = [], []
     for a in args:
