@@ -18,7 +18,7 @@ from ..registry import kernel
 
 def _ints(values) -> tuple[int, ...]:
     """A static shape-like input (1-D or scalar tensor) as Python ints."""
-    return tuple(int(v) for v in numpy.asarray(values).reshape(-1))
+    return tuple(int(v) for v in numpy.asarray(values).reshape(-1).tolist())
 
 
 def _axis(axis: int, rank: int) -> int:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..kernels import elementwise as _ew
 from ..kernels import nn as _nn
 from ..kernels import normalization as _norm
+from ..kernels import shape as _shape
 from ..registry import override
 from ..xp import torch_xp as txp
 from ..xp.torch_xp import TorchArray
@@ -169,6 +170,49 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
 def global_average_pool(x):
     xt = _t(x)
     return TorchArray(xt.mean(dim=tuple(range(2, xt.dim())), keepdim=True))
+
+
+# ---------------------------------------------------------------- the most frequent small ops
+# Transformer exports are hundreds of Add/Mul/Reshape/Transpose nodes on small tensors, where the
+# facade's NumPy-semantics layer (promotion, wrapping, host fallbacks) costs as much as the op.
+# Operands of one floating dtype (the common case) go straight to torch; anything else (mixed
+# dtypes, integer division, strings, scalars) takes the shared kernel.
+
+
+def _binary_fast(torch_fn, shared):
+    def kernel(a, b, *, xp):
+        if type(a) is TorchArray and type(b) is TorchArray:
+            at, bt = a.native, b.native
+            if at.dtype is bt.dtype and at.dtype.is_floating_point:
+                return TorchArray(torch_fn(at, bt))
+        return shared(a, b, xp=xp)
+
+    kernel.__name__ = shared.__name__
+    return kernel
+
+
+for _op, _fn, _shared in (("Add", torch.add, _ew.add), ("Sub", torch.sub, _ew.sub),
+                          ("Mul", torch.mul, _ew.mul), ("Div", torch.div, _ew.div)):
+    override("torch", _op, since=7)(_binary_fast(_fn, _shared))
+
+
+@override("torch", "Reshape", since=5, static_inputs=(1,))
+def reshape(data, shape, *, allowzero=0, xp):
+    if type(data) is not TorchArray:
+        return _shape.reshape(data, shape, allowzero=allowzero, xp=xp)
+    t = data.native
+    dims = shape.tolist() if isinstance(shape, np.ndarray) else list(_shape._ints(shape))
+    if not allowzero and 0 in dims:
+        dims = [t.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    return TorchArray(t.reshape(dims))
+
+
+@override("torch", "Transpose", since=1)
+def transpose(data, *, perm, xp):
+    if type(data) is not TorchArray:
+        return _shape.transpose(data, perm=perm, xp=xp)
+    t = data.native
+    return TorchArray(t.permute(*(perm if perm is not None else reversed(range(t.dim())))))
 
 
 # ---------------------------------------------------------------- matmul family

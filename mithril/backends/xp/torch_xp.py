@@ -225,10 +225,14 @@ def _axes(axis, ndim):
 
 
 def _ints(shape) -> tuple:
+    if type(shape) is tuple and all(type(s) is int for s in shape):  # the common case, as is
+        return shape
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     if isinstance(shape, TorchArray):
-        return tuple(int(v) for v in shape.native.reshape(-1).tolist())
+        return tuple(shape.native.reshape(-1).tolist())
+    if isinstance(shape, np.ndarray):
+        return tuple(shape.reshape(-1).tolist())
     return tuple(int(s) for s in shape)
 
 
