@@ -92,6 +92,31 @@ def test_constant_powers_become_multiplies_and_sqrt():
     assert "pow_e2/Mul" not in pm.code
 
 
+def test_matmul_plus_bias_fuses_into_gemm_with_static_shapes():
+    rng = np.random.default_rng(1)
+    w, b = rng.standard_normal((4, 5)), rng.standard_normal(5)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="proj/MatMul"),
+             helper.make_node("Add", ["B", "h"], ["y"], name="proj/Add"),
+             helper.make_node("MatMul", ["x", "W"], ["h2"], name="shared/MatMul"),
+             helper.make_node("Add", ["h2", "B"], ["z"], name="shared/Add"),
+             helper.make_node("Relu", ["h2"], ["r"], name="reads_h2")]
+    model = make_model(nodes, [("x", TensorProto.DOUBLE, ["N", 3, 4])],
+                       [("y", TensorProto.DOUBLE, ["N", 3, 5]), ("z", TensorProto.DOUBLE, ["N", 3, 5]),
+                        ("r", TensorProto.DOUBLE, ["N", 3, 5])], {"W": w, "B": b})
+    x = rng.standard_normal((2, 3, 4))
+    backend = ml.NumpyBackend(dtype=ml.float64)
+    static = ml.compile(ml.load_onnx(model), backend, shapes={"x": [2, 3, 4]})
+    dynamic = ml.compile(ml.load_onnx(model), backend)
+    assert "proj/Add/fused_gemm" in static.code and "'proj/MatMul'" not in static.code
+    assert "'shared/MatMul'" in static.code  # its product has a second reader: no fusion
+    assert "fused_gemm" not in dynamic.code  # symbolic shapes: left alone
+    g = {"y": np.ones((2, 3, 5)), "z": np.zeros((2, 3, 5)), "r": np.zeros((2, 3, 5))}
+    (out_s, grad_s), (out_d, grad_d) = (pm.evaluate(None, {"x": x}, output_gradients=g) for pm in (static, dynamic))
+    np.testing.assert_allclose(out_s["y"], x @ w + b, rtol=1e-12)
+    for k in ("W", "B"):
+        np.testing.assert_allclose(grad_s[k], grad_d[k], rtol=1e-12)
+
+
 def test_symbolic_dims_run_at_several_batch_sizes():
     pm = ml.compile(ml.load_onnx(_shape_subgraph_model()), ml.NumpyBackend())
     assert " shape_" in pm.code  # not folded: the batch is symbolic
