@@ -78,6 +78,35 @@ def test_constants_become_tensors_once_at_compile_static_inputs_stay_on_the_host
     assert y.tolist() == [[1, 2], [3, 1], [2, 3]]
 
 
+@pytest.mark.parametrize("size, pads, strides", [
+    (8, (1, 1, 1, 1), (2, 2)),  # the end pixel no window reads: symmetric torch padding still fits
+    (9, (1, 1, 1, 1), (2, 2)),
+    (8, (0, 1, 1, 0), (1, 2)),  # truly asymmetric: padded explicitly
+    (7, (2, 0, 0, 2), (3, 1)),
+])
+def test_conv_padding_geometries_match_the_shared_kernel(size, pads, strides):
+    from mithril.backends.kernels import nn
+    from mithril.backends.overrides import torch as torch_kernels
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, size, size)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    attrs = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=pads, strides=strides)
+    want = nn.conv(x, w, None, xp=np, **attrs)
+    got = torch_kernels.conv(txp.asarray(x), txp.asarray(w), None, xp=txp, **attrs)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_clip_with_scalar_bounds_is_one_clamp(backend):
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="relu6")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [5])], [("y", TensorProto.FLOAT, [5])],
+                       {"lo": np.float32(0.0), "hi": np.float32(6.0)})
+    pm = ml.compile(ml.load_onnx(model), backend, constant_keys={"lo", "hi"})
+    x = torch.tensor([-1.0, 0.5, 6.5, float("nan"), 3.0])
+    y = pm.evaluate({}, {"x": x})["y"]
+    assert y[[0, 1, 2, 4]].tolist() == [0.0, 0.5, 6.0, 3.0] and torch.isnan(y[3])
+
+
 def test_sequence_and_string_outputs(backend):
     seq = make_model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"])],
                      [("a", TensorProto.FLOAT, [2]), ("b", TensorProto.FLOAT, [2])], [])

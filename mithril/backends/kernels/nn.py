@@ -9,6 +9,7 @@ in every array namespace.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -38,6 +39,13 @@ class _Window:
 
 
 def _window(size, kernel, strides, dilations, pads, auto_pad, ceil_mode=0) -> _Window:
+    # Every call of a node computes the same geometry: cache it (arguments as tuples to hash).
+    return _window_cached(tuple(size), tuple(kernel), strides and tuple(strides), dilations and tuple(dilations),
+                          pads and tuple(pads), auto_pad, ceil_mode)
+
+
+@functools.lru_cache(maxsize=4096)
+def _window_cached(size, kernel, strides, dilations, pads, auto_pad, ceil_mode) -> _Window:
     nd = len(kernel)
     strides = tuple(strides or (1,) * nd)
     dilations = tuple(dilations or (1,) * nd)

@@ -58,9 +58,14 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     size = tuple(xt.shape[2:])
     win = _nn._window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
     pairs = _spatial_pads(win, size)
-    if all(b == e for b, e in pairs):
-        padding = tuple(b for b, _ in pairs)
-    else:
+    padding = tuple(b for b, _ in pairs)
+    # torch pads symmetrically: fine when the end padding the windows read is no more than the
+    # begin padding and the symmetric padding yields the same windows (stride-2 convs of even
+    # inputs read one less pixel at the end); otherwise pad explicitly.
+    if any(e > b for b, e in pairs) or any(
+        (n + 2 * b - (k - 1) * d - 1) // s + 1 != o
+        for n, b, k, d, s, o in zip(size, padding, win.kernel, win.dilations, win.strides, win.out)
+    ):
         xt, padding = _pad_input(xt, pairs, 0.0), 0
     bt = _t(b).to(xt.dtype) if b is not None else None
     return TorchArray(_CONV[nd](xt, wt, bt, win.strides, padding, win.dilations, group))
@@ -194,6 +199,24 @@ def _binary_fast(torch_fn, shared):
 for _op, _fn, _shared in (("Add", torch.add, _ew.add), ("Sub", torch.sub, _ew.sub),
                           ("Mul", torch.mul, _ew.mul), ("Div", torch.div, _ew.div)):
     override("torch", _op, since=7)(_binary_fast(_fn, _shared))
+
+
+@override("torch", "Clip", since=11)
+def clip(x, low=None, high=None, *, xp):
+    # One torch.clamp (ReLU6 in MobileNets) instead of the facade's maximum, minimum and casts;
+    # min > max gives max everywhere in both, as ONNX specifies.
+    if type(x) is TorchArray and x.native.dtype.is_floating_point and (low is not None or high is not None) and \
+            all(v is None or type(v) is TorchArray for v in (low, high)):
+        t = x.native
+        bounds = [None if v is None else v.native for v in (low, high)]
+        if t.device.type == "cpu" and all(v is None or v.numel() == 1 for v in bounds):
+            # Scalar bounds take clamp's fast kernel (tensor bounds are 5x slower); on the CPU,
+            # reading them costs no device sync. Rounded to x's dtype first, as ONNX casts them.
+            bounds = [None if v is None else v.to(t.dtype).item() for v in bounds]
+        else:
+            bounds = [None if v is None else v.to(t.dtype) for v in bounds]
+        return TorchArray(torch.clamp(t, *bounds))
+    return _ew.clip(x, low, high, xp=xp)
 
 
 @override("torch", "Reshape", since=5, static_inputs=(1,))
