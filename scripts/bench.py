@@ -154,25 +154,36 @@ def _eager_row(spec, inputs: dict[str, np.ndarray]):
 
 
 def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int, row_seconds: float):
-    """Median seconds per call of each runner and the number of rounds. Calls are interleaved so
-    every runtime sees the same machine load; the rounds fit in about ``row_seconds`` (at least
-    ``min_runs``, at most ``max_runs``), so a 3 s call gets a few runs and a 1 ms call many."""
+    """Median seconds per call of each runner and the number of timed calls per runner.
+
+    The runners take turns in blocks of consecutive calls, so every runtime sees the same machine
+    load; the first call of each block is not timed. It absorbs the previous runtime's idle
+    workers, which keep spinning for tens of milliseconds after a call (onnxruntime's intra-op
+    pool, torch's OpenMP pool) and would otherwise take a core from whoever runs next: per-call
+    interleaving measured JAX's ResNet-18 at 56 ms after onnxruntime calls and 31 ms on its own.
+    Blocks last about 0.2 s; the row about ``row_seconds`` (``min_runs`` to ``max_runs`` timed
+    calls per runner)."""
     round_s = 0.0
-    for fn in runners.values():  # one untimed-for-the-result call each, to size the row
+    per_call = {}
+    for name, fn in runners.items():  # one untimed call each, to size the blocks
         t = time.perf_counter()
         fn()
-        round_s += time.perf_counter() - t
-    runs = max(min_runs, min(max_runs, int(row_seconds / max(round_s, 1e-9))))
-    for _ in range(warmup - 1 if round_s * warmup < row_seconds / 2 else 0):
+        per_call[name] = time.perf_counter() - t
+        round_s += per_call[name]
+    for _ in range(max(warmup - 1, 0) if round_s * warmup < row_seconds / 2 else 0):
         for fn in runners.values():
             fn()
+    want = max(min_runs, min(max_runs, int(row_seconds / max(round_s, 1e-9))))
     times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(runs):
+    while min(len(v) for v in times.values()) < want:
         for name, fn in runners.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}, runs
+            block = 1 + max(1, min(want - len(times[name]), int(0.2 / max(per_call[name], 1e-9))))
+            for i in range(block):
+                t = time.perf_counter()
+                fn()
+                if i:
+                    times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}, want
 
 
 def _max_diff(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
