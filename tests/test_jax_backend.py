@@ -277,6 +277,31 @@ def test_cpu_conv_paths_match_the_shared_kernel(x_shape, w_shape, attrs):
     np.testing.assert_allclose(np.asarray(got16, np.float32), want16, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("limit", ["between", "below"])
+def test_large_patch_convs_go_per_sample_or_to_xla(monkeypatch, limit):
+    # Batched convs whose patch matrix passes the limit run one sample at a time (lax.map), or as
+    # lax.conv when one sample's patches pass it too; values and gradients match either way.
+    from mithril.backends.kernels import nn
+    from mithril.backends.overrides import jax as jax_kernels
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 9, 7)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 2)).astype(np.float32)
+    attrs = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=(1, 0, 2, 1), strides=(2, 1))
+    want = nn.conv(x, w, None, xp=np, **attrs)
+    sample = 4 * 6 * want.shape[2] * want.shape[3] * 4  # c * taps * pixels * itemsize
+    monkeypatch.setattr(jax_kernels, "_PATCHES_MAX_BYTES", sample + 1 if limit == "between" else sample - 1)
+    jnp = jax.numpy
+    f = jax.jit(lambda x, w: jax_kernels.conv(x, w, None, xp=jnp, **attrs))
+    lowered = f.lower(x, w).as_text()
+    assert ("while" in lowered) == (limit == "between")
+    np.testing.assert_allclose(np.asarray(f(x, w)), want, rtol=1e-5, atol=1e-5)
+    grad = jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w))))(w)
+    monkeypatch.setattr(jax_kernels, "_PATCHES_MAX_BYTES", 1 << 40)
+    ref = jax.grad(lambda w: jnp.sum(jnp.tanh(jax_kernels.conv(x, w, None, xp=jnp, **attrs))))(w)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(ref), rtol=1e-4, atol=1e-4)
+
+
 def test_max_pool_gradient_under_jit():
     # lax.reduce_window with a traced init has no gradient; the override passes a concrete one.
     nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
