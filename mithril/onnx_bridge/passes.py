@@ -180,6 +180,17 @@ def fold_constants(
     return model, folded
 
 
+_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def _take_over(old: ir.Value, new: ir.Value) -> None:
+    """``new`` replaces ``old`` everywhere, graph outputs included, and takes its name."""
+    name = old.name
+    old.name = None
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    new.name = name
+
+
 # Pow by a constant the hardware does better another way: x*x and x*x*x are one or two multiplies
 # (GPT-2's tanh-GELU cubes its input; torch.pow with a tensor exponent takes the generic
 # exp/log path, 5x slower than two multiplies), x**0.5 is Sqrt. Differentiable the same way.
@@ -203,7 +214,7 @@ def reduce_powers(model: ir.Model, constant_names: set[str], opsets: dict[str, i
         value = exponent.const_value.numpy()
         if value.size != 1 or value.ndim > len(base.shape) or not np.issubdtype(value.dtype, np.number):
             continue
-        if base.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        if base.dtype not in _FLOAT_TYPES:
             continue
         ops = _POWER_REWRITES.get(float(value.reshape(-1)[0]))
         if ops is None:
@@ -217,15 +228,9 @@ def reduce_powers(model: ir.Model, constant_names: set[str], opsets: dict[str, i
             graph.insert_before(node, new)
             result = new.outputs[0]
             result.shape, result.type = base.shape, base.type
-        name = out.name
-        out.name = None
-        out.replace_all_uses_with(result, replace_graph_outputs=True)
-        result.name = name
+        _take_over(out, result)
         graph.remove(node, safe=False)
     return model
-
-
-_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
 def _single_use(value: ir.Value) -> bool:
@@ -277,10 +282,7 @@ def fuse_matmul_bias(model: ir.Model, constant_names: set[str], opsets: dict[str
         for new in new_nodes:
             new.metadata_props.update(node.metadata_props)
             graph.insert_before(node, new)
-        name = out.name
-        out.name = None
-        out.replace_all_uses_with(result, replace_graph_outputs=True)
-        result.name = name
+        _take_over(out, result)
         graph.remove(node, safe=False)
         graph.remove(producer, safe=False)
     return model
@@ -314,10 +316,7 @@ def mark_stop_gradients(model: ir.Model) -> ir.Model:
             new_out = replacement.outputs[0]
             new_out.shape, new_out.type = out.shape, out.type
             graph.insert_before(node, replacement)
-            name = out.name
-            out.name = None
-            out.replace_all_uses_with(new_out, replace_graph_outputs=True)
-            new_out.name = name
+            _take_over(out, new_out)
             graph.remove(node, safe=False)
     return model
 
