@@ -16,14 +16,18 @@ def export_onnx(
     params: Mapping[str, Any] | None = None,
     opset: int | None = None,
     dynamic_axes: Mapping[str, Any] | None = None,
+    dtype=None,
 ) -> onnx.ModelProto:
-    """Export ``model`` to ONNX, write it to ``path`` when given, and return the ModelProto.
+    """Export ``model`` (a logical Model, a TrainModel's training graph, or a loaded ONNX model) to
+    ONNX, write it to ``path`` when given, and return the ModelProto.
 
     ``shapes`` fixes input dims (dims not given stay symbolic ``dim_param``s); ``dynamic_axes``
     (``{"input": {0: "batch"}}`` or ``{"input": [0]}``) keeps given dims symbolic in the graph.
     ``params`` (arrays of any backend, keyed by the names ``ml.compile`` reports) become
     initializers; missing ones are randomized and a :class:`RandomParamsWarning` says so.
-    ``opset`` defaults to the newest the installed onnxruntime loads.
+    ``opset`` defaults to the newest the installed onnxruntime loads. ``dtype`` is the type of every
+    float the model leaves open: by default that of the floating ``params`` when they share one
+    (parameters trained on ``NumpyBackend(dtype=ml.float64)`` export as float64), else float32.
 
     >>> import mithril as ml
     >>> from mithril.models import Model, Relu
@@ -35,17 +39,35 @@ def export_onnx(
     """
     from .frontend.model import Model
     from .frontend.onnx_export import build_onnx
+    from .frontend.train import TrainModel
     from .onnx_bridge.load import OnnxModel, load_onnx
 
+    if dtype is None and params:
+        dtype = _params_float_dtype(params)
     if isinstance(model, Model):
         proto, _ = build_onnx(model, shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes,
-                              warn_random=True)
+                              warn_random=True, dtype=dtype)
+        onnx.checker.check_model(proto, full_check=True)
+    elif isinstance(model, TrainModel):
+        # The training graph: the model's outputs, the buffer updates and "loss".
+        proto = model.build_onnx(shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes, dtype=dtype)
         onnx.checker.check_model(proto, full_check=True)
     else:
         proto = (model if isinstance(model, OnnxModel) else load_onnx(model)).to_proto()
     if path is not None:
         onnx.save(proto, os.fspath(path))
     return proto
+
+
+def _params_float_dtype(params: Mapping[str, Any]):
+    """The one floating dtype of ``params``, or None when they have none or several."""
+    import numpy as np
+
+    from .frontend.onnx_export import _to_numpy
+
+    kinds = {a.dtype for a in (np.asarray(_to_numpy(v)) for v in params.values())
+             if a.dtype.kind == "f" or a.dtype.name == "bfloat16"}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 __all__ = ["export_onnx"]

@@ -204,6 +204,30 @@ def test_train_model_loss_regularization_and_gradients(name):
     np.testing.assert_allclose(float(backend.to_numpy(only["loss"])), float(backend.to_numpy(out1["loss"])), **tol)
 
 
+def test_train_model_exports_its_training_graph_and_onnxruntime_agrees(tmp_path):
+    import onnxruntime as ort
+
+    backend = ml.NumpyBackend(dtype=ml.float64)
+    tm = TrainModel(_mlp())
+    tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    tm.add_regularization(L2(), coef=0.1, input=r"fc\d\.weight")
+    shapes = {"input": [5, 4], "target": [5]}
+    pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"})
+    params = pm.randomize_params()
+    rng = np.random.default_rng(1)
+    data = {"input": rng.standard_normal((5, 4)), "target": np.array([2, 0, 1, 1, 0])}
+    outputs, _ = pm.evaluate(params, data)
+    path = tmp_path / "train.onnx"
+    proto = ml.export_onnx(tm, path, shapes=shapes, params=params)
+    assert [o.name for o in proto.graph.output] == ["output", "loss"]
+    # float64 parameters export as float64 (never silently narrowed to the float32 default)
+    assert {i.data_type for i in proto.graph.initializer if i.data_type in (1, 11)} == {11}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, data)))
+    np.testing.assert_allclose(got["loss"], outputs["loss"], rtol=1e-12)
+    np.testing.assert_allclose(got["output"], outputs["output"], rtol=1e-12)
+
+
 def test_train_model_errors_name_the_problem():
     backend = _backend("jax")
     tm = TrainModel(_mlp())
