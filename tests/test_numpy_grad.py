@@ -58,6 +58,9 @@ CASES = [
     _c("MatMul", {"a": [2, 1, 3, 4], "b": [3, 4, 2]}, id="MatMul-broadcast-batch"),
     _c("Gemm", {"a": [4, 3], "b": [5, 4], "c": [5]}, attrs=dict(transA=1, transB=1, alpha=0.5, beta=2.0)),
     _c("Gemm", {"a": [3, 4], "b": [4, 5], "c": [3, 1]}, id="Gemm-plain"),
+    # Add(MatMul(x, W), b): the fuse_matmul_bias pass makes it one ai.mithril::MatMulAdd node
+    _c("MatMulAdd", {"x": [2, 3, 4], "w": [4, 5], "b": [5]},
+       nodes=[helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y0"])]),
     # broadcasting arithmetic
     _c("Add", {"a": [3, 1, 4], "b": [2, 4]}),
     _c("Sub", {"a": [3, 1, 4], "b": [2, 4]}),

@@ -180,6 +180,10 @@ def fold_constants(
     return model, folded
 
 
+# The frontend's StopGradient exports as an Identity carrying this mark (onnxruntime ignores it).
+STOP_GRADIENT_MARK = "mithril.stop_gradient"
+INTERNAL_DOMAIN = "ai.mithril"
+
 _FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
@@ -238,10 +242,10 @@ def _single_use(value: ir.Value) -> bool:
 
 
 def fuse_matmul_bias(model: ir.Model, constant_names: set[str], opsets: dict[str, int]) -> ir.Model:
-    """``Add(MatMul(x, W), b)``, the way exporters write a Linear layer on a 3-D input, becomes
-    ``Reshape -> Gemm(x2, W, b) -> Reshape``: one fused matmul-plus-bias (torch.addmm, a BLAS
-    call with beta) instead of a matmul and a second pass over its output. Only with static
-    shapes: W is (K, N), b is (N,), x is (..., K), all of one floating type."""
+    """``Add(MatMul(x, W), b)``, the way exporters write a Linear layer, becomes the internal
+    ``ai.mithril::MatMulAdd(x, W, b)``: one matmul-plus-bias (torch's F.linear, a single BLAS call
+    with beta = 1) instead of a matmul and a second pass over its output. W is (K, N), b is (N,)
+    and x is (..., K), all of one floating type; x's leading dims may be symbolic."""
     if opsets.get("", 1) < 7:
         return model
     graph = model.graph
@@ -257,51 +261,23 @@ def fuse_matmul_bias(model: ir.Model, constant_names: set[str], opsets: dict[str
         if _canonical_domain(producer.domain) != "" or not _single_use(mm_out):
             continue
         x, w = producer.inputs
-        xs, ws, bs = static_shape(x), static_shape(w), static_shape(bias) if bias is not None else None
-        if xs is None or ws is None or bs is None or len(ws) != 2 or bs != (ws[1],) or len(xs) < 2:
+        ws, bs = static_shape(w), static_shape(bias) if bias is not None else None
+        if ws is None or bs is None or len(ws) != 2 or bs != (ws[1],) or x.shape is None or len(x.shape) < 2:
             continue
-        if xs[-1] != ws[0] or len({x.dtype, w.dtype, bias.dtype}) != 1 or x.dtype not in _FLOAT_TYPES:
+        if x.shape[-1] != ws[0] or len({x.dtype, w.dtype, bias.dtype}) != 1 or x.dtype not in _FLOAT_TYPES:
             continue
         out = node.outputs[0]
-        base = node.name or producer.name or "linear"
-        new_nodes = []
-        rows = x
-        if len(xs) > 2:
-            shape_in = _shape_constant(graph, constant_names, f"{base}/fused_shape_in", (-1, xs[-1]))
-            new_nodes.append(ir.Node("", "Reshape", [x, shape_in], name=f"{base}/fused_reshape_in"))
-            rows = new_nodes[-1].outputs[0]
-            rows.shape, rows.type = ir.Shape([int(np.prod(xs[:-1])), xs[-1]]), x.type
-        new_nodes.append(ir.Node("", "Gemm", [rows, w, bias], name=f"{base}/fused_gemm"))
-        result = new_nodes[-1].outputs[0]
-        result.shape, result.type = ir.Shape([int(np.prod(xs[:-1])), ws[1]]), x.type
-        if len(xs) > 2:
-            shape_out = _shape_constant(graph, constant_names, f"{base}/fused_shape_out", xs[:-1] + (ws[1],))
-            new_nodes.append(ir.Node("", "Reshape", [result, shape_out], name=f"{base}/fused_reshape_out"))
-            result = new_nodes[-1].outputs[0]
-            result.shape, result.type = out.shape, out.type
-        for new in new_nodes:
-            new.metadata_props.update(node.metadata_props)
-            graph.insert_before(node, new)
+        fused = ir.Node(INTERNAL_DOMAIN, "MatMulAdd", [x, w, bias], name=node.name or producer.name,
+                        metadata_props=dict(node.metadata_props))
+        result = fused.outputs[0]
+        result.shape, result.type = out.shape, out.type
+        graph.insert_before(node, fused)
         _take_over(out, result)
         graph.remove(node, safe=False)
         graph.remove(producer, safe=False)
     return model
 
 
-def _shape_constant(graph: ir.Graph, constant_names: set[str], name: str, dims) -> ir.Value:
-    while name in graph.initializers:
-        name += "_"
-    arr = np.array(dims, dtype=np.int64)
-    value = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.INT64),
-                     const_value=ir.tensor(arr))
-    graph.register_initializer(value)
-    constant_names.add(name)
-    return value
-
-
-# The frontend's StopGradient exports as an Identity carrying this mark (onnxruntime ignores it).
-STOP_GRADIENT_MARK = "mithril.stop_gradient"
-INTERNAL_DOMAIN = "ai.mithril"
 
 
 def mark_stop_gradients(model: ir.Model) -> ir.Model:

@@ -73,6 +73,12 @@ def is_graph_attribute(attr: ir.Attr) -> bool:
     return attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
+# Mithril's own ops (domain ai.mithril, made by the passes) have no ONNX schema.
+_INTERNAL_MAX_OUTPUTS = {"StopGradient": 1, "MatMulAdd": 1}
+
+
 def max_outputs(op_type: str, opset: int, domain: str = "") -> int:
+    if domain == "ai.mithril" and op_type in _INTERNAL_MAX_OUTPUTS:
+        return _INTERNAL_MAX_OUTPUTS[op_type]
     schema = get_schema(op_type, opset, domain)
     return schema.max_output if schema is not None else 2**31

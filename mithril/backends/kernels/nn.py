@@ -437,6 +437,14 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
     return y
 
 
+@kernel("MatMulAdd", since=1, domain="ai.mithril")
+def matmul_add(x, w, b, *, xp):
+    # Mithril-internal: Add(MatMul(x, W), b) fused by the fuse_matmul_bias pass.
+    y = _matmul(x, w, xp)
+    y += b.astype(y.dtype)  # in place under NumPy, rebinding under immutable namespaces
+    return y
+
+
 @kernel("Einsum", since=12)
 def einsum(*inputs, equation, xp):
     dtype = inputs[0].dtype

@@ -264,6 +264,14 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
     return TorchArray(y * alpha if alpha != 1 else y)
 
 
+@override("torch", "MatMulAdd", since=1, domain="ai.mithril")
+def matmul_add(x, w, b, *, xp):
+    xt, wt, bt = _t(x), _t(w), _t(b)
+    if not (xt.dtype is wt.dtype is bt.dtype and xt.dtype in _FLOATS):
+        return _nn.matmul_add(x, w, b, xp=xp)
+    return TorchArray(F.linear(xt, wt.t(), bt))  # one addmm over the folded leading dims
+
+
 # ---------------------------------------------------------------- activations and normalization
 
 

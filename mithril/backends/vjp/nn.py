@@ -45,6 +45,13 @@ def matmul_vjp(g, a, b, *, needs):
     return ga, gb
 
 
+@vjp_rule("MatMulAdd", since=1, domain="ai.mithril")
+def matmul_add_vjp(g, x, w, b, *, needs):
+    gx, gw = matmul_vjp(g, x, w, needs=needs[:2])
+    gb = g.reshape(-1, g.shape[-1]).sum(axis=0) if needs[2] else None
+    return gx, gw, gb
+
+
 @vjp_rule("Gemm", since=1)
 def gemm_vjp(g, a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, needs):
     at = a.T if transA else a
