@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -77,7 +78,12 @@ def _scope(values: Iterable[Any]):
 
 
 class Optimizer:
-    """Base: ``lr`` is a number or a schedule ``step -> lr`` (step counts from 0).
+    r"""Base: ``lr`` is a number or a schedule ``step -> lr`` (step counts from 0).
+
+    ``lr_scale`` gives parameter groups their own rate, as torch's param groups do: a mapping from
+    a regular expression (searched in the parameter's name) to a multiplier of ``lr``; the first
+    pattern that matches applies, parameters no pattern matches take ``lr`` itself. Fine-tuning a
+    pretrained backbone at a tenth of the head's rate is ``Adam(1e-3, lr_scale={r"^backbone\.": 0.1})``.
 
     A subclass names its per-parameter slots (``slots``), the step's scalars (``_scalars``, plain
     floats) and the update of one parameter (``_apply_one``); on JAX arrays the whole update is one
@@ -85,9 +91,16 @@ class Optimizer:
 
     slots: tuple[str, ...] = ()
 
-    def __init__(self, lr: float | Schedule):
+    def __init__(self, lr: float | Schedule, lr_scale: Mapping[str, float] | None = None):
         self.lr = lr
+        self.lr_scale = {re.compile(k): float(v) for k, v in (lr_scale or {}).items()}
         self._jitted = None
+
+    def _scale(self, name: str) -> float:
+        for pattern, scale in self.lr_scale.items():
+            if pattern.search(name):
+                return scale
+        return 1.0
 
     def _lr(self, step: int) -> float:
         return float(self.lr(step)) if callable(self.lr) else float(self.lr)
@@ -119,7 +132,9 @@ class Optimizer:
         new_p, new_slots = {}, {s: {} for s in self.slots}
         for k, g in grads.items():
             own = {s: slots[s][k] for s in self.slots}
-            new_p[k], own = self._apply_one(params[k], g, own, scalars)
+            scale = self._scale(k)
+            c = scalars if scale == 1.0 else {**scalars, "lr": scalars["lr"] * scale}
+            new_p[k], own = self._apply_one(params[k], g, own, c)
             for s in self.slots:
                 new_slots[s][k] = own[s]
         return new_p, new_slots
@@ -135,8 +150,9 @@ class SGD(Optimizer):
     """``p -= lr * g``; with ``momentum``, ``t = momentum * t + g`` and ``p -= lr * t``
     (``nesterov``: ``p -= lr * (g + momentum * t)``), as torch.optim.SGD and optax.sgd."""
 
-    def __init__(self, lr: float | Schedule, momentum: float = 0.0, nesterov: bool = False):
-        super().__init__(lr)
+    def __init__(self, lr: float | Schedule, momentum: float = 0.0, nesterov: bool = False,
+                 lr_scale: Mapping[str, float] | None = None):
+        super().__init__(lr, lr_scale)
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
         self.slots = ("trace",) if self.momentum else ()
 
@@ -152,8 +168,9 @@ class Adam(Optimizer):
 
     slots = ("mu", "nu")
 
-    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        super().__init__(lr)
+    def __init__(self, lr: float | Schedule = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 lr_scale: Mapping[str, float] | None = None):
+        super().__init__(lr, lr_scale)
         self.b1, self.b2 = (float(b) for b in betas)
         self.eps = float(eps)
 
@@ -176,8 +193,9 @@ class AdamW(Adam):
     ``p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)``."""
 
     def __init__(self, lr: float | Schedule = 1e-3, weight_decay: float = 0.01,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        super().__init__(lr, betas, eps)
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 lr_scale: Mapping[str, float] | None = None):
+        super().__init__(lr, betas, eps, lr_scale)
         self.weight_decay = float(weight_decay)
 
     def _apply_one(self, p, g, slots, c):

@@ -154,3 +154,27 @@ def test_only_keys_with_gradients_change_and_schedules_apply():
     assert params["w"].tolist() == [1 - 1 - 0.5 - 0.25] * 2
     assert params["running_mean"].tolist() == [0.0, 0.0]
     assert state["step"] == 3
+
+
+@pytest.mark.parametrize("case", ["sgd_momentum", "adam", "adamw"])
+def test_lr_scale_matches_torch_param_groups(case):
+    # lr_scale={"^b$": 0.1} is torch's two param groups: "w" at lr, "b" at lr / 10.
+    torch = pytest.importorskip("torch")
+    cls, kw = CASES[case]["cls"], dict(CASES[case]["kw"])
+    lr = kw["lr"]
+    leaves = {k: torch.tensor(v, requires_grad=True) for k, v in _init().items()}
+    extra = {k: kw[k] for k in ("betas", "eps", "weight_decay", "momentum") if k in kw}
+    groups = [{"params": [leaves["w"]], "lr": lr}, {"params": [leaves["b"]], "lr": lr * 0.1}]
+    opt = {"sgd_momentum": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[case](groups, **extra)
+    ours = cls(**kw, lr_scale={"^b$": 0.1})
+    params = _init()
+    state = ours.init(params)
+    for step in range(STEPS):
+        grads = _grads({k: v.detach().numpy() for k, v in leaves.items()}, step)
+        for k, leaf in leaves.items():
+            leaf.grad = torch.tensor(grads[k])
+        opt.step()
+        params, state = ours.update(params, _grads(params, step), state)
+        for k in params:
+            np.testing.assert_allclose(params[k], leaves[k].detach().numpy(), rtol=1e-12, atol=1e-12,
+                                       err_msg=f"step {step} {k}")
