@@ -35,3 +35,15 @@ def test_example_runs(script):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert expect in proc.stdout
+
+
+def test_readme_training_snippet_runs(tmp_path, monkeypatch):
+    """The README's Training section is code users paste: it must run as written."""
+    pytest.importorskip("torch", reason="the snippet trains on TorchBackend")
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("### Training"):].split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    scope: dict = {}
+    exec(compile(block, "README.md#training", "exec"), scope)
+    assert len(scope["losses"]) == 8 and (tmp_path / "lenet_train.onnx").exists()
