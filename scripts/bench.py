@@ -8,7 +8,7 @@
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
-GPT-2 (hidden 64, 2 layers) at sequence 128. Every row is timed interleaved with onnxruntime and
+GPT-2 (hidden 64, 2 layers) at sequence 128. Every row is timed taking turns with onnxruntime and
 PyTorch eager (the torch.nn module the ONNX file came from) in the same process, so ratios compare
 runtimes under the same machine load. The JAX rows are also run in two subprocesses, without and
 with ``XLA_FLAGS`` (``--jax-xla-flags``), since XLA reads its flags once per process.
@@ -157,7 +157,7 @@ def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int,
     """Median seconds per call of each runner and the number of timed calls per runner.
 
     The runners take turns in blocks of consecutive calls, so every runtime sees the same machine
-    load; the first call of each block is not timed. It absorbs the previous runtime's idle
+    load; the first call of each block is not timed (below 0.5 s a call). It absorbs the previous runtime's idle
     workers, which keep spinning for tens of milliseconds after a call (onnxruntime's intra-op
     pool, torch's OpenMP pool) and would otherwise take a core from whoever runs next: per-call
     interleaving measured JAX's ResNet-18 at 56 ms after onnxruntime calls and 31 ms on its own.
@@ -177,11 +177,13 @@ def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int,
     times: dict[str, list[float]] = {k: [] for k in runners}
     while min(len(v) for v in times.values()) < want:
         for name, fn in runners.items():
-            block = 1 + max(1, min(want - len(times[name]), int(0.2 / max(per_call[name], 1e-9))))
+            # Calls of half a second or more hardly notice a neighbour's spinning: all are timed.
+            skip = 1 if per_call[name] < 0.5 else 0
+            block = skip + max(1, min(want - len(times[name]), int(0.2 / max(per_call[name], 1e-9))))
             for i in range(block):
                 t = time.perf_counter()
                 fn()
-                if i:
+                if i >= skip:
                     times[name].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}, want
 
@@ -489,7 +491,7 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
         f"**Read the ratios, not the absolute times.** This is a shared {os.cpu_count()}-CPU machine on which other",
         "sessions run their own jobs; absolute times drift with their load (load average, 1 / 5 / 15 min:",
         f"{_fmt_load(load_start)} at the start, {_fmt_load(load_end)} at the end), while each ratio compares",
-        "runtimes timed in the same process, calls interleaved, under the same load. The load average",
+        "runtimes timed in the same process, taking turns, under the same load. The load average",
         "counts this benchmark's own threads too (about 2 while it runs).",
     ]
     peak = max([x[0] for x in [load_start, load_end] + [r["load"] for r in rows] if x] or [0.0])
@@ -508,10 +510,12 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               "Load+compile: `ml.compile(ml.load_onnx(path), backend, shapes=...)` with its defaults (jit=True; NumPy",
               f"also builds its gradient program), median of {args.compile_repeats}. First call: the first `evaluate`",
               "of the first compiled model, outputs converted to NumPy; jax.jit and mx.compile compile here.",
-              "Latency: median per call over Runs rounds, each round calling onnxruntime and the backend in turn;",
-              "the Torch rows call PyTorch eager too (only they: torch's spinning OpenMP pool slows whatever runs next",
-              f"to it at default threads). Each row takes about {args.row_seconds:g} s: at least {args.min_runs} and at "
-              f"most {args.runs} rounds, after up to {args.warmup} warmup calls, so slow rows get fewer.",
+              "Latency: median of Runs timed calls per runtime. onnxruntime and the backend (and PyTorch eager, in",
+              "the Torch rows) take turns in blocks of about 0.2 s; below 0.5 s a call, the first call of each block",
+              "is not timed: it absorbs the previous runtime's idle workers, which keep spinning for tens of",
+              "milliseconds after a call (onnxruntime's pool, torch's OpenMP pool) and would take a core from it.",
+              f"Each row takes about {args.row_seconds:g} s: at least {args.min_runs} and at most {args.runs} timed "
+              f"calls, after up to {args.warmup} warmup calls, so slow rows get fewer.",
               "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
               "better). Max abs diff: largest difference from onnxruntime's outputs.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -534,7 +538,7 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
         labels = list(jax_sub)
         lines += ["## JAX on CPU with and without XLA flags", "",
                   "The JAX rows again, each setting in a fresh subprocess (XLA reads `XLA_FLAGS` once per process),",
-                  "JAX interleaved with onnxruntime only. \"default\" leaves `XLA_FLAGS` unset, which is what",
+                  "JAX taking turns with onnxruntime only. \"default\" leaves `XLA_FLAGS` unset, which is what",
                   f"`ml.JaxBackend()` runs with; the other rows set `XLA_FLAGS={labels[-1]}` for the whole process.",
                   "The backend's defaults are not changed by this benchmark; the Targets table judges the default.", "",
                   "| Model | XLA_FLAGS | JAX (ms) | ORT (ms) | vs ORT | First call (s) | Runs |",
@@ -589,7 +593,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
-    ap.add_argument("--runs", type=int, default=30, help="most interleaved rounds per row")
+    ap.add_argument("--runs", type=int, default=30, help="most timed calls per runtime per row")
     ap.add_argument("--min-runs", type=int, default=3, help="fewest rounds per row, however slow")
     ap.add_argument("--row-seconds", type=float, default=12.0, help="time to spend timing one row")
     ap.add_argument("--warmup", type=int, default=3)
