@@ -84,7 +84,7 @@ def test_constants_become_tensors_once_at_compile_static_inputs_stay_on_the_host
     (8, (0, 1, 1, 0), (1, 2)),  # truly asymmetric: padded explicitly
     (7, (2, 0, 0, 2), (3, 1)),
 ])
-def test_conv_padding_geometries_match_the_shared_kernel(size, pads, strides):
+def test_conv_and_pool_padding_geometries_match_the_shared_kernels(size, pads, strides):
     from mithril.backends.kernels import nn
     from mithril.backends.overrides import torch as torch_kernels
 
@@ -95,6 +95,11 @@ def test_conv_padding_geometries_match_the_shared_kernel(size, pads, strides):
     want = nn.conv(x, w, None, xp=np, **attrs)
     got = torch_kernels.conv(txp.asarray(x), txp.asarray(w), None, xp=txp, **attrs)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    for ceil_mode in (0, 1):
+        pool = dict(auto_pad="NOTSET", kernel_shape=(3, 3), pads=pads, strides=strides, ceil_mode=ceil_mode)
+        want = nn.max_pool(x, xp=np, **pool)
+        got = torch_kernels.max_pool(txp.asarray(x), xp=txp, **pool)
+        np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_clip_with_scalar_bounds_is_one_clamp(backend):

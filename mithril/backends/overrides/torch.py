@@ -38,6 +38,20 @@ def _spatial_pads(win, size):
     return [(b, max(ext - b - n, 0)) for b, ext, n in zip(win.begin, win.extent, size)]
 
 
+def _symmetric_padding(win, size, pairs, pool: bool = False):
+    """The per-axis padding to hand torch (which pads both ends alike), or None when the input
+    needs explicit padding. Symmetric padding serves when the end padding the windows read is no
+    more than the begin padding and yields the same windows: stride-2 convs and pools of even
+    inputs read one pixel less at the end than at the start. torch's pools also take at most
+    half the window as padding."""
+    padding = tuple(b for b, _ in pairs)
+    for n, (b, e), k, d, s, o in zip(size, pairs, win.kernel, win.dilations, win.strides, win.out):
+        span = (k - 1) * d + 1
+        if e > b or (n + 2 * b - span) // s + 1 != o or (pool and 2 * b > span):
+            return None
+    return padding
+
+
 def _pad_input(x: torch.Tensor, pairs, value) -> torch.Tensor:
     flat = []
     for b, e in reversed(pairs):
@@ -58,14 +72,8 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     size = tuple(xt.shape[2:])
     win = _nn._window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
     pairs = _spatial_pads(win, size)
-    padding = tuple(b for b, _ in pairs)
-    # torch pads symmetrically: fine when the end padding the windows read is no more than the
-    # begin padding and the symmetric padding yields the same windows (stride-2 convs of even
-    # inputs read one less pixel at the end); otherwise pad explicitly.
-    if any(e > b for b, e in pairs) or any(
-        (n + 2 * b - (k - 1) * d - 1) // s + 1 != o
-        for n, b, k, d, s, o in zip(size, padding, win.kernel, win.dilations, win.strides, win.out)
-    ):
+    padding = _symmetric_padding(win, size, pairs)
+    if padding is None:
         xt, padding = _pad_input(xt, pairs, 0.0), 0
     bt = _t(b).to(xt.dtype) if b is not None else None
     return TorchArray(_CONV[nd](xt, wt, bt, win.strides, padding, win.dilations, group))
@@ -144,9 +152,8 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
     size = tuple(xt.shape[2:])
     win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     pairs = _spatial_pads(win, size)
-    if all(b == e and 2 * b <= k for (b, e), k in zip(pairs, win.kernel)):
-        padding = tuple(b for b, _ in pairs)
-    else:
+    padding = _symmetric_padding(win, size, pairs, pool=True)
+    if padding is None:
         xt, padding = _pad_input(xt, pairs, -math.inf), 0
     return TorchArray(_MAX_POOL[nd](xt, win.kernel, win.strides, padding, win.dilations))
 
