@@ -195,6 +195,16 @@ def _take_over(old: ir.Value, new: ir.Value) -> None:
     new.name = name
 
 
+def _replace_with_internal(node: ir.Node, op_type: str, inputs, name: str | None) -> None:
+    """``node`` (one output) gives way to the Mithril-internal ``op_type`` on ``inputs``."""
+    new = ir.Node(INTERNAL_DOMAIN, op_type, inputs, name=name, metadata_props=dict(node.metadata_props))
+    out, result = node.outputs[0], new.outputs[0]
+    result.shape, result.type = out.shape, out.type
+    node.graph.insert_before(node, new)
+    _take_over(out, result)
+    node.graph.remove(node, safe=False)
+
+
 # Pow by a constant the hardware does better another way: x*x and x*x*x are one or two multiplies
 # (GPT-2's tanh-GELU cubes its input; torch.pow with a tensor exponent takes the generic
 # exp/log path, 5x slower than two multiplies), x**0.5 is Sqrt. Differentiable the same way.
@@ -266,18 +276,9 @@ def fuse_matmul_bias(model: ir.Model, constant_names: set[str], opsets: dict[str
             continue
         if x.shape[-1] != ws[0] or len({x.dtype, w.dtype, bias.dtype}) != 1 or x.dtype not in _FLOAT_TYPES:
             continue
-        out = node.outputs[0]
-        fused = ir.Node(INTERNAL_DOMAIN, "MatMulAdd", [x, w, bias], name=node.name or producer.name,
-                        metadata_props=dict(node.metadata_props))
-        result = fused.outputs[0]
-        result.shape, result.type = out.shape, out.type
-        graph.insert_before(node, fused)
-        _take_over(out, result)
-        graph.remove(node, safe=False)
+        _replace_with_internal(node, "MatMulAdd", [x, w, bias], node.name or producer.name)
         graph.remove(producer, safe=False)
     return model
-
-
 
 
 def mark_stop_gradients(model: ir.Model) -> ir.Model:
@@ -285,15 +286,7 @@ def mark_stop_gradients(model: ir.Model) -> ir.Model:
     autodiff backends can stop gradients there."""
     for node in list(model.graph.all_nodes()):
         if node.op_type == "Identity" and node.metadata_props.get(STOP_GRADIENT_MARK) == "true":
-            graph = node.graph
-            out = node.outputs[0]
-            replacement = ir.Node(INTERNAL_DOMAIN, "StopGradient", [node.inputs[0]], name=node.name,
-                                  metadata_props=dict(node.metadata_props))
-            new_out = replacement.outputs[0]
-            new_out.shape, new_out.type = out.shape, out.type
-            graph.insert_before(node, replacement)
-            _take_over(out, new_out)
-            graph.remove(node, safe=False)
+            _replace_with_internal(node, "StopGradient", [node.inputs[0]], node.name)
     return model
 
 
