@@ -197,6 +197,16 @@ class _Emitter:
             self.namespace[name] = spec.fn
         return self._kernel_names[key]
 
+    def emit_header(self, signature: str, graph: ir.Graph, param_names: set[str]) -> None:
+        """The function line, then graph inputs read from params or data and the parameters."""
+        self.emit(0, signature)
+        for v in graph.inputs:
+            src = "params" if v.name in param_names else "data"
+            self.emit(1, f"{self.var(v)} = {src}[{v.name!r}]")
+        for name, v in graph.initializers.items():
+            if name in param_names and v not in self.names:
+                self.emit(1, f"{self.var(v)} = params[{name!r}]")
+
     def emit(self, indent: int, text: str) -> int:
         self.lines.append("    " * indent + text)
         return len(self.lines)  # 1-based line number
@@ -380,13 +390,7 @@ def lower_graph(
     em = _Emitter(opsets, backend, specs, extra_kwargs)
     em.backend_constant = constant
     em.namespace.update(extra_namespace)
-    em.emit(0, "def forward(params, data):")
-    for v in graph.inputs:
-        src = "params" if v.name in param_names else "data"
-        em.emit(1, f"{em.var(v)} = {src}[{v.name!r}]")
-    for name, v in graph.initializers.items():
-        if name in param_names and v not in em.names:
-            em.emit(1, f"{em.var(v)} = params[{name!r}]")
+    em.emit_header("def forward(params, data):", graph, param_names)
 
     def outputs_expr(g):
         return "return {" + ", ".join(f"{v.name!r}: {em.var(v)}" for v in g.outputs) + "}"

@@ -161,13 +161,7 @@ def lower_vjp(
                 useful.update(inputs)
 
     # Forward header, as lower_graph emits it.
-    em.emit(0, "def vjp(params, data, cotangents):")
-    for v in graph.inputs:
-        src = "params" if v.name in param_names else "data"
-        em.emit(1, f"{em.var(v)} = {src}[{v.name!r}]")
-    for name, v in graph.initializers.items():
-        if name in param_names and v not in em.names:
-            em.emit(1, f"{em.var(v)} = params[{name!r}]")
+    em.emit_header("def vjp(params, data, cotangents):", graph, param_names)
 
     # Steps: forward nodes 0..n-1, the outputs dict n, cotangents n+1, rules n+2... ; last reads.
     n = len(nodes)
