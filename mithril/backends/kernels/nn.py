@@ -429,7 +429,11 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
         a = xp.swapaxes(a, 0, 1)
     if transB:
         b = xp.swapaxes(b, 0, 1)
-    y = _matmul(a, b, xp)
+    return _gemm_scale_add(_matmul(a, b, xp), c, alpha, beta, dtype)
+
+
+def _gemm_scale_add(y, c, alpha, beta, dtype):
+    """Gemm's ``alpha * (a @ b) + beta * c`` after the product ``y``, in ``dtype``."""
     if alpha != 1:
         y = (y * alpha).astype(dtype)
     if c is not None and beta != 0:

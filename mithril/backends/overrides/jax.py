@@ -142,6 +142,15 @@ def conv_transpose(
     return _add_bias(y, b, jnp)
 
 
+@override("jax", "Gemm", since=1)
+def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
+    # The contracted axes are named instead of transposing: XLA:CPU copies the transposed
+    # weights of `x @ W.T` before a matrix-vector product on every call (a classifier's
+    # 1000x1280 weights: 740 us against 140 us).
+    y = lax.dot_general(a, b, (((0 if transA else 1,), (1 if transB else 0,)), ((), ())))
+    return nn._gemm_scale_add(y, c, alpha, beta, a.dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pooling: reduce_window instead of one slice per kernel offset.
 
