@@ -10,8 +10,10 @@ Models are exported in-process with the TorchScript exporter (random weights, se
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
 GPT-2 (hidden 64, 2 layers) at sequence 128. Every row is timed taking turns with onnxruntime and
 PyTorch eager (the torch.nn module the ONNX file came from) in the same process, so ratios compare
-runtimes under the same machine load. The JAX rows are also run in two subprocesses, without and
-with ``XLA_FLAGS`` (``--jax-xla-flags``), since XLA reads its flags once per process.
+runtimes under the same machine load. ``jax-xla-defaults`` is the JAX backend compiled with XLA's
+default options (``compiler_options={}``), beside the backend's own CPU defaults. ``--jax-xla-flags``
+also runs the JAX rows in two subprocesses, without and with those ``XLA_FLAGS``, since XLA reads
+its flags once per process.
 """
 
 from __future__ import annotations
@@ -47,13 +49,15 @@ from mithril.compile import JitFallbackWarning  # noqa: E402
 BACKENDS = {
     "numpy": ("NumpyBackend", {}),
     "jax": ("JaxBackend", {}),
+    # XLA's own defaults, YNNPACK fusions included: what the JAX backend's CPU compiler_options change.
+    "jax-xla-defaults": ("JaxBackend", {"compiler_options": {}}),
     "torch": ("TorchBackend", {}),
     "torch-compile": ("TorchBackend", {"compile": True}),
     "mlx": ("MlxBackend", {}),
     "c": ("CBackend", {}),
     "ggml": ("GGMLBackend", {}),
 }
-DEFAULT_BACKENDS = "numpy,jax,torch,mlx"
+DEFAULT_BACKENDS = "numpy,jax,jax-xla-defaults,torch,mlx"
 # Backends whose thread pools --threads limits (BLAS through threadpoolctl, torch.set_num_threads);
 # JAX (XLA) and MLX fix theirs at start-up, so they run at their defaults only.
 THREAD_LIMITED = {"numpy", "torch", "torch-compile"}
@@ -456,6 +460,9 @@ def _targets(rows, model_names, backend_names, jax_sub) -> list[tuple[str, str, 
         if "jax" in backend_names:
             r = _find(rows, model, "jax")
             extra = []
+            xla_defaults = _find(rows, model, "jax-xla-defaults")
+            if xla_defaults is not None:
+                extra.append(f"{xla_defaults['ratio']:.2f}x with XLA's default options")
             for label, sub in jax_sub.items():
                 s = _find(sub, model, "jax")
                 if s is not None:
@@ -517,7 +524,9 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               f"Each row takes about {args.row_seconds:g} s: at least {args.min_runs} and at most {args.runs} timed "
               f"calls, after up to {args.warmup} warmup calls, so slow rows get fewer.",
               "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
-              "better). Max abs diff: largest difference from onnxruntime's outputs.", ""]
+              "better). Max abs diff: largest difference from onnxruntime's outputs. jax-xla-defaults: the JAX",
+              "backend with `compiler_options={}`, XLA's defaults (YNNPACK fusions on), beside its own CPU default.",
+              ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         mrows = [r for r in rows if r["model"] == model]
         first = mrows[0]
@@ -601,7 +610,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="0,1",
                     help="comma list of thread limits for BLAS (threadpoolctl) and onnxruntime intra-op; 0 keeps "
                          f"the defaults; limits other than 0 apply to {', '.join(sorted(THREAD_LIMITED))} only")
-    ap.add_argument("--jax-xla-flags", default="--xla_cpu_use_xnnpack=true",
+    ap.add_argument("--jax-xla-flags", default="",
                     help="also run the JAX rows in subprocesses without and with these XLA_FLAGS ('' skips)")
     ap.add_argument("--no-eager", action="store_true", help="no PyTorch eager baseline")
     ap.add_argument("--quick", action="store_true",

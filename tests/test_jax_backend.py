@@ -315,3 +315,63 @@ def test_max_pool_gradient_under_jit():
     for window in (x[0, 0, :2, :2], x[0, 0, :2, 1:], x[0, 0, 1:, :2], x[0, 0, 1:, 1:]):
         want[int(window.max())] += 1  # values are 0..15, so a value is its flat index's key
     np.testing.assert_array_equal(backend.to_numpy(grads["x"]).reshape(-1)[np.argsort(x.reshape(-1))], want)
+
+
+# -- XLA options and the CPU kernels chosen for speed --------------------------------------------
+
+
+def _optimized_hlo(pm, backend, params, data):
+    with backend.scope():
+        return pm._jitted._compiled.lower(params, data).compile().as_text()
+
+
+def test_compiler_options_reach_every_program():
+    # The CPU default turns XLA's YNNPACK fusions off; {} gives XLA's defaults back, forward and
+    # gradient programs alike.
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [("x", F, [128, 64]), ("w", F, [64, 64])], [("y", F, [128, 64])])
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((128, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+    for options, fused in ((None, False), ({}, True)):
+        backend = ml.JaxBackend(compiler_options=options)
+        pm = _compile(model, backend, data_keys=["x", "w"])
+        data = {"x": backend.from_numpy(x), "w": backend.from_numpy(w)}
+        assert ("__ynn_fusion" in _optimized_hlo(pm, backend, {}, data)) is fused
+        out, grads = pm.evaluate({}, data, output_gradients={"y": np.ones((128, 64), np.float32)})
+        np.testing.assert_allclose(backend.to_numpy(out["y"]), x @ w, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(backend.to_numpy(grads["x"]), np.ones((128, 64)) @ w.T, rtol=1e-4, atol=1e-4)
+        (run,) = backend._vjp_cache.values()
+        with backend.scope():
+            cot = {"y": np.ones((128, 64), np.float32)}
+            hlo = run.jitted.lower({}, data, cot).compile().as_text()
+        assert ("__ynn_fusion" in hlo) is fused
+
+
+def test_gemm_contracts_transposed_weights_without_copying_them():
+    # `x @ W.T` before a matrix-vector product made XLA:CPU copy W transposed on every call.
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, name="fc")]
+    model = make_model(nodes, [("x", F, [1, 256]), ("w", F, [100, 256]), ("b", F, [100])], [("y", F, [1, 100])])
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s, np.float32) for s in ((1, 256), (100, 256), (100,)))
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend)
+    data = {k: backend.from_numpy(v) for k, v in (("x", x), ("w", w), ("b", b))}
+    np.testing.assert_allclose(backend.to_numpy(pm.evaluate({}, data)["y"]), x @ w.T + b, rtol=1e-4, atol=1e-4)
+    assert " transpose(" not in _optimized_hlo(pm, backend, {}, data)
+
+
+def test_erf_and_gelu_are_xla_primitives_in_float32():
+    # The shared erf is a float64 polynomial written for NumPy; under XLA it cost a third of BERT.
+    nodes = [helper.make_node("Erf", ["x"], ["e"], name="erf"), helper.make_node("Gelu", ["x"], ["g"], name="gelu")]
+    model = make_model(nodes, [("x", F, [64])], [("e", F, [64]), ("g", F, [64])], opset=20)
+    x = np.linspace(-6, 6, 64, dtype=np.float32)
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend)
+    data = {"x": backend.from_numpy(x)}
+    out = pm.evaluate({}, data)
+    from scipy import special
+
+    np.testing.assert_allclose(backend.to_numpy(out["e"]), special.erf(x.astype(np.float64)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(backend.to_numpy(out["g"]), 0.5 * x * special.erfc(-x / np.sqrt(2)), rtol=1e-6,
+                               atol=1e-7)
+    assert "f64" not in _optimized_hlo(pm, backend, {}, data)
