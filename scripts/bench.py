@@ -602,7 +602,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
-    ap.add_argument("--runs", type=int, default=30, help="most timed calls per runtime per row")
+    ap.add_argument("--runs", type=int, default=1000,
+                    help="most timed calls per runtime per row; --row-seconds usually binds first")
     ap.add_argument("--min-runs", type=int, default=3, help="fewest rounds per row, however slow")
     ap.add_argument("--row-seconds", type=float, default=12.0, help="time to spend timing one row")
     ap.add_argument("--warmup", type=int, default=3)
