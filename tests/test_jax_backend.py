@@ -347,6 +347,20 @@ def test_compiler_options_reach_every_program():
         assert ("__ynn_fusion" in hlo) is fused
 
 
+def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatch):
+    # An older jaxlib (no YNNPACK) rejects the option: the backend then compiles with XLA's defaults.
+    from mithril.backends import jax_backend
+
+    monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
+    jax_backend._default_cpu_options.cache_clear()
+    try:
+        assert ml.JaxBackend().compiler_options == {}
+    finally:
+        monkeypatch.undo()
+        jax_backend._default_cpu_options.cache_clear()
+    assert ml.JaxBackend().compiler_options == {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
 def test_gemm_contracts_transposed_weights_without_copying_them():
     # `x @ W.T` before a matrix-vector product made XLA:CPU copy W transposed on every call.
     nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, name="fc")]

@@ -45,6 +45,23 @@ def _parse_device(device: str):
 _CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
+@functools.lru_cache(maxsize=None)
+def _default_cpu_options(device) -> tuple:
+    """_CPU_COMPILER_OPTIONS where this jaxlib knows them (YNNPACK came with 2025's XLA; older
+    releases reject the option, and have no YNNPACK fusions to turn off), else none."""
+    probe = jax.device_put(np.float32(0), device)
+    try:
+        jax.jit(lambda v: v + 1, compiler_options=_CPU_COMPILER_OPTIONS).lower(probe).compile()
+    except (TypeError, RuntimeError):  # no compiler_options argument; XLA's INVALID_ARGUMENT
+        return ()
+    return tuple(_CPU_COMPILER_OPTIONS.items())
+
+
+def _jit(fn, compiler_options: dict):
+    # jax.jit only takes compiler_options since 0.4.3x; without options, its plain form.
+    return jax.jit(fn, compiler_options=compiler_options) if compiler_options else jax.jit(fn)
+
+
 def _is_host_only(value) -> bool:
     # Strings (object arrays) live on the host: JAX has no string dtype.
     return isinstance(value, np.ndarray) and value.dtype == object
@@ -100,7 +117,7 @@ class _Jitted:
     def __init__(self, backend: "JaxBackend", forward):
         self.backend = backend
         self.forward = forward
-        self._compiled = jax.jit(forward, compiler_options=backend.compiler_options)
+        self._compiled = _jit(forward, backend.compiler_options)
 
     def __call__(self, params, data):
         with self.backend.scope():
@@ -140,7 +157,7 @@ class JaxBackend(Backend):
         from .overrides import jax as _registers_overrides  # noqa: F401
         self._device = _parse_device(device)
         if compiler_options is None:
-            compiler_options = _CPU_COMPILER_OPTIONS if self._device.platform == "cpu" else {}
+            compiler_options = dict(_default_cpu_options(self._device)) if self._device.platform == "cpu" else {}
         self.compiler_options = dict(compiler_options)
         self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
@@ -225,7 +242,7 @@ def _make_vjp(forward, diff_params, diff_data, compiler_options):
         gp, gd = pullback(cots)
         return outputs, {**gp, **gd}
 
-    run.jitted = jax.jit(run, compiler_options=compiler_options)
+    run.jitted = _jit(run, compiler_options)
     return run
 
 
