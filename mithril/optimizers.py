@@ -94,13 +94,14 @@ class Optimizer:
     def __init__(self, lr: float | Schedule, lr_scale: Mapping[str, float] | None = None):
         self.lr = lr
         self.lr_scale = {re.compile(k): float(v) for k, v in (lr_scale or {}).items()}
+        self._scales: dict[str, float] = {}  # per parameter name, matched once, not every step
         self._jitted = None
 
     def _scale(self, name: str) -> float:
-        for pattern, scale in self.lr_scale.items():
-            if pattern.search(name):
-                return scale
-        return 1.0
+        scale = self._scales.get(name)
+        if scale is None:
+            scale = self._scales[name] = next((s for p, s in self.lr_scale.items() if p.search(name)), 1.0)
+        return scale
 
     def _lr(self, step: int) -> float:
         return float(self.lr(step)) if callable(self.lr) else float(self.lr)

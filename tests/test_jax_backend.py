@@ -352,13 +352,16 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
     from mithril.backends import jax_backend
 
     monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
-    jax_backend._default_cpu_options.cache_clear()
-    try:
-        assert ml.JaxBackend().compiler_options == {}
-    finally:
-        monkeypatch.undo()
-        jax_backend._default_cpu_options.cache_clear()
+    assert ml.JaxBackend().compiler_options == {}
+    monkeypatch.undo()
     assert ml.JaxBackend().compiler_options == {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def test_rejected_compiler_options_fail_at_construction_naming_them():
+    with pytest.raises(BackendUnavailableError, match="rejects compiler_options.*xla_cpu_no_such_option"):
+        ml.JaxBackend(compiler_options={"xla_cpu_no_such_option": True})
+    with pytest.raises(BackendUnavailableError, match="strings, numbers or booleans"):
+        ml.JaxBackend(compiler_options={"xla_cpu_enable_fast_math": [True]})
 
 
 def test_gemm_contracts_transposed_weights_without_copying_them():

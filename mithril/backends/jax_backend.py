@@ -46,15 +46,15 @@ _CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 @functools.lru_cache(maxsize=None)
-def _default_cpu_options(device) -> tuple:
-    """_CPU_COMPILER_OPTIONS where this jaxlib knows them (YNNPACK came with 2025's XLA; older
-    releases reject the option, and have no YNNPACK fusions to turn off), else none."""
+def _rejected_options(device, options: tuple) -> str | None:
+    """Why XLA on ``device`` rejects these compiler options (a trivial program compiled with
+    them), or None when it takes them; once per device and set of options."""
     probe = jax.device_put(np.float32(0), device)
     try:
-        jax.jit(lambda v: v + 1, compiler_options=_CPU_COMPILER_OPTIONS).lower(probe).compile()
-    except (TypeError, RuntimeError):  # no compiler_options argument; XLA's INVALID_ARGUMENT
-        return ()
-    return tuple(_CPU_COMPILER_OPTIONS.items())
+        jax.jit(lambda v: v + 1, compiler_options=dict(options)).lower(probe).compile()
+    except (TypeError, RuntimeError) as exc:  # no compiler_options argument; XLA's INVALID_ARGUMENT
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
 
 
 def _jit(fn, compiler_options: dict):
@@ -157,11 +157,28 @@ class JaxBackend(Backend):
         from .overrides import jax as _registers_overrides  # noqa: F401
         self._device = _parse_device(device)
         if compiler_options is None:
-            compiler_options = dict(_default_cpu_options(self._device)) if self._device.platform == "cpu" else {}
+            # The CPU default, where this jaxlib knows it (YNNPACK and its option came with 2025's
+            # XLA; older releases have no YNNPACK fusions to turn off).
+            default = self._device.platform == "cpu" and not self._rejected(_CPU_COMPILER_OPTIONS)
+            compiler_options = _CPU_COMPILER_OPTIONS if default else {}
+        elif compiler_options:
+            reason = self._rejected(compiler_options)
+            if reason is not None:
+                raise BackendUnavailableError(
+                    f"JaxBackend: XLA on {self._device} rejects compiler_options {dict(compiler_options)}: {reason}"
+                )
         self.compiler_options = dict(compiler_options)
         self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
         super().__init__(dtype if dtype is not None else dtypes.float32, device)
+
+    def _rejected(self, options) -> str | None:
+        try:
+            key = tuple(sorted(options.items()))
+            hash(key)
+        except TypeError:  # an unhashable value: XLA options are strings, numbers and booleans
+            return f"option values must be strings, numbers or booleans, got {dict(options)}"
+        return _rejected_options(self._device, key)
 
     def scope(self):
         """x64 and this backend's device, for the duration of one call."""
