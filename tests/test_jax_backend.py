@@ -348,13 +348,51 @@ def test_compiler_options_reach_every_program():
 
 
 def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatch):
-    # An older jaxlib (no YNNPACK) rejects the option: the backend then compiles with XLA's defaults.
+    # An older jaxlib rejects an option of the default (YNNPACK came with 2025's XLA): the backend
+    # takes the next default it accepts, down to XLA's own.
     from mithril.backends import jax_backend
 
-    monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
+    no_ynn = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    unknown = {"xla_cpu_no_such_option": True}
+    monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", ({**no_ynn, **unknown}, no_ynn, {}))
+    backend = ml.JaxBackend()
+    assert backend.compiler_options == no_ynn and not backend._library_convolutions
+    monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", (unknown, {}))
     assert ml.JaxBackend().compiler_options == {}
     monkeypatch.undo()
-    assert ml.JaxBackend().compiler_options == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    backend = ml.JaxBackend()
+    assert backend.compiler_options == {**no_ynn, "xla_cpu_use_xnnpack": True,
+                                        "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
+    assert backend._library_convolutions
+
+
+@pytest.mark.parametrize("options, size, convolution", [
+    (None, 28, True),    # 784 output pixels, 16 channels: XNNPACK's convolution
+    (None, 14, False),   # 196 pixels: im2col + matmul
+    ({}, 28, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
+])
+def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution):
+    # Which layers: overrides/jax.py, from per-layer timings. Values and gradients match NumPy's
+    # either way.
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, size, size)).astype(np.float32)
+    params = {"W": rng.standard_normal((8, 16, 3, 3)).astype(np.float32) / 12,
+              "B": rng.standard_normal(8).astype(np.float32)}
+    model = make_model(nodes, [("x", F, [1, 16, size, size])], [("y", F, [1, 8, size, size])], params)
+    g = rng.standard_normal((1, 8, size, size)).astype(np.float32)
+    reference = ml.NumpyBackend()
+    ref = ml.compile(ml.load_onnx(model), reference, data_keys=["x"])
+    want, want_grads = ref.evaluate(params, {"x": x}, output_gradients={"y": g})
+    backend = ml.JaxBackend(compiler_options=options)
+    pm = _compile(model, backend, data_keys=["x"])
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    data = {"x": backend.from_numpy(x)}
+    assert (" convolution(" in _optimized_hlo(pm, backend, jparams, data)) is convolution
+    out, grads = pm.evaluate(jparams, data, output_gradients={"y": g})
+    np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-4, atol=1e-4)
+    for name, value in want_grads.items():
+        np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3)
 
 
 def test_rejected_compiler_options_fail_at_construction_naming_them():

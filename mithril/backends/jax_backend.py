@@ -12,6 +12,7 @@ from .backend import Backend
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
 jax = jnp = None
+_overrides = None  # .overrides.jax, imported with jax
 
 
 def _import_jax() -> None:
@@ -42,7 +43,21 @@ def _parse_device(device: str):
 # XLA:CPU sends dots and reductions to YNNPACK fusions by default. Measured against XLA's own
 # (Eigen) kernels, interleaved in one process on 2 AVX2 cores: GPT-2 1.07 -> 0.80 ms, MobileNetV2
 # 10.1 -> 8.7 ms, ResNet-18 (batch 1 and 8) and BERT unchanged. An empty list turns them off.
-_CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+_NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
+# it beats im2col + Eigen's matmul: ResNet-18's 56x56 and 28x28 layers (1.6 against 2.2 ms for
+# 64x56x56) and batch 8 down to 14x14 (overrides/jax.py chooses per layer).
+_XNN_CONVOLUTIONS = {"xla_cpu_use_xnnpack": True,
+                     "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
+# The CPU default, best first: a jaxlib that rejects an option (YNNPACK came with 2025's XLA;
+# pyproject admits jax>=0.4.30) gets the next one.
+_CPU_COMPILER_OPTIONS = ({**_NO_YNN_FUSIONS, **_XNN_CONVOLUTIONS}, _NO_YNN_FUSIONS, {})
+
+
+def _library_convolutions(options: dict) -> bool:
+    """Whether these compiler options send `convolution` HLOs to XNNPACK."""
+    return bool(options.get("xla_cpu_use_xnnpack")) and "INDIVIDUAL_CONVOLUTION" in str(
+        options.get("xla_cpu_experimental_xnn_fusion_type", ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,8 +153,9 @@ class JaxBackend(Backend):
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
     argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
     default on the CPU turns off XLA:CPU's YNNPACK fusions, whose dot kernels were slower than
-    XLA's own on the benchmark models (docs/performance.md); ``compiler_options={}`` restores
-    XLA's defaults.
+    XLA's own on the benchmark models, and sends the convolutions that XNNPACK runs faster than
+    im2col + matmul to XNNPACK (docs/performance.md); ``compiler_options={}`` restores XLA's
+    defaults, and the Conv kernel then uses im2col throughout.
 
     >>> import mithril as ml
     >>> b = ml.JaxBackend(dtype=ml.float32, device="cpu")
@@ -154,13 +170,13 @@ class JaxBackend(Backend):
         from .. import dtypes
 
         _import_jax()
-        from .overrides import jax as _registers_overrides  # noqa: F401
+        global _overrides
+        from .overrides import jax as _overrides  # registers the JAX kernels
         self._device = _parse_device(device)
         if compiler_options is None:
-            # The CPU default, where this jaxlib knows it (YNNPACK and its option came with 2025's
-            # XLA; older releases have no YNNPACK fusions to turn off).
-            default = self._device.platform == "cpu" and not self._rejected(_CPU_COMPILER_OPTIONS)
-            compiler_options = _CPU_COMPILER_OPTIONS if default else {}
+            # The CPU default, or as much of it as this jaxlib knows.
+            defaults = _CPU_COMPILER_OPTIONS if self._device.platform == "cpu" else ({},)
+            compiler_options = next(o for o in defaults if not o or self._rejected(o) is None)
         elif compiler_options:
             reason = self._rejected(compiler_options)
             if reason is not None:
@@ -168,6 +184,7 @@ class JaxBackend(Backend):
                     f"JaxBackend: XLA on {self._device} rejects compiler_options {dict(compiler_options)}: {reason}"
                 )
         self.compiler_options = dict(compiler_options)
+        self._library_convolutions = _library_convolutions(self.compiler_options)
         self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
         super().__init__(dtype if dtype is not None else dtypes.float32, device)
@@ -185,6 +202,7 @@ class JaxBackend(Backend):
         stack = contextlib.ExitStack()
         stack.enter_context(jax.enable_x64(True))
         stack.enter_context(jax.default_device(self._device))
+        stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
         return stack
 
     # -- dtypes and conversion -------------------------------------------------------
