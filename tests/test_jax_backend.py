@@ -315,6 +315,12 @@ def test_max_pool_gradient_under_jit():
     for window in (x[0, 0, :2, :2], x[0, 0, :2, 1:], x[0, 0, 1:, :2], x[0, 0, 1:, 1:]):
         want[int(window.max())] += 1  # values are 0..15, so a value is its flat index's key
     np.testing.assert_array_equal(backend.to_numpy(grads["x"]).reshape(-1)[np.argsort(x.reshape(-1))], want)
+    # Ties (a window of zeros after a ReLU) send the cotangent to one maximum, as PyTorch and
+    # onnxruntime do, not a share to each.
+    _, grads = pm.evaluate(None, {"x": backend.from_numpy(np.zeros((1, 1, 4, 4), np.float32))},
+                           output_gradients={"y": np.ones((1, 1, 2, 2), np.float32)})
+    g = backend.to_numpy(grads["x"])
+    assert set(np.unique(g)) <= {0.0, 1.0, 2.0, 3.0, 4.0} and g.sum() == 4.0
 
 
 # -- XLA options and the CPU kernels chosen for speed --------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 
 import jax
@@ -198,15 +199,42 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
                            ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
                            num_outputs=num_outputs, xp=xp)
     win = _window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return _max_pool(x, win)
+
+
+# The maximum of the window's shifted slices, which XLA fuses into one loop: ResNet's 3x3/2 pool
+# over 64x112x112 takes 0.44 ms (batch 8: 5.1 ms), against 1.19 ms (11.3 ms) for reduce_window.
+# The gradient is reduce_window's, which sends a window's cotangent to one maximum where a chain
+# of jnp.maximum would split it between ties (common after a ReLU).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _max_pool(x, win):
+    padded = nn._pad_spatial(x, win, nn._lowest(x.dtype), jnp)
+    y = None
+    for _, tap in nn._taps(padded, win):
+        y = tap if y is None else jnp.maximum(y, tap)
+    return y
+
+
+def _reduce_window_max(x, win):
     # Only the padding a window reaches: ceil_mode windows may overhang the declared end padding.
     ends = [max(e - b - n, 0) for e, b, n in zip(win.extent, win.begin, x.shape[2:])]
-    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
     # A concrete (NumPy) identity lets lax pick reduce_window_max, which has a gradient; a traced
     # init would make the generic reduce_window, which does not.
     return lax.reduce_window(
-        x, np.asarray(init, dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel), (1, 1) + win.strides,
-        [(0, 0), (0, 0)] + list(zip(win.begin, ends)), window_dilation=(1, 1) + win.dilations,
+        x, np.asarray(nn._lowest(x.dtype), dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel),
+        (1, 1) + win.strides, [(0, 0), (0, 0)] + list(zip(win.begin, ends)), window_dilation=(1, 1) + win.dilations,
     )
+
+
+def _max_pool_fwd(x, win):
+    return _max_pool(x, win), x
+
+
+def _max_pool_bwd(win, x, g):
+    return jax.vjp(lambda v: _reduce_window_max(v, win), x)[1](g)
+
+
+_max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 # ---------------------------------------------------------------------------------------------
