@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 
 import numpy as np
@@ -83,11 +84,24 @@ def _is_host_only(value) -> bool:
 
 
 def _has_host_only(tree) -> bool:
+    # Once per call over every parameter (hundreds in a CNN): checks against concrete classes
+    # only (isinstance against the jax.Array ABC costs ten times more).
     if isinstance(tree, dict):
-        return any(_has_host_only(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return any(_has_host_only(v) for v in tree)
-    return _is_host_only(tree)
+        tree = tree.values()
+    elif not isinstance(tree, (list, tuple)):
+        return _is_host_only(tree)
+    for v in tree:
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                return True
+        elif isinstance(v, (dict, list, tuple)) and _has_host_only(v):
+            return True
+    return False
+
+
+# The backend whose scope() this thread is in: evaluate() enters it, and the jitted program it
+# calls need not enter it again.
+_ACTIVE_SCOPE = contextvars.ContextVar("mithril_jax_active_scope", default=None)
 
 
 def _on_host(value) -> bool:
@@ -199,10 +213,13 @@ class JaxBackend(Backend):
 
     def scope(self):
         """x64 and this backend's device, for the duration of one call."""
+        if _ACTIVE_SCOPE.get() is self:
+            return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(jax.enable_x64(True))
         stack.enter_context(jax.default_device(self._device))
         stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
+        stack.callback(_ACTIVE_SCOPE.reset, _ACTIVE_SCOPE.set(self))
         return stack
 
     # -- dtypes and conversion -------------------------------------------------------
