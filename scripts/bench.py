@@ -49,7 +49,8 @@ from mithril.compile import JitFallbackWarning  # noqa: E402
 BACKENDS = {
     "numpy": ("NumpyBackend", {}),
     "jax": ("JaxBackend", {}),
-    # XLA's own defaults, YNNPACK fusions included: what the JAX backend's CPU compiler_options change.
+    # XLA's own defaults (YNNPACK fusions on, no XNNPACK convolutions; the Conv kernel then uses
+    # im2col throughout): what the JAX backend's CPU compiler_options change.
     "jax-xla-defaults": ("JaxBackend", {"compiler_options": {}}),
     "torch": ("TorchBackend", {}),
     "torch-compile": ("TorchBackend", {"compile": True}),
@@ -525,7 +526,8 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               f"calls, after up to {args.warmup} warmup calls, so slow rows get fewer.",
               "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
               "better). Max abs diff: largest difference from onnxruntime's outputs. jax-xla-defaults: the JAX",
-              "backend with `compiler_options={}`, XLA's defaults (YNNPACK fusions on), beside its own CPU default.",
+              "backend with `compiler_options={}`, XLA's defaults (YNNPACK fusions on, no XNNPACK convolutions),",
+              "beside its own CPU default.",
               ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         mrows = [r for r in rows if r["model"] == model]
