@@ -436,3 +436,45 @@ def test_erf_and_gelu_are_xla_primitives_in_float32():
     np.testing.assert_allclose(backend.to_numpy(out["g"]), 0.5 * x * special.erfc(-x / np.sqrt(2)), rtol=1e-6,
                                atol=1e-7)
     assert "f64" not in _optimized_hlo(pm, backend, {}, data)
+
+
+def _mobile_block(batch, size, multiplier=1):
+    """Pointwise Conv -> Relu -> depthwise 3x3 Conv (channel multiplier) -> Relu -> pointwise
+    stride-2 Conv: a MobileNet block, whose convolutions the JAX CPU path runs channels last."""
+    c, m = 8, 16
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["a"], name="expand"),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "W2", "B2"], ["d"], group=m, pads=[1, 1, 1, 1], name="depthwise"),
+             helper.make_node("Relu", ["d"], ["s"]),
+             helper.make_node("Conv", ["s", "W3"], ["y"], strides=[2, 2], name="project")]
+    rng = np.random.default_rng(7)
+    params = {"W1": rng.standard_normal((m, c, 1, 1)).astype(np.float32) / 3,
+              "B1": rng.standard_normal(m).astype(np.float32),
+              "W2": rng.standard_normal((m * multiplier, 1, 3, 3)).astype(np.float32) / 3,
+              "B2": rng.standard_normal(m * multiplier).astype(np.float32),
+              "W3": rng.standard_normal((4, m * multiplier, 1, 1)).astype(np.float32) / 4}
+    out = (size + 1) // 2
+    model = make_model(nodes, [("x", F, [batch, c, size, size])], [("y", F, [batch, 4, out, out])], params)
+    x = rng.standard_normal((batch, c, size, size)).astype(np.float32)
+    g = rng.standard_normal((batch, 4, out, out)).astype(np.float32)
+    return model, params, x, g
+
+
+@pytest.mark.parametrize("batch, size, multiplier", [
+    (2, 10, 1),  # 200 and 50 pixels: the expand matmul channels last, the projection as im2col
+    (1, 16, 2),  # a depthwise channel multiplier of 2
+    (1, 5, 1),   # odd sizes: the stride-2 projection keeps the last row and column
+])
+def test_mobilenet_blocks_match_numpy_values_and_gradients(batch, size, multiplier):
+    model, params, x, g = _mobile_block(batch, size, multiplier)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), data_keys=["x"])
+    want, want_grads = ref.evaluate(params, {"x": x}, output_gradients={"y": g})
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend, data_keys=["x"])
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    out, grads = pm.evaluate(jparams, {"x": backend.from_numpy(x)}, output_gradients={"y": g})
+    np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-4, atol=1e-4)
+    assert set(grads) == set(want_grads)
+    for name, value in want_grads.items():
+        np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3, err_msg=name)
+

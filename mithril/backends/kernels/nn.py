@@ -76,14 +76,16 @@ def _window_cached(size, kernel, strides, dilations, pads, auto_pad, ceil_mode) 
     return _Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out))
 
 
-def _pad_spatial(x, win: _Window, fill, xp):
+def _pad_spatial(x, win: _Window, fill, xp, channels_last: bool = False):
     # Pads just what the windows read: ceil_mode windows may overhang the end padding, and
-    # end padding no window reaches is dropped.
+    # end padding no window reaches is dropped. The spatial axes are the last ones, or the ones
+    # before the channel axis when ``channels_last``.
     nd = len(win.kernel)
-    widths = [(0, 0)] * (x.ndim - nd)
+    first = 1 if channels_last else x.ndim - nd
+    widths = [(0, 0)] * x.ndim
     for i in range(nd):
-        size = x.shape[x.ndim - nd + i]
-        widths.append((win.begin[i], max(win.extent[i] - win.begin[i] - size, 0)))
+        size = x.shape[first + i]
+        widths[first + i] = (win.begin[i], max(win.extent[i] - win.begin[i] - size, 0))
     if not any(b or e for b, e in widths):
         return x
     if xp is numpy:
@@ -94,14 +96,15 @@ def _pad_spatial(x, win: _Window, fill, xp):
     return xp.pad(x, widths, constant_values=fill)
 
 
-def _taps(padded, win: _Window):
+def _taps(padded, win: _Window, channels_last: bool = False):
     """Yields (offset, tap): for each kernel offset (row-major), the slice of ``padded`` that
-    this offset reads in every output window; tap.shape = padded.shape[:-nd] + win.out."""
+    this offset reads in every output window; tap.shape = padded.shape[:-nd] + win.out, or
+    (N, *win.out, C) when ``channels_last``."""
     for offset in itertools.product(*(range(k) for k in win.kernel)):
         index = tuple(
             slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, s, n in zip(offset, win.dilations, win.strides, win.out)
         )
-        yield offset, padded[(Ellipsis, *index)]
+        yield offset, padded[(slice(None), *index, Ellipsis) if channels_last else (Ellipsis, *index)]
 
 
 def _lowest(dtype):
