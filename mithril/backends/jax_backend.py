@@ -12,12 +12,12 @@ from ..errors import BackendUnavailableError
 from .backend import Backend
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
-jax = jnp = None
+jax = jnp = Hoisted = None
 _overrides = None  # .overrides.jax, imported with jax
 
 
 def _import_jax() -> None:
-    global jax, jnp
+    global jax, jnp, Hoisted
     if jax is None:
         try:
             import jax as _jax
@@ -25,6 +25,7 @@ def _import_jax() -> None:
         except ImportError as exc:
             raise BackendUnavailableError("JaxBackend needs jax: pip install mithril[jax]") from exc
         jax, jnp = _jax, _jnp
+        from .jax_hoist import Hoisted
 
 
 def _parse_device(device: str):
@@ -141,12 +142,15 @@ class _HostAwareJnp:
 
 
 class _Jitted:
-    """``jax.jit`` of the whole generated forward; host-only inputs (strings) run it eagerly."""
+    """The whole generated forward as jitted XLA programs: its parameter-only work in one, run
+    once per set of parameters, and the rest in another (jax_hoist.py). Host-only inputs
+    (strings) run it eagerly."""
 
     def __init__(self, backend: "JaxBackend", forward):
         self.backend = backend
         self.forward = forward
-        self._compiled = _jit(forward, backend.compiler_options)
+        options = backend.compiler_options
+        self._compiled = Hoisted(forward, lambda fn, **kw: jax.jit(fn, compiler_options=options or None, **kw))
 
     def __call__(self, params, data):
         with self.backend.scope():
