@@ -90,9 +90,9 @@ def _lax_conv(x, w, b, win, group):
     return _add_bias(y, b, jnp)
 
 
-# Eigen's matmul with fewer rows than this is faster the other way round, (M, C) @ (C, pixels)
-# (im2col below): MobileNetV2's 7x7 layers, 320->1280 0.30 against 0.42 ms, 160->960 0.14 against
-# 0.18; from 14x14 (196 rows) channels last wins, 64->384 0.12 against 0.17 ms.
+# Eigen's matmul with fewer rows than this is faster the other way round, (M, C) @ (C, pixels):
+# MobileNetV2's 7x7 layers, 320->1280 0.30-0.34 against 0.42-0.52 ms, 160->960 0.14-0.18 against
+# 0.18-0.29; from 14x14 (196 rows) rows @ W.T wins, 64->384 0.12 against 0.17 ms.
 _POINTWISE_MIN_ROWS = 64
 
 
@@ -123,15 +123,20 @@ def _conv_cpu(x, w, b, win, group):
             term = tap * w[(slice(None), 0) + offset].astype(acc)
             y = term if y is None else y + term
         return _add_bias(_channels_first(y.astype(x.dtype)), b, jnp)
-    if (group == 1 and math.prod(win.kernel) == 1 and not any(win.begin) and not any(win.end)
-            and n * math.prod(win.out) >= _POINTWISE_MIN_ROWS):
-        # Pointwise, channels last: (N*pixels, C) @ (C, M), one matmul at any batch, whose
-        # transposed weight is parameter-only work. Around depthwise layers (MobileNet) the
-        # moves between layouts cancel across the elementwise ops in between (XLA makes them
-        # bitcasts), so the whole block runs channels last.
-        rows = _channels_last(x)[(slice(None), *(slice(None, None, s) for s in win.strides))]
-        y = jnp.reshape(rows, (-1, c)) @ jnp.transpose(jnp.reshape(w, (m, c)))
-        return _add_bias(_channels_first(jnp.reshape(y, (n, *win.out, m))), b, jnp)
+    if group == 1 and math.prod(win.kernel) == 1 and not any(win.begin) and not any(win.end):
+        # Pointwise, reading the input channels last: (N*pixels, C) rows, whatever the batch. Around
+        # depthwise layers (MobileNet) the moves between layouts cancel across the elementwise ops
+        # in between (XLA makes them bitcasts), so the whole block runs channels last.
+        rows = jnp.reshape(_channels_last(x)[(slice(None), *(slice(None, None, s) for s in win.strides))], (-1, c))
+        w2 = jnp.reshape(w, (m, c))
+        if rows.shape[0] >= _POINTWISE_MIN_ROWS:
+            # rows @ W.T, channels last out; W.T is parameter-only work (jax_hoist.py).
+            y = _channels_first(jnp.reshape(rows @ jnp.transpose(w2), (n, *win.out, m)))
+        else:
+            # Few rows: W @ rows.T, channels first out, which Eigen runs faster there.
+            y = lax.dot_general(w2, rows, (((1,), (1,)), ((), ())))
+            y = jnp.moveaxis(jnp.reshape(y, (m, n, *win.out)), 0, 1)
+        return _add_bias(y, b, jnp)
     if _library_conv_wins(x, w, win, group):
         return _lax_conv(x, w, b, win, group)
     cg, mg = c // group, m // group
