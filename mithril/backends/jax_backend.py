@@ -168,6 +168,11 @@ class JaxBackend(Backend):
     scope, and outside it the user's configuration is untouched. Arrays it returns keep their
     64-bit dtypes; arithmetic on them outside the scope follows the user's configuration.
 
+    Jitted evaluation runs as two programs (jax_hoist.py): the work that reads parameters only
+    (weights transposed or sliced into the layout a kernel reads) once per set of parameter
+    arrays, and the rest on every call. The prepared values are kept, with the parameter arrays
+    they came from, until a call passes other arrays (memory: at most about the weights again).
+
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
     argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
     default on the CPU turns off XLA:CPU's YNNPACK fusions, whose dot kernels were slower than
