@@ -504,11 +504,11 @@ def test_parameter_only_work_runs_once_per_set_of_parameters():
     # The biases' broadcasts stay in the per-call program (XLA fuses them): the residuals are
     # no larger than the weights they come from.
     assert 0 < split.residual_bytes <= sum(v.nbytes for k, v in params.items() if k.startswith("W"))
-    residuals = hoisted._kept[3]
+    state = hoisted._kept[3]  # the parameters the per-call program reads, and the residuals
     check(first, params)
-    assert hoisted._kept[3] is residuals  # not prepared again
+    assert hoisted._kept[3] is state  # not prepared again
     check(second, changed)
-    assert hoisted._kept[3] is not residuals
+    assert hoisted._kept[3] is not state
     check(first, params)
     mutable = {k: v.copy() for k, v in params.items()}
     check(mutable, params)

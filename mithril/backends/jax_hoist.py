@@ -80,6 +80,10 @@ class _Split:
         needed = [v for e in main for v in e.invars if isinstance(v, jcore.Var)]
         needed += [v for v in jaxpr.outvars if isinstance(v, jcore.Var)]
         residuals = list(dict.fromkeys(v for v in needed if v in produced))
+        # Main reads the parameters it uses and the residuals: one argument list, "state", so a
+        # call passes no parameter that only prepare reads.
+        used = set(needed)
+        self.main_params = [i for i, v in enumerate(param_vars) if v in used]
         self.hoisted = len(prepare)
         self.residual_bytes = sum(_size(v.aval) * np.dtype(v.aval.dtype).itemsize for v in residuals)
         info = jaxpr.debug_info
@@ -90,17 +94,22 @@ class _Split:
             jcore.DebugInfo("jit", f"prepare of {info.func_src_info}", names[:n_params], residual_names),
         ), closed.consts)
         self._main = jcore.ClosedJaxpr(jcore.Jaxpr(
-            jaxpr.constvars, list(param_vars) + residuals + list(jaxpr.invars[n_params:]), jaxpr.outvars, main,
-            jaxpr.effects,
-            jcore.DebugInfo("jit", info.func_src_info, names[:n_params] + residual_names + names[n_params:],
+            jaxpr.constvars, [param_vars[i] for i in self.main_params] + residuals + list(jaxpr.invars[n_params:]),
+            jaxpr.outvars, main, jaxpr.effects,
+            jcore.DebugInfo("jit", info.func_src_info,
+                            tuple(names[i] for i in self.main_params) + residual_names + names[n_params:],
                             info.result_paths),
         ), closed.consts)
 
     def prepare(self, params):
         return jcore.jaxpr_as_fun(self._prepare)(*jax.tree_util.tree_leaves(params))
 
-    def main(self, params, residuals, data):
-        leaves = [*jax.tree_util.tree_leaves(params), *residuals, *jax.tree_util.tree_leaves(data)]
+    def state(self, param_leaves, residuals) -> list:
+        """Main's first argument: the parameters it reads, then the residuals."""
+        return [param_leaves[i] for i in self.main_params] + list(residuals)
+
+    def main(self, state, data):
+        leaves = [*state, *jax.tree_util.tree_leaves(data)]
         return jax.tree_util.tree_unflatten(self.out_tree, jcore.jaxpr_as_fun(self._main)(*leaves))
 
 
@@ -116,13 +125,14 @@ def _avals(leaves) -> tuple:
 
 class Hoisted:
     """``forward(params, data)`` run as jit(prepare)(params) -> residuals, kept while the same
-    parameter arrays come back, and jit(main)(params, residuals, data)."""
+    parameter arrays come back, and jit(main)(state, data), state being the parameters main reads
+    and the residuals."""
 
     def __init__(self, forward, jit):
         self.forward = forward
         self._jit = jit
         self._programs: dict = {}  # input structures and shapes -> (split, prepare, main)
-        self._kept = None  # (parameter names, parameter arrays, data key, residuals, main) of the last call
+        self._kept = None  # (parameter names, parameter arrays, data key, main's state, main) of the last call
 
     def programs(self, key):
         """The split at these input structures and shapes, and its two jitted programs."""
@@ -142,8 +152,9 @@ class Hoisted:
 
     def lower(self, params, data):
         """The per-call (main) program at these inputs, lowered: what runs on every call."""
-        _, prepare, main = self.programs(self._key(params, data)[0])
-        return main.lower(params, jax.eval_shape(prepare, params), data)
+        key, param_leaves = self._key(params, data)
+        split, prepare, main = self.programs(key)
+        return main.lower(split.state(param_leaves, jax.eval_shape(prepare, params)), data)
 
     def __call__(self, params, data):
         kept = self._kept
@@ -151,13 +162,13 @@ class Hoisted:
         # residuals hold. (Checked per call: a few microseconds for a hundred parameters.)
         if (kept is not None and kept[0] == tuple(params) and all(map(operator.is_, kept[1], params.values()))
                 and kept[2] is not None and kept[2] == _data_key(data)):
-            return kept[4](params, kept[3], data)
+            return kept[4](kept[3], data)
         key, param_leaves = self._key(params, data)
-        _, prepare, main = self.programs(key)
-        residuals = prepare(params)
+        split, prepare, main = self.programs(key)
+        state = split.state(param_leaves, prepare(params))
         # Only immutable arrays may be recognised by identity: a NumPy array can change in place.
         if isinstance(params, dict) and all(isinstance(v, jax.Array) for v in param_leaves):
-            self._kept = (tuple(params), list(params.values()), _data_key(data), residuals, main)
+            self._kept = (tuple(params), list(params.values()), _data_key(data), state, main)
         else:
             self._kept = None
-        return main(params, residuals, data)
+        return main(state, data)
