@@ -149,8 +149,7 @@ class _Jitted:
     def __init__(self, backend: "JaxBackend", forward):
         self.backend = backend
         self.forward = forward
-        options = backend.compiler_options
-        self._compiled = Hoisted(forward, lambda fn, **kw: jax.jit(fn, compiler_options=options or None, **kw))
+        self._compiled = Hoisted(forward, functools.partial(_jit, compiler_options=backend.compiler_options))
 
     def __call__(self, params, data):
         with self.backend.scope():

@@ -26,6 +26,19 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 
+def _is_var(atom) -> bool:
+    return not isinstance(atom, jcore.Literal)
+
+
+def _jaxpr(constvars, invars, outvars, eqns, effects, debug_info):
+    """A Jaxpr, with its DebugInfo where this jax has one (jax.extend.core.DebugInfo: jax 0.5.x on;
+    newer versions warn without it)."""
+    make_info = getattr(jcore, "DebugInfo", None)
+    if make_info is None or debug_info is None:
+        return jcore.Jaxpr(constvars, invars, outvars, eqns, effects)
+    return jcore.Jaxpr(constvars, invars, outvars, eqns, effects, make_info(*debug_info))
+
+
 # Primitives that stay in main although their inputs are known: they build values from nothing
 # or from a scalar (cheap to recompute, and fused into their consumers by XLA).
 _KEEP_IN_MAIN = frozenset({"broadcast_in_dim", "iota", "rng_bit_generator", "random_bits", "random_seed",
@@ -44,7 +57,7 @@ def _hoistable(eqn) -> bool:
     if eqn.effects or eqn.primitive.name in _KEEP_IN_MAIN:
         return False
     # A value no larger than what it reads: rearrangements, casts, reductions, slices.
-    ins = sum(_size(v.aval) for v in eqn.invars if isinstance(v, jcore.Var))
+    ins = sum(_size(v.aval) for v in eqn.invars if _is_var(v))
     return all(_size(v.aval) <= max(ins, 1) for v in eqn.outvars)
 
 
@@ -60,7 +73,7 @@ class _Split:
         known = set(param_vars) | set(jaxpr.constvars)
         prepare, main = [], []
         for eqn in jaxpr.eqns:
-            if _hoistable(eqn) and all(not isinstance(v, jcore.Var) or v in known for v in eqn.invars):
+            if _hoistable(eqn) and all(not _is_var(v) or v in known for v in eqn.invars):
                 prepare.append(eqn)
                 known.update(eqn.outvars)
             else:
@@ -74,11 +87,11 @@ class _Split:
                 moved.append(eqn)
             else:
                 kept.append(eqn)
-                used.update(v for v in eqn.invars if isinstance(v, jcore.Var))
+                used.update(v for v in eqn.invars if _is_var(v))
         prepare, main = kept[::-1], moved[::-1] + main
         produced = {v for e in prepare for v in e.outvars}
-        needed = [v for e in main for v in e.invars if isinstance(v, jcore.Var)]
-        needed += [v for v in jaxpr.outvars if isinstance(v, jcore.Var)]
+        needed = [v for e in main for v in e.invars if _is_var(v)]
+        needed += [v for v in jaxpr.outvars if _is_var(v)]
         residuals = list(dict.fromkeys(v for v in needed if v in produced))
         # Main reads the parameters it uses and the residuals: one argument list, "state", so a
         # call passes no parameter that only prepare reads.
@@ -86,19 +99,19 @@ class _Split:
         self.main_params = [i for i, v in enumerate(param_vars) if v in used]
         self.hoisted = len(prepare)
         self.residual_bytes = sum(_size(v.aval) * np.dtype(v.aval.dtype).itemsize for v in residuals)
-        info = jaxpr.debug_info
-        names = tuple(info.arg_names) if info.arg_names is not None else ("",) * len(jaxpr.invars)
+        info = getattr(jaxpr, "debug_info", None)
+        names = tuple(info.arg_names) if info is not None and info.arg_names is not None else ("",) * len(jaxpr.invars)
         residual_names = tuple(f"residuals[{i}]" for i in range(len(residuals)))
-        self._prepare = jcore.ClosedJaxpr(jcore.Jaxpr(
-            jaxpr.constvars, param_vars, residuals, prepare, jcore.no_effects,
-            jcore.DebugInfo("jit", f"prepare of {info.func_src_info}", names[:n_params], residual_names),
+        self._prepare = jcore.ClosedJaxpr(_jaxpr(
+            jaxpr.constvars, param_vars, residuals, prepare, frozenset(),
+            info and ("jit", f"prepare of {info.func_src_info}", names[:n_params], residual_names),
         ), closed.consts)
-        self._main = jcore.ClosedJaxpr(jcore.Jaxpr(
+        self._main = jcore.ClosedJaxpr(_jaxpr(
             jaxpr.constvars, [param_vars[i] for i in self.main_params] + residuals + list(jaxpr.invars[n_params:]),
             jaxpr.outvars, main, jaxpr.effects,
-            jcore.DebugInfo("jit", info.func_src_info,
-                            tuple(names[i] for i in self.main_params) + residual_names + names[n_params:],
-                            info.result_paths),
+            info and ("jit", info.func_src_info,
+                      tuple(names[i] for i in self.main_params) + residual_names + names[n_params:],
+                      info.result_paths),
         ), closed.consts)
 
     def prepare(self, params):
@@ -130,7 +143,7 @@ class Hoisted:
 
     def __init__(self, forward, jit):
         self.forward = forward
-        self._jit = jit
+        self._jit = jit  # fn -> jitted fn (the backend's jax.jit with its compiler options)
         self._programs: dict = {}  # input structures and shapes -> (split, prepare, main)
         self._kept = None  # (parameter names, parameter arrays, data key, main's state, main) of the last call
 
