@@ -26,6 +26,7 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 
+
 def _is_var(atom) -> bool:
     return not isinstance(atom, jcore.Literal)
 
@@ -43,8 +44,6 @@ def _jaxpr(constvars, invars, outvars, eqns, effects, debug_info):
 # or from a scalar (cheap to recompute, and fused into their consumers by XLA).
 _KEEP_IN_MAIN = frozenset({"broadcast_in_dim", "iota", "rng_bit_generator", "random_bits", "random_seed",
                            "random_wrap", "random_unwrap"})
-
-
 # Layout-free changes of shape: free in main.
 _BITCASTS = frozenset({"reshape", "squeeze", "expand_dims"})
 
@@ -173,7 +172,8 @@ class Hoisted:
         kept = self._kept
         # The very same parameter arrays as last time, and data of the same shapes: the kept
         # residuals hold. (Checked per call: a few microseconds for a hundred parameters.)
-        if (kept is not None and kept[0] == tuple(params) and all(map(operator.is_, kept[1], params.values()))
+        if (kept is not None and isinstance(params, dict) and kept[0] == tuple(params)
+                and all(map(operator.is_, kept[1], params.values()))
                 and kept[2] is not None and kept[2] == _data_key(data)):
             return kept[4](kept[3], data)
         key, param_leaves = self._key(params, data)
