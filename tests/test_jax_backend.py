@@ -461,7 +461,7 @@ def _mobile_block(batch, size, multiplier=1):
 
 
 @pytest.mark.parametrize("batch, size, multiplier", [
-    (2, 10, 1),  # 200 and 50 pixels: the expand matmul channels last, the projection as im2col
+    (2, 10, 1),  # 200 and 50 rows: the expand as rows @ W.T, the projection as W @ rows.T
     (1, 16, 2),  # a depthwise channel multiplier of 2
     (1, 5, 1),   # odd sizes: the stride-2 projection keeps the last row and column
 ])
