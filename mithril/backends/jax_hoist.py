@@ -96,7 +96,6 @@ class _Split:
         # call passes no parameter that only prepare reads.
         used = set(needed)
         self.main_params = [i for i, v in enumerate(param_vars) if v in used]
-        self.hoisted = len(prepare)
         self.residual_bytes = sum(_size(v.aval) * np.dtype(v.aval.dtype).itemsize for v in residuals)
         info = getattr(jaxpr, "debug_info", None)
         names = tuple(info.arg_names) if info is not None and info.arg_names is not None else ("",) * len(jaxpr.invars)
