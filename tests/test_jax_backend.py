@@ -374,9 +374,9 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
 
 
 @pytest.mark.parametrize("options, size, convolution", [
-    (None, 28, True),    # 784 output pixels, 16 channels: XNNPACK's convolution
-    (None, 14, False),   # 196 pixels: im2col + matmul
-    ({}, 28, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
+    (None, 14, True),    # 196 output pixels, 16 channels: XNNPACK's convolution
+    (None, 7, False),    # 49 pixels: im2col + matmul
+    ({}, 14, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
 ])
 def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution):
     # Which layers: overrides/jax.py, from per-layer timings. Values and gradients match NumPy's

@@ -47,8 +47,8 @@ def _parse_device(device: str):
 # 10.1 -> 8.7 ms, ResNet-18 (batch 1 and 8) and BERT unchanged. An empty list turns them off.
 _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
-# it beats im2col + Eigen's matmul: ResNet-18's 56x56 and 28x28 layers (1.6 against 2.2 ms for
-# 64x56x56) and batch 8 down to 14x14 (overrides/jax.py chooses per layer).
+# it beats im2col + Eigen's matmul: ResNet-18's layers down to 14x14 (1.6 against 2.2 ms for
+# 64x56x56), not its 7x7 ones at batch 1 (overrides/jax.py chooses per layer).
 _XNN_CONVOLUTIONS = {"xla_cpu_use_xnnpack": True,
                      "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
 # The CPU default, best first: a jaxlib that rejects an option (YNNPACK came with 2025's XLA;
