@@ -89,19 +89,23 @@ def _library_conv_wins(x, w, win, group) -> bool:
 _SPATIAL = {1: "W", 2: "HW", 3: "DHW"}
 
 
-def _lax_conv(x, w, b, win, group):
+def _conv_general(x, w, **kwargs):
+    """lax.conv_general_dilated of an (N, C, *S) input and an (M, C/group, *kernel) filter."""
     nd = x.ndim - 2
     if _on_cpu() and nd in _SPATIAL:
         # XLA:CPU's convolutions (XNNPACK's and Eigen's) read the filter as (*kernel, C, M). Left
         # as (M, C, *kernel), XLA transposes the weights on every call (ResNet-18: 31.7 against
         # 29.9 ms); transposed here, it is parameter-only work, done once (jax_hoist.py).
         s = _SPATIAL[nd]
-        w, numbers = jnp.transpose(w, (*range(2, 2 + nd), 1, 0)), (f"NC{s}", f"{s}IO", f"NC{s}")
-    else:
-        numbers = None
-    y = lax.conv_general_dilated(
+        w = jnp.transpose(w, (*range(2, 2 + nd), 1, 0))
+        kwargs["dimension_numbers"] = (f"NC{s}", f"{s}IO", f"NC{s}")
+    return lax.conv_general_dilated(x, w, **kwargs)
+
+
+def _lax_conv(x, w, b, win, group):
+    y = _conv_general(
         x, w, window_strides=win.strides, padding=list(zip(win.begin, win.end)),
-        rhs_dilation=win.dilations, feature_group_count=group, dimension_numbers=numbers,
+        rhs_dilation=win.dilations, feature_group_count=group,
     )
     return _add_bias(y, b, jnp)
 
@@ -215,7 +219,7 @@ def conv_transpose(
     rhs = jnp.reshape(w, (group, cg, mg) + tuple(kernel))
     rhs = jnp.reshape(jnp.swapaxes(rhs, 1, 2), (group * mg, cg) + tuple(kernel))
     rhs = jnp.flip(rhs, axis=tuple(range(2, 2 + nd))).astype(x.dtype)
-    y = lax.conv_general_dilated(
+    y = _conv_general(
         x, rhs, window_strides=(1,) * nd, padding=[(max(a, 0), max(z, 0)) for a, z in zip(lo, hi)],
         lhs_dilation=strides, rhs_dilation=dilations, feature_group_count=group,
     )
