@@ -70,7 +70,7 @@ def library_convolutions(enabled: bool):
 # XNNPACK against im2col + Eigen, per ResNet layer on 2 AVX2 cores (ms, batch 1): 64x56x56 1.6 vs
 # 2.2, 128x28x28 1.5 vs 1.7, 64->128 stride 2 to 28x28 0.9 vs 1.1; the 3-channel 7x7 stem 2.5 vs
 # 2.4. Those XNNPACK times included a transposing copy of the filter on every call; read in place
-# (_lax_conv), XNNPACK also wins at 14x14: whole ResNet-18, interleaved with onnxruntime, 1.29x
+# (_conv_general), XNNPACK also wins at 14x14: whole ResNet-18, interleaved with onnxruntime, 1.29x
 # against 1.37x with im2col there, and 1.33x with XNNPACK down to 7x7 as well (batch 8, whose 7x7
 # layers have 392 pixels: 1.38x against 1.40x). So XNNPACK from 196 output pixels per call (14x14
 # at batch 1) and 16 input channels.
