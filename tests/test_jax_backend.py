@@ -407,6 +407,29 @@ def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution
         np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3)
 
 
+def test_conv_transpose_reads_its_filter_without_rearranging_it_per_call():
+    # ConvTranspose flips and transposes its filter into a convolution's: parameter-only work,
+    # done once, including the (kh, kw, C, M) order XLA:CPU's convolution reads. Values match
+    # NumPy's (which has no ConvTranspose gradient to compare with).
+    nodes = [helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                              name="up")]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    params = {"W": rng.standard_normal((16, 8, 3, 3)).astype(np.float32) / 12,
+              "B": rng.standard_normal(8).astype(np.float32)}
+    model = make_model(nodes, [("x", F, [1, 16, 9, 9])], [("y", F, [1, 8, 17, 17])], params)
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(params, {"x": x})
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend, inference=True)
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    data = {"x": backend.from_numpy(x)}
+    hlo = _optimized_hlo(pm, backend, jparams, data)
+    entry = hlo[hlo.index("ENTRY"):]
+    assert " convolution(" in entry
+    assert not re.search(r"= f32\[3,3,16,8\]\{[0-9,]*\} (?!parameter|bitcast)", entry)
+    np.testing.assert_allclose(backend.to_numpy(pm.evaluate(jparams, data)["y"]), want["y"], rtol=1e-4, atol=1e-4)
+
+
 def test_rejected_compiler_options_fail_at_construction_naming_them():
     with pytest.raises(BackendUnavailableError, match="rejects compiler_options.*xla_cpu_no_such_option"):
         ml.JaxBackend(compiler_options={"xla_cpu_no_such_option": True})
