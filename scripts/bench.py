@@ -158,38 +158,53 @@ def _eager_row(spec, inputs: dict[str, np.ndarray]):
     return first_s, call, {k: v.numpy() for k, v in zip(spec.output_names, out)}
 
 
+# Each runtime's turn starts with untimed calls for LEAD_IN_S, then times calls for about BLOCK_S.
+# The lead-in absorbs what the previous turn leaves behind: onnxruntime's and torch's idle workers
+# keep spinning for tens of milliseconds after a call and take a core from whoever runs next, and
+# XLA's pool needs a few calls to get back to speed after a pause. Measured on this 2-CPU VM,
+# MobileNetV2 on JAX: the calls after a 0.2 s turn of onnxruntime (or a 0.2 s sleep) take 8-17 ms
+# for the first 30-60 ms, then 6.8 ms; onnxruntime's own first call after a pause is 6 ms, then 4.7.
+LEAD_IN_S = 0.1
+BLOCK_S = 0.2
+# Calls this slow are all timed: a neighbour's leftovers are a small part of them.
+LONG_CALL_S = 0.5
+
+
 def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int, row_seconds: float):
     """Median seconds per call of each runner and the number of timed calls per runner.
 
-    The runners take turns in blocks of consecutive calls, so every runtime sees the same machine
-    load; the first call of each block is not timed (below 0.5 s a call). It absorbs the previous runtime's idle
-    workers, which keep spinning for tens of milliseconds after a call (onnxruntime's intra-op
-    pool, torch's OpenMP pool) and would otherwise take a core from whoever runs next: per-call
-    interleaving measured JAX's ResNet-18 at 56 ms after onnxruntime calls and 31 ms on its own.
-    Blocks last about 0.2 s; the row about ``row_seconds`` (``min_runs`` to ``max_runs`` timed
-    calls per runner)."""
-    round_s = 0.0
+    The runners take turns in blocks, so every runtime sees the same machine load. Each block
+    begins with untimed calls for LEAD_IN_S (at least one; none for calls of LONG_CALL_S or more)
+    and then times calls for about BLOCK_S. Blocks are sized by each runner's fastest warmup call,
+    made back to back. The row takes about ``row_seconds`` of timed calls (``min_runs`` to
+    ``max_runs`` per runner)."""
     per_call = {}
-    for name, fn in runners.items():  # one untimed call each, to size the blocks
+    round_s = 0.0
+    for name, fn in runners.items():  # one untimed call each, to choose the warmup
         t = time.perf_counter()
         fn()
         per_call[name] = time.perf_counter() - t
         round_s += per_call[name]
-    for _ in range(max(warmup - 1, 0) if round_s * warmup < row_seconds / 2 else 0):
-        for fn in runners.values():
+    extra = max(warmup - 1, 0) if round_s * warmup < row_seconds / 2 else 0
+    for name, fn in runners.items():
+        for _ in range(extra):
+            t = time.perf_counter()
             fn()
+            per_call[name] = min(per_call[name], time.perf_counter() - t)
+    round_s = sum(per_call.values())
     want = max(min_runs, min(max_runs, int(row_seconds / max(round_s, 1e-9))))
     times: dict[str, list[float]] = {k: [] for k in runners}
     while min(len(v) for v in times.values()) < want:
         for name, fn in runners.items():
-            # Calls of half a second or more hardly notice a neighbour's spinning: all are timed.
-            skip = 1 if per_call[name] < 0.5 else 0
-            block = skip + max(1, min(want - len(times[name]), int(0.2 / max(per_call[name], 1e-9))))
-            for i in range(block):
+            if per_call[name] < LONG_CALL_S:
+                lead_in_end = time.perf_counter() + LEAD_IN_S
+                fn()
+                while time.perf_counter() < lead_in_end:
+                    fn()
+            for _ in range(max(1, min(want - len(times[name]), int(BLOCK_S / max(per_call[name], 1e-9))))):
                 t = time.perf_counter()
                 fn()
-                if i >= skip:
-                    times[name].append(time.perf_counter() - t)
+                times[name].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}, want
 
 
@@ -519,9 +534,11 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               f"also builds its gradient program), median of {args.compile_repeats}. First call: the first `evaluate`",
               "of the first compiled model, outputs converted to NumPy; jax.jit and mx.compile compile here.",
               "Latency: median of Runs timed calls per runtime. onnxruntime and the backend (and PyTorch eager, in",
-              "the Torch rows) take turns in blocks of about 0.2 s; below 0.5 s a call, the first call of each block",
-              "is not timed: it absorbs the previous runtime's idle workers, which keep spinning for tens of",
-              "milliseconds after a call (onnxruntime's pool, torch's OpenMP pool) and would take a core from it.",
+              f"the Torch rows) take turns in blocks of about {BLOCK_S:g} s of timed calls. Below {LONG_CALL_S:g} s a call,",
+              f"each block starts with {LEAD_IN_S:g} s of untimed calls (at least one): they absorb what the previous",
+              "turn leaves behind. onnxruntime's and torch's idle workers keep spinning for tens of milliseconds",
+              "after a call and take a core from the next runtime, and XLA's pool needs a few calls to get back",
+              "to speed after a pause (MobileNetV2 on JAX: 8-17 ms calls for the first 30-60 ms, then 6.8 ms).",
               f"Each row takes about {args.row_seconds:g} s: at least {args.min_runs} and at most {args.runs} timed "
               f"calls, after up to {args.warmup} warmup calls, so slow rows get fewer.",
               "vs ORT and vs eager: backend time / onnxruntime's or PyTorch eager's in the same rounds (lower is",
