@@ -508,6 +508,41 @@ def test_mobilenet_blocks_match_numpy_values_and_gradients(batch, size, multipli
         np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3, err_msg=name)
 
 
+def test_depthwise_reads_every_tap_from_its_padded_input():
+    # A stem (im2col: its matmul writes channels first) feeding a depthwise Conv. Left alone, XLA
+    # reads the centre tap from the pad's operand and fuses the stem's matmul output, transposed,
+    # into the depthwise loop. The loop must read only the padded activation and the per-tap
+    # weight vectors; values and gradients match NumPy's.
+    m = 8
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2], name="stem"),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "W2"], ["y"], group=m, pads=[1, 1, 1, 1], name="depthwise")]
+    rng = np.random.default_rng(8)
+    params = {"W1": rng.standard_normal((m, 3, 3, 3)).astype(np.float32) / 5,
+              "B1": rng.standard_normal(m).astype(np.float32),
+              "W2": rng.standard_normal((m, 1, 3, 3)).astype(np.float32) / 3}
+    model = make_model(nodes, [("x", F, [1, 3, 32, 32])], [("y", F, [1, m, 16, 16])], params)
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    g = rng.standard_normal((1, m, 16, 16)).astype(np.float32)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), data_keys=["x"])
+    want, want_grads = ref.evaluate(params, {"x": x}, output_gradients={"y": g})
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend, data_keys=["x"])
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    data = {"x": backend.from_numpy(x)}
+    hlo = _optimized_hlo(pm, backend, jparams, data)
+    # The depthwise loop: the fusion reading the padded activation, (1, 18, 18, m) channels last.
+    loops = [line for line in hlo.splitlines()
+             if line.startswith("%fused") and f"f32[1,18,18,{m}]" in line.split("->")[0]]
+    assert len(loops) == 1
+    operands = re.findall(r"param_[0-9.]+: (\w+\[[0-9,]*\])", loops[0])
+    assert set(operands) <= {f"f32[1,18,18,{m}]", f"f32[{m},1,1,1]"}, operands
+    out, grads = pm.evaluate(jparams, data, output_gradients={"y": g})
+    np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-4, atol=1e-4)
+    for name, value in want_grads.items():
+        np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3, err_msg=name)
+
+
 def test_parameter_only_work_runs_once_per_set_of_parameters():
     # The pointwise weight's transpose and the depthwise per-tap vectors depend on parameters
     # alone: a prepare program computes them, and the per-call program reads them while the
