@@ -33,7 +33,6 @@ from ..errors import (
     UnsupportedDomainError,
     UnsupportedOpsError,
 )
-from ..onnx_bridge.load import SUPPORTED_DOMAINS
 from ..onnx_bridge.schema import (
     attribute_defaults,
     convert_attribute,
@@ -96,10 +95,13 @@ def iter_graph_nodes(graph: ir.Graph):
         yield node
 
 
-def check_domains(graph: ir.Graph) -> None:
+def check_domains(graph: ir.Graph, backend: str = "*") -> None:
+    """Nodes of a domain no kernel is registered for are refused together, before any op lookup.
+    Model-local functions are inlined before lowering, so their domains never reach here."""
+    supported = REGISTRY.domains(backend)
     bad = []
     for i, node in enumerate(graph.all_nodes()):
-        if canonical_domain(node.domain) not in SUPPORTED_DOMAINS:
+        if canonical_domain(node.domain) not in supported:
             bad.append((node_label(node, i), node.domain, node.op_type))
     if bad:
         raise UnsupportedDomainError(bad)
@@ -107,7 +109,7 @@ def check_domains(graph: ir.Graph) -> None:
 
 def resolve_kernels(graph: ir.Graph, opsets: dict[str, int], backend: str) -> dict[int, KernelSpec]:
     """Kernel per node (keyed by id(node)); raises listing every node without one."""
-    check_domains(graph)
+    check_domains(graph, backend)
     specs: dict[int, KernelSpec] = {}
     missing = []
     for i, node in enumerate(graph.all_nodes()):

@@ -109,6 +109,10 @@ class KernelRegistry:
             ops |= set(self._tables.get(backend, {}))
         return ops
 
+    def domains(self, backend: str = "*") -> set[str]:
+        """Every operator domain with at least one kernel (shared, or this backend's)."""
+        return {domain for domain, _ in self.ops(backend)}
+
     def versions(self, op_type: str, domain: str = "", backend: str = "*") -> list[int]:
         return [s for s, _ in self._tables.get(backend, {}).get((domain, op_type), [])]
 

@@ -11,10 +11,6 @@ from google.protobuf.message import DecodeError
 
 from ..errors import OnnxLoadError, UnsafeExternalDataError
 
-# Domains with kernels. Model-local functions are inlined before lowering, so their domains pass too.
-SUPPORTED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.preview", "ai.onnx.preview.training", "ai.mithril"})
-
-
 def _canonical_domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
 
