@@ -1,7 +1,13 @@
-"""Op schemas from ``onnx.defs``: attribute defaults and arity, parsed by attribute type."""
+"""Op schemas: attribute defaults and arity, parsed by attribute type.
+
+Standard ops come from ``onnx.defs``. onnxruntime's own dialect (the ``com.microsoft`` contrib ops
+and the few it registers in the ONNX domain, such as SimplifiedLayerNormalization) comes from the
+schemas onnxruntime registers, read through its Python module, so defaults are never copied by hand.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -13,12 +19,55 @@ from onnx import AttributeProto
 _MISSING = object()
 
 
+@dataclass(frozen=True)
+class RuntimeSchema:
+    """One of onnxruntime's registered schemas, reduced to what lowering reads."""
+
+    name: str
+    domain: str
+    since_version: int
+    max_output: int
+    defaults: tuple[tuple[str, AttributeProto | None], ...]
+
+
+@lru_cache(maxsize=1)
+def _runtime_schemas() -> dict[tuple[str, str], list[RuntimeSchema]]:
+    """(domain, op_type) -> onnxruntime's schemas for ops ``onnx.defs`` does not know, oldest first."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+    except ImportError:
+        return {}
+    table: dict[tuple[str, str], list[RuntimeSchema]] = {}
+    for sch in ort_c.get_all_operator_schema():
+        defaults = []
+        for name, attr in sch.attributes.items():
+            default = None
+            if attr._default_value:
+                default = AttributeProto()
+                default.ParseFromString(attr._default_value)
+            defaults.append((name, default))
+        entry = RuntimeSchema(sch.name, sch.domain, sch.since_version, sch.max_output, tuple(defaults))
+        table.setdefault((sch.domain, sch.name), []).append(entry)
+    for entries in table.values():
+        entries.sort(key=lambda e: e.since_version)
+    return table
+
+
+def _runtime_schema(op_type: str, opset: int, domain: str) -> RuntimeSchema | None:
+    best = None
+    for entry in _runtime_schemas().get((domain, op_type), ()):
+        if entry.since_version <= opset:
+            best = entry
+    return best
+
+
 @lru_cache(maxsize=None)
-def get_schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | None:
+def get_schema(op_type: str, opset: int, domain: str = "") -> onnx.defs.OpSchema | RuntimeSchema | None:
+    """The schema in force at ``opset``: ONNX's own, else onnxruntime's (contrib ops)."""
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
-        return None
+        return _runtime_schema(op_type, opset, domain)
 
 
 def _from_proto(attr: AttributeProto) -> Any:
@@ -47,6 +96,11 @@ def attribute_defaults(op_type: str, opset: int, domain: str = "") -> dict[str, 
     if schema is None:
         return {}
     out: dict[str, Any] = {}
+    if isinstance(schema, RuntimeSchema):
+        for name, default in schema.defaults:
+            value = _from_proto(default) if default is not None else _MISSING
+            out[name] = None if value is _MISSING else value
+        return out
     for name, attr in schema.attributes.items():
         default = attr.default_value
         value = _from_proto(default) if default.type != AttributeProto.UNDEFINED else _MISSING
