@@ -10,6 +10,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from ..errors import OnnxLoadError, UnsafeExternalDataError
+from .passes import relax_unknown_dims
 
 def _canonical_domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
@@ -133,6 +134,41 @@ def _sparse_to_dense(sp: onnx.SparseTensorProto) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(dense, sp.values.name)
 
 
+def _subgraphs(graph: onnx.GraphProto):
+    """Every subgraph (If branches, Loop/Scan bodies) under ``graph``, nested ones included."""
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subs:
+                yield sub
+                yield from _subgraphs(sub)
+
+
+def _outer_scope_outputs(graph: onnx.GraphProto) -> list[int]:
+    """Positions of ``graph``'s outputs that it does not define: values of an enclosing scope."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {o for node in graph.node for o in node.output}
+    return [i for i, out in enumerate(graph.output) if out.name not in defined]
+
+
+def _expose_outer_scope_outputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A subgraph may return a value of an enclosing scope by name (``then_branch`` outputs the
+    outer ``h``). The IR ties a value to one graph, so such an output becomes an Identity of the
+    outer value inside the subgraph: the same semantics, in the form every pass handles.
+    The caller's proto is left untouched (copied first when a rewrite is needed)."""
+    if not any(_outer_scope_outputs(sub) for sub in _subgraphs(proto.graph)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for n, sub in enumerate(_subgraphs(copy.graph)):
+        for i in _outer_scope_outputs(sub):
+            outer = sub.output[i].name
+            inner = f"{outer}__scope{n}_out{i}"
+            sub.node.append(onnx.helper.make_node("Identity", [outer], [inner]))
+            sub.output[i].name = inner
+    return copy
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
@@ -171,6 +207,7 @@ def load_onnx(src) -> OnnxModel:
             onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     else:
         raise OnnxLoadError(f"cannot load an ONNX model from {type(src).__name__}; give a path, bytes or ModelProto")
+    proto = _expose_outer_scope_outputs(proto)
     _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
         # IR version 1/2 models without opset_import imply opset 1.
@@ -179,4 +216,5 @@ def load_onnx(src) -> OnnxModel:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # onnx_ir raises several types for inconsistent protos
         raise OnnxLoadError(f"the ONNX model is inconsistent and cannot be read: {exc}") from exc
+    relax_unknown_dims(model)
     return OnnxModel(model, source)

@@ -24,6 +24,34 @@ logger = logging.getLogger(__name__)
 FOLD_SIZE_LIMIT = 1 << 22
 
 
+def _graphs(graph: ir.Graph):
+    """``graph`` and every subgraph under it (If branches, Loop/Scan bodies), outermost first."""
+    yield graph
+    for node in graph.all_nodes():
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                yield attr.value
+            elif attr.type == ir.AttributeType.GRAPHS:
+                yield from attr.value
+
+
+def relax_unknown_dims(model: ir.Model) -> ir.Model:
+    """Declared dims of -1 or 0 are unknown, not fixed. PaddlePaddle's exporter and older
+    converters write ``dim_value: -1`` (some write 0) where the spec says ``dim_param``, and
+    onnxruntime accepts any size there; ``shapes`` at compile fixes them like any symbolic dim.
+    Initializers keep their shapes: those come from the tensors themselves."""
+    for graph in list(_graphs(model.graph)):
+        values = list(graph.inputs) + list(graph.outputs)
+        values += [o for node in graph for o in node.outputs]
+        for value in values:
+            if value.shape is None or value.const_value is not None:
+                continue
+            dims = list(value.shape)
+            if any(isinstance(d, int) and d <= 0 for d in dims):
+                value.shape = ir.Shape([None if isinstance(d, int) and d <= 0 else d for d in dims])
+    return model
+
+
 def inline_functions(model: ir.Model) -> ir.Model:
     """Inline model-local functions so every node is a standard op."""
     if model.functions:
@@ -290,9 +318,45 @@ def mark_stop_gradients(model: ir.Model) -> ir.Model:
     return model
 
 
+def _merge_dims(kept: ir.Shape | None, other: ir.Shape | None) -> ir.Shape | None:
+    """``kept``'s shape, with dims it leaves unknown taken from ``other`` when ranks agree."""
+    if kept is None or other is None or len(kept) != len(other):
+        return kept if kept is not None else other
+    return ir.Shape([b if not isinstance(a, int) and isinstance(b, int) else a for a, b in zip(kept, other)])
+
+
 def remove_identities(model: ir.Model) -> ir.Model:
-    """Identity nodes (exporters leave many) forward their input; graph outputs keep their names."""
-    common.IdentityEliminationPass()(model)
+    """Identity nodes (exporters leave many) forward their input; graph outputs keep their names.
+
+    ``y = Identity(x)`` goes away when y is no output of its graph: y's readers read x (also
+    from inside a subgraph, where x may be an outer value). When y is an output of its graph the
+    node goes only if x is made by a node of that same graph and is no output itself: x then takes
+    y's place and name. It stays when x is a graph input, an initializer, another output (two
+    outputs of one value) or a value of an enclosing scope (a branch returning the outer state):
+    the IR gives each value one graph and one name, and those forms need the node.
+    (onnx_ir's IdentityEliminationPass renames outer and output values there, which breaks
+    subgraphs and drops duplicate outputs.)
+    """
+    for graph in list(_graphs(model.graph)):
+        outputs = set(graph.outputs)
+        for node in list(graph):
+            if (node.op_type != "Identity" or _canonical_domain(node.domain) != "" or len(node.inputs) != 1
+                    or len(node.outputs) != 1 or node.inputs[0] is None):
+                continue
+            x, y = node.inputs[0], node.outputs[0]
+            if y in outputs:
+                producer = x.producer()
+                if producer is None or producer.graph is not graph or x.is_graph_output():
+                    continue
+            x.shape = _merge_dims(x.shape, y.shape)
+            if x.type is None:
+                x.type = y.type
+            if y in outputs:
+                _take_over(y, x)
+                outputs = set(graph.outputs)
+            else:
+                y.replace_all_uses_with(x)
+            graph.remove(node, safe=True)
     return model
 
 
