@@ -60,6 +60,11 @@ class UnsafeExternalDataError(OnnxLoadError):
     """An external-data path points outside the model's folder."""
 
 
+class TensorTooLargeError(OnnxLoadError):
+    """A tensor's dims and dtype ask for more bytes than the size limit (by default the machine's
+    memory); refused before anything is allocated, naming the tensor and its size in bytes."""
+
+
 class UnsupportedOpError(NodeError):
     """No kernel for this op at this opset (on this backend)."""
 

@@ -9,8 +9,14 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from ..errors import OnnxLoadError, UnsafeExternalDataError
+from ..errors import OnnxLoadError
+from .check import check_model
+
 from .passes import relax_unknown_dims
+
+# protobuf cannot parse a message larger than this; bigger models keep their weights as external data.
+_PROTOBUF_LIMIT = 2**31 - 1
+
 
 def _canonical_domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
@@ -81,22 +87,6 @@ class OnnxModel:
             f"OnnxModel({self.source or self.graph.name!r}, inputs={self.input_names}, "
             f"outputs={self.output_names}, opset={self.opset})"
         )
-
-
-def _check_external_data(proto: onnx.ModelProto, base_dir: Path) -> None:
-    base = base_dir.resolve()
-    for tensor in onnx.external_data_helper._get_all_tensors(proto):
-        if not onnx.external_data_helper.uses_external_data(tensor):
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        location = info.get("location", "")
-        target = (base / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(base):
-            raise UnsafeExternalDataError(
-                f"tensor {tensor.name!r}: external data path {location!r} escapes the model folder {str(base)!r}"
-            )
-        if not target.exists():
-            raise OnnxLoadError(f"tensor {tensor.name!r}: external data file {str(target)!r} not found")
 
 
 def _densify_sparse_constants(graph: onnx.GraphProto) -> None:
@@ -180,13 +170,20 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return proto
 
 
-def load_onnx(src) -> OnnxModel:
+def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
     """Load an ONNX model from a path, bytes, or an ``onnx.ModelProto``.
 
-    External data is read from paths relative to the model file; a path escaping that folder is
-    refused with :class:`UnsafeExternalDataError`.
+    The protobuf is checked before anything is deserialized (:mod:`mithril.onnx_bridge.check`):
+    opsets, one definition per value, no cycles, tensors whose data matches their dims. A tensor
+    larger than ``max_tensor_bytes`` (default: the machine's memory, or
+    ``$MITHRIL_MAX_TENSOR_BYTES``) is refused with :class:`TensorTooLargeError` before any
+    allocation. External data is read from paths relative to the model file; a path escaping that
+    folder (``..``, absolute, a symlink leading out) is refused with
+    :class:`UnsafeExternalDataError`, and a region past the end of its file with
+    :class:`OnnxLoadError`. Bytes or a ModelProto cannot name external data (there is no folder).
     """
     source = None
+    base_dir = None
     if isinstance(src, OnnxModel):
         return src
     if isinstance(src, onnx.ModelProto):
@@ -198,15 +195,25 @@ def load_onnx(src) -> OnnxModel:
         source = str(path)
         if not path.is_file():
             raise OnnxLoadError(f"no such file: {str(path)!r}")
+        size = path.stat().st_size
+        if size > _PROTOBUF_LIMIT:
+            raise OnnxLoadError(
+                f"file {str(path)!r} is {size} bytes: an ONNX protobuf holds at most 2 GiB "
+                f"(larger models keep their weights as external data)"
+            )
         proto = _parse(path.read_bytes(), f"file {str(path)!r}")
-        if any(
-            onnx.external_data_helper.uses_external_data(t)
-            for t in onnx.external_data_helper._get_all_tensors(proto)
-        ):
-            _check_external_data(proto, path.parent)
-            onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
+        base_dir = path.parent
     else:
         raise OnnxLoadError(f"cannot load an ONNX model from {type(src).__name__}; give a path, bytes or ModelProto")
+    check_model(proto, base_dir, max_tensor_bytes)
+    if base_dir is not None and any(
+        onnx.external_data_helper.uses_external_data(t)
+        for t in onnx.external_data_helper._get_all_tensors(proto)
+    ):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(proto, str(base_dir))
+        except Exception as exc:  # checked above; a file changed under us, or unreadable
+            raise OnnxLoadError(f"reading the external data of {source!r} failed: {exc}") from exc
     proto = _expose_outer_scope_outputs(proto)
     _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
