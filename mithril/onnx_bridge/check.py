@@ -137,7 +137,7 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str] = frozen
     for i, node in enumerate(graph.node):
         reads = set(node.input)
         for sub in _subgraphs(node):
-            reads |= _outer_reads(sub)
+            reads |= outer_reads(sub)
         for name in node.input:
             if name and name not in visible:
                 raise OnnxLoadError(
@@ -171,7 +171,7 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str] = frozen
                 check_graph_structure(sub, visible, f"{prefix}subgraph {attr.name!r} of node {_label(node, i)!r}")
 
 
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
     """Names a subgraph reads without defining them (its dependencies on the enclosing graph)."""
     local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     local |= {s.values.name for s in graph.sparse_initializer}
@@ -180,7 +180,7 @@ def _outer_reads(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         reads.update(node.input)
         for sub in _subgraphs(node):
-            reads |= _outer_reads(sub)
+            reads |= outer_reads(sub)
     reads.update(v.name for v in graph.output)
     return {r for r in reads if r and r not in local}
 

@@ -10,7 +10,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from ..errors import OnnxLoadError
-from .check import check_model
+from .check import check_model, outer_reads
 
 from .passes import relax_unknown_dims
 
@@ -159,6 +159,69 @@ def _expose_outer_scope_outputs(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _node_reads(node: onnx.NodeProto) -> set[str]:
+    reads = {n for n in node.input if n}
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            reads |= outer_reads(sub)
+    return reads
+
+
+def _sort_graph(graph: onnx.GraphProto) -> None:
+    """Order ``graph``'s nodes (and its subgraphs') so each comes after the producers of what it
+    reads, keeping the written order where it already holds. The graph is known to be acyclic."""
+    import heapq
+
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    deps = [{producer[r] for r in _node_reads(n) if r in producer} for n in graph.node]
+    if any(j >= i for i, d in enumerate(deps) for j in d):
+        users: list[list[int]] = [[] for _ in graph.node]
+        for i, d in enumerate(deps):
+            for j in d:
+                users[j].append(i)
+        pending = [len(d) for d in deps]
+        ready = [i for i, p in enumerate(pending) if p == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for k in users[i]:
+                pending[k] -= 1
+                if pending[k] == 0:
+                    heapq.heappush(ready, k)
+        nodes = [graph.node[i] for i in order]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _sort_graph(sub)
+
+
+def _is_sorted(graph: onnx.GraphProto) -> bool:
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    for i, node in enumerate(graph.node):
+        if any(producer[r] >= i for r in _node_reads(node) if r in producer):
+            return False
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                if not _is_sorted(sub):
+                    return False
+    return True
+
+
+def _toposorted(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxruntime runs nodes written in any order; the IR reads them in order, so an unsorted
+    graph (checked acyclic) is sorted first, in a copy: the caller's proto is left untouched."""
+    if _is_sorted(proto.graph):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    _sort_graph(copy.graph)
+    return copy
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
@@ -214,7 +277,7 @@ def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
             onnx.external_data_helper.load_external_data_for_model(proto, str(base_dir))
         except Exception as exc:  # checked above; a file changed under us, or unreadable
             raise OnnxLoadError(f"reading the external data of {source!r} failed: {exc}") from exc
-    proto = _expose_outer_scope_outputs(proto)
+    proto = _toposorted(_expose_outer_scope_outputs(proto))
     _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
         # IR version 1/2 models without opset_import imply opset 1.
