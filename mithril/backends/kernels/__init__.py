@@ -21,6 +21,7 @@ FAMILIES = (
     "control_flow",
     "sequence",
     "autodiff",
+    "ml",
 )
 
 for _family in FAMILIES:
