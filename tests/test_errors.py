@@ -46,16 +46,16 @@ def test_unsupported_op_lists_every_node():
 
 def test_unsupported_domain_lists_nodes():
     nodes = [
-        helper.make_node("FusedMatMul", ["x", "x"], ["a"], domain="com.microsoft", name="fused"),
-        helper.make_node("Binarizer", ["a"], ["y"], domain="ai.onnx.ml"),
+        helper.make_node("FusedMatMul", ["x", "x"], ["a"], domain="com.example.first", name="fused"),
+        helper.make_node("Binarizer", ["a"], ["y"], domain="com.example.second"),
     ]
     model = make_model(nodes, [("x", TensorProto.FLOAT, [2, 2])], [("y", TensorProto.FLOAT, [2, 2])],
-                       domains=("com.microsoft", "ai.onnx.ml"))
+                       domains=("com.example.first", "com.example.second"))
     with pytest.raises(errors.UnsupportedDomainError) as info:
         ml.compile(ml.load_onnx(model), ml.NumpyBackend())
     msg = str(info.value)
-    assert "unsupported domain" in msg and "ai.onnx.ml" in msg and "com.microsoft" in msg
-    assert "fused: com.microsoft::FusedMatMul" in msg and "Binarizer#1" in msg
+    assert "unsupported domain" in msg and "com.example.first" in msg and "com.example.second" in msg
+    assert "fused: com.example.first::FusedMatMul" in msg and "Binarizer#1" in msg
 
 
 def test_missing_input(conv_model):
