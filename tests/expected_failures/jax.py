@@ -1,6 +1,5 @@
 """Expected failures of conformance cases on the JAX backend."""
 
-_ML = "ai.onnx.ml domain is out of scope: unsupported-domain error by design"
 _BERNOULLI = (
     "random sample: expected values come from numpy's global RNG state after drawing the input, "
     "no seed-derived stream can reproduce them (shape and dtype match)"
@@ -15,14 +14,6 @@ _GRADIENT = "Gradient op needs graph autodiff (the NumPy backend's VJP rules lan
 JAX: dict[str, str] = {
     "simple/test_gradient_of_add": _GRADIENT,
     "simple/test_gradient_of_add_and_mul": _GRADIENT,
-    "test_ai_onnx_ml_array_feature_extractor": _ML,
-    "test_ai_onnx_ml_binarizer": _ML,
-    "test_ai_onnx_ml_label_encoder_string_int": _ML,
-    "test_ai_onnx_ml_label_encoder_string_int_no_default": _ML,
-    "test_ai_onnx_ml_label_encoder_tensor_mapping": _ML,
-    "test_ai_onnx_ml_label_encoder_tensor_value_only_mapping": _ML,
-    "test_ai_onnx_ml_tree_ensemble_single_tree": _ML,
-    "test_ai_onnx_ml_tree_ensemble_set_membership": _ML,
     "test_bernoulli": _BERNOULLI,
     "test_bernoulli_expanded": _BERNOULLI,
     "test_bernoulli_double": _BERNOULLI,

@@ -5,7 +5,6 @@ _FLOAT64 = ("float64: MLX has no float64 on its default CPU path (arrays convert
 _STRINGS = "strings: MLX has no string arrays, so the backend reports the graph unsupported"
 _NARROW = ("float8/float4/e8m0/int4/uint4/int2/uint2: MLX has no such dtype, so the backend reports the graph "
            "unsupported")
-_ML_DOMAIN = "ai.onnx.ml domain: no kernels on any backend yet (same as NumPy)"
 _GRADIENT = "Gradient op needs graph autodiff (the training issue), as on NumPy"
 _BERNOULLI = ("random sample: expected values come from numpy's global RNG state after drawing the input, "
               "no seed-derived stream can reproduce them (same as NumPy)")
@@ -15,14 +14,11 @@ _FFT_ROUNDING = ("float32 DFT: MLX's FFT computes in float32 where NumPy's pocke
                  "1.5e-5 near zero exceed the case's atol of 1e-7")
 
 MLX: dict[str, str] = {
-    "test_ai_onnx_ml_array_feature_extractor": _ML_DOMAIN,
-    "test_ai_onnx_ml_binarizer": _ML_DOMAIN,
     "test_ai_onnx_ml_label_encoder_string_int": _STRINGS,
     "test_ai_onnx_ml_label_encoder_string_int_no_default": _STRINGS,
     "test_ai_onnx_ml_label_encoder_tensor_mapping": _STRINGS,
     "test_ai_onnx_ml_label_encoder_tensor_value_only_mapping": _STRINGS,
     "test_ai_onnx_ml_tree_ensemble_single_tree": _FLOAT64,
-    "test_ai_onnx_ml_tree_ensemble_set_membership": _ML_DOMAIN,
     "test_attention_4d_causal_bf16": _HALF_SUMS,
     "test_attention_4d_causal_bf16_expanded": _HALF_SUMS,
     "test_attention_4d_padded_kv_bf16": _HALF_SUMS,

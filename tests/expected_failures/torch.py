@@ -2,7 +2,6 @@
 
 _UNSIGNED = ("uint16/uint32/uint64: torch stores them but has no arithmetic kernels (add, maximum, ... "
              "are not implemented), so the backend reports them unsupported")
-_ML_DOMAIN = "ai.onnx.ml domain: no kernels on any backend yet (same as NumPy)"
 _HALF_SUMS = ("bfloat16/float16 attention: torch sums half types with a float32 accumulator; the expected "
               "values carry NumPy's in-dtype accumulation rounding (errors of one bf16 ulp)")
 _BERNOULLI = ("random sample: expected values come from numpy's global RNG state after drawing the input, "
@@ -72,14 +71,6 @@ TORCH: dict[str, str] = {
     "test_sub_uint32": _UNSIGNED,
     "test_sub_uint64": _UNSIGNED,
     "test_top_k_uint64": _UNSIGNED,
-    "test_ai_onnx_ml_array_feature_extractor": _ML_DOMAIN,
-    "test_ai_onnx_ml_binarizer": _ML_DOMAIN,
-    "test_ai_onnx_ml_label_encoder_string_int": _ML_DOMAIN,
-    "test_ai_onnx_ml_label_encoder_string_int_no_default": _ML_DOMAIN,
-    "test_ai_onnx_ml_label_encoder_tensor_mapping": _ML_DOMAIN,
-    "test_ai_onnx_ml_label_encoder_tensor_value_only_mapping": _ML_DOMAIN,
-    "test_ai_onnx_ml_tree_ensemble_single_tree": _ML_DOMAIN,
-    "test_ai_onnx_ml_tree_ensemble_set_membership": _ML_DOMAIN,
     "test_attention_4d_causal_bf16": _HALF_SUMS,
     "test_attention_4d_causal_bf16_expanded": _HALF_SUMS,
     "test_attention_4d_causal_fp16_expanded": _HALF_SUMS,
