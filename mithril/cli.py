@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections import Counter
 
 import numpy as np
@@ -120,13 +122,30 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _load_array(name: str, path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise MithrilError(f"--input {name}={path}: cannot read a .npy array: {exc}") from exc
+
+
+def _parse_shape(name: str, text: str) -> list[int]:
+    try:
+        dims = [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise MithrilError(f"--shape {name}={text}: dims must be integers separated by commas") from None
+    if any(d < 0 for d in dims):
+        raise MithrilError(f"--shape {name}={text}: dims must not be negative")
+    return dims
+
+
 def cmd_validate(args) -> int:
     from rich.console import Console
 
     import mithril as ml
 
-    inputs = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()} or None
-    shapes = {k: [int(d) for d in v.split(",") if d] for k, v in _parse_kv(args.shape, "--shape").items()} or None
+    inputs = {k: _load_array(k, v) for k, v in _parse_kv(args.input, "--input").items()} or None
+    shapes = {k: _parse_shape(k, v) for k, v in _parse_kv(args.shape, "--shape").items()} or None
     backends = make_backends(args.backend)
     report = ml.validate(args.model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
                          rtol=args.rtol, atol=args.atol, seed=args.seed)
@@ -147,6 +166,8 @@ def cmd_conformance(args, rest: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mithril", description="Mithril: ONNX-centred model compiler.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__import__('mithril').__version__}")
+    # Read by main() before parsing, so it works before or after the command.
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts and backend support of an ONNX file")
     i.add_argument("model")
@@ -164,21 +185,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report(exc: BaseException, debug: bool) -> None:
+    """One line on stderr (the message's own further lines, such as a list of nodes, indented
+    under it); the traceback only with --debug."""
+    if debug:
+        traceback.print_exception(exc)
+    kind = "error" if isinstance(exc, MithrilError) else f"internal error ({type(exc).__name__})"
+    first, *rest = (str(exc) or type(exc).__name__).splitlines()
+    print(f"mithril: {kind}: {first}", file=sys.stderr)
+    for line in rest:
+        print(f"  {line.strip()}", file=sys.stderr)
+    if not debug and not isinstance(exc, MithrilError):
+        print("mithril: this is a bug in mithril; run again with --debug for the traceback", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 success, 1 validation found outputs out of tolerance, 2 an error (bad
+    input, an unsupported model, a usage error), 3 an internal error, 130 interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("MITHRIL_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    if argv and argv[0] == "conformance":
-        return cmd_conformance(None, argv[1:])
-    args = parser.parse_args(argv)
     try:
+        if argv and argv[0] == "conformance":
+            return cmd_conformance(None, argv[1:])
+        args = parser.parse_args(argv)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "validate":
             return cmd_validate(args)
+        parser.error(f"unknown command {args.command}")
+    except KeyboardInterrupt:
+        print("mithril: interrupted", file=sys.stderr)
+        return 130
     except MithrilError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _report(exc, debug)
         return 2
-    parser.error(f"unknown command {args.command}")
+    except Exception as exc:  # the boundary: a bug shows as one line, not a traceback
+        _report(exc, debug)
+        return 3
     return 2
 
 

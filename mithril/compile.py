@@ -14,7 +14,8 @@ from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.lower import LoweredProgram, lower_graph
 from .dtypes import is_floating_np, np_dtype_of_onnx
-from .errors import DTypeError, InputError, KernelError, MithrilError, ShapeError, UnsupportedDTypeError
+from .errors import (CompileError, DTypeError, EvaluationError, InputError, KernelError, MithrilError, ShapeError,
+                     UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
 from .onnx_bridge.passes import specialize
 
@@ -166,6 +167,7 @@ class PhysicalModel:
                 )
         return value
 
+    @public_api(EvaluationError, "evaluate")
     def evaluate(self, params: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
                  output_gradients: Mapping[str, Any] | None = None):
         """Run the model: ``params`` and ``data`` keyed by name -> outputs keyed by name.
@@ -218,7 +220,7 @@ class PhysicalModel:
                 err = _node_error(self.program, exc)
                 if not self._jit_verified and isinstance(err, KernelError):
                     # The program cannot be traced as one (a value-dependent shape): run it eagerly.
-                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=3)
+                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=4)
                     self._jitted = None
                 else:
                     raise err from exc
@@ -256,8 +258,8 @@ def _node_error(program: LoweredProgram, exc: Exception) -> Exception:
         if tb.tb_frame.f_code.co_filename == program.filename and tb.tb_lineno in program.lines:
             site, frame = program.lines[tb.tb_lineno], tb.tb_frame
         tb = tb.tb_next
-    if site is None:
-        return exc
+    if site is None:  # failed outside the generated program's kernel calls
+        return EvaluationError(f"evaluate failed: {type(exc).__name__}: {exc}")
     shapes, dtypes = [], []
     for var in site.input_vars:
         val = frame.f_locals.get(var) if var is not None else None
@@ -269,6 +271,7 @@ def _node_error(program: LoweredProgram, exc: Exception) -> Exception:
     )
 
 
+@public_api(CompileError, "compile")
 def compile(
     model,
     backend: Backend,
@@ -291,6 +294,8 @@ def compile(
     >>> pm.evaluate({}, {"x": np.array([[-1, 2, 3]] * 2, np.float32)})["y"].tolist()
     [[0.0, 2.0, 3.0], [0.0, 2.0, 3.0]]
     """
+    if not isinstance(backend, Backend):
+        raise CompileError(f"compile takes a backend instance such as ml.NumpyBackend(), not {backend!r}")
     buffers: set[str] = set()
     loss_key, buffer_outputs = None, {}
     if not isinstance(model, OnnxModel):
@@ -376,7 +381,7 @@ def compile(
         jitted = backend.jit(program.forward)
         blocking = _jit_blockers(graph, opsets, backend.name) if jitted is not program.forward else []
         if blocking:
-            warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=2)
+            warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=3)
         elif jitted is not program.forward:
             pm._jitted = jitted
     return pm

@@ -229,7 +229,9 @@ def make_backend(name: str):
     backends = {"numpy": "NumpyBackend", "jax": "JaxBackend", "torch": "TorchBackend", "mlx": "MlxBackend"}
     cls = getattr(ml, backends[name], None)
     if cls is None:
-        raise RuntimeError(f"backend {name!r} is not available in this build of mithril")
+        from mithril.errors import BackendUnavailableError
+
+        raise BackendUnavailableError(f"backend {name!r} is not available in this build of mithril")
     return cls()
 
 

@@ -6,6 +6,7 @@ node is unnamed), its op type and the opset in force, plus the shapes and dtypes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 
@@ -152,3 +153,62 @@ class DuplicateOutputError(ModelError):
 
 class MissingShapeError(ModelError, ShapeError):
     """Compile or export needs a concrete shape (a parameter's) that the given shapes do not fix."""
+
+
+# -- the boundary of the public API -----------------------------------------------------------------
+class CompileError(MithrilError):
+    """Lowering a model failed for a reason no single node explains."""
+
+
+class PassError(CompileError):
+    """A graph pass failed on this model; the message names the pass."""
+
+
+class EvaluationError(MithrilError):
+    """Running a compiled model failed outside any one kernel (a backend's input conversion...)."""
+
+
+class ExportError(ModelError):
+    """A model could not be exported to ONNX, or the file could not be written."""
+
+
+class OptimizerError(MithrilError):
+    """An optimizer step or the training loop got what it cannot use."""
+
+
+class ParamsFileError(MithrilError):
+    """A parameter file that cannot be written or read."""
+
+
+class ConnectionKeyError(ModelError, KeyError):
+    """A model has no connection of that name (``model["x"]``); a KeyError too, as for a dict."""
+
+    def __str__(self) -> str:  # KeyError's str() quotes the message
+        return str(self.args[0]) if self.args else ""
+
+
+def public_api(error: type[MithrilError], what: str):
+    """Decorate an entry point of the public API so that everything it raises is a MithrilError.
+
+    A MithrilError passes unchanged. Any other exception (a library's, or a bug of Mithril's own)
+    becomes ``error`` saying what failed and why, with the original kept as ``__cause__`` for the
+    traceback. KeyboardInterrupt and SystemExit are no errors and pass through.
+    """
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except MithrilError:
+                raise
+            except RecursionError as exc:
+                raise error(f"{what} failed: the model nests too deeply to process ({exc})") from exc
+            except MemoryError as exc:
+                raise error(f"{what} failed: out of memory ({exc or 'no details'})") from exc
+            except Exception as exc:
+                raise error(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+        return entry
+
+    return wrap

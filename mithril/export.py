@@ -8,7 +8,10 @@ from typing import Any
 
 import onnx
 
+from .errors import ExportError, public_api
 
+
+@public_api(ExportError, "export_onnx")
 def export_onnx(
     model,
     path: str | os.PathLike | None = None,

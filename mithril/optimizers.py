@@ -2,8 +2,9 @@
 
 An optimizer is a pair of pure functions: ``state = opt.init(params)`` and
 ``params, state = opt.update(params, grads, state)``. Parameters and gradients are dicts of
-NumPy, JAX, torch or MLX arrays keyed by name; only the keys present in ``grads`` change (buffers
-and frozen parameters pass through). The arithmetic is the arrays' own (``+ - * /`` and their
+NumPy, JAX, torch or MLX arrays keyed by name; only parameters that have a gradient change (buffers
+and frozen parameters pass through), and gradients of keys that are no parameters (a compiled
+TrainModel also differentiates its floating ``data_keys`` inputs) are ignored. The arithmetic is the arrays' own (``+ - * /`` and their
 framework's ``sqrt``), in the order optax, torch.optim and mlx.optimizers use.
 
 >>> import numpy as np
@@ -25,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
+
+from .errors import InputError, OptimizerError, public_api
 
 Schedule = Callable[[int], float]
 
@@ -106,11 +109,23 @@ class Optimizer:
     def _lr(self, step: int) -> float:
         return float(self.lr(step)) if callable(self.lr) else float(self.lr)
 
+    @public_api(OptimizerError, "Optimizer.init")
     def init(self, params: Mapping[str, Any]) -> dict:
+        if not isinstance(params, Mapping):
+            raise OptimizerError(f"init takes a dict of parameters, not {type(params).__name__}")
         with _scope(params.values()):
             return {"step": 0, **{s: {k: _zeros_like(v) for k, v in params.items()} for s in self.slots}}
 
+    @public_api(OptimizerError, "Optimizer.update")
     def update(self, params: Mapping[str, Any], grads: Mapping[str, Any], state: dict) -> tuple[dict, dict]:
+        if not isinstance(state, Mapping) or "step" not in state or any(s not in state for s in self.slots):
+            raise OptimizerError(f"state is not this optimizer's: make it with {type(self).__name__}.init(params)")
+        # Gradients of keys that are no parameters (a TrainModel's data inputs) are not steps to take.
+        grads = {k: g for k, g in grads.items() if k in params}
+        stateless = [k for k in grads if any(k not in state[s] for s in self.slots)]
+        if stateless:
+            raise OptimizerError(f"parameter(s) {stateless[:5]} have gradients but no optimizer state: "
+                                 f"init() was called without them")
         step = int(state["step"])
         scalars = self._scalars(step)
         p = {k: params[k] for k in grads}
@@ -205,6 +220,7 @@ class AdamW(Adam):
 
 
 # -- the training loop ------------------------------------------------------------------------------
+@public_api(OptimizerError, "fit")
 def fit(pm, params: Mapping[str, Any], batches: Callable[[int], Iterable[Mapping[str, Any]]], optimizer: Optimizer,
         epochs: int, state: dict | None = None, progress: bool = True,
         on_epoch: Callable[[int, float], None] | None = None) -> tuple[dict, dict, list[float]]:
@@ -213,8 +229,9 @@ def fit(pm, params: Mapping[str, Any], batches: Callable[[int], Iterable[Mapping
     parameters and copy buffer updates (BatchNorm statistics) back. A rich progress bar shows the
     epoch, the step and the running loss. Returns ``(params, state, losses)``, one loss per step.
     """
-    if pm.loss_key is None:
-        raise TypeError("fit trains a compiled TrainModel (ml.compile(TrainModel(model), ...))")
+    if getattr(pm, "loss_key", None) is None:
+        raise InputError("fit trains a compiled TrainModel (ml.compile(TrainModel(model), ...)), "
+                         f"not {type(pm).__name__}")
     backend = pm.backend
     params = dict(params)
     trainable = set(pm.trainable_keys)

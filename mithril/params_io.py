@@ -24,7 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import MithrilError
+from .errors import ParamsFileError, public_api
 
 _SAFETENSORS = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
@@ -36,10 +36,6 @@ _SAFETENSORS = {
 }
 _CODES = {v: k for k, v in _SAFETENSORS.items()}
 _NPZ_DTYPES = "__mithril_dtypes__"  # npz keeps ml_dtypes (bfloat16...) as raw bits plus this note
-
-
-class ParamsFileError(MithrilError):
-    """A parameter file that cannot be written or read."""
 
 
 def to_numpy(value) -> np.ndarray:
@@ -61,6 +57,7 @@ def to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
+@public_api(ParamsFileError, "save_params")
 def save_params(params: Mapping[str, Any], path: str | os.PathLike) -> None:
     """Write ``params`` (name -> array of any backend) to ``path``: ``.safetensors`` or ``.npz``."""
     arrays = {str(k): np.asarray(to_numpy(v), order="C") for k, v in params.items()}  # 0-d stays 0-d
@@ -77,6 +74,7 @@ def save_params(params: Mapping[str, Any], path: str | os.PathLike) -> None:
         raise ParamsFileError(f"save_params writes .safetensors or .npz files, not {path!r}")
 
 
+@public_api(ParamsFileError, "load_params")
 def load_params(path: str | os.PathLike, backend=None) -> dict[str, Any]:
     """Read parameters saved by :func:`save_params` (or any safetensors/npz file) as arrays of
     ``backend`` (NumPy arrays when None), keyed by name."""

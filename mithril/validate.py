@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from .backends.backend import Backend
 from .dtypes import np_dtype_of_onnx
-from .errors import ValidationError
+from .errors import ValidationError, public_api
 from .onnx_bridge.load import OnnxModel, load_onnx
 
 # Per-dtype tolerance: |mithril - ort| <= atol + rtol * |ort| elementwise. float32 allows for the
@@ -291,6 +291,7 @@ def first_divergent_node(model: OnnxModel, backend: Backend, inputs: dict[str, n
     return None
 
 
+@public_api(ValidationError, "validate")
 def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | None = None,
              shapes: dict[str, Any] | None = None, per_node: bool = False,
              rtol: float | None = None, atol: float | None = None, seed: int = 0) -> ValidationReport:

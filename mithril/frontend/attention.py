@@ -10,6 +10,7 @@ from .block import BLOCKS, register
 from .elementwise import Gelu
 from .model import In, IOKey, Model, Out, Primitive
 from .nn import MLP, LayerNorm, Linear
+from ..errors import ModelError
 
 
 @register
@@ -97,7 +98,7 @@ class MultiHeadAttention(Model):
                  name: str | None = None):
         super().__init__(name)
         if dims % num_heads:
-            raise ValueError(f"MultiHeadAttention: dims {dims} do not divide into {num_heads} heads")
+            raise ModelError(f"MultiHeadAttention: dims {dims} do not divide into {num_heads} heads")
         self.dims, self.num_heads, self.bias, self.is_causal = dims, num_heads, bias, is_causal
         head = dims // num_heads
         for proj in ("q_proj", "k_proj", "v_proj"):

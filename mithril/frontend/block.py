@@ -8,11 +8,13 @@ A new block is one small class in a family module (``elementwise``, ``reduce``, 
 
 from __future__ import annotations
 
+from ..errors import ModelError
+
 BLOCKS: dict[str, type] = {}
 
 
 def register(cls):
     if cls.__name__ in BLOCKS:
-        raise ValueError(f"block {cls.__name__} is registered twice")
+        raise ModelError(f"block {cls.__name__} is registered twice")
     BLOCKS[cls.__name__] = cls
     return cls

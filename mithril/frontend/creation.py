@@ -10,6 +10,7 @@ from onnx import helper
 from .. import dtypes as _dtypes
 from .block import register
 from .model import In, Out, Primitive
+from ..errors import ModelError
 
 
 @register
@@ -21,7 +22,7 @@ class Arange(Primitive):
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("Arange step must not be 0")
+            raise ModelError("Arange step must not be 0")
         self.start, self.stop, self.step = start, stop, step
         self.integer = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
         self.length = max(math.ceil((stop - start) / step), 0)

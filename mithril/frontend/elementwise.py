@@ -11,6 +11,7 @@ import numpy as np
 from . import shapes as S
 from .block import register
 from .model import In, Out, Primitive, ShapeView, broadcast_dims
+from ..errors import ModelError
 
 
 class Unary(Primitive):
@@ -220,7 +221,7 @@ class Dropout(Unary):
 
     def __init__(self, p: float = 0.5, training: bool = False, seed: int | None = None, name: str | None = None):
         if not 0 <= p < 1:
-            raise ValueError(f"Dropout p must be in [0, 1), not {p}")
+            raise ModelError(f"Dropout p must be in [0, 1), not {p}")
         self.p, self.training, self.seed = float(p), bool(training), seed
         super().__init__(name)
 

@@ -8,6 +8,7 @@ import numpy as np
 from .block import register
 from .elementwise import broadcast_rule
 from .model import In, Out, Primitive, ShapeView
+from ..errors import ModelError
 
 
 class PairLoss(Primitive):
@@ -44,7 +45,7 @@ class CrossEntropy(Primitive):
     def __init__(self, input_type: str = "logits", categorical: bool = True, eps: float = 1e-12,
                  name: str | None = None):
         if input_type not in ("logits", "probs"):
-            raise ValueError(f"CrossEntropy input_type is 'logits' or 'probs', not {input_type!r}")
+            raise ModelError(f"CrossEntropy input_type is 'logits' or 'probs', not {input_type!r}")
         self.input_type, self.categorical, self.eps = input_type, bool(categorical), float(eps)
         super().__init__(name)
 
@@ -76,7 +77,7 @@ class BinaryCrossEntropy(PairLoss):
 
     def __init__(self, input_type: str = "logits", eps: float = 1e-12, name: str | None = None):
         if input_type not in ("logits", "probs"):
-            raise ValueError(f"BinaryCrossEntropy input_type is 'logits' or 'probs', not {input_type!r}")
+            raise ModelError(f"BinaryCrossEntropy input_type is 'logits' or 'probs', not {input_type!r}")
         self.input_type, self.eps = input_type, float(eps)
         super().__init__(name)
 

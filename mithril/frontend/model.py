@@ -17,8 +17,10 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..errors import (
+    ConnectionKeyError,
     CycleError,
     DuplicateOutputError,
+    ExportError,
     ModelError,
     ShapeMismatchError,
     TypeMismatchError,
@@ -88,7 +90,7 @@ def _shape_from_template(template, symbols: dict[str, Dim], vars_: dict[str, Var
     for item in template:
         if isinstance(item, str) and item.startswith("..."):
             if var is not None:
-                raise ValueError(f"shape template {template} has two variadics")
+                raise ModelError(f"shape template {template} has two variadics")
             var = vars_.setdefault(item, Var(item))
             continue
         if item is None:
@@ -338,7 +340,7 @@ class Primitive(Block):
         """Shape rule beyond the templates (broadcasting, reductions, reshapes); may call s.set."""
 
     def lower(self, g, **inputs):
-        raise NotImplementedError(f"{type(self).__name__} has no ONNX lowering")
+        raise ExportError(f"{type(self).__name__} has no ONNX lowering")
 
     def attributes(self) -> dict:
         """Shown by summary(); subclasses list their settings."""
@@ -719,7 +721,7 @@ class Model(Block):
     def __getitem__(self, key: str) -> Connection:
         wire = self._named.get(key)
         if wire is None:
-            raise KeyError(f"{self._label()} has no connection {key!r}")
+            raise ConnectionKeyError(f"{self._label()} has no connection {key!r}")
         return Connection(self, wire)
 
     def _cout_wire(self) -> Wire | None:
@@ -777,7 +779,7 @@ class Model(Block):
         """The inferred (possibly symbolic) shape of a named connection, as text."""
         wire = self._named.get(key)
         if wire is None:
-            raise KeyError(f"{self._label()} has no connection {key!r}")
+            raise ConnectionKeyError(f"{self._label()} has no connection {key!r}")
         return Namer().shape(wire.shape)
 
     def summary(self, file=None) -> str:

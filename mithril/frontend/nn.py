@@ -12,6 +12,7 @@ from . import shapes as S
 from .block import register
 from .model import In, Model, Out, Param, Primitive, ShapeView, broadcast_dims
 from .shapes import Conflict, ShapeNode, Var
+from ..errors import ModelError
 
 
 @register
@@ -93,7 +94,7 @@ class MLP(Model):
         super().__init__(name)
         activations, dimensions = list(activations), list(dimensions)
         if len(activations) != len(dimensions):
-            raise ValueError(f"MLP: {len(activations)} activations for {len(dimensions)} dimensions")
+            raise ModelError(f"MLP: {len(activations)} activations for {len(dimensions)} dimensions")
         blocks = []
         for act, dim in zip(activations, dimensions):
             blocks.append(Linear(dim, use_bias=use_bias))
@@ -113,7 +114,7 @@ def _tuple(v, rank: int, what: str) -> tuple[int, ...]:
         return (v,) * rank
     v = tuple(int(x) for x in v)
     if len(v) != rank:
-        raise ValueError(f"{what} takes an int or {rank} ints, got {v}")
+        raise ModelError(f"{what} takes an int or {rank} ints, got {v}")
     return v
 
 
@@ -136,9 +137,9 @@ def _pads(padding, kernel, dilation, stride) -> tuple[list[int] | None, str | No
             return list(padding), None
         if len(padding) == rank:
             return list(padding) * 2, None
-        raise ValueError(f"padding {padding} does not fit a {rank}-D window")
+        raise ModelError(f"padding {padding} does not fit a {rank}-D window")
     if len(padding) != rank:
-        raise ValueError(f"padding {padding} does not fit a {rank}-D window")
+        raise ModelError(f"padding {padding} does not fit a {rank}-D window")
     return [int(p[0]) for p in padding] + [int(p[1]) for p in padding], None
 
 

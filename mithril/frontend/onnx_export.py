@@ -352,7 +352,7 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
     if warn_random and random_names:
         warnings.warn(f"export_onnx: no values given for {len(random_names)} parameter(s) "
                       f"({', '.join(random_names[:5])}{'...' if len(random_names) > 5 else ''}); "
-                      f"wrote freshly randomized ones (seed 0)", RandomParamsWarning, stacklevel=3)
+                      f"wrote freshly randomized ones (seed 0)", RandomParamsWarning, stacklevel=4)
 
     for path, prim, wires in flat.ordered():
         g.scope = path

@@ -8,6 +8,7 @@ import numpy as np
 from .block import register
 from .model import In, Out, Primitive, ShapeView
 from .shapes import Conflict, Dim
+from ..errors import ModelError
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -231,9 +232,9 @@ class Indexer(Primitive):
         self.index = index if isinstance(index, tuple) else (index,)
         for item in self.index:
             if not (item is None or item is Ellipsis or isinstance(item, (int, slice))):
-                raise TypeError(f"Indexer takes ints, slices, ... and None; got {item!r}")
+                raise ModelError(f"Indexer takes ints, slices, ... and None; got {item!r}")
         if sum(item is Ellipsis for item in self.index) > 1:
-            raise ValueError("an index can hold one ... only")
+            raise ModelError("an index can hold one ... only")
         super().__init__(name)
 
     def attributes(self):

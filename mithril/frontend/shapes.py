@@ -15,6 +15,7 @@ import contextlib
 import itertools
 
 from ..dtypes import DType
+from ..errors import ModelError
 
 _trail: list | None = None
 _mutations = itertools.count()
@@ -217,7 +218,7 @@ def kind_of(t) -> type | None:
         return t
     if isinstance(t, DType):
         return bool if t.name == "bool" else float if t.is_floating else int
-    raise TypeError(f"not a Mithril type: {t!r}")
+    raise ModelError(f"not a Mithril type: {t!r}")
 
 
 class TypeNode:

@@ -9,7 +9,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from ..errors import OnnxLoadError
+from ..errors import OnnxLoadError, public_api
 from .check import check_model, outer_reads
 
 from .passes import relax_unknown_dims
@@ -233,6 +233,7 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
     return proto
 
 
+@public_api(OnnxLoadError, "load_onnx")
 def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
     """Load an ONNX model from a path, bytes, or an ``onnx.ModelProto``.
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from ..errors import ShapeError
+from ..errors import MithrilError, PassError, ShapeError
 from ..backends.registry import REGISTRY, NodeInfo
 
 logger = logging.getLogger(__name__)
@@ -370,6 +370,16 @@ def toposort(model: ir.Model) -> ir.Model:
     return model
 
 
+def _run_pass(fn, *args):
+    """Run one pass; a failure that is no MithrilError is reported naming the pass."""
+    try:
+        return fn(*args)
+    except MithrilError:
+        raise
+    except Exception as exc:
+        raise PassError(f"pass {fn.__name__} failed on this model: {type(exc).__name__}: {exc}") from exc
+
+
 def specialize(
     model: ir.Model,
     shapes: dict[str, Iterable[int]] | None,
@@ -378,19 +388,19 @@ def specialize(
     max_rounds: int = 8,
 ) -> ir.Model:
     """The compile-time pass pipeline: after it, shape sub-graphs of static shapes are constants."""
-    inline_functions(model)
-    set_input_shapes(model, shapes)
-    toposort(model)
+    _run_pass(inline_functions, model)
+    _run_pass(set_input_shapes, model, shapes)
+    _run_pass(toposort, model)
     for _ in range(max_rounds):
-        infer_shapes(model)
-        _, folded = fold_constants(model, constant_names, opsets)
+        _run_pass(infer_shapes, model)
+        _, folded = _run_pass(fold_constants, model, constant_names, opsets)
         if not folded:
             break
-    reduce_powers(model, constant_names, opsets)
-    fuse_matmul_bias(model, constant_names, opsets)
+    _run_pass(reduce_powers, model, constant_names, opsets)
+    _run_pass(fuse_matmul_bias, model, constant_names, opsets)
     # After inference and folding: the internal op has no ONNX schema for them to read.
-    mark_stop_gradients(model)
-    remove_identities(model)
-    remove_dead_nodes(model)
-    toposort(model)
+    _run_pass(mark_stop_gradients, model)
+    _run_pass(remove_identities, model)
+    _run_pass(remove_dead_nodes, model)
+    _run_pass(toposort, model)
     return model
