@@ -159,6 +159,36 @@ def _expose_outer_scope_outputs(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _holds_map(t: onnx.TypeProto) -> bool:
+    kind = t.WhichOneof("value")
+    if kind == "map_type":
+        return True
+    if kind == "sequence_type":
+        return _holds_map(t.sequence_type.elem_type)
+    if kind == "optional_type":
+        return _holds_map(t.optional_type.elem_type)
+    return False
+
+
+def _drop_map_types(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx_ir reads no map types (ai.onnx.ml: ZipMap's sequence of maps, DictVectorizer's and
+    CastMap's map inputs). Such values keep their names and lose their declared type, which no
+    pass needs: their kernels take and return Python dicts. The caller's proto is left untouched."""
+    def infos(graph):
+        return [*graph.input, *graph.output, *graph.value_info]
+
+    graphs = [proto.graph, *_subgraphs(proto.graph)]
+    if not any(_holds_map(v.type) for g in graphs for v in infos(g)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for g in [copy.graph, *_subgraphs(copy.graph)]:
+        for v in infos(g):
+            if _holds_map(v.type):
+                v.ClearField("type")
+    return copy
+
+
 def _node_reads(node: onnx.NodeProto) -> set[str]:
     reads = {n for n in node.input if n}
     for attr in node.attribute:
@@ -278,7 +308,7 @@ def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
             onnx.external_data_helper.load_external_data_for_model(proto, str(base_dir))
         except Exception as exc:  # checked above; a file changed under us, or unreadable
             raise OnnxLoadError(f"reading the external data of {source!r} failed: {exc}") from exc
-    proto = _toposorted(_expose_outer_scope_outputs(proto))
+    proto = _toposorted(_expose_outer_scope_outputs(_drop_map_types(proto)))
     _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
         # IR version 1/2 models without opset_import imply opset 1.

@@ -91,6 +91,9 @@ def infer_shapes(model: ir.Model) -> ir.Model:
     """ONNX shape inference with data propagation; failure leaves the model unchanged."""
     # onnx_ir logs a traceback when inference fails; the model then keeps its declared shapes,
     # which is a normal outcome here (unknown dims stay unknown), not an error to show users.
+    if any(v.type is None for v in model.graph.inputs):
+        # An untyped input (a map, whose type onnx_ir cannot hold) crashes onnx's C++ inference.
+        return model
     ir_logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
     level = ir_logger.level
     ir_logger.setLevel(logging.ERROR)
@@ -98,6 +101,8 @@ def infer_shapes(model: ir.Model) -> ir.Model:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    except ir.serde.SerdeError:
+        pass  # inferred types onnx_ir cannot read (ZipMap's sequence of maps): keep the declared ones
     finally:
         ir_logger.setLevel(level)
     return model

@@ -21,6 +21,7 @@ FAMILIES = (
     "control_flow",
     "sequence",
     "autodiff",
+    "contrib",
     "ml",
 )
 

@@ -1,0 +1,470 @@
+"""onnxruntime's own dialect: the com.microsoft contrib ops its graph optimizations and its
+transformer optimizer write (fused convolutions and GEMMs, GELU variants, skip/embed layer norms,
+multi-head attention, rotary embeddings, 4/8-bit block-quantized MatMulNBits), plus the two it
+registers in the ONNX domain (SimplifiedLayerNormalization, and LayerNormalization before opset 17).
+
+Semantics follow onnxruntime's contrib-op documentation and its CPU kernels; each kernel reuses the
+standard op's helper (convolution, Gemm, layer norm, softmax, rotary embedding) for the shared part.
+The quantized-activation contrib ops (QLinear*, QAttention, DynamicQuantize*) live in contrib_quantize.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from ...errors import UnsupportedAttributeError
+from ..registry import kernel
+from . import attention as _attention
+from . import elementwise as _elementwise
+from . import nn as _nn
+from . import normalization as _normalization
+
+MS = "com.microsoft"
+
+
+def _unsupported(node, message: str) -> UnsupportedAttributeError:
+    return UnsupportedAttributeError(message, node=node.name, op_type=node.op_type, opset=node.opset)
+
+
+def _work(dtype):
+    # float16/bfloat16 statistics and softmaxes run in float32, as onnxruntime's CPU kernels do.
+    return numpy.dtype(numpy.float32) if numpy.dtype(dtype).name in ("float16", "bfloat16") else numpy.dtype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations fused into FusedConv / FusedGemm (onnxruntime's MLAS activation kinds and functors)
+
+
+def _activate(y, activation, params: dict, node, xp):
+    """``activation`` applied to y; ``params`` holds the activation's own attributes by ONNX name."""
+    if activation is None or activation == "" or activation == "Identity":
+        return y
+    ew = _elementwise
+
+    def get(name, default):
+        value = params.get(name)
+        return default if value is None else value
+
+    table = {
+        "Relu": lambda: ew.relu(y, xp=xp),
+        "Tanh": lambda: ew.tanh(y, xp=xp),
+        "Sigmoid": lambda: ew.sigmoid(y, xp=xp),
+        "LeakyRelu": lambda: ew.leaky_relu(y, alpha=get("alpha", 0.01), xp=xp),
+        "HardSigmoid": lambda: ew.hard_sigmoid(y, alpha=get("alpha", 0.2), beta=get("beta", 0.5), xp=xp),
+        "Elu": lambda: ew.elu(y, alpha=get("alpha", 1.0), xp=xp),
+        "Selu": lambda: ew.selu(y, alpha=get("alpha", 1.67326319217681884765625),
+                                gamma=get("gamma", 1.05070102214813232421875), xp=xp),
+        "ThresholdedRelu": lambda: ew.thresholded_relu(y, alpha=get("alpha", 1.0), xp=xp),
+        "Clip": lambda: xp.clip(y, get("min", -numpy.inf), get("max", numpy.inf)).astype(y.dtype),
+    }
+    if activation not in table:
+        raise _unsupported(node, f"activation {activation!r} is not implemented (one of {sorted(table)})")
+    return table[activation]()
+
+
+# FusedConv's activation_params are positional: LeakyRelu [alpha], Clip [min, max], HardSigmoid [alpha, beta].
+_CONV_ACTIVATION_PARAMS = {"LeakyRelu": ("alpha",), "Clip": ("min", "max"), "HardSigmoid": ("alpha", "beta")}
+
+
+@kernel("FusedConv", since=1, domain=MS)
+def fused_conv(X, W, B=None, Z=None, *, activation, activation_params, auto_pad, dilations, group, kernel_shape,
+               pads, strides, node, xp):
+    y = _nn.conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                 pads=pads, strides=strides, xp=xp)
+    if Z is not None:
+        # The residual input is added before the activation (Conv + Add + Relu fusion).
+        y = y + Z
+    names = _CONV_ACTIVATION_PARAMS.get(activation, ())
+    params = dict(zip(names, activation_params or ()))
+    return _activate(y, activation, params, node, xp)
+
+
+@kernel("FusedGemm", since=1, domain=MS)
+def fused_gemm(A, B, C=None, *, alpha, beta, transA, transB, activation, activation_alpha, activation_beta,
+               activation_gamma, node, xp):
+    y = _nn.gemm(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, xp=xp)
+    params = {"alpha": activation_alpha, "beta": activation_beta, "gamma": activation_gamma}
+    return _activate(y, activation, params, node, xp)
+
+
+def _batch_transposed(x, xp):
+    # transBatch: the first axis moves behind the batch axes, (D0, D1, ..., Dn-2, Dn-1) -> (D1, ..., Dn-2, D0, Dn-1).
+    if x.ndim < 3:
+        return x
+    return xp.transpose(x, tuple(range(1, x.ndim - 1)) + (0, x.ndim - 1))
+
+
+@kernel("FusedMatMul", since=1, domain=MS)
+def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, xp):
+    if transBatchA:
+        A = _batch_transposed(A, xp)
+    if transBatchB:
+        B = _batch_transposed(B, xp)
+    if transA and A.ndim >= 2:
+        A = xp.swapaxes(A, -1, -2)
+    if transB and B.ndim >= 2:
+        B = xp.swapaxes(B, -1, -2)
+    y = _nn.matmul(A, B, xp=xp)
+    return y if alpha == 1 else (y * alpha).astype(y.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# GELU family, BiasAdd, BiasSoftmax
+
+
+@kernel("Gelu", since=1, domain=MS)
+def gelu(X, *, xp):
+    return _elementwise.gelu(X, approximate="none", xp=xp)
+
+
+@kernel("BiasGelu", since=1, domain=MS)
+def bias_gelu(A, B, *, xp):
+    return _elementwise.gelu(A + B, approximate="none", xp=xp)
+
+
+@kernel("FastGelu", since=1, domain=MS)
+def fast_gelu(X, bias=None, *, xp):
+    # 0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)) is the tanh approximation, sqrt(2/pi) (x + 0.044715 x^3).
+    return _elementwise.gelu(X if bias is None else X + bias, approximate="tanh", xp=xp)
+
+
+@kernel("QuickGelu", since=1, domain=MS)
+def quick_gelu(X, *, alpha, xp):
+    return _elementwise.swish(X, alpha=alpha, xp=xp)
+
+
+@kernel("BiasAdd", since=1, domain=MS)
+def bias_add(X, bias, skip, *, xp):
+    return X + bias + skip
+
+
+@kernel("BiasSoftmax", since=1, domain=MS)
+def bias_softmax(data, bias, *, axis, is_inner_broadcast, xp):
+    # The bias broadcasts as NumPy does once it has the data's rank: an inner broadcast (the bias
+    # lacks the axes between the batch and `axis`) lines up on the leading axes, an outer one on the
+    # trailing axes.
+    if bias.ndim < data.ndim:
+        if is_inner_broadcast:
+            bias = xp.reshape(bias, bias.shape[:1] + (1,) * (data.ndim - bias.ndim) + bias.shape[1:])
+        else:
+            bias = xp.reshape(bias, (1,) * (data.ndim - bias.ndim) + bias.shape)
+    x = data + bias
+    axis = axis + x.ndim if axis < 0 else axis
+    work = _work(x.dtype)
+    flat = xp.reshape(x.astype(work), x.shape[:axis] + (-1,))
+    e = xp.exp(flat - xp.max(flat, axis=-1, keepdims=True))
+    return xp.reshape(e / xp.sum(e, axis=-1, keepdims=True), x.shape).astype(data.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer norms: statistics over the last axis (or [axis, rank)), in float32 for half types.
+
+
+def _layer_norm_stats(x, axes, epsilon, simplified, xp):
+    """(normalized x, mean or None, inverse standard deviation), statistics keeping their axes."""
+    if simplified:
+        inv_std = 1 / xp.sqrt(xp.mean(x * x, axis=axes, keepdims=True) + epsilon)
+        return x * inv_std, None, inv_std
+    mean, var = _normalization._moments(x, axes, xp)
+    inv_std = 1 / xp.sqrt(var + epsilon)
+    return (x - mean) * inv_std, mean, inv_std
+
+
+def _skip_layer_norm(x, skip, gamma, beta, bias, epsilon, simplified, num_outputs, xp):
+    total = x + skip
+    if bias is not None:
+        total = total + bias
+    work = _work(x.dtype)
+    normalized, mean, inv_std = _layer_norm_stats(total.astype(work), (-1,), epsilon, simplified, xp)
+    y = normalized * gamma.astype(work)
+    if beta is not None:
+        y = y + beta.astype(work)
+    if num_outputs == 1:
+        return y.astype(x.dtype)
+    # Mean and inverse standard deviation are float32 (the stash type), one per row.
+    if mean is None:
+        mean = xp.zeros(inv_std.shape, dtype=work)
+    return y.astype(x.dtype), mean.astype(numpy.float32), inv_std.astype(numpy.float32), total
+
+
+@kernel("SkipLayerNormalization", since=1, domain=MS)
+def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilon, num_outputs, xp):  # noqa: A002
+    return _skip_layer_norm(input, skip, gamma, beta, bias, epsilon, False, num_outputs, xp)
+
+
+@kernel("SkipSimplifiedLayerNormalization", since=1, domain=MS)
+def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilon, num_outputs, xp):  # noqa: A002
+    return _skip_layer_norm(input, skip, gamma, None, bias, epsilon, True, num_outputs, xp)
+
+
+# onnxruntime registers SimplifiedLayerNormalization (RMS norm) in the ONNX domain, from version 1.
+@kernel("SimplifiedLayerNormalization", since=1)
+def simplified_layer_normalization(X, scale, *, axis, epsilon, stash_type, num_outputs, xp):
+    from ...dtypes import np_dtype_of_onnx
+
+    axis = axis + X.ndim if axis < 0 else axis
+    xs = X.astype(np_dtype_of_onnx(stash_type))
+    normalized, _, inv_std = _layer_norm_stats(xs, tuple(range(axis, X.ndim)), epsilon, True, xp)
+    y = normalized.astype(X.dtype) * scale
+    return y if num_outputs == 1 else (y, inv_std)
+
+
+# onnxruntime's LayerNormFusion writes ONNX-domain LayerNormalization whatever the opset; onnxruntime
+# registers it from version 1 with the attributes and outputs of version 17.
+kernel("LayerNormalization", since=1)(_normalization.layer_normalization)
+
+
+# ---------------------------------------------------------------------------------------------
+# EmbedLayerNormalization (BERT's embeddings + layer norm + mask length)
+
+
+@kernel("EmbedLayerNormalization", since=1, domain=MS)
+def embed_layer_normalization(input_ids, segment_ids, word_embedding, position_embedding, segment_embedding=None,
+                              gamma=None, beta=None, mask=None, position_ids=None, *, epsilon, mask_index_type,
+                              num_outputs, xp):
+    batch, seq = input_ids.shape
+    embedding = xp.take(word_embedding, input_ids.astype(numpy.int32), axis=0)
+    if position_ids is None:
+        positions = xp.take(position_embedding, xp.arange(seq, dtype=numpy.int32), axis=0)[None]
+    else:
+        positions = xp.take(position_embedding, position_ids.astype(numpy.int32), axis=0)
+    embedding = embedding + positions
+    if segment_ids is not None and segment_embedding is not None:
+        embedding = embedding + xp.take(segment_embedding, segment_ids.astype(numpy.int32), axis=0)
+    work = _work(embedding.dtype)
+    normalized, _, _ = _layer_norm_stats(embedding.astype(work), (-1,), epsilon, False, xp)
+    y = (normalized * gamma.astype(work) + beta.astype(work)).astype(embedding.dtype)
+    if num_outputs == 1:
+        return y
+    # mask_index: the number of attended tokens per sequence (0 without a mask).
+    if mask is None:
+        mask_index = xp.zeros((batch,), dtype=numpy.int32)
+    else:
+        mask_index = xp.sum((mask != 0).astype(numpy.int32), axis=-1).astype(numpy.int32)
+    return y, mask_index, embedding
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention (packed QKV projection) and MultiHeadAttention
+
+
+def _heads(x, num_heads):
+    # (B, S, N*H) -> (B, N, S, H)
+    b, s, _ = x.shape
+    return x.reshape(b, s, num_heads, -1).transpose(0, 2, 1, 3)
+
+
+def _key_mask(mask, batch, q_len, total, xp):
+    """A boolean (B, 1, S or 1, T) mask of the keys each query may see, from onnxruntime's mask
+    formats: end positions (B), end and start positions (2B), a raw (B, T) or (B, S, T) 0/1 mask."""
+    if mask.ndim == 1:
+        j = xp.arange(total, dtype=numpy.int32)[None, :]
+        ends = mask[:batch].astype(numpy.int32)[:, None]
+        allowed = j < ends
+        if mask.shape[0] == 2 * batch:
+            allowed = allowed & (j >= mask[batch:].astype(numpy.int32)[:, None])
+        return allowed[:, None, None, :]
+    if mask.ndim == 2:
+        return (mask != 0)[:, None, None, :]
+    return (mask != 0)[:, None, :, :]
+
+
+def _check_mask(mask, batch, node):
+    if mask is None:
+        return
+    if mask.ndim == 4 or (mask.ndim == 1 and mask.shape[0] not in (batch, 2 * batch)):
+        raise _unsupported(node, f"mask of shape {tuple(mask.shape)} (Megatron 4D or (3B+2) cumulative) "
+                                 "is not implemented")
+
+
+def _scaled_dot_product(q, k, v, *, mask, attention_bias, causal, scale, mask_filter_value, xp):
+    """softmax(scale * q k' + attention_bias + mask) v on (B, N, S, H) heads; also returns the
+    pre-softmax scores. Masked keys get ``mask_filter_value`` (not -inf), as onnxruntime fills them."""
+    batch, _, q_len, head_size = q.shape
+    total = k.shape[2]
+    out_dtype = q.dtype
+    work = _work(out_dtype)
+    if scale is None or scale == 0:
+        scale = 1 / math.sqrt(head_size)
+    scores = xp.matmul(q.astype(work), xp.swapaxes(k.astype(work), -1, -2)) * xp.asarray(scale, dtype=work)
+    if attention_bias is not None:
+        scores = scores + attention_bias.astype(work)
+    allowed = None
+    if mask is not None:
+        allowed = _key_mask(mask, batch, q_len, total, xp)
+    if causal and q_len > 1:
+        i = numpy.arange(q_len)[:, None] + (total - q_len)
+        frontier = xp.asarray(numpy.arange(total)[None, :] <= i)[None, None]
+        allowed = frontier if allowed is None else allowed & frontier
+    if allowed is not None:
+        fill = -10000.0 if mask_filter_value is None else mask_filter_value
+        scores = scores + xp.where(allowed, xp.asarray(0, dtype=work), xp.asarray(fill, dtype=work))
+    e = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
+    probs = e / xp.sum(e, axis=-1, keepdims=True)
+    y = xp.matmul(probs, v.astype(work))
+    return y.astype(out_dtype), scores.astype(out_dtype)
+
+
+def _merge_heads(y):
+    b, n, s, h = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+@kernel("Attention", since=1, domain=MS)
+def contrib_attention(input, weights, bias=None, mask_index=None, past=None, attention_bias=None,  # noqa: A002
+                      past_sequence_length=None, *, num_heads, qkv_hidden_sizes, scale, mask_filter_value,
+                      unidirectional, do_rotary=None, past_present_share_buffer=None, rotary_embedding_dim=None,
+                      num_outputs, node, xp):
+    if do_rotary:
+        raise _unsupported(node, "do_rotary=1 is not implemented")
+    if past_present_share_buffer:
+        raise _unsupported(node, "past_present_share_buffer=1 (a preallocated KV cache) is not implemented")
+    batch = input.shape[0]
+    _check_mask(mask_index, batch, node)
+    if qkv_hidden_sizes:
+        q_size, k_size, _ = qkv_hidden_sizes
+    else:
+        q_size = k_size = weights.shape[1] // 3
+    qkv = _nn.matmul(input, weights, xp=xp)
+    if bias is not None:
+        qkv = qkv + bias
+    q = _heads(qkv[..., :q_size], num_heads)
+    k = _heads(qkv[..., q_size : q_size + k_size], num_heads)
+    v = _heads(qkv[..., q_size + k_size :], num_heads)
+    if past is not None:
+        k = xp.concatenate([past[0], k], axis=2)
+        v = xp.concatenate([past[1], v], axis=2)
+    y, _ = _scaled_dot_product(q, k, v, mask=mask_index, attention_bias=attention_bias, causal=unidirectional,
+                               scale=scale, mask_filter_value=mask_filter_value, xp=xp)
+    y = _merge_heads(y)
+    if num_outputs == 1:
+        return y
+    return y, xp.stack([k, v], axis=0)
+
+
+@kernel("MultiHeadAttention", since=1, domain=MS)
+def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                         past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None, *,
+                         num_heads, scale, mask_filter_value, unidirectional, num_outputs, node, xp):
+    if cache_indirection is not None:
+        raise _unsupported(node, "cache_indirection (beam search) is not implemented")
+    batch = query.shape[0]
+    _check_mask(key_padding_mask, batch, node)
+    if key is None:
+        # Packed QKV: (B, S, N, 3, H).
+        q, k, v = (query[:, :, :, i].transpose(0, 2, 1, 3) for i in range(3))
+        if bias is not None:
+            hidden = q.shape[1] * q.shape[3]
+            q, k, v = (t + bias[i * hidden : (i + 1) * hidden].reshape(1, num_heads, 1, -1)
+                       for i, t in enumerate((q, k, v)))
+    else:
+        q_hidden = query.shape[-1]
+        if bias is not None:
+            query = query + bias[:q_hidden]
+        q = _heads(query, num_heads)
+        if value is None:
+            # Packed KV: (B, L, N, 2, H).
+            k, v = (key[:, :, :, i].transpose(0, 2, 1, 3) for i in range(2))
+            if bias is not None:
+                k = k + bias[q_hidden : 2 * q_hidden].reshape(1, num_heads, 1, -1)
+                v = v + bias[2 * q_hidden :].reshape(1, num_heads, 1, -1)
+        elif key.ndim == 4:
+            # Key and value already projected into heads (B, N, L, H): cross-attention's cached K/V.
+            k, v = key, value
+        else:
+            if bias is not None:
+                key = key + bias[q_hidden : 2 * q_hidden]
+                value = value + bias[2 * q_hidden :]
+            k, v = _heads(key, num_heads), _heads(value, num_heads)
+    if past_key is not None:
+        k = xp.concatenate([past_key, k], axis=2)
+        v = xp.concatenate([past_value, v], axis=2)
+    y, scores = _scaled_dot_product(q, k, v, mask=key_padding_mask, attention_bias=attention_bias,
+                                    causal=unidirectional, scale=scale, mask_filter_value=mask_filter_value, xp=xp)
+    return (_merge_heads(y), k, v, scores)[:num_outputs] if num_outputs > 1 else _merge_heads(y)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary embeddings
+
+
+@kernel("RotaryEmbedding", since=1, domain=MS)
+def contrib_rotary_embedding(input, position_ids, cos_cache, sin_cache, *, interleaved, num_heads,  # noqa: A002
+                             rotary_embedding_dim, is_packed_batching=None, scale=None, node, xp):
+    if is_packed_batching:
+        raise _unsupported(node, "is_packed_batching=1 (ragged batches) is not implemented")
+    if scale is not None and scale != 1.0:
+        raise _unsupported(node, f"scale={scale} is not implemented")
+    seq = input.shape[-2] if input.ndim == 4 else input.shape[1]
+    if position_ids.ndim == 1 or (position_ids.ndim == 2 and position_ids.shape == (1, 1) and seq != 1):
+        # A single value is the offset of the first token (the past sequence length).
+        position_ids = xp.reshape(position_ids, (1, 1)) + xp.arange(seq, dtype=position_ids.dtype)[None, :]
+    if input.ndim == 3 and not num_heads:
+        num_heads = input.shape[-1] // (2 * cos_cache.shape[-1])
+    return _attention.rotary_embedding(input, cos_cache, sin_cache, position_ids.astype(numpy.int32),
+                                       interleaved=interleaved or 0, num_heads=num_heads,
+                                       rotary_embedding_dim=rotary_embedding_dim or 0, xp=xp)
+
+
+@kernel("GemmaRotaryEmbedding", since=1, domain=MS)
+def gemma_rotary_embedding(emb, q, q_rot, k, k_rot, *, xp):
+    sin = xp.expand_dims(xp.sin(emb).astype(q.dtype), 1)
+    cos = xp.expand_dims(xp.cos(emb).astype(q.dtype), 1)
+    return q * cos + q_rot * sin, k * cos + k_rot * sin
+
+
+# ---------------------------------------------------------------------------------------------
+# MatMulNBits: weights quantized in blocks of K, 2/4/8 bits packed low bits first.
+
+
+def _unpack_bits(packed, bits: int, xp):
+    """uint8 (..., n) holding 8/bits values per byte, lowest bits first -> int32 (..., n * 8/bits)."""
+    wide = packed.astype(numpy.int32)
+    per_byte = 8 // bits
+    if per_byte == 1:
+        return wide
+    parts = [(wide // (1 << (bits * i))) % (1 << bits) for i in range(per_byte)]
+    return xp.reshape(xp.stack(parts, axis=-1), packed.shape[:-1] + (packed.shape[-1] * per_byte,))
+
+
+def _dequantize_nbits(B, scales, zero_points, g_idx, *, K, N, bits, block_size, dtype, xp):
+    """The (N, K) float weight of MatMulNBits."""
+    k_blocks = -(-K // block_size)
+    q = _unpack_bits(xp.reshape(B, (N, -1)), bits, xp)[:, : k_blocks * block_size]  # (N, k_blocks * block)
+    scales = xp.reshape(scales, (N, k_blocks)).astype(dtype)
+    if zero_points is None:
+        zero = xp.full((N, k_blocks), float(1 << (bits - 1)), dtype=dtype)
+    elif numpy.dtype(zero_points.dtype) == numpy.uint8:
+        zero = _unpack_bits(xp.reshape(zero_points, (N, -1)), bits, xp)[:, :k_blocks].astype(dtype)
+    else:
+        zero = xp.reshape(zero_points, (N, k_blocks)).astype(dtype)
+    if g_idx is not None:
+        # Act-order quantization: column k reads the scale and zero point of block g_idx[k].
+        index = g_idx.astype(numpy.int32)[:K]
+        return (q[:, :K].astype(dtype) - xp.take(zero, index, axis=1)) * xp.take(scales, index, axis=1)
+    q = xp.reshape(q, (N, k_blocks, block_size)).astype(dtype)
+    w = (q - zero[:, :, None]) * scales[:, :, None]
+    return xp.reshape(w, (N, k_blocks * block_size))[:, :K]
+
+
+@kernel("MatMulNBits", since=1, domain=MS)
+def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size,
+                 accuracy_level=0, weight_prepacked=0, node, xp):
+    if bits not in (2, 4, 8):
+        raise _unsupported(node, f"bits={bits} is not implemented (2, 4 or 8)")
+    if weight_prepacked:
+        raise _unsupported(node, f"weight_prepacked={weight_prepacked} (a CUDA layout) is not implemented")
+    # accuracy_level only lets onnxruntime quantize A internally; the float result is the reference.
+    work = _work(A.dtype)
+    if 0 in B.shape:
+        # An omitted projection: zeros, or the broadcast bias.
+        y = xp.zeros(A.shape[:-1] + (N,), dtype=A.dtype)
+        return y if bias is None else y + bias
+    w = _dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=work,
+                          xp=xp)
+    y = xp.matmul(A.astype(work), xp.swapaxes(w, 0, 1))
+    if bias is not None:
+        y = y + bias.astype(work)
+    return y.astype(A.dtype)
