@@ -305,6 +305,106 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
     return results
 
 
+# -- the real-model corpus ---------------------------------------------------------------------
+REAL_DIR = REPO / "tests" / "data" / "real"
+
+
+def real_manifest(root: Path = REAL_DIR) -> dict[str, dict]:
+    """file -> MANIFEST entry of the real-converter corpus (scripts/make_real_corpus.py)."""
+    path = root / "MANIFEST.json"
+    if not path.exists():
+        return {}
+    return {e["file"]: e for e in json.loads(path.read_text())["files"]}
+
+
+def real_inputs(entry: dict) -> dict[str, np.ndarray]:
+    """Deterministic inputs from a MANIFEST entry's spec, seeded by the file name."""
+    import zlib
+
+    rng = np.random.default_rng(zlib.crc32(entry["file"].encode()))
+    out = {}
+    for name, spec in entry["inputs"].items():
+        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        if "value" in spec:
+            arr = np.full(shape, spec["value"], dtype)
+        elif "low" in spec:
+            arr = rng.uniform(spec["low"], spec["high"], shape)
+            arr = np.floor(arr) if spec.get("integer") else arr
+        elif dtype.kind == "f":
+            arr = rng.standard_normal(shape)
+        else:
+            arr = rng.integers(0, 10, shape)
+        out[name] = np.asarray(arr).astype(dtype)
+    return out
+
+
+def real_reference(path: Path, inputs: dict[str, np.ndarray]) -> tuple[list[str], list]:
+    """onnxruntime's outputs, with its graph optimizations off (as ``ml.validate`` runs it)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return names, sess.run(names, inputs)
+
+
+def _zipmap_rows(value):
+    """A sequence of maps (skl2onnx's ZipMap output): its keys per row and its values as a matrix."""
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
+        return [sorted(row) for row in value], np.array([[row[k] for k in sorted(row)] for row in value], np.float32)
+    return None, None
+
+
+def real_mismatches(entry: dict, backend, root: Path = REAL_DIR) -> list[str]:
+    """Run one corpus file on ``backend`` and on onnxruntime; the outputs outside ``ml.validate``'s
+    per-dtype tolerance, one line each (empty when every output matches)."""
+    import mithril as ml
+    from mithril.validate import compare
+
+    path = root / entry["file"]
+    inputs = real_inputs(entry)
+    names, ref = real_reference(path, inputs)
+    pm = ml.compile(ml.load_onnx(str(path)), backend, shapes={k: v["shape"] for k, v in entry["inputs"].items()})
+    got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in inputs.items()})
+    failures = []
+    for name, r in zip(names, ref):
+        ref_keys, ref_rows = _zipmap_rows(r)
+        if ref_keys is not None:
+            keys, rows = _zipmap_rows(got[name])
+            if keys != ref_keys:
+                failures.append(f"{name}: ZipMap keys {(keys or [None])[:1]} != onnxruntime's {ref_keys[:1]}")
+                continue
+            rep = compare(name, backend.name, rows, ref_rows)
+        else:
+            rep = compare(name, backend.name, backend.to_numpy(got[name]), np.asarray(r))
+        if not rep.passed:
+            failures.append(f"{name}: {list(rep.shape)} {rep.dtype} max abs err {rep.max_abs_err:.3g}, "
+                            f"max rel err {rep.max_rel_err:.3g} (rtol {rep.rtol:g}, atol {rep.atol:g}) {rep.note}")
+    return failures
+
+
+def run_real(backend_name: str, root: Path = REAL_DIR) -> dict[str, dict]:
+    """Every corpus file on one backend: file -> {status, reason}."""
+    from mithril.errors import UnsupportedDTypeError, UnsupportedOpsError
+
+    results = {}
+    for file, entry in real_manifest(root).items():
+        try:
+            backend = make_backend(backend_name)
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")
+                failures = real_mismatches(entry, backend, root)
+            status, reason = ("pass", "") if not failures else ("fail", "; ".join(failures))
+        except (UnsupportedOpsError, UnsupportedDTypeError) as exc:
+            status, reason = "unsupported", _one_line(exc)
+        except Exception as exc:  # every failure is recorded with its reason
+            status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"
+        results[file] = {"status": status, "reason": _one_line(Exception(reason)) if reason else ""}
+    return results
+
+
 # -- reports -------------------------------------------------------------------------------
 def load_record() -> dict:
     path = DOCS / "conformance.json"
@@ -313,11 +413,15 @@ def load_record() -> dict:
     return {"onnx_version": onnx.__version__, "backends": {}}
 
 
-def save_record(record: dict, backend: str, results: list[CaseResult]) -> None:
+def save_record(record: dict, backend: str, results: list[CaseResult] | None,
+                real: dict[str, dict] | None = None) -> None:
     record["onnx_version"] = onnx.__version__
-    record["backends"][backend] = {
-        "cases": {r.name: {"status": r.status, "reason": r.reason, "kind": r.kind, "ops": r.ops} for r in results},
-    }
+    if results is not None:
+        record["backends"][backend] = {
+            "cases": {r.name: {"status": r.status, "reason": r.reason, "kind": r.kind, "ops": r.ops} for r in results},
+        }
+    if real is not None:
+        record.setdefault("real", {})[backend] = real
     DOCS.mkdir(exist_ok=True)
     (DOCS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     (DOCS / "conformance.md").write_text(render_markdown(record))
@@ -370,6 +474,7 @@ def render_markdown(record: dict) -> str:
             c = per_op[op][b]
             cells.append(f"{c[True]} / {c[True] + c[False]}")
         out.append(f"| {op} | " + " | ".join(cells) + " |")
+    out += render_real(record)
     for b in backends:
         fails = {n: c for n, c in record["backends"][b]["cases"].items() if c["status"] != "pass"}
         documented = expected_failures(b)
@@ -379,6 +484,41 @@ def render_markdown(record: dict) -> str:
             reason = reason.replace("|", "\\|").replace("\n", " ")
             out.append(f"| {n} | {c['status']} | {reason} |")
     return "\n".join(out) + "\n"
+
+
+def render_real(record: dict) -> list[str]:
+    """The real-models table: one row per corpus file, one column per backend."""
+    real = record.get("real") or {}
+    manifest = real_manifest()
+    if not real or not manifest:
+        return []
+    backends = sorted(real)
+    out = ["", "## Real models", "",
+           "Files made by real converters (tf2onnx, paddle2onnx, skl2onnx, onnxscript) and ONNX files shipped in PyPI "
+           "wheels: `tests/data/real/`, made by `scripts/make_real_corpus.py`. Each runs on the MANIFEST's inputs and "
+           "is compared with onnxruntime at `ml.validate`'s per-dtype tolerances (`--real`).", "",
+           "| file | made by | what | " + " | ".join(backends) + " |", "|---|---|---|" + "---|" * len(backends)]
+    notes = []
+    for file, entry in manifest.items():
+        cells = []
+        for b in backends:
+            r = real[b].get(file)
+            if r is None:
+                cells.append("not run")
+            elif r["status"] == "pass":
+                cells.append("pass")
+            else:
+                notes.append(f"- {file} on {b}: {r['status']}: {r['reason']}".replace("|", "\\|"))
+                cells.append(r["status"])
+        tool = entry["producer"]["tool"]
+        version = entry["producer"].get("version", "")
+        what = entry.get("source", "").replace("|", "\\|")
+        out.append(f"| {file} | {tool} {version} | {what} | " + " | ".join(cells) + " |")
+    passed = {b: sum(r["status"] == "pass" for r in real[b].values()) for b in backends}
+    out += ["", "Passed: " + ", ".join(f"{b} {passed[b]} / {len(manifest)}" for b in backends) + "."]
+    if notes:
+        out += ["", "Why the others do not pass:", "", *notes]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,7 +531,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
                    help="write docs/conformance.{json,md} (default: yes for a full run, no with -k)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--real", action="store_true",
+                   help="run only the real-model corpus (tests/data/real) and update its table")
     args = p.parse_args(argv)
+    if args.real:
+        record = load_record()
+        for backend in args.backend.split(","):
+            real = run_real(backend)
+            counts = Counter(r["status"] for r in real.values())
+            for file, r in real.items():
+                if args.verbose or r["status"] != "pass":
+                    print(f"{r['status'].upper():12s} {file}  {r['reason']}")
+            print(f"{backend} real models: {counts['pass']} passed, {counts['fail']} failed, "
+                  f"{counts['unsupported']} unsupported")
+            if args.write is not False:
+                save_record(record, backend, None, real)
+                print(f"wrote {DOCS / 'conformance.md'}")
+        return 0
     write = args.write if args.write is not None else args.filter is None
     record = load_record()
     status = 0
