@@ -18,6 +18,13 @@ def _compute_dtype(dtype):
     return numpy.float32 if numpy.dtype(dtype).name in _LOW_PRECISION else dtype
 
 
+def _stash_dtype(dtype, stash_type: int):
+    # stash_type is the least precision of the statistics: float64 data is not narrowed to it
+    # (onnxruntime and the ONNX reference compute a float64 LayerNormalization in float64).
+    stash = np_dtype_of_onnx(stash_type)
+    return dtype if numpy.dtype(dtype).itemsize > numpy.dtype(stash).itemsize else stash
+
+
 def _per_channel(param, ndim: int, xp):
     """A [C] (or [C, D1, ...]) parameter shaped to broadcast against an [N, C, D1, ...] input."""
     return xp.reshape(param, param.shape + (1,) * (ndim - 1 - param.ndim))
@@ -96,7 +103,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon, momentum
 def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, xp):
     axis = axis + X.ndim if axis < 0 else axis
     axes = tuple(range(axis, X.ndim))
-    xs = X.astype(np_dtype_of_onnx(stash_type))
+    xs = X.astype(_stash_dtype(X.dtype, stash_type))
     mean, var = _moments(xs, axes, xp)
     inv_std_dev = 1 / xp.sqrt(var + epsilon)
     y = ((xs - mean) * inv_std_dev).astype(X.dtype) * Scale
@@ -108,7 +115,7 @@ def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, xp):
 @kernel("RMSNormalization", since=23)
 def rms_normalization(X, scale, *, axis, epsilon, stash_type, xp):
     axis = axis + X.ndim if axis < 0 else axis
-    xs = X.astype(np_dtype_of_onnx(stash_type))
+    xs = X.astype(_stash_dtype(X.dtype, stash_type))
     mean_square = xp.mean(xs * xs, axis=tuple(range(axis, X.ndim)), keepdims=True)
     return (xs / xp.sqrt(mean_square + epsilon)).astype(X.dtype) * scale
 
@@ -133,7 +140,7 @@ def group_normalization_per_group(X, scale, bias, *, epsilon, num_groups, xp):
 
 @kernel("GroupNormalization", since=21)
 def group_normalization(X, scale, bias, *, epsilon, num_groups, stash_type, xp):
-    normalized = _group_normalized(X, num_groups, epsilon, np_dtype_of_onnx(stash_type), xp)
+    normalized = _group_normalized(X, num_groups, epsilon, _stash_dtype(X.dtype, stash_type), xp)
     normalized = xp.reshape(normalized, X.shape).astype(X.dtype)
     return normalized * _per_channel(scale, X.ndim, xp) + _per_channel(bias, X.ndim, xp)
 
