@@ -252,20 +252,41 @@ def lstm(
     layout=0,
     xp,
 ):
+    attrs = dict(
+        hidden_size=hidden_size,
+        direction=direction,
+        layout=layout,
+        activations=activations,
+        activation_alpha=activation_alpha,
+        activation_beta=activation_beta,
+        clip=clip,
+    )
+    return lstm_with_matmul(X, W, R, B, sequence_lens, initial_h, initial_c, P, input_forget=input_forget,
+                            attrs=attrs, xp=xp)
+
+
+def lstm_with_matmul(
+    X, W, R, B, sequence_lens, initial_h, initial_c, P, *, input_forget, attrs, xp, input_matmul=None,
+    recurrent_matmul=None,
+):  # fmt: skip
+    """The LSTM recurrence with its weight products replaceable: ``input_matmul(x, d)`` is
+    ``x @ W[d].T`` and ``recurrent_matmul(h, d)`` is ``h @ R[d].T`` (com.microsoft's
+    DynamicQuantizeLSTM multiplies by quantized weights instead)."""
+
     def make_cell(d, w, r, w_bias, r_bias, functions):
         f, g, h_act = functions
         hidden = r.shape[-1]
-        r_t = xp.transpose(r)
         bias = w_bias + r_bias
         # Peephole weights [P_i, P_o, P_f] per direction.
         peep = None if P is None else (P[d, :hidden], P[d, hidden : 2 * hidden], P[d, 2 * hidden :])
+        r_t = None if recurrent_matmul else xp.transpose(r)
 
         def project(x):
-            return xp.matmul(x, xp.transpose(w)) + bias
+            return input_matmul(x, d) + bias if input_matmul else xp.matmul(x, xp.transpose(w)) + bias
 
         def step(xw, states):
             h, c = states
-            gates = xw + xp.matmul(h, r_t)
+            gates = xw + (recurrent_matmul(h, d) if recurrent_matmul else xp.matmul(h, r_t))
             gi, go = gates[..., :hidden], gates[..., hidden : 2 * hidden]
             gf, gc = gates[..., 2 * hidden : 3 * hidden], gates[..., 3 * hidden :]
             if peep is not None:
@@ -280,15 +301,6 @@ def lstm(
 
         return project, step
 
-    attrs = dict(
-        hidden_size=hidden_size,
-        direction=direction,
-        layout=layout,
-        activations=activations,
-        activation_alpha=activation_alpha,
-        activation_beta=activation_beta,
-        clip=clip,
-    )
     return _recurrent(
         X, W, R, B, sequence_lens, [initial_h, initial_c], make_cell=make_cell, num_gates=4,
         default_activations=("Sigmoid", "Tanh", "Tanh"), attrs=attrs, xp=xp,
