@@ -546,3 +546,140 @@ def test_unsupported_attribute_values_name_the_node(build, message):
     with pytest.raises(UnsupportedAttributeError, match=message) as info:
         pm.evaluate(pm.get_parameters(), inputs)
     assert info.value.node == model.graph.node[0].name
+
+
+# -- (b) models written by onnxruntime's own tools ----------------------------------------------
+def _contrib_ops(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(n.op_type for n in model.graph.node if n.domain == MS)
+
+
+def _transformer(name: str, tmp_path_factory):
+    """models_zoo's BERT/GPT-2 (random weights) exported by torch, then onnxruntime's transformer optimizer."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from models_zoo import torch_reference
+
+    spec = torch_reference.build(name, seq=8)
+    path = tmp_path_factory.mktemp("contrib") / f"{name}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings; the comparison decides
+        torch_reference.export_onnx(spec, "torchscript", str(path))
+        hidden = spec.module.model.config.hidden_size
+        optimized = optimize_model(str(path), model_type=name, num_heads=2, hidden_size=hidden)
+    return optimized.model, spec.numpy_inputs(2, seed=3)
+
+
+def _cnn() -> onnx.ModelProto:
+    """Conv + Relu, Conv + Add + Relu, Conv + x*Sigmoid(x), an erf GELU and MatMul(Transpose) * scalar."""
+    rng = np.random.default_rng(20)
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "W3"], ["c3"]),
+        helper.make_node("Sigmoid", ["c3"], ["s3"]),
+        helper.make_node("Mul", ["c3", "s3"], ["m3"]),
+        helper.make_node("GlobalAveragePool", ["m3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("MatMul", ["f", "M1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Div", ["hb", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]),
+        helper.make_node("Mul", ["hb", "e1"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["gelu"]),
+        helper.make_node("Transpose", ["M2"], ["M2t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["gelu", "M2t"], ["o"]),
+        helper.make_node("Mul", ["o", "scale"], ["y"]),
+    ]
+    inits = {"W1": _f(rng, 8, 3, 3, 3, scale=0.3), "B1": _f(rng, 8), "W2": _f(rng, 8, 8, 3, 3, scale=0.2),
+             "B2": _f(rng, 8), "W3": _f(rng, 16, 8, 1, 1, scale=0.3), "M1": _f(rng, 16, 32, scale=0.3),
+             "b1": _f(rng, 32), "sqrt2": np.float32(np.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5),
+             "M2": _f(rng, 10, 32, scale=0.3), "scale": np.float32(0.5)}
+    return _model(nodes, [("x", F32, ["N", 3, 8, 8])], [("y", F32, ["N", 10])], inits)
+
+
+def _session_optimized(level: str, tmp_path_factory):
+    """The CNN as onnxruntime's session writes it after its graph optimizations at ``level``."""
+    path = tmp_path_factory.mktemp("contrib") / f"cnn_{level}.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    options.optimized_model_filepath = str(path)
+    options.log_severity_level = 3
+    # ORT_ENABLE_ALL's NCHWc layout pass writes com.microsoft.nchwc ops blocked for this machine's
+    # SIMD width (a model for this machine only); the contrib fusions are what is tested here.
+    ort.InferenceSession(_cnn().SerializeToString(), options, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=["NchwcTransformer"])
+    rng = np.random.default_rng(21)
+    return onnx.load(str(path)), {"x": _f(rng, 2, 3, 8, 8)}
+
+
+def _matmul_nbits_quantized(symmetric: bool, tmp_path_factory):
+    """A two-layer MatMul model through onnxruntime's 4-bit MatMulNBitsQuantizer."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rng = np.random.default_rng(22)
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["y"])]
+    model = _model(nodes, [("x", F32, ["N", 64])], [("y", F32, ["N", 24])],
+                   {"W1": _f(rng, 64, 96), "W2": _f(rng, 96, 24)})
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=symmetric)
+    quantizer.process()
+    return quantizer.model.model, {"x": _f(rng, 3, 64)}
+
+
+def _has_input(op: str, index: int):
+    """A check that some ``op`` node of the model has its input ``index`` (an optional input the tool set)."""
+    return lambda model: any(n.op_type == op and len(n.input) > index and n.input[index] for n in model.graph.node)
+
+
+# tool model -> (builder, contrib ops the tool must have written[, a further check of the model])
+TOOL_MODELS = {
+    "bert-transformer-optimizer": (lambda t: _transformer("bert", t),
+                                   {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
+    "gpt2-transformer-optimizer": (lambda t: _transformer("gpt2", t), {"SkipLayerNormalization", "FastGelu"}),
+    "cnn-ORT_ENABLE_EXTENDED": (lambda t: _session_optimized("ORT_ENABLE_EXTENDED", t),
+                                {"FusedConv", "QuickGelu", "Gelu", "FusedMatMul"}),
+    # ORT_ENABLE_ALL also fuses Conv + Add + Relu: FusedConv's residual input Z.
+    "cnn-ORT_ENABLE_ALL": (lambda t: _session_optimized("ORT_ENABLE_ALL", t),
+                           {"FusedConv", "QuickGelu", "Gelu", "FusedMatMul"}, _has_input("FusedConv", 3)),
+    "matmul-nbits-4bit-symmetric": (lambda t: _matmul_nbits_quantized(True, t), {"MatMulNBits"}),
+    "matmul-nbits-4bit-asymmetric": (lambda t: _matmul_nbits_quantized(False, t), {"MatMulNBits"},
+                                     _has_input("MatMulNBits", 3)),
+}
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = TOOL_MODELS[name][0](tmp_path_factory)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(TOOL_MODELS))
+def test_tool_writes_the_expected_contrib_ops(tool_model, name):
+    model, _ = tool_model(name)
+    written = _contrib_ops(model)
+    missing = TOOL_MODELS[name][1] - set(written)
+    assert not missing, f"the tool no longer writes {sorted(missing)}; it wrote {dict(written)}"
+    check = TOOL_MODELS[name][2] if len(TOOL_MODELS[name]) > 2 else None
+    assert check is None or check(model), f"{name}: the tool no longer sets the optional input tested"
+
+
+@pytest.mark.parametrize("backend_name", AVAILABLE)
+@pytest.mark.parametrize("name", list(TOOL_MODELS))
+def test_tool_model_matches_onnxruntime(tool_model, name, backend_name):
+    model, inputs = tool_model(name)
+    report = ml.validate(model, make_backend(backend_name), inputs=inputs)
+    assert report.outputs, "nothing was compared"
+    assert report.passed, str(report)
