@@ -123,7 +123,7 @@ def _reduce(body, empty_value, x, axes, keepdims, noop_with_empty_axes, xp):
         # still applies the op's elementwise part (ReduceSumSquare gives x*x, as its function body).
         axes = () if noop_with_empty_axes else tuple(range(x.ndim))
     axes = _normalize_axes(axes, x.ndim)
-    keepdims = bool(keepdims)
+    keepdims = keepdims == 1  # as onnxruntime: any other value (2, -1) drops the reduced axes
     if any(x.shape[a] == 0 for a in axes):
         # numpy raises on empty max/min; ONNX defines the identity of each reduction.
         value = empty_value(x.dtype) if callable(empty_value) else empty_value
@@ -170,7 +170,7 @@ def _arg_reduce(fn, x, axis, keepdims, select_last_index, xp):
         idx = (x.shape[axis] - 1) - fn(xp.flip(x, axis=axis), axis=axis)
     else:
         idx = fn(x, axis=axis)
-    if keepdims:
+    if keepdims == 1:  # as onnxruntime: any other value (2, -1) drops the axis
         idx = xp.expand_dims(idx, axis)
     return idx.astype(xp.int64)
 
