@@ -310,4 +310,4 @@ def top_k_attribute(X, *, axis, k, xp):
 @kernel("TopK", since=10, static_inputs=(1,))
 def top_k(X, K, *, axis, largest=1, sorted=1, xp):  # noqa: A002 (ONNX attribute name)
     (k,) = _host_ints(K)
-    return _top_k(X, k, axis, largest, xp)
+    return _top_k(X, k, axis, largest == 1, xp)  # as onnxruntime: only 1 means largest
