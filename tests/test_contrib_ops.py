@@ -436,9 +436,11 @@ def _gemma_rotary():
     outs = [("q_out", F32, [b, n, s, h]), ("k_out", F32, [b, n, s, h])]
     model = _model([_ms("GemmaRotaryEmbedding", ["emb", "q", "qr", "k", "kr"], ["q_out", "k_out"])], ins, outs)
     ref_nodes = [helper.make_node("Sin", ["emb"], ["s0"]), helper.make_node("Cos", ["emb"], ["c0"]),
-                 helper.make_node("Unsqueeze", ["s0", "one"], ["sn"]), helper.make_node("Unsqueeze", ["c0", "one"], ["cs"])]
+                 helper.make_node("Unsqueeze", ["s0", "one"], ["sn"]),
+                 helper.make_node("Unsqueeze", ["c0", "one"], ["cs"])]
     for x in ("q", "k"):
-        ref_nodes += [helper.make_node("Mul", [x, "cs"], [x + "c"]), helper.make_node("Mul", [x + "r", "sn"], [x + "s"]),
+        ref_nodes += [helper.make_node("Mul", [x, "cs"], [x + "c"]),
+                      helper.make_node("Mul", [x + "r", "sn"], [x + "s"]),
                       helper.make_node("Add", [x + "c", x + "s"], [x + "_out"])]
     ref = _model(ref_nodes, ins, outs, {"one": np.array([1], np.int64)})
     inputs = {"emb": _f(rng, b, s, h)} | {k: _f(rng, b, n, s, h) for k in ("q", "qr", "k", "kr")}
@@ -457,7 +459,8 @@ def _nbits_case(bits=4, K=48, N=10, block=16, zero_points=None, g_idx=False, bia
     k_blocks = -(-K // block)
     q = rng.integers(0, 1 << bits, (N, k_blocks * block))
     names = ["a", "B", "scales"]
-    inits = {"B": _pack(q, bits).reshape(N, k_blocks, -1), "scales": rng.uniform(0.01, 0.1, (N, k_blocks)).astype(np.float32)}
+    inits = {"B": _pack(q, bits).reshape(N, k_blocks, -1),
+             "scales": rng.uniform(0.01, 0.1, (N, k_blocks)).astype(np.float32)}
     if zero_points == "packed":
         zp = rng.integers(0, 1 << bits, (N, -(-k_blocks * bits // 8) * (8 // bits)))
         inits["zp"] = _pack(zp, bits)

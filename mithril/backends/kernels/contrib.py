@@ -10,15 +10,16 @@ The quantized-activation contrib ops (QLinear*, QAttention, DynamicQuantize*) li
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy
 
 from ...errors import UnsupportedAttributeError
-from ..registry import kernel
+from ..registry import REGISTRY, kernel, override
 from . import attention as _attention
 from . import elementwise as _elementwise
-from . import nn as _nn
 from . import normalization as _normalization
 
 MS = "com.microsoft"
@@ -26,6 +27,47 @@ MS = "com.microsoft"
 
 def _unsupported(node, message: str) -> UnsupportedAttributeError:
     return UnsupportedAttributeError(message, node=node.name, op_type=node.op_type, opset=node.opset)
+
+
+# Backends whose overrides of standard ops (Conv, Gemm, MatMul, Gelu, Relu...) the fused ops reuse.
+_BACKENDS = ("numpy", "jax", "torch", "mlx")
+_NEWEST = 10**6
+
+
+class _StandardOps:
+    """``standard("Conv", x, w, b, pads=...)`` runs the newest standard ONNX kernel in force on one
+    backend: XLA's or torch's convolution where the backend overrides Conv, the shared kernel otherwise.
+    Resolved at call time, when the backend's overrides are registered."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+
+    def __call__(self, op_type: str, *inputs, **attrs):
+        spec = REGISTRY.resolve(op_type, _NEWEST, "", self.backend)
+        return spec.fn(*inputs, **{k: v for k, v in attrs.items() if k in spec.accepts})
+
+
+def _with_standard_ops(op_type: str, *, domain: str = MS, since: int = 1):
+    """Registers ``fn(..., standard, ...)`` as the shared kernel and once per backend, each bound to
+    that backend's standard kernels, so a fused op runs as fast as the ops it fuses."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+        visible = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "standard"])
+        for backend in ("*",) + _BACKENDS:
+            standard = _StandardOps(backend)
+
+            @functools.wraps(fn)
+            def bound(*args, _standard=standard, **kwargs):
+                return fn(*args, standard=_standard, **kwargs)
+
+            bound.__signature__ = visible
+            register = kernel(op_type, since=since, domain=domain) if backend == "*" else \
+                override(backend, op_type, since=since, domain=domain)
+            register(bound)
+        return fn
+
+    return wrap
 
 
 def _work(dtype):
@@ -37,56 +79,53 @@ def _work(dtype):
 # Activations fused into FusedConv / FusedGemm (onnxruntime's MLAS activation kinds and functors)
 
 
-def _activate(y, activation, params: dict, node, xp):
+# activation -> its attributes and their defaults (onnxruntime's functors' defaults)
+_ACTIVATIONS = {
+    "Relu": {}, "Tanh": {}, "Sigmoid": {},
+    "LeakyRelu": {"alpha": 0.01},
+    "HardSigmoid": {"alpha": 0.2, "beta": 0.5},
+    "Elu": {"alpha": 1.0},
+    "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+    "ThresholdedRelu": {"alpha": 1.0},
+    "Clip": {"min": -numpy.inf, "max": numpy.inf},
+}
+
+
+def _activate(y, activation, params: dict, node, standard, xp):
     """``activation`` applied to y; ``params`` holds the activation's own attributes by ONNX name."""
     if activation is None or activation == "" or activation == "Identity":
         return y
-    ew = _elementwise
-
-    def get(name, default):
-        value = params.get(name)
-        return default if value is None else value
-
-    table = {
-        "Relu": lambda: ew.relu(y, xp=xp),
-        "Tanh": lambda: ew.tanh(y, xp=xp),
-        "Sigmoid": lambda: ew.sigmoid(y, xp=xp),
-        "LeakyRelu": lambda: ew.leaky_relu(y, alpha=get("alpha", 0.01), xp=xp),
-        "HardSigmoid": lambda: ew.hard_sigmoid(y, alpha=get("alpha", 0.2), beta=get("beta", 0.5), xp=xp),
-        "Elu": lambda: ew.elu(y, alpha=get("alpha", 1.0), xp=xp),
-        "Selu": lambda: ew.selu(y, alpha=get("alpha", 1.67326319217681884765625),
-                                gamma=get("gamma", 1.05070102214813232421875), xp=xp),
-        "ThresholdedRelu": lambda: ew.thresholded_relu(y, alpha=get("alpha", 1.0), xp=xp),
-        "Clip": lambda: xp.clip(y, get("min", -numpy.inf), get("max", numpy.inf)).astype(y.dtype),
-    }
-    if activation not in table:
-        raise _unsupported(node, f"activation {activation!r} is not implemented (one of {sorted(table)})")
-    return table[activation]()
+    if activation not in _ACTIVATIONS:
+        raise _unsupported(node, f"activation {activation!r} is not implemented (one of {sorted(_ACTIVATIONS)})")
+    attrs = {k: default if params.get(k) is None else params[k] for k, default in _ACTIVATIONS[activation].items()}
+    if activation == "Clip":
+        return xp.clip(y, attrs["min"], attrs["max"]).astype(y.dtype)
+    return standard(activation, y, xp=xp, **attrs)
 
 
 # FusedConv's activation_params are positional: LeakyRelu [alpha], Clip [min, max], HardSigmoid [alpha, beta].
 _CONV_ACTIVATION_PARAMS = {"LeakyRelu": ("alpha",), "Clip": ("min", "max"), "HardSigmoid": ("alpha", "beta")}
 
 
-@kernel("FusedConv", since=1, domain=MS)
+@_with_standard_ops("FusedConv")
 def fused_conv(X, W, B=None, Z=None, *, activation, activation_params, auto_pad, dilations, group, kernel_shape,
-               pads, strides, node, xp):
-    y = _nn.conv(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+               pads, strides, node, standard, xp):
+    y = standard("Conv", X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
                  pads=pads, strides=strides, xp=xp)
     if Z is not None:
         # The residual input is added before the activation (Conv + Add + Relu fusion).
         y = y + Z
     names = _CONV_ACTIVATION_PARAMS.get(activation, ())
     params = dict(zip(names, activation_params or ()))
-    return _activate(y, activation, params, node, xp)
+    return _activate(y, activation, params, node, standard, xp)
 
 
-@kernel("FusedGemm", since=1, domain=MS)
+@_with_standard_ops("FusedGemm")
 def fused_gemm(A, B, C=None, *, alpha, beta, transA, transB, activation, activation_alpha, activation_beta,
-               activation_gamma, node, xp):
-    y = _nn.gemm(A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, xp=xp)
+               activation_gamma, node, standard, xp):
+    y = standard("Gemm", A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, xp=xp)
     params = {"alpha": activation_alpha, "beta": activation_beta, "gamma": activation_gamma}
-    return _activate(y, activation, params, node, xp)
+    return _activate(y, activation, params, node, standard, xp)
 
 
 def _batch_transposed(x, xp):
@@ -96,8 +135,8 @@ def _batch_transposed(x, xp):
     return xp.transpose(x, tuple(range(1, x.ndim - 1)) + (0, x.ndim - 1))
 
 
-@kernel("FusedMatMul", since=1, domain=MS)
-def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, xp):
+@_with_standard_ops("FusedMatMul")
+def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, standard, xp):
     if transBatchA:
         A = _batch_transposed(A, xp)
     if transBatchB:
@@ -106,7 +145,7 @@ def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, xp):
         A = xp.swapaxes(A, -1, -2)
     if transB and B.ndim >= 2:
         B = xp.swapaxes(B, -1, -2)
-    y = _nn.matmul(A, B, xp=xp)
+    y = standard("MatMul", A, B, xp=xp)
     return y if alpha == 1 else (y * alpha).astype(y.dtype)
 
 
@@ -114,20 +153,20 @@ def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, xp):
 # GELU family, BiasAdd, BiasSoftmax
 
 
-@kernel("Gelu", since=1, domain=MS)
-def gelu(X, *, xp):
-    return _elementwise.gelu(X, approximate="none", xp=xp)
+@_with_standard_ops("Gelu")
+def gelu(X, *, standard, xp):
+    return standard("Gelu", X, approximate="none", xp=xp)
 
 
-@kernel("BiasGelu", since=1, domain=MS)
-def bias_gelu(A, B, *, xp):
-    return _elementwise.gelu(A + B, approximate="none", xp=xp)
+@_with_standard_ops("BiasGelu")
+def bias_gelu(A, B, *, standard, xp):
+    return standard("Gelu", A + B, approximate="none", xp=xp)
 
 
-@kernel("FastGelu", since=1, domain=MS)
-def fast_gelu(X, bias=None, *, xp):
+@_with_standard_ops("FastGelu")
+def fast_gelu(X, bias=None, *, standard, xp):
     # 0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)) is the tanh approximation, sqrt(2/pi) (x + 0.044715 x^3).
-    return _elementwise.gelu(X if bias is None else X + bias, approximate="tanh", xp=xp)
+    return standard("Gelu", X if bias is None else X + bias, approximate="tanh", xp=xp)
 
 
 @kernel("QuickGelu", since=1, domain=MS)
@@ -312,11 +351,11 @@ def _merge_heads(y):
     return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
 
 
-@kernel("Attention", since=1, domain=MS)
+@_with_standard_ops("Attention")
 def contrib_attention(input, weights, bias=None, mask_index=None, past=None, attention_bias=None,  # noqa: A002
                       past_sequence_length=None, *, num_heads, qkv_hidden_sizes, scale, mask_filter_value,
                       unidirectional, do_rotary=None, past_present_share_buffer=None, rotary_embedding_dim=None,
-                      num_outputs, node, xp):
+                      num_outputs, node, standard, xp):
     if do_rotary:
         raise _unsupported(node, "do_rotary=1 is not implemented")
     if past_present_share_buffer:
@@ -327,7 +366,7 @@ def contrib_attention(input, weights, bias=None, mask_index=None, past=None, att
         q_size, k_size, _ = qkv_hidden_sizes
     else:
         q_size = k_size = weights.shape[1] // 3
-    qkv = _nn.matmul(input, weights, xp=xp)
+    qkv = standard("MatMul", input, weights, xp=xp)
     if bias is not None:
         qkv = qkv + bias
     q = _heads(qkv[..., :q_size], num_heads)
@@ -449,9 +488,9 @@ def _dequantize_nbits(B, scales, zero_points, g_idx, *, K, N, bits, block_size, 
     return xp.reshape(w, (N, k_blocks * block_size))[:, :K]
 
 
-@kernel("MatMulNBits", since=1, domain=MS)
+@_with_standard_ops("MatMulNBits")
 def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size,
-                 accuracy_level=0, weight_prepacked=0, node, xp):
+                 accuracy_level=0, weight_prepacked=0, node, standard, xp):
     if bits not in (2, 4, 8):
         raise _unsupported(node, f"bits={bits} is not implemented (2, 4 or 8)")
     if weight_prepacked:
@@ -464,7 +503,7 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
         return y if bias is None else y + bias
     w = _dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=work,
                           xp=xp)
-    y = xp.matmul(A.astype(work), xp.swapaxes(w, 0, 1))
+    y = standard("MatMul", A.astype(work), xp.swapaxes(w, 0, 1), xp=xp)
     if bias is not None:
         y = y + bias.astype(work)
     return y.astype(A.dtype)
