@@ -13,6 +13,7 @@ FAMILIES = (
     "attention",
     "rnn",
     "quantize",
+    "contrib_quantize",
     "random",
     "signal",
     "strings",
