@@ -1,0 +1,1 @@
+"""Testing tools that ship with Mithril: the structure-aware fuzzer (:mod:`mithril.testing.fuzz`)."""

@@ -1,0 +1,1087 @@
+"""A structure-aware fuzzer for load + compile + evaluate on the NumPy backend.
+
+Cases come from hypothesis strategies (hypothesis is in the ``test`` extra):
+
+- ``valid``: small valid graphs, a random chain of ops from :data:`OPS` with valid attributes and
+  shapes (float32/float64 values of rank 1 to 4);
+- ``field``: a valid graph with protobuf fields mutated: attributes, tensor dims, dtypes,
+  constant values, dropped or renamed inputs, swapped ops, deleted nodes, opset changes;
+- ``bytes``: a valid graph's serialized bytes with bits flipped, bytes overwritten, inserted,
+  duplicated or cut.
+
+Each case runs in a long-lived worker process (a pool fed over pipes, a watchdog per case): a
+worker that hangs past the time limit is killed and replaced, one that crashes is replaced. The
+outcome of a case is one of :data:`OUTCOMES`: ``ok``; ``refused`` (a MithrilError: an expected
+refusal); ``exception`` (any other exception: a bug); ``hang``; ``crash``; ``mismatch`` (Mithril
+and onnxruntime both ran the model and an output differs beyond ``ml.validate``'s per-dtype
+tolerance). onnxruntime runs only after Mithril succeeded; a crash or hang inside onnxruntime is
+counted apart (``reference_crash``/``reference_hang``), not as a Mithril bug.
+
+>>> from mithril.testing.fuzz import generate_cases, run_case       # doctest: +SKIP
+>>> kind, data = generate_cases(1, seed=0)[0]                        # doctest: +SKIP
+>>> run_case(data)["outcome"]                                        # doctest: +SKIP
+'ok'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing as mp
+import os
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_connections
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MithrilError
+
+OUTCOMES = ("ok", "refused", "exception", "hang", "crash", "mismatch")
+BUG_OUTCOMES = ("exception", "hang", "crash", "mismatch")
+KINDS = ("valid", "field", "bytes")
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+OPSETS = (13, 14, 15, 17, 18, 19, 20, 21)
+# metadata_props key (plus the input's name) of an input's concrete shape, where it is declared symbolic.
+SHAPE_KEY = "mithril.fuzz.shape."
+
+
+# -- building valid graphs --------------------------------------------------------------------------
+@dataclass
+class Value:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class GraphBuilder:
+    """Nodes, initializers and value shapes of a graph being drawn."""
+
+    def __init__(self, opset: int, rng: np.random.Generator):
+        self.opset = opset
+        self.rng = rng
+        self.nodes = []
+        self.initializers = []
+        self.inputs: list[Value] = []
+        self.values: list[Value] = []
+        self.count = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count}"
+
+    def input(self, shape, dtype) -> Value:
+        v = Value(self.fresh("in"), tuple(shape), np.dtype(dtype))
+        self.inputs.append(v)
+        self.values.append(v)
+        return v
+
+    def const(self, array: np.ndarray, stem: str = "c") -> str:
+        from onnx import numpy_helper
+
+        name = self.fresh(stem)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def ints(self, values) -> str:
+        return self.const(np.asarray(values, dtype=np.int64), "i")
+
+    def floats(self, shape, dtype) -> str:
+        return self.const(self.rng.standard_normal(shape).astype(dtype), "w")
+
+    def node(self, op: str, inputs, shape, dtype, n_outputs: int = 1, **attrs) -> Value:
+        from onnx import helper
+
+        outs = [self.fresh("v") for _ in range(n_outputs)]
+        self.nodes.append(helper.make_node(op, list(inputs), outs, name=self.fresh(op.lower()), **attrs))
+        v = Value(outs[0], tuple(int(d) for d in shape), np.dtype(dtype))
+        self.values.append(v)
+        return v
+
+    def model(self, outputs: list[Value], symbolic_batch: bool):
+        from onnx import helper
+
+        def info(v: Value, symbolic: bool):
+            dims = list(v.shape)
+            if symbolic and dims:
+                dims[0] = "N"
+            return helper.make_tensor_value_info(v.name, helper.np_dtype_to_tensor_dtype(v.dtype), dims)
+
+        graph = helper.make_graph(
+            self.nodes, "fuzz", [info(v, symbolic_batch) for v in self.inputs],
+            [info(v, False) for v in outputs], initializer=self.initializers,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        model.ir_version = 8
+        if symbolic_batch:  # the shapes the constants were drawn for, read back by run_case
+            for v in self.inputs:
+                model.metadata_props.add(key=SHAPE_KEY + v.name, value=",".join(map(str, v.shape)))
+        return model
+
+
+def _axis(draw, st, rank: int) -> int:
+    return draw(st.integers(-rank, rank - 1)) if rank else 0
+
+
+def _norm(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def _broadcast_shape(draw, st, shape) -> tuple[int, ...]:
+    """A shape that broadcasts to ``shape``: a suffix of it with some dims set to 1."""
+    k = draw(st.integers(0, len(shape)))
+    suffix = shape[len(shape) - k:]
+    return tuple(1 if draw(st.booleans()) else d for d in suffix)
+
+
+UNARY = {
+    "Relu": {}, "Neg": {}, "Abs": {}, "Exp": {}, "Tanh": {}, "Sigmoid": {}, "Sqrt": {}, "Log": {},
+    "Floor": {}, "Ceil": {}, "Sin": {}, "Cos": {}, "Softplus": {}, "Erf": {}, "Reciprocal": {},
+    "Softsign": {}, "Identity": {}, "Sign": {}, "Round": {}, "Selu": {}, "Atan": {}, "Asinh": {},
+    "Elu": {"alpha": (0.1, 2.0)}, "LeakyRelu": {"alpha": (0.0, 0.5)}, "Celu": {"alpha": (0.5, 2.0)},
+    "HardSigmoid": {"alpha": (0.1, 0.5), "beta": (0.2, 0.7)}, "ThresholdedRelu": {"alpha": (0.0, 1.0)},
+    "HardSwish": {}, "Mish": {},
+}
+BINARY = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean")
+REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+          "ReduceLogSumExp", "ReduceSumSquare")
+
+
+def op_unary(draw, st, b: GraphBuilder, v: Value):
+    op = draw(st.sampled_from(sorted(UNARY)))
+    if op in ("Celu",) and v.dtype != F32:
+        op = "Relu"  # Celu is float32-only in the schema
+    if op in ("HardSwish", "Mish") and b.opset < 14:
+        op = "Relu"
+    attrs = {k: draw(st.floats(lo, hi)) for k, (lo, hi) in UNARY[op].items()}
+    return b.node(op, [v.name], v.shape, v.dtype, **attrs)
+
+
+def op_binary(draw, st, b, v):
+    op = draw(st.sampled_from(BINARY))
+    same = [u for u in b.values if u.shape == v.shape and u.dtype == v.dtype]
+    if draw(st.booleans()):
+        other = draw(st.sampled_from(same)).name
+    else:
+        other = b.floats(_broadcast_shape(draw, st, v.shape), v.dtype)
+    if op == "Pow":  # a positive base keeps the result real
+        v = b.node("Abs", [v.name], v.shape, v.dtype)
+    inputs = [v.name, other] if draw(st.booleans()) or op == "Pow" else [other, v.name]
+    return b.node(op, inputs, v.shape, v.dtype)
+
+
+def op_reduce(draw, st, b, v):
+    op = draw(st.sampled_from(REDUCE))
+    rank = len(v.shape)
+    axes = sorted(set(draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+    axes = [a - rank if draw(st.booleans()) else a for a in axes]
+    keep = draw(st.integers(0, 1))
+    shape = [1 if i in {_norm(a, rank) for a in axes} else d for i, d in enumerate(v.shape)]
+    if not keep:
+        shape = [d for i, d in enumerate(v.shape) if i not in {_norm(a, rank) for a in axes}]
+    if op == "ReduceSum" or b.opset >= 18:
+        return b.node(op, [v.name, b.ints(axes)], shape, v.dtype, keepdims=keep)
+    return b.node(op, [v.name], shape, v.dtype, axes=axes, keepdims=keep)
+
+
+def op_transpose(draw, st, b, v):
+    perm = draw(st.permutations(range(len(v.shape))))
+    return b.node("Transpose", [v.name], [v.shape[p] for p in perm], v.dtype, perm=list(perm))
+
+
+def op_reshape(draw, st, b, v):
+    size = math.prod(v.shape)
+    choice = draw(st.integers(0, 3))
+    if choice == 0:
+        target, shape = [-1], [size]
+    elif choice == 1 and len(v.shape) >= 2:
+        target, shape = [0, -1], [v.shape[0], size // v.shape[0]]
+    else:
+        divisors = [d for d in range(1, size + 1) if size % d == 0]
+        first = draw(st.sampled_from(divisors))
+        target = shape = [first, size // first]
+    return b.node("Reshape", [v.name, b.ints(target)], shape, v.dtype)
+
+
+def op_flatten(draw, st, b, v):
+    rank = len(v.shape)
+    axis = draw(st.integers(-rank, rank))
+    a = _norm(axis, rank)
+    return b.node("Flatten", [v.name], [math.prod(v.shape[:a]), math.prod(v.shape[a:])], v.dtype, axis=axis)
+
+
+def op_unsqueeze(draw, st, b, v):
+    if len(v.shape) >= 4:
+        return None
+    rank = len(v.shape) + 1
+    axis = draw(st.integers(-rank, rank - 1))
+    shape = list(v.shape)
+    shape.insert(_norm(axis, rank), 1)
+    return b.node("Unsqueeze", [v.name, b.ints([axis])], shape, v.dtype)
+
+
+def op_squeeze(draw, st, b, v):
+    ones = [i for i, d in enumerate(v.shape) if d == 1]
+    if not ones or len(v.shape) == 1:
+        return None
+    axis = draw(st.sampled_from(ones))
+    return b.node("Squeeze", [v.name, b.ints([axis])], [d for i, d in enumerate(v.shape) if i != axis], v.dtype)
+
+
+def op_concat(draw, st, b, v):
+    rank = len(v.shape)
+    axis = _axis(draw, st, rank)
+    extra = list(v.shape)
+    extra[_norm(axis, rank)] = draw(st.integers(1, 3))
+    shape = list(v.shape)
+    shape[_norm(axis, rank)] += extra[_norm(axis, rank)]
+    return b.node("Concat", [v.name, b.floats(extra, v.dtype)], shape, v.dtype, axis=axis)
+
+
+def op_slice(draw, st, b, v):
+    rank = len(v.shape)
+    axes = sorted(set(draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+    starts, ends, steps, shape = [], [], [], list(v.shape)
+    for a in axes:
+        d = v.shape[a]
+        step = draw(st.sampled_from([1, 1, 2, -1, -2]))
+        start = draw(st.integers(-d - 1, d + 1))
+        end = draw(st.integers(-d - 1, d + 1))
+        starts.append(start), ends.append(end), steps.append(step)
+        shape[a] = len(range(d)[slice(start, end, step)])
+    if 0 in shape:
+        return None
+    return b.node("Slice", [v.name, b.ints(starts), b.ints(ends), b.ints(axes), b.ints(steps)], shape, v.dtype)
+
+
+def op_gather(draw, st, b, v):
+    rank = len(v.shape)
+    axis = _axis(draw, st, rank)
+    d = v.shape[_norm(axis, rank)]
+    ishape = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    if rank + len(ishape) - 1 > 4 or rank + len(ishape) - 1 < 1:
+        return None
+    indices = b.rng.integers(-d, d, size=ishape)
+    a = _norm(axis, rank)
+    shape = v.shape[:a] + ishape + v.shape[a + 1:]
+    return b.node("Gather", [v.name, b.ints(indices)], shape, v.dtype, axis=axis)
+
+
+def op_tile(draw, st, b, v):
+    reps = [draw(st.integers(1, 2)) for _ in v.shape]
+    return b.node("Tile", [v.name, b.ints(reps)], [d * r for d, r in zip(v.shape, reps)], v.dtype)
+
+
+def op_pad(draw, st, b, v):
+    mode = draw(st.sampled_from(["constant", "reflect", "edge"]))
+    rank = len(v.shape)
+    pads = []
+    for _ in range(2):
+        for d in v.shape:
+            pads.append(draw(st.integers(0, min(2, d - 1) if mode == "reflect" else 2)))
+    shape = [d + pads[i] + pads[i + rank] for i, d in enumerate(v.shape)]
+    inputs = [v.name, b.ints(pads)]
+    if mode == "constant" and draw(st.booleans()):
+        inputs.append(b.const(np.array(draw(st.floats(-2, 2)), dtype=v.dtype)))
+    return b.node("Pad", inputs, shape, v.dtype, mode=mode)
+
+
+def op_softmax(draw, st, b, v):
+    op = draw(st.sampled_from(["Softmax", "LogSoftmax"]))
+    return b.node(op, [v.name], v.shape, v.dtype, axis=_axis(draw, st, len(v.shape)))
+
+
+def op_matmul(draw, st, b, v):
+    k = draw(st.integers(1, 5))
+    if len(v.shape) == 1:
+        return b.node("MatMul", [v.name, b.floats([v.shape[0], k], v.dtype)], [k], v.dtype)
+    return b.node("MatMul", [v.name, b.floats([v.shape[-1], k], v.dtype)], v.shape[:-1] + (k,), v.dtype)
+
+
+def op_gemm(draw, st, b, v):
+    if len(v.shape) != 2:
+        return None
+    m, kdim = v.shape
+    n = draw(st.integers(1, 5))
+    trans_b = draw(st.integers(0, 1))
+    w = b.floats([n, kdim] if trans_b else [kdim, n], v.dtype)
+    inputs = [v.name, w]
+    if draw(st.booleans()):
+        inputs.append(b.floats(draw(st.sampled_from([(n,), (1,), (m, n), (1, n)])), v.dtype))
+    return b.node("Gemm", inputs, [m, n], v.dtype, transB=trans_b,
+                  alpha=draw(st.floats(-2, 2)), beta=draw(st.floats(-2, 2)))
+
+
+def op_cast(draw, st, b, v):
+    # Only down: a float32 result cast up would be compared at float64's tolerance.
+    if v.dtype != F64:
+        return None
+    to = F32
+    from onnx import helper
+
+    return b.node("Cast", [v.name], v.shape, to, to=helper.np_dtype_to_tensor_dtype(to))
+
+
+def op_clip(draw, st, b, v):
+    lo = draw(st.floats(-2, 0))
+    hi = draw(st.floats(0, 2))
+    return b.node("Clip", [v.name, b.const(np.array(lo, v.dtype)), b.const(np.array(hi, v.dtype))], v.shape, v.dtype)
+
+
+def op_where(draw, st, b, v):
+    threshold = b.const(np.array(draw(st.floats(-1, 1)), v.dtype))
+    cond = b.node(draw(st.sampled_from(["Greater", "Less"])), [v.name, threshold], v.shape, np.bool_)
+    other = b.floats(_broadcast_shape(draw, st, v.shape), v.dtype)
+    return b.node("Where", [cond.name, v.name, other], v.shape, v.dtype)
+
+
+def op_layernorm(draw, st, b, v):
+    if b.opset < 17:
+        return None
+    rank = len(v.shape)
+    axis = _axis(draw, st, rank)
+    norm_shape = v.shape[_norm(axis, rank):]
+    return b.node("LayerNormalization", [v.name, b.floats(norm_shape, v.dtype), b.floats(norm_shape, v.dtype)],
+                  v.shape, v.dtype, axis=axis, epsilon=draw(st.sampled_from([1e-5, 1e-3])))
+
+
+def op_cumsum(draw, st, b, v):
+    axis = _axis(draw, st, len(v.shape))
+    return b.node("CumSum", [v.name, b.ints(axis)], v.shape, v.dtype,
+                  exclusive=draw(st.integers(0, 1)), reverse=draw(st.integers(0, 1)))
+
+
+def op_argmax(draw, st, b, v):
+    from onnx import helper
+
+    op = draw(st.sampled_from(["ArgMax", "ArgMin"]))
+    rank = len(v.shape)
+    axis = _axis(draw, st, rank)
+    keep = draw(st.integers(0, 1))
+    a = _norm(axis, rank)
+    shape = [1 if i == a else d for i, d in enumerate(v.shape)] if keep else [d for i, d in enumerate(v.shape) if i != a]
+    if not shape:
+        return None
+    idx = b.node(op, [v.name], shape, np.int64, axis=axis, keepdims=keep)
+    return b.node("Cast", [idx.name], shape, v.dtype, to=helper.np_dtype_to_tensor_dtype(v.dtype))
+
+
+def op_topk(draw, st, b, v):
+    rank = len(v.shape)
+    axis = _axis(draw, st, rank)
+    a = _norm(axis, rank)
+    k = draw(st.integers(1, v.shape[a]))
+    shape = [k if i == a else d for i, d in enumerate(v.shape)]
+    return b.node("TopK", [v.name, b.ints([k])], shape, v.dtype, n_outputs=2, axis=axis,
+                  largest=draw(st.integers(0, 1)))
+
+
+def op_expand(draw, st, b, v):
+    shape = [draw(st.integers(2, 3)) if d == 1 and draw(st.booleans()) else d for d in v.shape]
+    return b.node("Expand", [v.name, b.ints(shape)], shape, v.dtype)
+
+
+def _pool_dim(d, k, s, p0, p1, dil=1, ceil=False):
+    span = d + p0 + p1 - dil * (k - 1) - 1
+    return (math.ceil(span / s) if ceil else span // s) + 1
+
+
+def op_conv(draw, st, b, v):
+    if len(v.shape) != 4:
+        return None
+    n, c, h, w = v.shape
+    group = draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))
+    m = group * draw(st.integers(1, 2))
+    k = [draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))]
+    strides = [draw(st.integers(1, 2)) for _ in range(2)]
+    dil = [draw(st.integers(1, 2)) for _ in range(2)]
+    pads = [draw(st.integers(0, k[i % 2] - 1)) for i in range(4)]
+    out = [_pool_dim(x, k[i], strides[i], pads[i], pads[i + 2], dil[i]) for i, x in enumerate((h, w))]
+    if min(out) < 1:
+        return None
+    inputs = [v.name, b.floats([m, c // group, *k], v.dtype)]
+    if draw(st.booleans()):
+        inputs.append(b.floats([m], v.dtype))
+    return b.node("Conv", inputs, [n, m, *out], v.dtype, group=group, kernel_shape=k, strides=strides,
+                  dilations=dil, pads=pads)
+
+
+def op_pool(draw, st, b, v):
+    if len(v.shape) != 4:
+        return None
+    op = draw(st.sampled_from(["MaxPool", "AveragePool"]))
+    n, c, h, w = v.shape
+    k = [draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))]
+    strides = [draw(st.integers(1, 2)) for _ in range(2)]
+    pads = [draw(st.integers(0, k[i % 2] - 1)) for i in range(4)]
+    ceil = draw(st.integers(0, 1))
+    out = []
+    for i, x in enumerate((h, w)):
+        o = _pool_dim(x, k[i], strides[i], pads[i], pads[i + 2], 1, bool(ceil))
+        if ceil and (o - 1) * strides[i] >= x + pads[i]:  # the last window would start in the padding
+            o -= 1
+        out.append(o)
+    if min(out) < 1:
+        return None
+    attrs = dict(kernel_shape=k, strides=strides, pads=pads, ceil_mode=ceil)
+    if op == "AveragePool":
+        attrs["count_include_pad"] = draw(st.integers(0, 1))
+    return b.node(op, [v.name], [n, c, *out], v.dtype, **attrs)
+
+
+def op_batchnorm(draw, st, b, v):
+    if len(v.shape) < 2:
+        return None
+    c = v.shape[1]
+    var = np.abs(b.rng.standard_normal(c)).astype(v.dtype) + 0.5
+    return b.node("BatchNormalization", [v.name, b.floats([c], v.dtype), b.floats([c], v.dtype),
+                                         b.floats([c], v.dtype), b.const(var)], v.shape, v.dtype,
+                  epsilon=1e-5)
+
+
+# The op table: each entry draws one node on the value ``v`` (or declines with None).
+OPS = {
+    "unary": op_unary, "binary": op_binary, "reduce": op_reduce, "transpose": op_transpose,
+    "reshape": op_reshape, "flatten": op_flatten, "unsqueeze": op_unsqueeze, "squeeze": op_squeeze,
+    "concat": op_concat, "slice": op_slice, "gather": op_gather, "tile": op_tile, "pad": op_pad,
+    "softmax": op_softmax, "matmul": op_matmul, "gemm": op_gemm, "cast": op_cast, "clip": op_clip,
+    "where": op_where, "layernorm": op_layernorm, "cumsum": op_cumsum, "argmax": op_argmax,
+    "topk": op_topk, "expand": op_expand, "conv": op_conv, "pool": op_pool, "batchnorm": op_batchnorm,
+}
+
+
+def _strategies():
+    """The hypothesis strategies, built on first use (hypothesis is a test-only dependency)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def valid_models(draw):
+        opset = draw(st.sampled_from(OPSETS))
+        b = GraphBuilder(opset, np.random.default_rng(draw(st.integers(0, 2**32 - 1))))
+        rank = draw(st.integers(1, 4))
+        shape = [draw(st.integers(1, 4)) for _ in range(rank)]
+        dtype = draw(st.sampled_from([F32, F32, F32, F64]))
+        v = b.input(shape, dtype)
+        if draw(st.booleans()):
+            b.input(shape, dtype)  # a second input, read through binary ops
+        for _ in range(draw(st.integers(1, 6))):
+            if not v.shape:  # a scalar ends the chain: most ops in the table want an axis
+                break
+            op = draw(st.sampled_from(sorted(OPS)))
+            produced = OPS[op](draw, st, b, v)
+            if produced is not None and math.prod(produced.shape) <= 4096 and len(produced.shape) <= 4:
+                v = produced
+            elif produced is not None:
+                break
+        outputs = [v]
+        extra = [u for u in b.values[:-1] if u not in b.inputs and u.name != v.name]
+        if extra and draw(st.booleans()):
+            outputs.insert(0, draw(st.sampled_from(extra)))
+        return b.model(outputs, symbolic_batch=draw(st.integers(0, 4)) == 0).SerializeToString()
+
+    @st.composite
+    def field_mutated_models(draw):
+        import onnx
+
+        proto = onnx.ModelProto.FromString(draw(valid_models()))
+        for _ in range(draw(st.integers(1, 3))):
+            mutation = draw(st.sampled_from(sorted(MUTATIONS)))
+            try:
+                MUTATIONS[mutation](draw, st, proto)
+            except (ValueError, TypeError, IndexError, OverflowError):
+                pass  # a mutation that cannot apply after an earlier one (e.g. to inconsistent data)
+        return proto.SerializeToString()
+
+    @st.composite
+    def byte_mutated_models(draw):
+        data = bytearray(draw(valid_models()))
+        for _ in range(draw(st.integers(1, 4))):
+            how = draw(st.sampled_from(["flip", "set", "insert", "delete", "duplicate", "truncate"]))
+            if not data:
+                break
+            i = draw(st.integers(0, len(data) - 1))
+            if how == "flip":
+                data[i] ^= 1 << draw(st.integers(0, 7))
+            elif how == "set":
+                data[i] = draw(st.sampled_from([0, 1, 0x7F, 0x80, 0xFF, draw(st.integers(0, 255))]))
+            elif how == "insert":
+                data[i:i] = draw(st.binary(min_size=1, max_size=8))
+            elif how == "delete":
+                del data[i:i + draw(st.integers(1, 8))]
+            elif how == "duplicate":
+                j = draw(st.integers(i, min(len(data), i + 32)))
+                data[j:j] = data[i:j]
+            else:
+                del data[i:]
+        return bytes(data)
+
+    return {"valid": valid_models(), "field": field_mutated_models(), "bytes": byte_mutated_models()}
+
+
+# -- protobuf-field mutations ----------------------------------------------------------------------
+def _all_nodes(proto):
+    return list(proto.graph.node)
+
+
+def _pick_node(draw, st, proto):
+    nodes = _all_nodes(proto)
+    return draw(st.sampled_from(nodes)) if nodes else None
+
+
+def mutate_attribute(draw, st, proto):
+    import onnx
+
+    node = _pick_node(draw, st, proto)
+    if node is None or not node.attribute:
+        return
+    attr = draw(st.sampled_from(list(node.attribute)))
+    how = draw(st.integers(0, 3))
+    if how == 0:
+        node.attribute.remove(attr)
+    elif attr.type == onnx.AttributeProto.INT:
+        attr.i = draw(st.sampled_from([-1, 0, 1, 2, 3, 5, -7, 2**31, -(2**63)]))
+    elif attr.type == onnx.AttributeProto.FLOAT:
+        attr.f = draw(st.sampled_from([0.0, -1.0, 1e30, float("nan"), float("inf"), 3.5]))
+    elif attr.type == onnx.AttributeProto.INTS and attr.ints:
+        i = draw(st.integers(0, len(attr.ints) - 1))
+        if how == 1:
+            attr.ints[i] = draw(st.sampled_from([-5, -1, 0, 1, 7, 2**40]))
+        elif how == 2:
+            del attr.ints[i]
+        else:
+            attr.ints.append(draw(st.integers(-3, 5)))
+    elif attr.type == onnx.AttributeProto.STRING:
+        attr.s = draw(st.sampled_from([b"", b"bogus", b"reflect", b"edge", b"wrap"]))
+    else:  # change the declared type
+        attr.type = draw(st.sampled_from([onnx.AttributeProto.INT, onnx.AttributeProto.FLOATS,
+                                          onnx.AttributeProto.STRING, onnx.AttributeProto.TENSOR]))
+
+
+def mutate_constant_values(draw, st, proto):
+    """An initializer's values replaced (consistently): int64 shape/axes/indices get small ints."""
+    from onnx import numpy_helper
+
+    if not proto.graph.initializer:
+        return
+    t = draw(st.sampled_from(list(proto.graph.initializer)))
+    arr = numpy_helper.to_array(t)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if arr.dtype.kind in "iu":
+        new = rng.integers(-6, 8, size=arr.shape).astype(arr.dtype)
+    else:
+        # Finite values: inf/nan through fused formulas (BatchNormalization's scale * x + shift)
+        # put NaNs in places that differ between correct implementations.
+        new = rng.choice(np.array([0.0, -1.0, 2.5, 1e3, -0.0], arr.dtype), size=arr.shape)
+    t.CopyFrom(numpy_helper.from_array(new, t.name))
+
+
+def mutate_tensor_dims(draw, st, proto):
+    """An initializer's dims changed, with data to match (a consistent but unexpected shape)."""
+    from onnx import numpy_helper
+
+    if not proto.graph.initializer:
+        return
+    t = draw(st.sampled_from(list(proto.graph.initializer)))
+    arr = numpy_helper.to_array(t)
+    rank = draw(st.integers(0, 4))
+    shape = [draw(st.integers(0, 4)) for _ in range(rank)]
+    new = np.resize(arr.reshape(-1) if arr.size else np.zeros(1, arr.dtype), math.prod(shape)).reshape(shape)
+    t.CopyFrom(numpy_helper.from_array(new.astype(arr.dtype), t.name))
+
+
+def mutate_raw_dims(draw, st, proto):
+    """An initializer's dims changed and its data left as it was (inconsistent)."""
+    if not proto.graph.initializer:
+        return
+    t = draw(st.sampled_from(list(proto.graph.initializer)))
+    if t.dims:
+        t.dims[draw(st.integers(0, len(t.dims) - 1))] = draw(st.sampled_from([0, -1, 3, 2**20, 2**40]))
+    else:
+        t.dims.append(draw(st.integers(0, 5)))
+
+
+def mutate_dtype(draw, st, proto):
+    from onnx import TensorProto, numpy_helper
+
+    where = draw(st.integers(0, 2))
+    dtypes = [TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT64,
+              TensorProto.INT32, TensorProto.BOOL, TensorProto.UINT8, TensorProto.STRING]
+    to = draw(st.sampled_from(dtypes))
+    if where == 0 and proto.graph.initializer:
+        t = draw(st.sampled_from(list(proto.graph.initializer)))
+        arr = numpy_helper.to_array(t)
+        if to == TensorProto.STRING:
+            new = arr.astype(str).astype(object)
+        else:
+            from onnx import helper
+
+            with np.errstate(all="ignore"):
+                new = np.nan_to_num(arr).astype(helper.tensor_dtype_to_np_dtype(to))
+        t.CopyFrom(numpy_helper.from_array(new, t.name))
+    elif where == 1:
+        values = list(proto.graph.input) + list(proto.graph.output)
+        if values:
+            draw(st.sampled_from(values)).type.tensor_type.elem_type = to
+    else:
+        casts = [n for n in proto.graph.node if n.op_type == "Cast"]
+        if casts:
+            for a in draw(st.sampled_from(casts)).attribute:
+                a.i = to
+
+
+def mutate_drop_input(draw, st, proto):
+    node = _pick_node(draw, st, proto)
+    if node is None or not node.input:
+        return
+    i = draw(st.integers(0, len(node.input) - 1))
+    if draw(st.booleans()):
+        node.input[i] = ""
+    else:
+        del node.input[i]
+
+
+def mutate_rename(draw, st, proto):
+    node = _pick_node(draw, st, proto)
+    if node is None:
+        return
+    names = [v.name for v in proto.graph.input] + [t.name for t in proto.graph.initializer]
+    names += [o for n in proto.graph.node for o in n.output]
+    new = draw(st.sampled_from(names + ["fresh_name"]))
+    if draw(st.booleans()) and node.input:
+        node.input[draw(st.integers(0, len(node.input) - 1))] = new
+    elif node.output:
+        node.output[draw(st.integers(0, len(node.output) - 1))] = new
+
+
+def mutate_op_type(draw, st, proto):
+    node = _pick_node(draw, st, proto)
+    if node is not None:
+        node.op_type = draw(st.sampled_from(sorted(UNARY) + list(BINARY) + list(REDUCE) + [
+            "Transpose", "Reshape", "Concat", "Slice", "Gather", "Softmax", "MatMul", "Gemm", "Conv",
+            "MaxPool", "Cast", "Where", "Expand", "TopK", "Split", "Resize", "If", "Loop", "NonZero"]))
+
+
+def mutate_delete_node(draw, st, proto):
+    node = _pick_node(draw, st, proto)
+    if node is not None:
+        proto.graph.node.remove(node)
+
+
+def mutate_duplicate_node(draw, st, proto):
+    node = _pick_node(draw, st, proto)
+    if node is not None:
+        proto.graph.node.append(node)
+
+
+def mutate_opset(draw, st, proto):
+    version = draw(st.sampled_from([1, 6, 7, 9, 11, 12, 13, 16, 18, 21, 22, 23, 0, -1, 29, 10**9]))
+    if draw(st.integers(0, 5)) == 0:
+        del proto.opset_import[:]
+    elif draw(st.integers(0, 4)) == 0:
+        proto.opset_import.add(domain=draw(st.sampled_from(["ai.onnx.ml", "com.microsoft", "x"])), version=version)
+    else:
+        proto.opset_import[0].version = version
+
+
+def mutate_input_dims(draw, st, proto):
+    values = list(proto.graph.input) + list(proto.graph.output)
+    if not values:
+        return
+    shape = draw(st.sampled_from(values)).type.tensor_type.shape
+    if shape.dim and draw(st.booleans()):
+        dim = shape.dim[draw(st.integers(0, len(shape.dim) - 1))]
+        how = draw(st.integers(0, 2))
+        if how == 0:
+            dim.dim_value = draw(st.sampled_from([0, -1, 1, 7, 2**40]))
+        elif how == 1:
+            dim.dim_param = draw(st.sampled_from(["N", "", "M"]))
+        else:
+            dim.Clear()
+    elif draw(st.booleans()):
+        shape.dim.add().dim_value = draw(st.integers(1, 3))
+    elif shape.dim:
+        del shape.dim[-1]
+
+
+MUTATIONS = {
+    "attribute": mutate_attribute, "constant_values": mutate_constant_values,
+    "tensor_dims": mutate_tensor_dims, "raw_dims": mutate_raw_dims, "dtype": mutate_dtype,
+    "drop_input": mutate_drop_input, "rename": mutate_rename, "op_type": mutate_op_type,
+    "delete_node": mutate_delete_node, "duplicate_node": mutate_duplicate_node, "opset": mutate_opset,
+    "value_dims": mutate_input_dims,
+}
+
+
+def generate_cases(n: int, seed: int, kinds=KINDS, batch: int = 50) -> list[tuple[str, bytes]]:
+    """``n`` cases (kind, serialized model), drawn deterministically from ``seed``, the kinds
+    interleaved (valid, field, bytes, valid, ...)."""
+    return list(iter_cases(n, seed, kinds, batch))
+
+
+def iter_cases(n: int, seed: int, kinds=KINDS, batch: int = 50):
+    """The same cases as :func:`generate_cases`, drawn batch by batch (no list of them all)."""
+    import warnings
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    strategies = _strategies()
+    made = 0
+    round_ = 0
+    while made < n:
+        for kind in kinds:
+            want = min(batch, n - made)
+            if want <= 0:
+                break
+            drawn: list[bytes] = []
+
+            @hypothesis_seed(seed * 7919 + round_ * 31 + KINDS.index(kind))
+            @settings(max_examples=want, database=None, deadline=None, phases=[Phase.generate],
+                      suppress_health_check=list(HealthCheck), derandomize=False)
+            @given(strategies[kind])
+            def collect(data):
+                if len(drawn) < want:
+                    drawn.append(data)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                collect()
+            for data in drawn:
+                yield kind, data
+            made += len(drawn)
+        round_ += 1
+
+
+# -- running one case -----------------------------------------------------------------------------
+def _signature(exc: BaseException) -> str:
+    """Where an exception comes from: its type and the innermost frame in Mithril's code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    site = next((f for f in reversed(frames) if "mithril" in f.filename and "testing" not in f.filename), None)
+    if site is None and frames:
+        site = frames[-1]
+    where = f"{Path(site.filename).name}:{site.lineno} ({site.name})" if site else "?"
+    return f"{type(exc).__name__} at {where}"
+
+
+def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
+    """Load, compile and evaluate one model on NumpyBackend; compare with onnxruntime when both
+    run it. ``phase``, a shared int, says whether Mithril (1) or onnxruntime (2) is running, so a
+    crash or hang can be blamed on the right one."""
+    import warnings
+
+    import mithril as ml
+    from mithril.validate import compare as compare_output, random_inputs
+
+    if phase is not None:
+        phase.value = 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = ml.load_onnx(data)
+            shapes = _drawn_shapes(model)
+            _check_input_sizes(model, shapes)
+            inputs = random_inputs(model, shapes, seed=0)
+            backend = ml.NumpyBackend()
+            pm = ml.compile(model, backend, shapes={k: v.shape for k, v in inputs.items()})
+            out = pm.evaluate(None, inputs)
+            got = {k: np.asarray(backend.to_numpy(v)) for k, v in out.items()}
+    except MithrilError as exc:
+        return {"outcome": "refused", "error": type(exc).__name__, "message": str(exc)[:300]}
+    except Exception as exc:  # noqa: BLE001 - every other exception is what the fuzzer hunts
+        return {"outcome": "exception", "signature": _signature(exc), "message": f"{type(exc).__name__}: {exc}"[:500],
+                "traceback": traceback.format_exc()[-3000:]}
+    result = {"outcome": "ok", "compared": False}
+    if not compare:
+        return result
+    if phase is not None:
+        phase.value = 2
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 4
+        sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        ref = dict(zip(names, sess.run(None, inputs)))
+    except Exception as exc:  # noqa: BLE001 - onnxruntime refusing the model: nothing to compare
+        result["reference_refused"] = type(exc).__name__
+        return result
+    finally:
+        if phase is not None:
+            phase.value = 1
+    result["compared"] = True
+    bad = []
+    for name, r in ref.items():
+        if name not in got:
+            continue
+        rep = compare_output(name, "numpy", got[name], r)
+        if not rep.passed:
+            bad.append(f"{name}: got {rep.dtype}{list(rep.shape)} vs onnxruntime {np.asarray(r).dtype}"
+                       f"{list(np.shape(r))}, max abs err {rep.max_abs_err:.3g} {rep.note}")
+    if bad:
+        ops = sorted({n.op_type for n in _node_protos(data)})
+        return {"outcome": "mismatch", "signature": f"mismatch in graph of {'+'.join(ops)[:120]}",
+                "message": "; ".join(bad)[:500]}
+    return result
+
+
+class InputTooLargeForFuzzing(MithrilError):
+    """The harness declines to make random data for an input declared absurdly large (its
+    model is not wrong, the case just cannot run here); counted as a refusal."""
+
+
+def _check_input_sizes(model, shapes, limit: int = 1 << 24) -> None:
+    inits = model.graph.initializers
+    for v in model.graph.inputs:
+        if v.name in inits or v.name in shapes or v.shape is None:
+            continue
+        dims = [d if isinstance(d, int) and d > 0 else 1 for d in v.shape]
+        if math.prod(dims) > limit:
+            raise InputTooLargeForFuzzing(f"input {v.name!r} is declared {list(v.shape)}: too large for random data")
+
+
+def _drawn_shapes(model) -> dict[str, list[int]]:
+    shapes = {}
+    for key, value in model.ir.metadata_props.items():
+        if isinstance(key, str) and isinstance(value, str) and key.startswith(SHAPE_KEY):
+            try:
+                shapes[key[len(SHAPE_KEY):]] = [min(int(d), 64) for d in value.split(",") if d]
+            except ValueError:
+                pass
+    names = set(model.input_names)
+    return {k: v for k, v in shapes.items() if k in names}
+
+
+def _node_protos(data: bytes):
+    import onnx
+
+    return onnx.ModelProto.FromString(data).graph.node
+
+
+# -- the worker pool ------------------------------------------------------------------------------
+# Payloads with which the tests check the watchdog: a worker given one hangs, or aborts.
+SELF_TEST_HANG = b"\0mithril-fuzz-self-test:hang"
+SELF_TEST_CRASH = b"\0mithril-fuzz-self-test:crash"
+
+def _worker_main(conn, phase, log_path: str, memory_limit: int | None):
+    """A long-lived worker: reads (index, data) from ``conn``, answers run_case's result."""
+    import faulthandler
+    import resource
+    import sys
+
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 2)  # native crash reports and stray output land in the log
+    sys.stderr = log
+    faulthandler.enable(log)
+    if memory_limit:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    import mithril  # noqa: F401  (imported once, before the first case)
+
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        index, data, compare = msg
+        print(f"case {index}", file=log)
+        if data == SELF_TEST_HANG:
+            phase.value = 1
+            while True:
+                time.sleep(1)
+        if data == SELF_TEST_CRASH:
+            phase.value = 1
+            os.abort()
+        try:
+            result = run_case(data, phase, compare)
+        except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError inside the comparison
+            result = {"outcome": "exception", "signature": _signature(exc), "message": repr(exc)[:500]}
+        conn.send((index, result))
+
+
+@dataclass
+class BugRecord:
+    outcome: str
+    signature: str
+    count: int = 0
+    example: str = ""
+    message: str = ""
+    kind: str = ""
+
+
+@dataclass
+class FuzzStats:
+    seed: int
+    workers: int
+    started: float = field(default_factory=time.time)
+    elapsed: float = 0.0
+    cases: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    by_kind: dict = field(default_factory=dict)
+    compared: int = 0
+    reference_refused: int = 0
+    reference_crash: int = 0
+    reference_hang: int = 0
+    restarts: int = 0
+    bugs: dict = field(default_factory=dict)
+    refusals: Counter = field(default_factory=Counter)
+
+    @property
+    def rate(self) -> float:
+        return self.cases / self.elapsed if self.elapsed else 0.0
+
+    def bug_count(self) -> int:
+        return sum(self.outcomes[o] for o in BUG_OUTCOMES)
+
+
+class _Worker:
+    def __init__(self, ctx, log_dir: Path, slot: int, memory_limit):
+        self.phase = ctx.Value("i", 0, lock=False)
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, daemon=True,
+                                args=(child, self.phase, str(log_dir / f"worker{slot}.log"), memory_limit))
+        self.proc.start()
+        child.close()
+        self.case = None  # (index, kind, data, started)
+
+    def stop(self, kill: bool = False):
+        if kill:
+            self.proc.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10.0, kinds=KINDS,
+             failure_dir: str | os.PathLike | None = None, progress=None, progress_every: float = 30.0,
+             compare: bool = True, memory_limit: int | None = 3 << 30, source=None) -> FuzzStats:
+    """Run ``cases`` generated cases on a pool of ``workers`` processes; return the counts.
+
+    A case running longer than ``time_limit`` seconds is a hang: its worker is killed and
+    replaced. A worker that dies is a crash, and is replaced. ``failure_dir`` receives the model
+    of the first case of each bug signature (``<outcome>-<hash>.onnx``) and the workers' logs.
+    ``progress(stats)`` is called every ``progress_every`` seconds (and at the end). ``source``,
+    an iterable of (kind, serialized model), replaces the generated cases.
+    """
+    failure_dir = Path(failure_dir or f"/tmp/mithril-fuzz-{seed}")
+    failure_dir.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    stats = FuzzStats(seed=seed, workers=workers)
+    for kind in KINDS:
+        stats.by_kind[kind] = Counter()
+    pool = [_Worker(ctx, failure_dir, i, memory_limit) for i in range(workers)]
+    source = iter(source) if source is not None else iter_cases(cases, seed, kinds)
+    exhausted = False
+    last_progress = time.time()
+    index = 0
+
+    def record(kind: str, data: bytes, result: dict):
+        outcome = result["outcome"]
+        stats.cases += 1
+        stats.outcomes[outcome] += 1
+        stats.by_kind[kind][outcome] += 1
+        if result.get("compared"):
+            stats.compared += 1
+        if "reference_refused" in result:
+            stats.reference_refused += 1
+        if outcome == "refused":
+            stats.refusals[result["error"]] += 1
+        if outcome in BUG_OUTCOMES:
+            sig = result.get("signature", outcome)
+            bug = stats.bugs.get((outcome, sig))
+            if bug is None:
+                digest = hashlib.sha1(f"{outcome}{sig}".encode()).hexdigest()[:10]
+                example = failure_dir / f"{outcome}-{digest}.onnx"
+                example.write_bytes(data)
+                if result.get("traceback"):
+                    example.with_suffix(".txt").write_text(result["traceback"])
+                bug = stats.bugs[(outcome, sig)] = BugRecord(outcome, sig, 0, str(example), result.get("message", ""), kind)
+            bug.count += 1
+
+    try:
+        while True:
+            for w in pool:
+                if w.case is None and not exhausted:
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                        break
+                    kind, data = nxt
+                    w.case = (index, kind, data, time.time())
+                    w.conn.send((index, data, compare))
+                    index += 1
+            busy = [w for w in pool if w.case is not None]
+            if not busy:
+                break
+            ready = wait_connections([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=0.5)
+            now = time.time()
+            for i, w in enumerate(pool):
+                if w.case is None:
+                    continue
+                idx, kind, data, started = w.case
+                result = None
+                if w.conn in ready:
+                    try:
+                        _, result = w.conn.recv()
+                    except (EOFError, OSError):
+                        result = None
+                if result is None and (w.proc.sentinel in ready or not w.proc.is_alive()):
+                    w.proc.join(5)
+                    code = w.proc.exitcode
+                    if w.phase.value == 2:
+                        stats.reference_crash += 1
+                        result = {"outcome": "ok", "compared": False, "reference_refused": "crash"}
+                    else:
+                        result = {"outcome": "crash", "signature": f"worker died (exit code {code})",
+                                  "message": _log_tail(failure_dir / f"worker{i}.log")}
+                elif result is None and now - started > time_limit:
+                    if w.phase.value == 2:
+                        stats.reference_hang += 1
+                        result = {"outcome": "ok", "compared": False, "reference_refused": "hang"}
+                    else:
+                        result = {"outcome": "hang", "signature": f"no answer after {time_limit:g} s",
+                                  "message": ""}
+                    w.stop(kill=True)
+                    w.proc.exitcode  # noqa: B018
+                if result is None:
+                    continue
+                record(kind, data, result)
+                w.case = None
+                if not w.proc.is_alive():
+                    stats.restarts += 1
+                    w.conn.close()
+                    pool[i] = _Worker(ctx, failure_dir, i, memory_limit)
+            stats.elapsed = time.time() - stats.started
+            if progress is not None and time.time() - last_progress >= progress_every:
+                last_progress = time.time()
+                progress(stats)
+    finally:
+        for w in pool:
+            w.stop(kill=w.case is not None)
+    stats.elapsed = time.time() - stats.started
+    if progress is not None:
+        progress(stats)
+    return stats
+
+
+def _log_tail(path: Path, limit: int = 1500) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:]
