@@ -62,7 +62,7 @@ WHEEL_FILES = [
      "wheel_rapidocr_ppocr_mobile_cls.onnx",
      {"x": {"shape": [2, 3, 48, 192], "dtype": "float32", "low": -1.0, "high": 1.0}}),
     ("onnxruntime==1.32.0", "onnxruntime/datasets/logreg_iris.onnx", "wheel_onnxruntime_logreg_iris.onnx",
-     {"float_input": {"shape": [3, 4], "dtype": "float32"}}),
+     {"float_input": {"shape": [3, 2], "dtype": "float32"}}),
 ]
 
 
@@ -121,8 +121,8 @@ def make_keras() -> list[dict]:
 
     framework = f"tensorflow {tf.__version__}, keras {keras.__version__}"
 
-    def convert(model, name, spec_shape, source, opset=17):
-        spec = (tf.TensorSpec([None, *spec_shape], tf.float32, name="x"),)
+    def convert(model, name, spec_shape, source, opset=17, dtype="float32", **value_range):
+        spec = (tf.TensorSpec([None, *spec_shape], getattr(tf, dtype), name="x"),)
 
         @tf.function(input_signature=spec)
         def forward(x):
@@ -131,7 +131,7 @@ def make_keras() -> list[dict]:
         path = OUT / name
         tf2onnx.convert.from_function(forward, input_signature=spec, opset=opset, output_path=str(path))
         return _entry(path, "keras", "tf2onnx", tf2onnx.__version__, source,
-                      {"x": {"shape": [2, *spec_shape], "dtype": "float32"}}, framework)
+                      {"x": {"shape": [2, *spec_shape], "dtype": dtype, **value_range}}, framework)
 
     keras.utils.set_random_seed(SEED)
     entries = []
@@ -157,6 +157,17 @@ def make_keras() -> list[dict]:
     rng = __import__("numpy").random.default_rng(SEED)
     bn.set_weights([w + rng.uniform(0.5, 1.5, w.shape).astype(w.dtype) if i == 3 else w + rng.standard_normal(w.shape).astype(w.dtype) * 0.1
                     for i, w in enumerate(bn.get_weights())])
+    tokens = keras.Input((10,), dtype="int32")
+    h = keras.layers.Embedding(50, 16)(tokens)
+    h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(2, 8)(h, h))
+    h = keras.layers.Conv1D(16, 3, padding="causal")(h)
+    h = keras.activations.gelu(h, approximate=True)
+    h = keras.layers.GlobalMaxPooling1D()(h)
+    encoder = keras.Model(tokens, keras.layers.Dense(3)(h))
+    entries.append(convert(encoder, "keras_attention.onnx", [10],
+                           "keras functional: Embedding -> MultiHeadAttention + residual -> LayerNormalization "
+                           "-> causal Conv1D -> gelu(tanh approximation) -> GlobalMaxPooling1D -> Dense", dtype="int32", low=0, high=50,
+                           integer=True))
     entries.append(convert(cnn, "keras_cnn.onnx", [28, 28, 1], "keras Sequential CNN: Conv2D, BatchNorm, MaxPool, DepthwiseConv2D, GAP, Dense softmax (NHWC)"))
     return entries
 
@@ -191,9 +202,33 @@ def make_paddle() -> list[dict]:
         paddle.jit.save(net, f"{tmp}/net", input_spec=spec)
         model_file = next(p for p in Path(tmp).iterdir() if p.suffix in (".json", ".pdmodel"))
         paddle2onnx.export(str(model_file), f"{tmp}/net.pdiparams", str(path), opset_version=13)
-    return [_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__,
+    entries = [_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__,
                    "paddle dygraph CNN: Conv2D, BatchNorm2D, hardswish, max_pool2d, grouped Conv2D, adaptive_avg_pool2d, Linear, softmax",
                    {"x": {"shape": [2, 3, 32, 32], "dtype": "float32"}}, f"paddlepaddle {paddle.__version__}")]
+
+    class SmallLSTM(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.lstm = paddle.nn.LSTM(8, 16, num_layers=2, direction="bidirect")
+            self.norm = paddle.nn.LayerNorm(32)
+            self.fc = paddle.nn.Linear(32, 4)
+
+        def forward(self, x):
+            y, _ = self.lstm(x)
+            return self.fc(paddle.nn.functional.gelu(self.norm(y[:, -1])))
+
+    lstm = SmallLSTM()
+    lstm.eval()
+    spec = [paddle.static.InputSpec([None, 12, 8], "float32", "x")]
+    path = OUT / "paddle_bilstm.onnx"
+    with tempfile.TemporaryDirectory() as tmp:
+        paddle.jit.save(lstm, f"{tmp}/net", input_spec=spec)
+        model_file = next(p for p in Path(tmp).iterdir() if p.suffix in (".json", ".pdmodel"))
+        paddle2onnx.export(str(model_file), f"{tmp}/net.pdiparams", str(path), opset_version=13)
+    entries.append(_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__,
+                          "paddle dygraph: 2-layer bidirectional LSTM -> last step -> LayerNorm -> gelu -> Linear",
+                          {"x": {"shape": [2, 12, 8], "dtype": "float32"}}, f"paddlepaddle {paddle.__version__}"))
+    return entries
 
 
 def make_sklearn() -> list[dict]:
