@@ -447,6 +447,66 @@ def _gemma_rotary():
     return model, inputs, ref
 
 
+def _gqa_case(seq=4, past=0, lengths=None, packed=False, rotary=False, interleaved=0, outputs=3, head_sink=False,
+              attention_bias=False, **attrs):
+    """GroupQueryAttention with 4 query heads sharing 2 K/V heads of size 8 (16 with rotary, which
+    onnxruntime requires); ``past`` cached rows, the tokens per sequence after the step in ``lengths``
+    (default past + seq)."""
+    rng = np.random.default_rng(15)
+    b, n, kv, h = 2, 4, 2, 16 if rotary else 8
+    lengths = lengths or [past + seq] * b
+    total = max(lengths)
+    names = ["q", "" if packed else "k", "" if packed else "v", "pk" if past else "", "pv" if past else "",
+             "seqlens_k", "total"] + [""] * 5
+    inputs = {"seqlens_k": np.array(lengths, np.int32) - 1}
+    graph_inputs = [("seqlens_k", I32, [b])]
+    inits = {"total": np.array(total, np.int32)}
+
+    def add(name, array):
+        inputs[name] = array
+        graph_inputs.append((name, F32, list(array.shape)))
+
+    if packed:
+        add("q", _f(rng, b, seq, (n + 2 * kv) * h))
+    else:
+        add("q", _f(rng, b, seq, n * h))
+        add("k", _f(rng, b, seq, kv * h))
+        add("v", _f(rng, b, seq, kv * h))
+    if past:
+        add("pk", _f(rng, b, kv, past, h))
+        add("pv", _f(rng, b, kv, past, h))
+    if rotary:
+        angles = np.arange(32)[:, None] * (1e-2 ** (np.arange(h // 2) / (h // 2)))[None, :]
+        inits.update(cos=np.cos(angles).astype(np.float32), sin=np.sin(angles).astype(np.float32))
+        names[7:9] = ["cos", "sin"]
+        attrs.update(do_rotary=1, rotary_interleaved=interleaved)
+    if attention_bias:
+        add("ab", _f(rng, 1, n, seq, total))
+        names[10] = "ab"
+    if head_sink:
+        inits["sink"] = _f(rng, n)
+        names[11] = "sink"
+    while names[-1] == "":
+        names.pop()
+    outs = ["y", "present_key", "present_value", "qk"][:outputs]
+    node = _ms("GroupQueryAttention", names, outs, num_heads=n, kv_num_heads=kv, **attrs)
+    return _model([node], graph_inputs, [(o, F32, None) for o in outs], inits), inputs
+
+
+case("GroupQueryAttention-prompt")(lambda: _gqa_case())
+case("GroupQueryAttention-prompt-rotary-packed")(lambda: _gqa_case(packed=True, rotary=True))
+case("GroupQueryAttention-rotary-interleaved-past")(lambda: _gqa_case(seq=1, past=5, rotary=True, interleaved=1))
+case("GroupQueryAttention-decode-ragged-cache")(lambda: _gqa_case(seq=1, past=8, lengths=[5, 7]))
+case("GroupQueryAttention-local-window-softcap")(lambda: _gqa_case(seq=6, local_window_size=2, softcap=2.0))
+case("GroupQueryAttention-smooth-softmax-scale")(lambda: _gqa_case(smooth_softmax=1, scale=0.2))
+case("GroupQueryAttention-head-sink")(lambda: _gqa_case(head_sink=True))
+case("GroupQueryAttention-attention-bias")(lambda: _gqa_case(seq=1, past=3, attention_bias=True))
+case("GroupQueryAttention-qk-before-softmax-window")(lambda: _gqa_case(seq=6, outputs=4, qk_output=1,
+                                                                      local_window_size=3))
+case("GroupQueryAttention-qk-after-softmax")(lambda: _gqa_case(outputs=4, qk_output=2))
+case("GroupQueryAttention-not-causal")(lambda: _gqa_case(causal=0))
+
+
 def _pack(values, bits):
     """uint (..., n) values of `bits` bits -> bytes, lowest bits first."""
     per = 8 // bits
@@ -525,7 +585,7 @@ def test_contrib_ops_are_registered_in_their_domains():
     for op in ("FusedConv", "FusedGemm", "FusedMatMul", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
                "BiasSoftmax", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
                "EmbedLayerNormalization", "Attention", "MultiHeadAttention", "RotaryEmbedding",
-               "GemmaRotaryEmbedding", "MatMulNBits"):
+               "GemmaRotaryEmbedding", "MatMulNBits", "GroupQueryAttention"):
         assert (MS, op) in ops, op
     assert ("", "SimplifiedLayerNormalization") in ops
     assert REGISTRY.resolve("LayerNormalization", 13).since == 1

@@ -507,3 +507,118 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
     if bias is not None:
         y = y + bias.astype(work)
     return y.astype(A.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# GroupQueryAttention (LLM decoders: shared K/V heads, a KV cache indexed by seqlens_k)
+
+
+def _gqa_unsupported(node, **inputs_and_attrs):
+    for name, value in inputs_and_attrs.items():
+        if value is not None and value is not False and value not in ("NONE", 0):
+            raise _unsupported(node, f"{name} (quantized KV cache, Q/K norm, padded chunks or a windowed cache) "
+                                     "is not implemented")
+
+
+def _softmax_with_sink(scores, allowed, sink, xp):
+    """Softmax over the last axis of the allowed scores (the others get 0); ``sink`` (or None) is one more
+    logit in every denominator, as a head sink or smooth softmax (sink 0) adds."""
+    scores = xp.where(allowed, scores, xp.asarray(-numpy.inf, dtype=scores.dtype))
+    row_max = xp.max(scores, axis=-1, keepdims=True)
+    if sink is not None:
+        row_max = xp.maximum(row_max, sink)
+    e = xp.exp(scores - row_max)
+    total = xp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + xp.exp(sink - row_max)
+    return e / total
+
+
+@kernel("GroupQueryAttention", since=1, domain=MS, static_inputs=(6,))
+def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+                          total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+                          attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+                          k_norm_weight=None, query_seqlens=None, *, num_heads, kv_num_heads, scale, softcap,
+                          local_window_size, do_rotary, rotary_interleaved, smooth_softmax, causal, qk_output,
+                          k_quant_type="NONE", v_quant_type="NONE", kv_cache_bit_width=None, sliding_window_cache=0,
+                          num_outputs, node, xp):
+    _gqa_unsupported(node, k_scale=k_scale, v_scale=v_scale, k_quant_type=k_quant_type, v_quant_type=v_quant_type,
+                     kv_cache_bit_width=kv_cache_bit_width, q_norm_weight=q_norm_weight,
+                     k_norm_weight=k_norm_weight, query_seqlens=query_seqlens,
+                     sliding_window_cache=sliding_window_cache)
+    out_dtype = query.dtype
+    work = _work(out_dtype)
+    batch, seq = query.shape[:2]
+    if key is None:
+        # Packed QKV: (B, S, (N + 2 Nkv) H).
+        head_size = query.shape[-1] // (num_heads + 2 * kv_num_heads)
+        q_size, kv_size = num_heads * head_size, kv_num_heads * head_size
+        query, key, value = (query[..., :q_size], query[..., q_size : q_size + kv_size],
+                             query[..., q_size + kv_size :])
+    q, k, v = _heads(query, num_heads), _heads(key, kv_num_heads), _heads(value, kv_num_heads)
+    head_size = q.shape[-1]
+    total = int(numpy.asarray(total_sequence_length).reshape(()))
+    past_len = 0 if past_key is None else past_key.shape[2]
+    # The first prompt fills the cache from 0; later steps append after seqlens_k + 1 - S cached tokens.
+    prompt = seq == total
+    present_len = max(total, past_len)
+    lengths = seqlens_k.astype(numpy.int32) + 1  # (B,) tokens in the cache after this step
+    start = xp.zeros_like(lengths) if prompt else lengths - seq  # (B,) where the new tokens go
+    positions = start[:, None] + xp.arange(seq, dtype=numpy.int32)[None, :]  # (B, S) absolute positions
+    if do_rotary:
+        rot_positions = positions if position_ids is None else position_ids.astype(numpy.int32)
+        rotate = functools.partial(_attention.rotary_embedding, cos_cache=cos_cache, sin_cache=sin_cache,
+                                   position_ids=rot_positions, interleaved=rotary_interleaved or 0, num_heads=0,
+                                   rotary_embedding_dim=cos_cache.shape[-1] * 2, xp=xp)
+        q, k = rotate(q), rotate(k)
+
+    # The cache after this step: past rows before `start`, the new rows at [start, start + S), zeros after.
+    slots = xp.arange(present_len, dtype=numpy.int32)[None, :]  # (1, L)
+    offset = slots - start[:, None]  # (B, L): which new row lands in each slot
+    pick = (offset[:, :, None] == xp.arange(seq, dtype=numpy.int32)[None, None, :]).astype(k.dtype)  # (B, L, S)
+    is_new = ((offset >= 0) & (offset < seq))[:, None, :, None]
+    is_past = (slots < start[:, None])[:, None, :, None]
+
+    def cache(past, new):
+        placed = xp.matmul(pick[:, None], new)  # one-hot rows: exact copies
+        if past is None:
+            kept = xp.zeros(placed.shape, dtype=placed.dtype)
+        else:
+            kept = past if past_len == present_len else xp.pad(past, [(0, 0), (0, 0), (0, present_len - past_len),
+                                                                      (0, 0)])
+        zero = xp.zeros((), dtype=placed.dtype)
+        return xp.where(is_new, placed, xp.where(is_past, kept, zero))
+
+    present_key, present_value = cache(past_key, k), cache(past_value, v)
+    groups = num_heads // kv_num_heads
+    keys = _attention._repeat_kv(present_key, groups, xp).astype(work)
+    values = _attention._repeat_kv(present_value, groups, xp).astype(work)
+    if scale is None or scale == 0:
+        scale = 1 / math.sqrt(head_size)
+    scores = xp.matmul(q.astype(work), xp.swapaxes(keys, -1, -2)) * xp.asarray(scale, dtype=work)
+    if softcap:
+        scores = softcap * xp.tanh(scores / softcap)
+    if attention_bias is not None:
+        bias = attention_bias.astype(work)
+        if bias.shape[-1] < present_len:
+            bias = xp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, present_len - bias.shape[-1])])
+        scores = scores + bias[..., :present_len]
+    pos = positions[:, None, :, None]  # (B, 1, S, 1)
+    allowed = slots[:, None, None, :] < lengths[:, None, None, None]
+    if causal:
+        allowed = allowed & (slots[:, None, None, :] <= pos)
+        if local_window_size is not None and local_window_size > 0:
+            allowed = allowed & (slots[:, None, None, :] > pos - local_window_size)
+    sink = None
+    if head_sink is not None:
+        sink = head_sink.astype(work).reshape(1, -1, 1, 1)
+    elif smooth_softmax == 1:
+        sink = xp.zeros((), dtype=work)
+    probs = _softmax_with_sink(scores, allowed, sink, xp)
+    y = _merge_heads(xp.matmul(probs, values)).astype(out_dtype)
+    outputs = (y, present_key, present_value)
+    if num_outputs > 3:
+        # Before softmax, the keys a query may not see read 0.
+        qk = xp.where(allowed, scores, xp.zeros((), dtype=work)) if qk_output == 1 else probs
+        outputs += (qk.astype(out_dtype),)
+    return outputs[:num_outputs] if num_outputs > 1 else y
