@@ -3,8 +3,9 @@ written by tf2onnx, paddle2onnx, skl2onnx, onnxscript and shipped inside PyPI wh
 NumPy, JAX, Torch and MLX and compared with onnxruntime under `ml.validate`'s per-dtype tolerances.
 
 Inputs are the MANIFEST's: concrete shapes, and value ranges where a model needs them (silero's
-sample rate, magika's byte values). Every case that cannot pass is an xfail(strict=True) whose
-reason names the root cause and where it is to be fixed.
+sample rate, magika's byte values). The run itself is `mithril.conformance.real_mismatches`, the
+same one that renders the real-models table of docs/conformance.md. Every case that cannot pass
+is an xfail(strict=True) whose reason names the root cause and where it is to be fixed.
 """
 
 from __future__ import annotations
@@ -12,16 +13,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import mithril as ml
-from mithril.validate import compare
-
-ort = pytest.importorskip("onnxruntime")
+from mithril.conformance import real_mismatches
 
 DATA = Path(__file__).parent / "data" / "real"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
@@ -41,47 +38,6 @@ XFAIL: dict[tuple[str, str], str] = {
 }
 
 
-def make_inputs(entry: dict) -> dict[str, np.ndarray]:
-    """Deterministic inputs from the MANIFEST spec, seeded by the file name."""
-    rng = np.random.default_rng(zlib.crc32(entry["file"].encode()))
-    out = {}
-    for name, spec in entry["inputs"].items():
-        dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
-        if "value" in spec:
-            arr = np.full(shape, spec["value"], dtype)
-        elif "low" in spec:
-            arr = rng.uniform(spec["low"], spec["high"], shape)
-            arr = np.floor(arr) if spec.get("integer") else arr
-        elif dtype.kind == "f":
-            arr = rng.standard_normal(shape)
-        else:
-            arr = rng.integers(0, 10, shape)
-        out[name] = np.asarray(arr).astype(dtype)
-    return out
-
-
-def reference(path: Path, inputs: dict[str, np.ndarray]) -> tuple[list[str], list]:
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ml.validate runs it
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return names, sess.run(names, inputs)
-
-
-def as_array(value) -> np.ndarray:
-    """A sequence of maps (skl2onnx's ZipMap) becomes its keys checked by the caller and values as rows."""
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
-        return np.array([[row[k] for k in sorted(row)] for row in value], dtype=np.float32)
-    return np.asarray(value)
-
-
-def map_keys(value):
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
-        return [sorted(row) for row in value]
-    return None
-
-
 def _cases():
     for file in ENTRIES:
         for backend in BACKENDS:
@@ -95,29 +51,7 @@ def test_matches_onnxruntime(file, backend_name):
     cls, pkg = BACKENDS[backend_name]
     if importlib.util.find_spec(pkg) is None:
         pytest.skip(f"backend {backend_name} needs the {pkg} package, which is not installed")
-    entry = ENTRIES[file]
-    path = DATA / file
-    inputs = make_inputs(entry)
-    names, ref = reference(path, inputs)
-
-    backend = getattr(ml, cls)()
-    model = ml.load_onnx(str(path))
-    pm = ml.compile(model, backend, shapes={k: v["shape"] for k, v in entry["inputs"].items()})
-    got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in inputs.items()})
-
-    failures = []
-    for name, r in zip(names, ref):
-        g = got[name]
-        if map_keys(r) is not None:
-            if map_keys(g) != map_keys(r):
-                failures.append(f"{name}: ZipMap keys {map_keys(g)[:1]} != onnxruntime's {map_keys(r)[:1]}")
-                continue
-            rep = compare(name, backend_name, as_array(g), as_array(r))
-        else:
-            rep = compare(name, backend_name, backend.to_numpy(g), np.asarray(r))
-        if not rep.passed:
-            failures.append(f"{name}: {list(rep.shape)} {rep.dtype} max abs err {rep.max_abs_err:.3g}, "
-                            f"max rel err {rep.max_rel_err:.3g} (rtol {rep.rtol:g}, atol {rep.atol:g}) {rep.note}")
+    failures = real_mismatches(ENTRIES[file], getattr(ml, cls)(), DATA)
     assert not failures, f"{file} on {backend_name}:\n" + "\n".join(failures)
 
 
@@ -135,5 +69,5 @@ def test_corpus_is_small_and_complete():
     assert sum(e["size"] for e in ENTRIES.values()) < 20_000_000
     assert all(e["size"] < 2_000_000 for e in ENTRIES.values())
     producers = {e["producer"]["tool"] for e in ENTRIES.values()}
-    assert {"tf2onnx", "skl2onnx", "onnxscript", "pip wheel"} <= producers
+    assert {"tf2onnx", "paddle2onnx", "skl2onnx", "onnxscript", "pip wheel"} <= producers
     assert sum(e["group"] == "wheels" for e in ENTRIES.values()) >= 6
