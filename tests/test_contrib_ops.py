@@ -616,21 +616,32 @@ def _contrib_ops(model: onnx.ModelProto) -> collections.Counter:
     return collections.Counter(n.op_type for n in model.graph.node if n.domain == MS)
 
 
-def _transformer(name: str, tmp_path_factory):
-    """models_zoo's BERT/GPT-2 (random weights) exported by torch, then onnxruntime's transformer optimizer."""
+_exports: dict = {}
+
+
+def _transformer(name: str, tmp_path_factory, multi_head_attention: bool = False):
+    """models_zoo's BERT/GPT-2 (random weights) exported by torch, then onnxruntime's transformer optimizer
+    (asked for MultiHeadAttention instead of Attention with ``multi_head_attention``)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     from models_zoo import torch_reference
 
-    spec = torch_reference.build(name, seq=8)
-    path = tmp_path_factory.mktemp("contrib") / f"{name}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings; the comparison decides
-        torch_reference.export_onnx(spec, "torchscript", str(path))
+        if name not in _exports:
+            spec = torch_reference.build(name, seq=8)
+            path = tmp_path_factory.mktemp("contrib") / f"{name}.onnx"
+            torch_reference.export_onnx(spec, "torchscript", str(path))
+            _exports[name] = spec, str(path)
+        spec, path = _exports[name]
+        options = FusionOptions(name)
+        options.use_multi_head_attention = multi_head_attention
         hidden = spec.module.model.config.hidden_size
-        optimized = optimize_model(str(path), model_type=name, num_heads=2, hidden_size=hidden)
+        optimized = optimize_model(path, model_type=name, num_heads=2, hidden_size=hidden,
+                                   optimization_options=options)
     return optimized.model, spec.numpy_inputs(2, seed=3)
 
 
@@ -705,6 +716,8 @@ def _has_input(op: str, index: int):
 TOOL_MODELS = {
     "bert-transformer-optimizer": (lambda t: _transformer("bert", t),
                                    {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
+    "bert-transformer-optimizer-mha": (lambda t: _transformer("bert", t, multi_head_attention=True),
+                                       {"EmbedLayerNormalization", "MultiHeadAttention", "SkipLayerNormalization"}),
     "gpt2-transformer-optimizer": (lambda t: _transformer("gpt2", t), {"SkipLayerNormalization", "FastGelu"}),
     "cnn-ORT_ENABLE_EXTENDED": (lambda t: _session_optimized("ORT_ENABLE_EXTENDED", t),
                                 {"FusedConv", "QuickGelu", "Gelu", "FusedMatMul"}),
