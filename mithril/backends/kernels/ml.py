@@ -101,17 +101,17 @@ def _softmax_zero(s, xp):
 
 def _transform(scores, post_transform, xp):
     """``post_transform`` over [N, K] scores; with one score per row only PROBIT applies."""
-    if post_transform in (None, "NONE", 0):
+    if post_transform in (None, "NONE"):
         return scores
-    if post_transform in ("PROBIT", 4):
+    if post_transform == "PROBIT":
         return _probit(scores, xp)
     if scores.shape[-1] < 2:
         return scores
-    if post_transform in ("LOGISTIC", 2):
+    if post_transform == "LOGISTIC":
         return _logistic(scores, xp)
-    if post_transform in ("SOFTMAX", 1):
+    if post_transform == "SOFTMAX":
         return _softmax(scores, xp)
-    if post_transform in ("SOFTMAX_ZERO", 3):
+    if post_transform == "SOFTMAX_ZERO":
         return _softmax_zero(scores, xp)
     raise ValueError(f"unknown post_transform {post_transform!r}")
 
@@ -241,7 +241,7 @@ def _lookup(x, keys: np.ndarray, values: np.ndarray, default, xp):
     if np.issubdtype(keys.dtype, np.floating) and np.isnan(keys).any():
         eq = eq | (xp.isnan(x)[..., None] & xp.isnan(kx))
     found = xp.any(eq, axis=-1)
-    first = xp.argmax(eq, axis=-1)
+    first = xp.argmax(eq.astype(np.int32), axis=-1)  # torch has no argmax over bool
     picked = xp.take(xp.asarray(values), first)
     return xp.where(found, picked, xp.asarray(np.asarray(default, dtype=values.dtype)))
 
@@ -311,7 +311,8 @@ def category_mapper(x, *, cats_int64s, cats_strings, default_int64, default_stri
 # -- maps ----------------------------------------------------------------------------------------
 
 
-@kernel("DictVectorizer", since=1, domain=ML)
+# Map inputs are Python dicts, which no jit traces: data_dependent_shape keeps these graphs eager.
+@kernel("DictVectorizer", since=1, domain=ML, data_dependent_shape=True)
 def dict_vectorizer(x, *, int64_vocabulary=None, string_vocabulary=None, node, xp):
     vocab = list(string_vocabulary) if string_vocabulary else list(int64_vocabulary)
     position = {k: i for i, k in enumerate(vocab)}
@@ -331,7 +332,7 @@ def dict_vectorizer(x, *, int64_vocabulary=None, string_vocabulary=None, node, x
     return out if dtype == object else xp.asarray(out)
 
 
-@kernel("CastMap", since=1, domain=ML)
+@kernel("CastMap", since=1, domain=ML, data_dependent_shape=True)
 def cast_map(x, *, cast_to, map_form, max_map, xp):
     keys = sorted(x)
     to = {"TO_FLOAT": np.float32, "TO_INT64": np.int64, "TO_STRING": object}[cast_to]
@@ -425,9 +426,20 @@ def _converged(done) -> bool:
         return False
 
 
-def _multiclass_probability(r, k: int, xp):
+def python_loop(step, state, count: int):
+    """Run ``state, done = step(state)`` up to ``count`` times, stopping once every row is done.
+    A backend with a loop primitive passes its own (JAX: lax.while_loop, overrides/jax.py)."""
+    for _ in range(count):
+        state, done = step(state)
+        if _converged(done):
+            break
+    return state
+
+
+def _multiclass_probability(r, k: int, xp, loop=python_loop):
     """Pairwise probabilities r[i][j] ([N] arrays) to class probabilities [N, k] (Wu, Lin and Weng's
-    second method, libsvm's and onnxruntime's iteration: at most 100 sweeps, stop below 0.005/k)."""
+    second method, libsvm's and onnxruntime's iteration: at most 100 sweeps, a row stops once its
+    error is below 0.005/k; rows that stopped are held while the others go on)."""
     q = [[None] * k for _ in range(k)]
     for t in range(k):
         diag = 0
@@ -439,32 +451,33 @@ def _multiclass_probability(r, k: int, xp):
             if j != t:
                 q[t][j] = -r[j][t] * r[t][j]
     n = r[0][1].shape[0]
-    p = [xp.full((n,), 1.0 / k, dtype=np.float32) for _ in range(k)]
-    done = xp.zeros((n,), dtype=bool)
     eps = 0.005 / k
-    for _ in range(100):
+
+    def sweep(state):
+        p, done = state
         qp = [sum(q[t][j] * p[j] for j in range(k)) for t in range(k)]
         pqp = sum(p[t] * qp[t] for t in range(k))
         err = xp.max(xp.stack([xp.abs(qp[t] - pqp) for t in range(k)], axis=1), axis=1)
         done = done | (err < eps)
-        if _converged(done):
-            break
         for t in range(k):
             diff = (-qp[t] + pqp) / q[t][t]
-            new_pt = p[t] + diff
             pqp_new = (pqp + diff * (diff * q[t][t] + 2 * qp[t])) / (1 + diff) / (1 + diff)
-            p_new = [(new_pt if j == t else p[j]) / (1 + diff) for j in range(k)]
+            p_new = [((p[j] + diff) if j == t else p[j]) / (1 + diff) for j in range(k)]
             qp_new = [(qp[j] + diff * q[t][j]) / (1 + diff) for j in range(k)]
             p = [xp.where(done, p[j], p_new[j]) for j in range(k)]
             qp = [xp.where(done, qp[j], qp_new[j]) for j in range(k)]
             pqp = xp.where(done, pqp, pqp_new)
+        return (p, done), done
+
+    p0 = [xp.full((n,), 1.0 / k, dtype=np.float32) for _ in range(k)]
+    p, _ = loop(sweep, (p0, xp.zeros((n,), dtype=bool)), 100)
     return xp.stack(p, axis=1)
 
 
 @kernel("SVMClassifier", since=1, domain=ML)
 def svm_classifier(x, *, classlabels_ints=None, classlabels_strings=None, coefficients, kernel_params=None,
                    kernel_type, post_transform, prob_a=None, prob_b=None, rho, support_vectors=None,
-                   vectors_per_class=None, xp):
+                   vectors_per_class=None, xp, loop=python_loop):
     labels = list(classlabels_strings) if classlabels_strings else list(classlabels_ints or ())
     k = len(labels) or 1
     x = _as_float32(_rows(x, xp), xp)
@@ -499,7 +512,7 @@ def svm_classifier(x, *, classlabels_ints=None, classlabels_strings=None, coeffi
                     p = xp.clip(p, 1e-7, 1 - 1e-7)
                     r[i][j], r[j][i] = p, 1 - p
                     idx += 1
-            scores = _multiclass_probability(r, k, xp)
+            scores = _multiclass_probability(r, k, xp, loop)
             return label, _transform(scores, post_transform, xp)
         scores = xp.stack(pair_scores, axis=1)
         if k <= 2:
@@ -661,13 +674,13 @@ def _aggregate(forest: _Forest, leaves, aggregate, dtype, xp):
     picked = xp.take(w, leaves, axis=0)  # [N, T, K]
     has_all = xp.take(xp.asarray(forest.has_weight), leaves, axis=0)
     has = xp.any(has_all, axis=1)
-    if aggregate in ("SUM", 1):
+    if aggregate == "SUM":
         return xp.sum(picked, axis=1), has
-    if aggregate in ("AVERAGE", 0):
+    if aggregate == "AVERAGE":
         return xp.sum(picked, axis=1) / len(forest.roots), has
-    if aggregate in ("MIN", 2):
+    if aggregate == "MIN":
         v = xp.min(xp.where(has_all, picked, xp.full_like(picked, np.inf)), axis=1)
-    elif aggregate in ("MAX", 3):
+    elif aggregate == "MAX":
         v = xp.max(xp.where(has_all, picked, xp.full_like(picked, -np.inf)), axis=1)
     else:
         raise ValueError(f"unknown aggregate_function {aggregate!r}")
@@ -683,11 +696,13 @@ def _tree_input(x, forest: _Forest, xp):
 
 def _regressor_scores(forest, x, aggregate, base_values, post_transform, xp, out_dtype):
     dtype = np.float64 if np.dtype(x.dtype) == np.float64 else np.float32
-    s, _ = _aggregate(forest, _leaves(forest, x, xp), aggregate, dtype, xp)
+    s, has = _aggregate(forest, _leaves(forest, x, xp), aggregate, dtype, xp)
     k = forest.weights.shape[1]
     base = None if base_values is None else np.asarray(base_values, dtype=dtype).reshape(-1)
-    if base is not None and (len(base) == k or (k == 1 and len(base) == 1)):
+    if base is not None and len(base) == k:
         s = s + xp.asarray(base)
+    if k > 1:  # a target no tree scored is written as 0, base value or not (onnxruntime's ScoreValue)
+        s = xp.where(has, s, xp.zeros_like(s))
     s = _transform(s, post_transform, xp)
     return s if np.dtype(s.dtype) == out_dtype else s.astype(out_dtype)
 
@@ -828,4 +843,12 @@ def tree_ensemble(x, *, aggregate_function, leaf_targetids, leaf_weights, member
         leaf_weights, int(n_targets or (max(leaf_targetids) + 1))))
     forest.double = np.asarray(nodes_splits).dtype == np.float64
     x = _tree_input(x, forest, xp)
-    return _regressor_scores(forest, x, aggregate_function, None, post_transform, xp, np.dtype(x.dtype))
+    return _regressor_scores(forest, x, _AGGREGATES_V5[aggregate_function], None,
+                             _POST_TRANSFORMS_V5[post_transform], xp, np.dtype(x.dtype))
+
+
+_AGGREGATES_V5 = {0: "AVERAGE", 1: "SUM", 2: "MIN", 3: "MAX"}
+# The spec numbers post_transform NONE 0, SOFTMAX 1, LOGISTIC 2, SOFTMAX_ZERO 3, PROBIT 4;
+# onnxruntime casts the number to its own enum (NONE, LOGISTIC, SOFTMAX, ...), so 1 is LOGISTIC
+# and 2 SOFTMAX there. Files are written for and checked against onnxruntime: follow it.
+_POST_TRANSFORMS_V5 = {0: "NONE", 1: "LOGISTIC", 2: "SOFTMAX", 3: "SOFTMAX_ZERO", 4: "PROBIT"}
