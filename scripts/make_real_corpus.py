@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -58,6 +59,11 @@ WHEEL_FILES = [
      {"input_1": {"shape": [2, 76, 32, 1], "dtype": "float32"}}),
     ("openwakeword==0.4.0", "openwakeword/resources/models/hey_mycroft_v0.1.onnx", "wheel_openwakeword_hey_mycroft.onnx",
      {"input_1": {"shape": [2, 16, 96], "dtype": "float32"}}),
+    ("openwakeword==0.4.0", "openwakeword/resources/models/silero_vad.onnx", "wheel_openwakeword_silero_vad.onnx",
+     {"input": {"shape": [1, 480], "dtype": "float32", "low": -1.0, "high": 1.0},
+      "sr": {"shape": [], "dtype": "int64", "value": 16000},
+      "h": {"shape": [2, 1, 64], "dtype": "float32", "low": -0.5, "high": 0.5},
+      "c": {"shape": [2, 1, 64], "dtype": "float32", "low": -0.5, "high": 0.5}}),
     ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
      "wheel_rapidocr_ppocr_mobile_cls.onnx",
      {"x": {"shape": [2, 3, 48, 192], "dtype": "float32", "low": -1.0, "high": 1.0}}),
@@ -105,10 +111,6 @@ def _write_manifest(group: str, entries: list[dict], unavailable: str | None = N
     MANIFEST.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     print(f"{group}: {len(entries)} file(s) in {MANIFEST.relative_to(ROOT)}"
           + (f"; unavailable: {unavailable}" if unavailable else ""))
-
-
-def _shape_dict(shapes: dict[str, list[int]], dtype="float32", **extra) -> dict:
-    return {k: {"shape": v, "dtype": dtype, **extra} for k, v in shapes.items()}
 
 
 # --- producers ---------------------------------------------------------------------------------
@@ -168,6 +170,17 @@ def make_keras() -> list[dict]:
                            "keras functional: Embedding -> MultiHeadAttention + residual -> LayerNormalization "
                            "-> causal Conv1D -> gelu(tanh approximation) -> GlobalMaxPooling1D -> Dense", dtype="int32", low=0, high=50,
                            integer=True))
+    image = keras.Input((16, 16, 3))
+    down = keras.layers.SeparableConv2D(8, 3, padding="same", activation="swish")(image)
+    low = keras.layers.Conv2D(16, 3, strides=2, padding="same", activation="elu")(down)
+    up_t = keras.layers.Conv2DTranspose(8, 3, strides=2, padding="same")(low)
+    up_b = keras.layers.UpSampling2D(2, interpolation="bilinear")(keras.layers.Conv2D(8, 1)(low))
+    up_n = keras.layers.UpSampling2D(2, interpolation="nearest")(keras.layers.AveragePooling2D(1)(low))
+    merged = keras.layers.Concatenate()([down, up_t, up_b, up_n])
+    unet = keras.Model(image, keras.layers.Conv2D(2, 1, activation="sigmoid")(keras.layers.ZeroPadding2D(1)(merged)))
+    entries.append(convert(unet, "keras_unet.onnx", [16, 16, 3],
+                           "keras functional U-Net: SeparableConv2D(swish), strided Conv2D(elu), Conv2DTranspose, "
+                           "UpSampling2D bilinear and nearest, Concatenate, ZeroPadding2D, sigmoid"))
     entries.append(convert(cnn, "keras_cnn.onnx", [28, 28, 1], "keras Sequential CNN: Conv2D, BatchNorm, MaxPool, DepthwiseConv2D, GAP, Dense softmax (NHWC)"))
     return entries
 
@@ -243,6 +256,12 @@ def make_sklearn() -> list[dict]:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC
+    from sklearn.cluster import KMeans
+    from sklearn.compose import ColumnTransformer
+    from sklearn.decomposition import PCA
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.preprocessing import OneHotEncoder
 
     x, y = make_classification(n_samples=200, n_features=6, n_informative=4, n_classes=3, random_state=SEED)
     x = x.astype(np.float32)
@@ -258,9 +277,19 @@ def make_sklearn() -> list[dict]:
         ("skl_scaler_svc.onnx", make_pipeline(StandardScaler(), SVC(probability=True, random_state=SEED)),
          {"zipmap": False}, "sklearn Pipeline(StandardScaler, SVC(rbf, probability=True)), zipmap off"),
     ]
+    cases += [
+        ("skl_knn.onnx", KNeighborsClassifier(n_neighbors=5), {"zipmap": False},
+         "sklearn KNeighborsClassifier(5), zipmap off: TopK over pairwise distances"),
+        ("skl_mlp.onnx", MLPClassifier((16,), max_iter=300, random_state=SEED), {"zipmap": False},
+         "sklearn MLPClassifier(16 hidden, relu), zipmap off"),
+        ("skl_pca_kmeans.onnx", make_pipeline(PCA(3, random_state=SEED), KMeans(4, n_init=3, random_state=SEED)), None,
+         "sklearn Pipeline(PCA(3), KMeans(4)): label + distances to centres"),
+    ]
     entries = []
     for name, est, options, source in cases:
-        est.fit(x, y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # MLP's convergence, SVC's deprecated probability=True
+            est.fit(x, y)
         opts = {id(est if not hasattr(est, "steps") else est.steps[-1][1]): options} if options else None
         onx = skl2onnx.to_onnx(est, initial_types=[("X", FloatTensorType([None, 6]))], target_opset=opset,
                                options=opts)
@@ -268,6 +297,22 @@ def make_sklearn() -> list[dict]:
         path.write_bytes(onx.SerializeToString())
         entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__, source,
                               {"X": {"shape": [5, 6], "dtype": "float32", "low": -3.0, "high": 3.0}}, framework))
+    # Columns 0-2 numeric, 3-4 categories 0..3 (the test also feeds the unseen -1 and 4).
+    rng = np.random.default_rng(SEED)
+    mixed_x = np.concatenate([rng.standard_normal((200, 3)), rng.integers(0, 4, (200, 2))], axis=1).astype(np.float32)
+    mixed_y = (mixed_x[:, 0] + (mixed_x[:, 3] == 2) > 0.5).astype(np.int64)
+    mixed = make_pipeline(ColumnTransformer([("num", StandardScaler(), [0, 1, 2]),
+                                             ("cat", OneHotEncoder(handle_unknown="ignore"), [3, 4])]),
+                          LogisticRegression(max_iter=500))
+    mixed.fit(mixed_x, mixed_y)
+    onx = skl2onnx.to_onnx(mixed, initial_types=[("X", FloatTensorType([None, 5]))], target_opset=opset,
+                           options={id(mixed.steps[-1][1]): {"zipmap": False}})
+    path = OUT / "skl_column_transformer.onnx"
+    path.write_bytes(onx.SerializeToString())
+    entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__,
+                          "sklearn Pipeline(ColumnTransformer(StandardScaler on columns 0-2, OneHotEncoder("
+                          "handle_unknown='ignore') on columns 3-4), LogisticRegression), zipmap off",
+                          {"X": {"shape": [6, 5], "dtype": "float32", "low": -1, "high": 5, "integer": True}}, framework))
     return entries
 
 
@@ -299,8 +344,8 @@ else:
         return x + op.MatMul(h, w2) + b2
 
     @script(default_opset=op)
-    def mlp_main(x: FLOAT["N", 8, 16], w1: FLOAT[16, 32], b1: FLOAT[32], w2: FLOAT[32, 16], b2: FLOAT[16],
-                 scale: FLOAT[16]) -> FLOAT["N", 8, 16]:
+    def mlp_main(x: FLOAT["N", 8, 16], w1: FLOAT[16, 32], b1: FLOAT[32], w2: FLOAT[32, 16], b2: FLOAT[16],  # noqa: F821 - "N" is a dim name
+                 scale: FLOAT[16]) -> FLOAT["N", 8, 16]:  # noqa: F821
         y = mlp_block(x, w1, b1, w2, b2, scale)
         return mlp_block(y, w1, b1, w2, b2, scale)
 
