@@ -578,6 +578,36 @@ def test_contrib_op_matches_onnxruntime(name, backend_name):
         assert outputs and all(o.passed for o in outputs), "\n".join(str(o) for o in outputs)
 
 
+def _as_float16(model: onnx.ModelProto, inputs: dict) -> tuple[onnx.ModelProto, dict]:
+    """The case with every float32 input, output and initializer in float16."""
+    half = onnx.ModelProto()
+    half.CopyFrom(model)
+    for value in list(half.graph.input) + list(half.graph.output):
+        if value.type.tensor_type.elem_type == F32:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for init in half.graph.initializer:
+        if init.data_type == F32:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    return half, {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in inputs.items()}
+
+
+# Half-precision models (onnxruntime's optimizer writes them with float16=True): statistics, softmaxes and
+# dequantized weights run in float32 as onnxruntime's CPU kernels do; float16 tolerances.
+FLOAT16_CASES = ["SkipLayerNormalization-broadcast-skip", "SkipSimplifiedLayerNormalization-no-bias",
+                 "MatMulNBits-4bit", "MatMulNBits-4bit-packed-zero-points-bias", "GroupQueryAttention-prompt",
+                 "GroupQueryAttention-rotary-interleaved-past", "FastGelu-bias", "Attention-raw-mask",
+                 "MultiHeadAttention", "RotaryEmbedding", "EmbedLayerNormalization-position-ids", "FusedConv-relu"]
+
+
+@pytest.mark.parametrize("backend_name", AVAILABLE)
+@pytest.mark.parametrize("name", FLOAT16_CASES)
+def test_contrib_op_float16_matches_onnxruntime(name, backend_name):
+    model, inputs = _as_float16(*CASES[name]()[:2])
+    report = ml.validate(model, make_backend(backend_name), inputs=inputs)
+    assert report.outputs and all(o.dtype == "float16" for o in report.outputs), str(report)
+    assert report.passed, str(report)
+
+
 def test_contrib_ops_are_registered_in_their_domains():
     from mithril.backends.registry import REGISTRY
 
