@@ -230,17 +230,52 @@ def make_paddle() -> list[dict]:
             y, _ = self.lstm(x)
             return self.fc(paddle.nn.functional.gelu(self.norm(y[:, -1])))
 
-    lstm = SmallLSTM()
-    lstm.eval()
-    spec = [paddle.static.InputSpec([None, 12, 8], "float32", "x")]
-    path = OUT / "paddle_bilstm.onnx"
-    with tempfile.TemporaryDirectory() as tmp:
-        paddle.jit.save(lstm, f"{tmp}/net", input_spec=spec)
-        model_file = next(p for p in Path(tmp).iterdir() if p.suffix in (".json", ".pdmodel"))
-        paddle2onnx.export(str(model_file), f"{tmp}/net.pdiparams", str(path), opset_version=13)
-    entries.append(_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__,
-                          "paddle dygraph: 2-layer bidirectional LSTM -> last step -> LayerNorm -> gelu -> Linear",
-                          {"x": {"shape": [2, 12, 8], "dtype": "float32"}}, f"paddlepaddle {paddle.__version__}"))
+    class Upsampler(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(3, 16, 3, padding=1)
+            self.norm = paddle.nn.GroupNorm(4, 16)
+            self.inorm = paddle.nn.InstanceNorm2D(4)
+
+        def forward(self, x):
+            y = paddle.nn.functional.silu(self.norm(self.conv(x)))
+            # size=, not scale_factor=: paddle2onnx 2.1 aborts on scale_factor ("the 0th elementwise MUST be
+            # ir::FloatAttribute", pir_parser.cc:814) whatever its type.
+            a = paddle.nn.functional.interpolate(y, size=[20, 20], mode="bilinear", align_corners=False)
+            b = paddle.nn.functional.interpolate(y, size=[15, 25], mode="bilinear", align_corners=True)
+            c = paddle.nn.functional.pixel_shuffle(y, 2)
+            return paddle.nn.functional.hardsigmoid(self.inorm(c)), a[:, :, 1:-1, ::2], b.mean(axis=[2, 3])
+
+    class Encoder(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.embed = paddle.nn.Embedding(40, 16)
+            self.layer = paddle.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)
+            self.head = paddle.nn.Linear(16, 3)
+
+        def forward(self, tokens):
+            return self.head(self.layer(self.embed(tokens)).max(axis=1))
+
+    framework = f"paddlepaddle {paddle.__version__}"
+    for net, name, spec_, inputs, source in [
+        (SmallLSTM(), "paddle_bilstm.onnx", [paddle.static.InputSpec([None, 12, 8], "float32", "x")],
+         {"x": {"shape": [2, 12, 8], "dtype": "float32"}},
+         "paddle dygraph: 2-layer bidirectional LSTM -> last step -> LayerNorm -> gelu -> Linear"),
+        (Upsampler(), "paddle_upsample.onnx", [paddle.static.InputSpec([None, 3, 10, 10], "float32", "x")],
+         {"x": {"shape": [2, 3, 10, 10], "dtype": "float32"}},
+         "paddle dygraph: Conv2D, GroupNorm, silu, interpolate bilinear (align_corners False, True), "
+         "pixel_shuffle, InstanceNorm2D, hardsigmoid, strided slicing; three outputs"),
+        (Encoder(), "paddle_transformer.onnx", [paddle.static.InputSpec([None, 9], "int64", "tokens")],
+         {"tokens": {"shape": [2, 9], "dtype": "int64", "low": 0, "high": 40, "integer": True}},
+         "paddle dygraph: Embedding -> TransformerEncoderLayer(16, 2 heads, post-norm) -> max over tokens -> Linear"),
+    ]:
+        net.eval()
+        path = OUT / name
+        with tempfile.TemporaryDirectory() as tmp:
+            paddle.jit.save(net, f"{tmp}/net", input_spec=spec_)
+            model_file = next(p for p in Path(tmp).iterdir() if p.suffix in (".json", ".pdmodel"))
+            paddle2onnx.export(str(model_file), f"{tmp}/net.pdiparams", str(path), opset_version=13)
+        entries.append(_entry(path, "paddle", "paddle2onnx", paddle2onnx.__version__, source, inputs, framework))
     return entries
 
 
