@@ -406,6 +406,22 @@ def linear_classifier_softmax_zero():
     return model, {"X": np.array([[1.0, 2.0], [0.0, 0.0], [-1.0, 3.0]], np.float32)}
 
 
+def linear_models_narrow_input():
+    # More coefficients than classes x input features (onnxruntime's own datasets/logreg_iris.onnx
+    # declares a [3, 2] input for 12 coefficients): onnxruntime reads the leading ones row-major.
+    coef = np.arange(12, dtype=np.float32).tolist()
+    nodes = [
+        helper.make_node("LinearClassifier", ["X"], ["label", "scores"], domain=ML, coefficients=coef,
+                         intercepts=[0.1, 0.2, -0.3], classlabels_ints=[0, 1, 2], post_transform="LOGISTIC"),
+        helper.make_node("LinearRegressor", ["X"], ["Y"], domain=ML, coefficients=coef[:6], intercepts=[1.0, 2.0],
+                         targets=2),
+    ]
+    model = _model(nodes, [("X", TensorProto.FLOAT, [None, 2])],
+                   [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 3]),
+                    ("Y", TensorProto.FLOAT, [None, 2])], 1)
+    return model, {"X": np.array([[0.5, -1.0], [0.1, 0.2], [-0.3, 0.05]], np.float32)}
+
+
 def svm_kernels(kernel_type):
     def build():
         rng = np.random.default_rng(1)
@@ -441,6 +457,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     (one_hot_strings, STRINGS), (dict_vectorizer_pipeline, None), (category_and_label_maps, STRINGS),
     (label_encoder_tensors, None), (label_encoder_int_to_float, None), (features_and_imputer, None),
     (cast_map_and_zipmap, None), (linear_classifier_softmax_zero, STRINGS),
+    (linear_models_narrow_input, None),
     *[(tree_regressor_modes(a), None) for a in ("SUM", "AVERAGE", "MIN", "MAX")],
     *[(tree_classifier_modes(p), None) for p in ("NONE", "SOFTMAX", "LOGISTIC")],
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],

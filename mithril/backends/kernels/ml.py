@@ -366,10 +366,20 @@ def zip_map(x, *, classlabels_int64s=None, classlabels_strings=None):
 # -- linear models ---------------------------------------------------------------------------------
 
 
+def _weights(coefficients, rows: int, x, what: str) -> np.ndarray:
+    """[rows, features of x]: onnxruntime reads the coefficients row-major at the input's width, so
+    a file declaring more of them than that uses the leading ones (onnxruntime's own logreg_iris)."""
+    coef = np.asarray(coefficients, dtype=np.float32).reshape(-1)
+    need = rows * int(x.shape[1])
+    if coef.size < need:
+        raise ValueError(f"{what}: {coef.size} coefficients for {rows} rows of {x.shape[1]} input features")
+    return coef[:need].reshape(rows, -1)
+
+
 @kernel("LinearRegressor", since=1, domain=ML)
 def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_transform, xp):
     x = _as_float32(_rows(x, xp), xp)
-    w = np.asarray(coefficients, dtype=np.float32).reshape(targets, -1)
+    w = _weights(coefficients, targets, x, "LinearRegressor")
     y = xp.matmul(x, xp.asarray(np.ascontiguousarray(w.T)))
     if intercepts:
         y = y + xp.asarray(np.asarray(intercepts, dtype=np.float32))
@@ -382,7 +392,7 @@ def linear_classifier(x, *, coefficients, intercepts=None, classlabels_ints=None
     labels = list(classlabels_strings) if classlabels_strings else list(classlabels_ints or ())
     n_classes = len(intercepts) if intercepts else len(labels)
     x = _as_float32(_rows(x, xp), xp)
-    w = np.asarray(coefficients, dtype=np.float32).reshape(n_classes, -1)
+    w = _weights(coefficients, n_classes, x, "LinearClassifier")
     s = xp.matmul(x, xp.asarray(np.ascontiguousarray(w.T)))
     if intercepts:
         s = s + xp.asarray(np.asarray(intercepts, dtype=np.float32))
