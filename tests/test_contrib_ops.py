@@ -622,23 +622,33 @@ def test_contrib_ops_are_registered_in_their_domains():
     assert REGISTRY.resolve("LayerNormalization", 17).since == 17
 
 
+def _set_attribute(built, **attrs):
+    """The case's model with its contrib node's attributes set (values the kernel does not implement)."""
+    model, inputs = built[:2]
+    node = model.graph.node[-1]
+    kept = [a for a in node.attribute if a.name not in attrs]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in attrs.items()])
+    return model, inputs
+
+
 @pytest.mark.parametrize("build,message", [
     (lambda: _conv_case("Softplus"), "activation 'Softplus'"),
-    (lambda: _attention_case(do_rotary=1), "do_rotary"),
-    (lambda: _nbits_case(bits=3, K=32, N=4, block=16), "bits=3"),
-], ids=["FusedConv-activation", "Attention-do_rotary", "MatMulNBits-bits"])
+    (lambda: _set_attribute(_attention_case(), do_rotary=1), "do_rotary"),
+    (lambda: _set_attribute(_attention_case(), past_present_share_buffer=1), "past_present_share_buffer"),
+    (lambda: _set_attribute(_nbits_case(bits=2, K=32, block=16), bits=3), "bits=3"),
+    (lambda: _set_attribute(_rotary_case(), is_packed_batching=1), "is_packed_batching"),
+    (lambda: _set_attribute(_gqa_case(), k_quant_type="PER_TENSOR"), "k_quant_type"),
+    (lambda: _attention_case(lambda b, s, p: np.ones((b, 1, s, s), np.int32)), r"mask of shape \(2, 1, 4, 4\)"),
+], ids=["FusedConv-activation", "Attention-do_rotary", "Attention-shared-buffer", "MatMulNBits-bits",
+        "RotaryEmbedding-packed-batching", "GroupQueryAttention-quantized-cache", "Attention-4d-mask"])
 def test_unsupported_attribute_values_name_the_node(build, message):
     model, inputs = build()[:2]
-    if "bits=3" in message:
-        # 3-bit blobs do not pack into bytes evenly: the node is made by hand with 2-bit data.
-        node = model.graph.node[0]
-        for attr in node.attribute:
-            if attr.name == "bits":
-                attr.i = 3
     pm = ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
     with pytest.raises(UnsupportedAttributeError, match=message) as info:
         pm.evaluate(pm.get_parameters(), inputs)
-    assert info.value.node == model.graph.node[0].name
+    assert info.value.node == model.graph.node[-1].name
+    assert info.value.op_type == model.graph.node[-1].op_type
 
 
 # -- (b) models written by onnxruntime's own tools ----------------------------------------------
