@@ -431,15 +431,63 @@ def make_wheels() -> list[dict]:
     return entries
 
 
+def make_ort_quant() -> list[dict]:
+    """onnxruntime.quantization applied to corpus files made above (run after them): dynamic int8
+    (MatMulInteger/DynamicQuantizeLinear), static QDQ and static QOperator (QLinearConv...)."""
+    import numpy as np
+    import onnxruntime
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, name, shape):
+            rng = np.random.default_rng(SEED)
+            self.batches = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    framework = f"onnxruntime {onnxruntime.__version__}"
+    inputs_of = {e["file"]: e["inputs"] for e in json.loads(MANIFEST.read_text())["files"]}
+    entries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [
+            ("paddle_transformer.onnx", "quant_dynamic_paddle_transformer.onnx",
+             lambda src, dst: quantize_dynamic(src, dst, weight_type=QuantType.QInt8),
+             "quantize_dynamic(QInt8 weights) of paddle_transformer.onnx"),
+            ("paddle_cnn.onnx", "quant_qdq_paddle_cnn.onnx",
+             lambda src, dst: quantize_static(src, dst, Reader("x", (2, 3, 32, 32)), quant_format=QuantFormat.QDQ,
+                                              per_channel=True),
+             "quantize_static(QDQ, per-channel, 8 random calibration batches) of paddle_cnn.onnx"),
+            ("keras_cnn.onnx", "quant_qoperator_keras_cnn.onnx",
+             lambda src, dst: quantize_static(src, dst, Reader("x", (2, 28, 28, 1)),
+                                              quant_format=QuantFormat.QOperator),
+             "quantize_static(QOperator, 8 random calibration batches) of keras_cnn.onnx"),
+        ]
+        for src, name, quantize, source in jobs:
+            # The quantizer wants shapes: ORT's own pre-processing (shape inference) first, as documented.
+            pre = f"{tmp}/{name}.pre.onnx"
+            quant_pre_process(str(OUT / src), pre, skip_symbolic_shape=False)
+            path = OUT / name
+            quantize(pre, str(path))
+            entries.append(_entry(path, "ort_quant", "onnxruntime.quantization", onnxruntime.__version__, source,
+                                  inputs_of[src], framework))
+    return entries
+
+
 PRODUCERS = {"keras": make_keras, "paddle": make_paddle, "sklearn": make_sklearn,
-             "onnxscript": make_onnxscript, "wheels": make_wheels}
+             "onnxscript": make_onnxscript, "wheels": make_wheels,
+             "ort_quant": make_ort_quant}
 # What each producer imports, to tell "tool missing" from a bug in the producer.
 NEEDS = {"keras": ("tensorflow", "tf2onnx", "keras"), "paddle": ("paddle", "paddle2onnx"),
-         "sklearn": ("sklearn", "skl2onnx"), "onnxscript": ("onnxscript",), "wheels": ("onnx",)}
+         "sklearn": ("sklearn", "skl2onnx"), "onnxscript": ("onnxscript",), "wheels": ("onnx",),
+         "ort_quant": ("onnxruntime.quantization",)}
 INSTALL = {"keras": "pip install tensorflow-cpu==2.21.0 tf2onnx==1.17.0 (own venv)",
            "paddle": "pip install paddlepaddle==3.3.1 paddle2onnx==2.1.0 packaging (own venv)",
            "sklearn": "pip install skl2onnx==1.20.0 scikit-learn==1.9.1",
-           "onnxscript": "pip install onnxscript", "wheels": "pip install onnx"}
+           "onnxscript": "pip install onnxscript", "wheels": "pip install onnx",
+           "ort_quant": "pip install onnxruntime"}
 
 
 def run_producer(group: str) -> int:
