@@ -401,8 +401,9 @@ case("MultiHeadAttention-lengths-no-bias")(lambda: _mha_case("separate", _kv_len
 case("MultiHeadAttention-packed-qkv")(lambda: _mha_case("packed_qkv", attention_bias=True))
 case("MultiHeadAttention-packed-kv")(lambda: _mha_case("packed_kv", _kv_mask, scale=0.3))
 case("MultiHeadAttention-cross-4d")(lambda: _mha_case("cross4d", bias=False))
-case("MultiHeadAttention-past-present")(lambda: _mha_case("self", _kv_mask, past=True, unidirectional=1,
-                                                          outputs=("y", "present_key", "present_value")))
+case("MultiHeadAttention-past-present-qk")(lambda: _mha_case("self", _kv_mask, past=True, unidirectional=1,
+                                                             outputs=("y", "present_key", "present_value", "qk")))
+case("MultiHeadAttention-qk")(lambda: _mha_case("separate", _kv_mask, attention_bias=True, outputs=("y", "", "", "qk")))
 
 
 def _rotary_case(layout="3d", interleaved=0, offset=False, rotary_dim=None):

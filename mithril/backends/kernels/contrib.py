@@ -16,6 +16,7 @@ import math
 
 import numpy
 
+from ...dtypes import np_dtype_of_onnx
 from ...errors import UnsupportedAttributeError
 from ..registry import REGISTRY, kernel, override
 from . import attention as _attention
@@ -222,7 +223,8 @@ def _skip_layer_norm(x, skip, gamma, beta, bias, epsilon, simplified, num_output
         y = y + beta.astype(work)
     if num_outputs == 1:
         return y.astype(x.dtype)
-    # Mean and inverse standard deviation are float32 (the stash type), one per row.
+    # Mean and inverse standard deviation are float32 (the stash type), one per row; an RMS norm has
+    # no mean and writes zeros there.
     if mean is None:
         mean = xp.zeros(inv_std.shape, dtype=work)
     return y.astype(x.dtype), mean.astype(numpy.float32), inv_std.astype(numpy.float32), total
@@ -241,8 +243,6 @@ def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilo
 # onnxruntime registers SimplifiedLayerNormalization (RMS norm) in the ONNX domain, from version 1.
 @kernel("SimplifiedLayerNormalization", since=1)
 def simplified_layer_normalization(X, scale, *, axis, epsilon, stash_type, num_outputs, xp):
-    from ...dtypes import np_dtype_of_onnx
-
     axis = axis + X.ndim if axis < 0 else axis
     xs = X.astype(np_dtype_of_onnx(stash_type))
     normalized, _, inv_std = _layer_norm_stats(xs, tuple(range(axis, X.ndim)), epsilon, True, xp)
@@ -320,7 +320,7 @@ def _check_mask(mask, batch, node):
 
 def _scaled_dot_product(q, k, v, *, mask, attention_bias, causal, scale, mask_filter_value, xp):
     """softmax(scale * q k' + attention_bias + mask) v on (B, N, S, H) heads; also returns the
-    pre-softmax scores. Masked keys get ``mask_filter_value`` (not -inf), as onnxruntime fills them."""
+    pre-softmax scores. Padding adds ``mask_filter_value`` (not -inf), as onnxruntime fills it."""
     batch, _, q_len, head_size = q.shape
     total = k.shape[2]
     out_dtype = q.dtype
@@ -330,16 +330,15 @@ def _scaled_dot_product(q, k, v, *, mask, attention_bias, causal, scale, mask_fi
     scores = xp.matmul(q.astype(work), xp.swapaxes(k.astype(work), -1, -2)) * xp.asarray(scale, dtype=work)
     if attention_bias is not None:
         scores = scores + attention_bias.astype(work)
-    allowed = None
     if mask is not None:
+        fill = -10000.0 if mask_filter_value is None else mask_filter_value
         allowed = _key_mask(mask, batch, q_len, total, xp)
+        scores = scores + xp.where(allowed, xp.asarray(0, dtype=work), xp.asarray(fill, dtype=work))
     if causal and q_len > 1:
+        # Future keys read the lowest float, whatever mask_filter_value is (onnxruntime's causal mask).
         i = numpy.arange(q_len)[:, None] + (total - q_len)
         frontier = xp.asarray(numpy.arange(total)[None, :] <= i)[None, None]
-        allowed = frontier if allowed is None else allowed & frontier
-    if allowed is not None:
-        fill = -10000.0 if mask_filter_value is None else mask_filter_value
-        scores = scores + xp.where(allowed, xp.asarray(0, dtype=work), xp.asarray(fill, dtype=work))
+        scores = xp.where(frontier, scores, xp.asarray(numpy.finfo(work).min, dtype=work))
     e = xp.exp(scores - xp.max(scores, axis=-1, keepdims=True))
     probs = e / xp.sum(e, axis=-1, keepdims=True)
     y = xp.matmul(probs, v.astype(work))
