@@ -327,6 +327,17 @@ def cast_map_and_zipmap():
     return model, {"M": {4: 2.5, 1: 7.0, 2: -1.25}, "P": probs}
 
 
+def cast_map_to_string():
+    # Floats become std::to_string's "%f" text; keys missing below max_map hold "0.f".
+    nodes = [helper.make_node("CastMap", ["M"], ["S"], domain=ML, cast_to="TO_STRING", map_form="SPARSE", max_map=5)]
+    m_type = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "ml", [helper.make_value_info("M", m_type)],
+                              [helper.make_tensor_value_info("S", TensorProto.STRING, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)],
+                              ir_version=10)
+    return model, {"M": {0: 1.5, 3: -0.125, 9: 2.0}}
+
+
 def _tree_nodes():
     """Two trees over 3 features using every comparison mode, some tracking missing values."""
     return dict(
@@ -371,6 +382,33 @@ def tree_classifier_modes(post_transform):
                       [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 3])], 3), \
             {"X": TREE_X}
     build.__name__ = f"tree_classifier_{post_transform.lower()}"
+    return build
+
+
+# Two-class tree classifiers: which classes the leaves score, base values and post_transform pick
+# among onnxruntime's binary rules (one score made two columns, or two scores).
+BINARY_LEAVES = {
+    "both_classes": ([2, 3, 4, 2, 4], [0, 0, 0, 1, 1], [0.7, 0.2, 0.4, 0.3, 0.6]),
+    "class1_on_some_leaves": ([2, 3, 4, 2], [0, 0, 0, 1], [0.7, 0.2, 0.4, 0.3]),
+    "class0_only": ([2, 3, 4], [0, 0, 0], [0.7, 0.2, 0.6]),
+    "class1_only_mixed_signs": ([2, 3, 4], [1, 1, 1], [0.7, -0.2, 0.1]),
+}
+
+
+def tree_binary(leaves, base_values, post_transform):
+    def build():
+        nodes, ids, weights = BINARY_LEAVES[leaves]
+        extra = {"base_values": base_values} if base_values else {}
+        node = helper.make_node(
+            "TreeEnsembleClassifier", ["X"], ["label", "scores"], domain=ML, classlabels_int64s=[3, 8],
+            post_transform=post_transform, class_treeids=[0] * len(nodes), class_nodeids=nodes, class_ids=ids,
+            class_weights=weights, nodes_treeids=[0] * 5, nodes_nodeids=[0, 1, 2, 3, 4], nodes_featureids=[0, 1, 0, 0, 0],
+            nodes_modes=["BRANCH_LEQ", "BRANCH_LEQ", "LEAF", "LEAF", "LEAF"], nodes_values=[0.25, 0.5, 0, 0, 0],
+            nodes_truenodeids=[1, 2, 0, 0, 0], nodes_falsenodeids=[4, 3, 0, 0, 0], **extra)
+        return _model([node], [("X", TensorProto.FLOAT, [None, 3])],
+                      [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 2])], 3), \
+            {"X": TREE_X}
+    build.__name__ = f"tree_binary_{leaves}_{len(base_values or ())}base_{post_transform.lower()}"
     return build
 
 
@@ -456,10 +494,14 @@ CASES = {f.__name__: (f, need) for f, need in [
     (binarizer, None), (simple_imputer, None), (standard_scaler, None), (one_hot_int64, None),
     (one_hot_strings, STRINGS), (dict_vectorizer_pipeline, None), (category_and_label_maps, STRINGS),
     (label_encoder_tensors, None), (label_encoder_int_to_float, None), (features_and_imputer, None),
-    (cast_map_and_zipmap, None), (linear_classifier_softmax_zero, STRINGS),
+    (cast_map_and_zipmap, None), (cast_map_to_string, STRINGS), (linear_classifier_softmax_zero, STRINGS),
     (linear_models_narrow_input, None),
     *[(tree_regressor_modes(a), None) for a in ("SUM", "AVERAGE", "MIN", "MAX")],
     *[(tree_classifier_modes(p), None) for p in ("NONE", "SOFTMAX", "LOGISTIC")],
+    *[(tree_binary(*c), None) for c in (("both_classes", [0.1, -0.2], "LOGISTIC"),
+                                          ("class1_on_some_leaves", None, "SOFTMAX"),
+                                          ("class0_only", None, "LOGISTIC"),
+                                          ("class1_only_mixed_signs", [0.5], "NONE"))],
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],
     *[(normalizer(n), None) for n in ("l1", "l2", "max")],
     *[(svm_kernels(k), None) for k in ("LINEAR", "POLY", "RBF", "SIGMOID")],

@@ -12,6 +12,7 @@ gather per level, for as many levels as the deepest tree has.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,9 +212,8 @@ def one_hot_encoder(x, *, cats_int64s=None, cats_strings=None, zeros, xp):
             raise ValueError("OneHotEncoder: a category is not in cats_strings and zeros=0")
         return xp.asarray((index[..., None] == np.arange(len(cats_strings))).astype(np.float32))
     cats = xp.asarray(np.asarray(cats_int64s, dtype=np.int64))
-    hot = x.astype(np.int64)[..., None] == cats if np.issubdtype(x.dtype, np.floating) else x[..., None] == cats
-    if np.issubdtype(x.dtype, np.floating):
-        hot = hot & (xp.floor(x) == x)[..., None]
+    # onnxruntime truncates floating inputs to int64 before the lookup
+    hot = (x.astype(np.int64) if np.issubdtype(x.dtype, np.floating) else x)[..., None] == cats
     if not zeros and not bool(_host(xp.all(xp.any(hot, axis=-1)))):
         raise ValueError("OneHotEncoder: a category is not in cats_int64s and zeros=0")
     return hot.astype(np.float32)
@@ -334,22 +334,28 @@ def dict_vectorizer(x, *, int64_vocabulary=None, string_vocabulary=None, node, x
 
 @kernel("CastMap", since=1, domain=ML, data_dependent_shape=True)
 def cast_map(x, *, cast_to, map_form, max_map, xp):
-    keys = sorted(x)
     to = {"TO_FLOAT": np.float32, "TO_INT64": np.int64, "TO_STRING": object}[cast_to]
 
-    def cast(v):
+    def cast(v):  # onnxruntime's conversions: std::to_string, std::stof, std::stoll, truncation
         if to is object:
-            return v if isinstance(v, str) else str(v)
-        return to(float(v)) if to is np.float32 else to(int(float(v)))
+            return v if isinstance(v, str) else f"{float(np.float32(v)):f}"
+        if isinstance(v, str):
+            if to is np.float32:
+                return np.float32(float(re.match(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", v).group(0)))
+            return np.int64(int(re.match(r"\s*[-+]?\d+", v).group(0)))
+        return np.float32(v) if to is np.float32 else np.int64(int(np.float32(v)))
 
+    keys = sorted(x)
     if map_form == "DENSE":
         out = np.empty((1, len(keys)), dtype=to)
         for i, k in enumerate(keys):
             out[0, i] = cast(x[k])
-    else:  # SPARSE: keys are column indices below max_map, the rest stay zero (or "0")
-        out = np.full((1, max_map), "0" if to is object else 0, dtype=to)
+    else:  # SPARSE: keys are column indices below max_map, the rest hold the pad value
+        if keys and keys[0] < 0:
+            raise ValueError(f"CastMap: negative key {keys[0]} in a SPARSE map")
+        out = np.full((1, max_map), "0.f" if to is object else 0, dtype=to)
         for k in keys:
-            if 0 <= k < max_map:
+            if k < max_map:
                 out[0, k] = cast(x[k])
     return out if to is object else xp.asarray(out)
 
@@ -768,39 +774,41 @@ def tree_ensemble_classifier(x, *, base_values=None, base_values_as_tensor=None,
             has = has | xp.asarray(np.arange(k) < len(base))
         top = xp.argmax(xp.where(has, s, xp.full_like(s, -np.inf)), axis=1)
         return _labels(top, labels, xp), _transform(s, post_transform, xp)
-    # Two classes: onnxruntime's binary rules (tree_ensemble_aggregator.h).
+    # Two classes: onnxruntime's binary rules (tree_ensemble_aggregator.h). A class no tree scored
+    # is written as 0 whatever base value it got; a row whose class 1 has no score keeps one score,
+    # which becomes two columns by the rules of _second_class.
     ids = set(np.asarray(class_ids).tolist())
     binary = len(ids) == 1
     all_positive = bool((np.asarray(weights) >= 0).all())
-    scores_class1 = 1 in ids
-    s0, s1 = s[:, 0], s[:, 1]
+    s0, s1, h0, h1 = s[:, 0], s[:, 1], has[:, 0], has[:, 1]
+    zero = xp.zeros_like(s0)
     if len(base) == 2:
-        if scores_class1:  # onnxruntime keeps base_values[1] + score[0] and its negation
-            s1 = s0 + float(base[1])
-            s0 = -s1
-        else:
-            s0, s1 = s0 + float(base[0]), s1 + float(base[1])
-        two = True
+        t1 = s0 + float(base[1])  # onnxruntime pairs base_values[1] with class 0's score here
+        s0, s1 = xp.where(h1, -t1, s0 + float(base[0])), xp.where(h1, t1, s1 + float(base[1]))
+        two = xp.ones_like(h1)
     else:
         if len(base) == 1:
             s0 = s0 + float(base[0])
-        two = scores_class1
-    positive = s1 if (two and scores_class1) else s0
+        two = h1
+    v0, v1 = xp.where(h0, s0, zero), xp.where(h1, s1, zero)
+    positive = xp.where(two & h1, s1, v0)
     if binary:
         win = positive > 0.5 if all_positive else positive > 0
         label = _labels(win.astype(np.int64), labels, xp)
-    else:
+        mixed = not all_positive
+    else:  # onnxruntime answers 1 or 0 itself here (an index into string labels)
         win = (positive > 0).astype(np.int64)
         label = _labels(win, labels, xp) if classlabels_strings else win
-    if two:
-        return label, _transform(xp.stack([s0, s1], axis=1), post_transform, xp)
+        mixed = None if len(base) else True
+    pair = _transform(xp.stack([v0, v1], axis=1), post_transform, xp)
     if post_transform == "PROBIT":
-        return label, _probit(s0[:, None], xp)
-    if binary and all_positive:
-        return label, _second_class(s0, post_transform, False, xp)
-    if binary or len(base) == 0:
-        return label, _second_class(s0, post_transform, True, xp)
-    return label, s0[:, None]
+        single = xp.stack([_probit(v0, xp), zero], axis=1)
+    elif mixed is None:
+        single = xp.stack([v0, zero], axis=1)
+    else:  # with all-positive weights onnxruntime applies LOGISTIC before pairing the one score
+        single = _second_class(_logistic(v0, xp) if not mixed and post_transform == "LOGISTIC" else v0,
+                               post_transform, mixed, xp)
+    return label, xp.where(two[:, None], pair, single)
 
 
 def _forest_v5(tree_roots, modes, splits, features, true_ids, true_leafs, false_ids, false_leafs, missing,
