@@ -718,19 +718,59 @@ def _cnn() -> onnx.ModelProto:
     return _model(nodes, [("x", F32, ["N", 3, 8, 8])], [("y", F32, ["N", 10])], inits)
 
 
-def _session_optimized(level: str, tmp_path_factory):
-    """The CNN as onnxruntime's session writes it after its graph optimizations at ``level``."""
-    path = tmp_path_factory.mktemp("contrib") / f"cnn_{level}.onnx"
+def _layer_norm_pattern(nodes, x, scale, bias, out):
+    """LayerNorm over the last axis written out in opset-13 ops, as exporters of that age did."""
+    nodes += [helper.make_node("ReduceMean", [x], [out + "_mu"], axes=[-1]),
+              helper.make_node("Sub", [x, out + "_mu"], [out + "_d"]),
+              helper.make_node("Pow", [out + "_d", "two"], [out + "_d2"]),
+              helper.make_node("ReduceMean", [out + "_d2"], [out + "_var"], axes=[-1]),
+              helper.make_node("Add", [out + "_var", "eps"], [out + "_ve"]),
+              helper.make_node("Sqrt", [out + "_ve"], [out + "_sd"]),
+              helper.make_node("Div", [out + "_d", out + "_sd"], [out + "_n"]),
+              helper.make_node("Mul", [out + "_n", scale], [out + "_s"]),
+              helper.make_node("Add", [out + "_s", bias], [out])]
+
+
+def _mlp() -> onnx.ModelProto:
+    """An opset-13 transformer MLP block: LayerNorm, MatMul + Add + Relu, a residual Add + LayerNorm,
+    an RMS norm and Gemm + LeakyRelu, all written out in standard ops."""
+    rng = np.random.default_rng(23)
+    nodes = []
+    _layer_norm_pattern(nodes, "x", "g1", "b1", "ln")
+    nodes += [helper.make_node("MatMul", ["ln", "W1"], ["h"]), helper.make_node("Add", ["h", "c1"], ["hb"]),
+              helper.make_node("Relu", ["hb"], ["hr"]), helper.make_node("MatMul", ["hr", "W2"], ["h2"]),
+              helper.make_node("Add", ["h2", "x"], ["res"])]
+    _layer_norm_pattern(nodes, "res", "g2", "b2", "ln2")
+    nodes += [helper.make_node("Pow", ["ln2", "two"], ["sq"]),
+              helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1]),
+              helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+              helper.make_node("Div", ["ln2", "rms"], ["rn"]), helper.make_node("Mul", ["g3", "rn"], ["y0"]),
+              helper.make_node("Reshape", ["y0", "rows"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "G", "gb"], ["gm"], transB=1),
+              helper.make_node("LeakyRelu", ["gm"], ["y"], alpha=0.1)]
+    inits = {"two": np.float32(2), "eps": np.float32(1e-5), "g1": _f(rng, 16), "b1": _f(rng, 16),
+             "W1": _f(rng, 16, 32, scale=0.3), "c1": _f(rng, 32), "W2": _f(rng, 32, 16, scale=0.3), "g2": _f(rng, 16),
+             "b2": _f(rng, 16), "g3": _f(rng, 16), "rows": np.array([-1, 16], np.int64),
+             "G": _f(rng, 8, 16, scale=0.3), "gb": _f(rng, 8)}
+    return _model(nodes, [("x", F32, [2, 4, 16])], [("y", F32, [8, 8])], inits, opset=13)
+
+
+def _session_optimized(level: str, tmp_path_factory, build=None):
+    """The CNN (or ``build()``) as onnxruntime's session writes it after its graph optimizations at ``level``."""
+    model = (build or _cnn)()
+    path = tmp_path_factory.mktemp("contrib") / f"optimized_{level}.onnx"
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.optimized_model_filepath = str(path)
     options.log_severity_level = 3
     # ORT_ENABLE_ALL's NCHWc layout pass writes com.microsoft.nchwc ops blocked for this machine's
     # SIMD width (a model for this machine only); the contrib fusions are what is tested here.
-    ort.InferenceSession(_cnn().SerializeToString(), options, providers=["CPUExecutionProvider"],
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
                          disabled_optimizers=["NchwcTransformer"])
     rng = np.random.default_rng(21)
-    return onnx.load(str(path)), {"x": _f(rng, 2, 3, 8, 8)}
+    x = model.graph.input[0].type.tensor_type.shape
+    shape = [d.dim_value or 2 for d in x.dim]
+    return onnx.load(str(path)), {"x": _f(rng, *shape)}
 
 
 def _matmul_nbits_quantized(symmetric: bool, tmp_path_factory):
@@ -746,6 +786,12 @@ def _matmul_nbits_quantized(symmetric: bool, tmp_path_factory):
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=symmetric)
     quantizer.process()
     return quantizer.model.model, {"x": _f(rng, 3, 64)}
+
+
+def _has_onnx_ops(*ops: str):
+    """A check that the model has these ONNX-domain ops (onnxruntime's own LayerNormalization before
+    opset 17, SimplifiedLayerNormalization)."""
+    return lambda model: set(ops) <= {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
 
 
 def _has_input(op: str, index: int):
@@ -765,6 +811,9 @@ TOOL_MODELS = {
     # ORT_ENABLE_ALL also fuses Conv + Add + Relu: FusedConv's residual input Z.
     "cnn-ORT_ENABLE_ALL": (lambda t: _session_optimized("ORT_ENABLE_ALL", t),
                            {"FusedConv", "QuickGelu", "Gelu", "FusedMatMul"}, _has_input("FusedConv", 3)),
+    "mlp-opset13-ORT_ENABLE_EXTENDED": (lambda t: _session_optimized("ORT_ENABLE_EXTENDED", t, _mlp),
+                                        {"SkipLayerNormalization", "FusedGemm"},
+                                        _has_onnx_ops("LayerNormalization", "SimplifiedLayerNormalization")),
     "matmul-nbits-4bit-symmetric": (lambda t: _matmul_nbits_quantized(True, t), {"MatMulNBits"}),
     "matmul-nbits-4bit-asymmetric": (lambda t: _matmul_nbits_quantized(False, t), {"MatMulNBits"},
                                      _has_input("MatMulNBits", 3)),
