@@ -185,18 +185,33 @@ def _pad(data, pads, mode, value, axes, xp):
     widths = [[0, 0] for _ in range(rank)]
     for i, axis in enumerate(axes):
         widths[axis] = [pads[i], pads[i + len(axes)]]
-    # Negative pads crop; numpy/jax pad only grows, so crop first.
+    if mode == "constant" and value is None:
+        value = "" if data.dtype == object else 0
+    # Negative pads crop; numpy/jax pad only grows. A constant pad grows first and then crops,
+    # so a crop may reach into the padding (pads [5, -3] on 2 elements keep 4 of the 5 pad
+    # values, as onnxruntime does); the other modes read the data they pad, so crop first.
     if any(w < 0 for pair in widths for w in pair):
-        crop = tuple(slice(max(-b, 0), d - max(-a, 0)) for (b, a), d in zip(widths, data.shape))
-        data = data[crop]
-        widths = [[max(b, 0), max(a, 0)] for b, a in widths]
+        grown = [[max(b, 0), max(a, 0)] for b, a in widths]
+        if mode == "constant":
+            if any(w for pair in grown for w in pair):
+                data = xp.pad(data, grown, mode="constant", constant_values=value)
+            return data[_crop_slices(widths, data.shape)]
+        data = data[_crop_slices(widths, data.shape)]
+        widths = grown
     if not any(w for pair in widths for w in pair):
         return data
     if mode == "constant":
-        if value is None:
-            value = "" if data.dtype == object else 0
         return xp.pad(data, widths, mode="constant", constant_values=value)
     return xp.pad(data, widths, mode=mode)
+
+
+def _crop_slices(widths, shape) -> tuple:
+    """Slices removing -b before and -a after each axis (b, a < 0), never wrapping around."""
+    slices = []
+    for (b, a), d in zip(widths, shape):
+        start = min(max(-b, 0), d)
+        slices.append(slice(start, max(d - max(-a, 0), start)))
+    return tuple(slices)
 
 
 @kernel("Pad", since=2)
