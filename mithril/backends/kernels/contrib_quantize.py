@@ -49,10 +49,19 @@ def _dequantize(x, scale, zero_point, xp):
 
 
 def _divide(y, d):
-    """y / d correctly rounded elementwise, also under XLA, which rewrites a division by a
-    broadcast value into a multiplication by its reciprocal (one ulp off, so a midpoint can
-    round the other way). The divisor is made elementwise: d + y * 0 is d for finite y."""
-    return y / (d + y * F32(0))
+    """y / d correctly rounded elementwise, also under XLA, whose simplifier rewrites a division by
+    a broadcast value as a multiplication by its reciprocal and (a / b) / c as a / (b * c), each one
+    ulp off at times, enough to round a midpoint the other way. Adding y * 0 (zero for finite y)
+    to both operands makes them elementwise values those rewrites do not match."""
+    zero = y * F32(0)
+    return (y + zero) / (d + zero)
+
+
+def _uncontracted(v):
+    """v, as a value the next addition cannot fuse with: XLA's code generator contracts a product
+    feeding a sum into one fused multiply-add, which skips the product's rounding that onnxruntime's
+    stored float32 values have. v + v * 0 is v for finite v and is no longer a bare product."""
+    return v + v * F32(0)
 
 
 def _quantize(y, scale, zero_point, dtype, xp, shift_first=False):
@@ -171,7 +180,7 @@ def qlinear_average_pool(
 ):  # fmt: skip
     # onnxruntime sums the dequantized float32 values window by window, row-major, divides by the
     # count, then quantizes.
-    x = _to_channels_first(_dequantize(X, x_scale, x_zero_point, xp), channels_last, xp)
+    x = _to_channels_first(_uncontracted(_dequantize(X, x_scale, x_zero_point, xp)), channels_last, xp)
     size = x.shape[2:]
     win = nn._window(size, kernel_shape, strides, None, pads, auto_pad, ceil_mode)
     total = None
@@ -196,7 +205,7 @@ def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
 @kernel("QLinearReduceMean", since=1, domain=MS)
 def qlinear_reduce_mean(data, data_scale, data_zero_point=None, reduced_scale=None, reduced_zero_point=None, *,
                         axes, keepdims, xp):
-    x = _dequantize(data, data_scale, data_zero_point, xp)
+    x = _uncontracted(_dequantize(data, data_scale, data_zero_point, xp))
     axes = tuple(axes) if axes else tuple(range(data.ndim))
     y = xp.mean(x, axis=axes, keepdims=bool(keepdims))
     return _quantize(y, reduced_scale, reduced_zero_point, _out_dtype(reduced_zero_point, data), xp)
