@@ -652,7 +652,8 @@ def _leaves(forest: _Forest, x, xp):
         return node
     feature = xp.asarray(forest.feature)
     threshold = xp.asarray(_thresholds(forest, np.dtype(x.dtype)))
-    true, false = xp.asarray(forest.true), xp.asarray(forest.false)
+    # Children interleaved (true, false): one gather per level picks the next node.
+    children = xp.asarray(np.stack([forest.true, forest.false], axis=1).reshape(-1))
     inner = forest.mode[forest.mode != _LEAF]
     present = sorted(set(inner.tolist()))
     mode = xp.asarray(forest.mode) if len(present) > 1 else None
@@ -680,7 +681,7 @@ def _leaves(forest: _Forest, x, xp):
             cond = c if cond is None else xp.where(xp.take(mode, node) == m, c, cond)
         if missing is not None:
             cond = cond | (xp.take(missing, node) & xp.isnan(xv))
-        node = xp.where(cond, xp.take(true, node), xp.take(false, node))
+        node = xp.take(children, 2 * node + (1 - cond.astype(np.int64)))
     return node
 
 
