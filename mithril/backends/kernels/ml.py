@@ -50,21 +50,22 @@ def _host(x) -> np.ndarray:
 
 
 class _Cache:
-    """Structures built from a node's attributes, kept per attribute objects: the generated program
-    passes the same constant objects on every call, so their ids identify the node."""
+    """Structures built from a node's attributes, once per node: the generated program passes the
+    same constant objects on every call, so the identities of the arguments name the node (equal
+    constants the compiler merged into one object build equal structures)."""
 
     def __init__(self):
         self._entries: dict = {}
 
-    def get(self, key_objects: tuple, build):
-        key = tuple(id(o) for o in key_objects)
+    def get(self, build, *args):
+        key = (build, *(a if isinstance(a, (int, float, str, type(None))) else id(a) for a in args))
         hit = self._entries.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], key_objects)):
+        if hit is not None and all(a is b or isinstance(a, (int, float, str)) for a, b in zip(hit[0], args)):
             return hit[1]
-        value = build()
+        value = build(*args)
         if len(self._entries) > 256:
             self._entries.clear()
-        self._entries[key] = (key_objects, value)
+        self._entries[key] = (args, value)
         return value
 
 
@@ -738,10 +739,10 @@ def tree_ensemble_regressor(x, *, aggregate_function, base_values=None, base_val
     values = _pick(nodes_values_as_tensor, nodes_values)
     weights = _pick(target_weights_as_tensor, target_weights)
     double = nodes_values_as_tensor is not None
-    forest = _CACHE.get((nodes_treeids, nodes_nodeids, values, weights), lambda: _forest_v3(
-        nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes, values, nodes_truenodeids, nodes_falsenodeids,
-        nodes_missing_value_tracks_true, target_treeids, target_nodeids, target_ids, weights,
-        int(n_targets or (max(target_ids) + 1 if len(target_ids) else 1)), double))
+    forest = _CACHE.get(
+        _forest_v3, nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes, values, nodes_truenodeids,
+        nodes_falsenodeids, nodes_missing_value_tracks_true, target_treeids, target_nodeids, target_ids, weights,
+        int(n_targets or (max(target_ids) + 1 if len(target_ids) else 1)), double)
     x = _tree_input(x, forest, xp)
     return _regressor_scores(forest, x, aggregate_function, _pick(base_values_as_tensor, base_values),
                              post_transform, xp, np.dtype(np.float32))
@@ -762,9 +763,10 @@ def tree_ensemble_classifier(x, *, base_values=None, base_values_as_tensor=None,
     values = _pick(nodes_values_as_tensor, nodes_values)
     weights = _pick(class_weights_as_tensor, class_weights)
     double = nodes_values_as_tensor is not None
-    forest = _CACHE.get((nodes_treeids, nodes_nodeids, values, weights), lambda: _forest_v3(
-        nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes, values, nodes_truenodeids, nodes_falsenodeids,
-        nodes_missing_value_tracks_true, class_treeids, class_nodeids, class_ids, weights, k, double))
+    forest = _CACHE.get(
+        _forest_v3, nodes_treeids, nodes_nodeids, nodes_featureids, nodes_modes, values, nodes_truenodeids,
+        nodes_falsenodeids, nodes_missing_value_tracks_true, class_treeids, class_nodeids, class_ids, weights, k,
+        double)
     x = _tree_input(x, forest, xp)
     s, has = _aggregate(forest, _leaves(forest, x, xp), "SUM", np.float32, xp)
     base = _pick(base_values_as_tensor, base_values)
@@ -848,7 +850,7 @@ def _forest_v5(tree_roots, modes, splits, features, true_ids, true_leafs, false_
     has[rows, np.asarray(leaf_targets, np.int64)] = True
     roots = np.asarray(tree_roots, dtype=np.int64)
     return _Forest(feature, value, mode, true, false, mt, members, roots, _depth(roots, true, false, mode == _LEAF),
-                   weights, has, True)
+                   weights, has, np.asarray(splits).dtype == np.float64)
 
 
 @kernel("TreeEnsemble", since=5, domain=ML)
@@ -856,11 +858,10 @@ def tree_ensemble(x, *, aggregate_function, leaf_targetids, leaf_weights, member
                   nodes_falseleafs, nodes_falsenodeids, nodes_featureids, nodes_hitrates=None,
                   nodes_missing_value_tracks_true=None, nodes_modes, nodes_splits, nodes_trueleafs,
                   nodes_truenodeids, post_transform, tree_roots, xp):
-    forest = _CACHE.get((tree_roots, nodes_modes, nodes_splits, leaf_weights), lambda: _forest_v5(
-        tree_roots, nodes_modes, nodes_splits, nodes_featureids, nodes_truenodeids, nodes_trueleafs,
+    forest = _CACHE.get(
+        _forest_v5, tree_roots, nodes_modes, nodes_splits, nodes_featureids, nodes_truenodeids, nodes_trueleafs,
         nodes_falsenodeids, nodes_falseleafs, nodes_missing_value_tracks_true, membership_values, leaf_targetids,
-        leaf_weights, int(n_targets or (max(leaf_targetids) + 1))))
-    forest.double = np.asarray(nodes_splits).dtype == np.float64
+        leaf_weights, int(n_targets or (max(leaf_targetids) + 1)))
     x = _tree_input(x, forest, xp)
     return _regressor_scores(forest, x, _AGGREGATES_V5[aggregate_function], None,
                              _POST_TRANSFORMS_V5[post_transform], xp, np.dtype(x.dtype))
