@@ -449,7 +449,7 @@ def _gemma_rotary():
 
 
 def _gqa_case(seq=4, past=0, lengths=None, packed=False, rotary=False, interleaved=0, outputs=3, head_sink=False,
-              attention_bias=False, **attrs):
+              attention_bias=False, total_as_input=False, **attrs):
     """GroupQueryAttention with 4 query heads sharing 2 K/V heads of size 8 (16 with rotary, which
     onnxruntime requires); ``past`` cached rows, the tokens per sequence after the step in ``lengths``
     (default past + seq)."""
@@ -462,6 +462,10 @@ def _gqa_case(seq=4, past=0, lengths=None, packed=False, rotary=False, interleav
     inputs = {"seqlens_k": np.array(lengths, np.int32) - 1}
     graph_inputs = [("seqlens_k", I32, [b])]
     inits = {"total": np.array(total, np.int32)}
+    if total_as_input:
+        # As decoders compute it from the attention mask: a value, so JAX and MLX run this node eagerly.
+        inputs["total"] = inits.pop("total")
+        graph_inputs.append(("total", I32, []))
 
     def add(name, array):
         inputs[name] = array
@@ -506,6 +510,7 @@ case("GroupQueryAttention-qk-before-softmax-window")(lambda: _gqa_case(seq=6, ou
                                                                       local_window_size=3))
 case("GroupQueryAttention-qk-after-softmax")(lambda: _gqa_case(outputs=4, qk_output=2))
 case("GroupQueryAttention-not-causal")(lambda: _gqa_case(causal=0))
+case("GroupQueryAttention-total-sequence-length-input")(lambda: _gqa_case(seq=1, past=5, total_as_input=True))
 
 
 def _pack(values, bits):
