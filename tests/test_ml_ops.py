@@ -402,7 +402,8 @@ def tree_binary(leaves, base_values, post_transform):
         node = helper.make_node(
             "TreeEnsembleClassifier", ["X"], ["label", "scores"], domain=ML, classlabels_int64s=[3, 8],
             post_transform=post_transform, class_treeids=[0] * len(nodes), class_nodeids=nodes, class_ids=ids,
-            class_weights=weights, nodes_treeids=[0] * 5, nodes_nodeids=[0, 1, 2, 3, 4], nodes_featureids=[0, 1, 0, 0, 0],
+            class_weights=weights, nodes_treeids=[0] * 5, nodes_nodeids=[0, 1, 2, 3, 4],
+            nodes_featureids=[0, 1, 0, 0, 0],
             nodes_modes=["BRANCH_LEQ", "BRANCH_LEQ", "LEAF", "LEAF", "LEAF"], nodes_values=[0.25, 0.5, 0, 0, 0],
             nodes_truenodeids=[1, 2, 0, 0, 0], nodes_falsenodeids=[4, 3, 0, 0, 0], **extra)
         return _model([node], [("X", TensorProto.FLOAT, [None, 3])],
@@ -470,7 +471,8 @@ def svm_kernels(kernel_type):
                              coefficients=rng.standard_normal(10).round(3).tolist(), rho=[0.1, -0.2, 0.3],
                              kernel_type=kernel_type, kernel_params=[0.3, 0.5, 3.0]),
             helper.make_node("SVMRegressor", ["X"], ["reg"], domain=ML, n_supports=5,
-                             support_vectors=sv.reshape(-1).tolist(), coefficients=rng.standard_normal(5).round(3).tolist(),
+                             support_vectors=sv.reshape(-1).tolist(),
+                             coefficients=rng.standard_normal(5).round(3).tolist(),
                              rho=[0.25], kernel_type=kernel_type, kernel_params=[0.3, 0.5, 3.0]),
             helper.make_node("SVMRegressor", ["X"], ["one"], domain=ML, coefficients=[0.5, -1.0, 0.25], rho=[0.1],
                              one_class=1, kernel_params=[0.0, 0.0, 0.0]),

@@ -611,10 +611,14 @@ def _forest_v3(tree_ids, node_ids, feature_ids, modes, values, true_ids, false_i
     mode = np.array([_MODES[m] for m in modes], dtype=np.int64)
     leaf = mode == _LEAF
     own = np.arange(g, dtype=np.int64)
-    true = np.array([own[i] if leaf[i] else index[(t, c)] for i, (t, c) in
-                     enumerate(zip(tree_ids.tolist(), np.asarray(true_ids, dtype=np.int64).tolist()))], dtype=np.int64)
-    false = np.array([own[i] if leaf[i] else index[(t, c)] for i, (t, c) in
-                      enumerate(zip(tree_ids.tolist(), np.asarray(false_ids, dtype=np.int64).tolist()))], dtype=np.int64)
+    trees = tree_ids.tolist()
+
+    def children(ids):  # child node ids are per tree; a leaf points at itself
+        ids = np.asarray(ids, dtype=np.int64).tolist()
+        return np.array([i if leaf[i] else index[(t, c)] for i, (t, c) in enumerate(zip(trees, ids))], dtype=np.int64)
+
+    true, false = children(true_ids), children(false_ids)
+    # Roots: the nodes no branch points to, one per tree in a well-formed ensemble.
     referenced = np.zeros(g, dtype=bool)
     referenced[true[~leaf]] = True
     referenced[false[~leaf]] = True
