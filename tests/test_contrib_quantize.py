@@ -3,9 +3,10 @@
 (a) One small hand-made graph per op, covering attributes and optional inputs: zero points absent
 and present, per-channel scales, signed and unsigned types.
 (b) Models written by onnxruntime's own tools inside the test: ``quantize_dynamic`` and
-``quantize_static`` (QOperator and QDQ, a two-batch calibration reader) on a small torch CNN, an
-LSTM and a GRU, and a two-layer BERT (hidden 32) before and after
-``onnxruntime.transformers.optimizer.optimize_model``. Each file is first checked for the quantized
+``quantize_static`` (QOperator; QDQ; QDQ with int16 activations, which writes com.microsoft Q/DQ; a
+two-batch calibration reader) on a small torch CNN, an LSTM and a GRU, and a two-layer BERT (hidden
+32) before and after ``onnxruntime.transformers.optimizer.optimize_model``; and the files
+onnxruntime's session optimizer writes from dynamically quantized ones. Each file is first checked for the quantized
 ops the tool is expected to write, so a change in the tool fails here rather than passing vacuously.
 
 Tolerances. Integer outputs of single ops compare exactly: the kernels reproduce onnxruntime's
@@ -14,10 +15,13 @@ attention, layer norm) allow 1e-5 relative + 1e-5 absolute: only float32 summati
 Whole quantized models get a quantization-aware bound instead: a float difference of one ulp in an
 intermediate value (onnxruntime's polynomial sigmoid/tanh, its summation order) can move a value
 across a rounding boundary, which then shows as one quantization step downstream. So every output
-element must be within ``2 * step`` of onnxruntime, where ``step`` is the largest scale the model's
-quantizer chose (measured: CNN and static BERT match exactly; QDQ BERT differs in 1 of 128 values by
-one step; the LSTM by one step of its hidden-state quantization in 4 of 40), and at least 90% of the
-elements must agree to float32 precision, which fails a kernel that is wrong rather than unlucky.
+element must be within 1% of the output's largest magnitude of onnxruntime (two to three 8-bit
+steps). Files with the quantized ops themselves (QOperator, dynamic, onnxruntime-fused) must also
+agree to float32 precision in at least 95% of elements, which fails a kernel that is wrong rather
+than unlucky; measured, they agree everywhere (largest difference 3e-7 of the output's range). QDQ files are compared with onnxruntime running the graph
+as written (no QDQ fusion) and held to the bound alone: their float ops between Q/DQ pairs are the
+standard kernels, whose summation order differs from onnxruntime's by an ulp (6 of 32 CNN outputs
+one step apart).
 """
 
 from __future__ import annotations
@@ -611,15 +615,16 @@ def test_tool_quantized_model_matches_onnxruntime(tool_model, name, backend):
     for key, ref in want.items():
         out = got[key]
         assert out.dtype == ref.dtype and out.shape == ref.shape
-        # Quantization-aware bound (see the module docstring): all within 2% of the output's range
-        # (about five 8-bit steps), and nine in ten elements equal to float32 precision.
+        # Quantization-aware bound (see the module docstring): all within 1% of the output's range
+        # (two to three 8-bit steps), and 95% of elements equal to float32 precision.
         diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
-        bound = 0.02 * float(np.abs(ref).max())
+        bound = 0.01 * float(np.abs(ref).max())
         assert diff.max() <= bound, f"{name} {key} on {backend}: max |diff| {diff.max():.3g} > {bound:.3g}"
-        # In QDQ files float ops sit between QuantizeLinear pairs and are requantized at once: a sum in
-        # another order (GlobalAveragePool's mean) that lands one ulp across a midpoint is a whole step,
-        # measured in 6 of 32 CNN outputs; those files are held to the bound alone.
+        # In QDQ files float ops sit between QuantizeLinear pairs and are requantized at once: the
+        # standard float AveragePool sums its window in another order than onnxruntime (the first
+        # divergence in the QDQ CNN, one ulp), and one ulp across a midpoint is a whole step
+        # downstream, measured in 6 of 32 CNN outputs; those files are held to the bound alone.
         if TOOL_MODELS[name][1].startswith("qdq"):
             continue
         close = np.isclose(out, ref, rtol=1e-4, atol=1e-5).mean()
-        assert close >= 0.9, f"{name} {key} on {backend}: only {close:.0%} of elements match to float32 precision"
+        assert close >= 0.95, f"{name} {key} on {backend}: only {close:.0%} of elements match to float32 precision"
