@@ -29,13 +29,9 @@ BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "t
             "mlx": ("MlxBackend", "mlx")}
 
 # (file, backend or "*") -> why it fails today and where that is to be fixed.
-XFAIL: dict[tuple[str, str], str] = {
-    ("wheel_onnxruntime_logreg_iris.onnx", "*"):
-        "ai.onnx.ml LinearClassifier (mithril/backends/kernels/ml.py): the shipped file is inconsistent, 12 "
-        "coefficients for 3 classes but a [3, 2] input; onnxruntime reads coefficients row-major as "
-        "[n_classes, n_features of X] (its first 6 values) while ml.py reshapes them to [n_classes, -1] = [3, 4] "
-        "and its matmul fails on the [3, 2] input. ml.py should read them as onnxruntime does",
-}
+# Empty today: onnxruntime's logreg_iris.onnx (12 coefficients, a [3, 2] input) passes since
+# fd33152 (LinearClassifier reads coefficients at the input's width), ZipMap since load reads map types.
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _cases():
