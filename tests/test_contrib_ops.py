@@ -1,14 +1,17 @@
 """onnxruntime's own dialect (com.microsoft contrib ops) on every backend, against onnxruntime.
 
 (a) A hand-made graph per op covering its attributes, optional inputs and optional outputs, run
-    on onnxruntime and on each backend with ``ml.validate``'s float32 tolerances. The few ops
-    onnxruntime has no CPU kernel for (BiasAdd, BiasSoftmax, GemmaRotaryEmbedding) are compared
-    with onnxruntime running the same computation written in standard ops.
-(b) Models written by onnxruntime's own tools inside the test: the transformer optimizer on a
-    tiny BERT and GPT-2 (transformers, random weights), the session's optimized_model_filepath
-    at ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL on a small CNN/MLP, and the 4-bit
-    MatMulNBitsQuantizer on a small MatMul model. Each asserts that the tool really wrote the
-    contrib ops expected, so a tool that stopped fusing fails the test instead of passing it.
+    on onnxruntime and on each backend with ``ml.validate``'s float32 tolerances (a dozen of them
+    again in float16). The ops onnxruntime has no CPU kernel or layout for (BiasAdd, BiasSoftmax,
+    GemmaRotaryEmbedding, MultiHeadAttention's packed QKV/KV) are compared with onnxruntime running
+    the same computation written in standard ops (or unpacked). Attribute values the kernels do not
+    implement raise UnsupportedAttributeError naming the node.
+(b) Models written by onnxruntime's own tools inside the test: the transformer optimizer on
+    models_zoo's BERT (with Attention or MultiHeadAttention) and GPT-2 (transformers, random
+    weights), the session's optimized_model_filepath at ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL on
+    a small CNN/MLP and an opset-13 MLP block, and the 4-bit MatMulNBitsQuantizer (symmetric and
+    with zero points). Each asserts that the tool really wrote the ops expected, so a tool that
+    stopped fusing fails the test instead of passing it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .test_backend_parity import AVAILABLE, make_backend
 
 ort = pytest.importorskip("onnxruntime")
 
-F32, I32, I64, U8 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8
+F32, I32, I64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
 MS = "com.microsoft"
 
 
