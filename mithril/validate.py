@@ -104,7 +104,24 @@ class ValidationReport:
         return "\n".join(lines)
 
 
+def _as_maps(value) -> list[dict] | None:
+    """A sequence of maps (ai.onnx.ml ZipMap's output) as a list of dicts; None for a tensor."""
+    if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
+        value = [v.item() if isinstance(v, np.ndarray) else v for v in value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) for v in value):
+        return list(value)
+    return None
+
+
 def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: float | None = None) -> OutputReport:
+    ref_maps = _as_maps(ref)
+    if ref_maps is not None:  # the same keys row by row, then the values as a float32 matrix
+        got_maps = _as_maps(got)
+        if got_maps is None or [list(m) for m in got_maps] != [list(m) for m in ref_maps]:
+            return OutputReport(name, backend, np.shape(got), "seq(map)", float("inf"), float("inf"), 0.0, 0.0,
+                                False, "map keys differ from onnxruntime's")
+        ref = np.array([[m[k] for k in m] for m in ref_maps], np.float32)
+        got = np.array([[g[k] for k in m] for g, m in zip(got_maps, ref_maps)], np.float32)
     ref = np.asarray(ref)
     got = np.asarray(got)
     d_rtol, d_atol = tolerance_for(ref.dtype)
