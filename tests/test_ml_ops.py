@@ -574,3 +574,18 @@ def test_trees_are_walked_level_by_level():
     leaves = ml_kernels._leaves(forest, runs[0]["X"], np)
     assert leaves.shape == (runs[0]["X"].shape[0], 8)
     assert (forest.mode[leaves] == ml_kernels._LEAF).all()
+
+
+def test_validate_compares_zipmap_outputs():
+    """`ml.validate` compares a sequence of maps key by key, then its values at float32 tolerance."""
+    from mithril.validate import compare
+
+    model, runs, _ = _built("logistic_regression_zipmap")
+    report = ml.validate(model, make_backend("numpy"), inputs=runs[0])
+    assert report.passed
+    probabilities = next(o for o in report.outputs if o.name == "output_probability")
+    assert list(probabilities.shape) == [150, 3]
+    ref = [{0: 0.25, 1: 0.75}]
+    assert compare("p", "numpy", [{0: 0.25, 1: 0.75}], ref).passed
+    assert not compare("p", "numpy", [{0: 0.25, 1: 0.7}], ref).passed
+    assert not compare("p", "numpy", [{0: 0.25, 2: 0.75}], ref).passed
