@@ -4,7 +4,7 @@ Each producer is a subcommand, run under an interpreter that has its tools; the 
 their own numpy/protobuf, so they live in venvs of their own and never in Mithril's:
 
     python3.11 -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install tensorflow-cpu==2.21.0 tf2onnx==1.17.0
-    python3.11 -m venv /tmp/sklvenv && /tmp/sklvenv/bin/pip install skl2onnx==1.20.0 scikit-learn==1.9.1
+    python3.11 -m venv /tmp/sklvenv && /tmp/sklvenv/bin/pip install skl2onnx==1.20.0 scikit-learn==1.9.1 onnxconverter-common==1.16.0
     python3.11 -m venv /tmp/paddlevenv && /tmp/paddlevenv/bin/pip install paddlepaddle==3.3.1 paddle2onnx==2.1.0 packaging
     .venv/bin/python scripts/make_real_corpus.py all --tf-python /tmp/tfvenv/bin/python \\
         --skl-python /tmp/sklvenv/bin/python --paddle-python /tmp/paddlevenv/bin/python
@@ -289,10 +289,11 @@ def make_sklearn() -> list[dict]:
     import numpy as np
     import sklearn
     import skl2onnx
-    from skl2onnx.common.data_types import FloatTensorType
+    from skl2onnx.common.data_types import DoubleTensorType, FloatTensorType, StringTensorType
     from sklearn.datasets import make_classification
     from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC
@@ -337,6 +338,52 @@ def make_sklearn() -> list[dict]:
         path.write_bytes(onx.SerializeToString())
         entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__, source,
                               {"X": {"shape": [5, 6], "dtype": "float32", "low": -3.0, "high": 3.0}}, framework))
+    # float64 end to end: skl2onnx keeps the input's double type through the scaler and the regressor.
+    ridge = make_pipeline(StandardScaler(), Ridge(alpha=0.5))
+    ridge.fit(x.astype(np.float64), x[:, 0].astype(np.float64) * 2 - x[:, 1])
+    onx = skl2onnx.to_onnx(ridge, initial_types=[("X", DoubleTensorType([None, 6]))], target_opset=opset)
+    path = OUT / "skl_scaler_ridge_double.onnx"
+    path.write_bytes(onx.SerializeToString())
+    entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__,
+                          "sklearn Pipeline(StandardScaler, Ridge) converted with DoubleTensorType: float64 throughout",
+                          {"X": {"shape": [5, 6], "dtype": "float64"}}, framework))
+
+    # Text: StringNormalizer + com.microsoft Tokenizer + TfIdfVectorizer, from a string input.
+    docs = ["the cat sat on the mat", "a dog barked at the cat", "mats and cats and dogs", "the dog sat",
+            "cats purr", "dogs bark loudly at night", "the mat is red", "a red cat"] * 4
+    labels = np.array([0, 1, 0, 1, 0, 1, 0, 0] * 4)
+    text = make_pipeline(TfidfVectorizer(), LogisticRegression(max_iter=500))
+    text.fit(docs, labels)
+    # locale "C": StringNormalizer's default en_US.UTF-8 is missing on a bare Linux, where onnxruntime
+    # then refuses the session.
+    onx = skl2onnx.to_onnx(text, initial_types=[("text", StringTensorType([None, 1]))], target_opset=opset,
+                           options={id(text.steps[0][1]): {"locale": "C"}, id(text.steps[-1][1]): {"zipmap": False}})
+    path = OUT / "skl_tfidf_logreg.onnx"
+    path.write_bytes(onx.SerializeToString())
+    entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__,
+                          "sklearn Pipeline(TfidfVectorizer, LogisticRegression) from a string column, zipmap off: "
+                          "StringNormalizer, com.microsoft Tokenizer, TfIdfVectorizer",
+                          {"text": {"shape": [3, 1], "dtype": "object",
+                                    "value": [["The cat sat on a red mat"], ["dogs BARK"], ["nothing known here"]]}},
+                          framework))
+
+    # String categories through ai.onnx.ml's OneHotEncoder (cats_strings), no com.microsoft op.
+    colours = np.array(["red", "green", "blue", "teal"])
+    cat_x = colours[np.random.default_rng(SEED).integers(0, 4, (60, 2))]
+    cat_y = ((cat_x[:, 0] == "red") | (cat_x[:, 1] == "blue")).astype(np.int64)
+    onehot = make_pipeline(OneHotEncoder(handle_unknown="ignore"), LogisticRegression(max_iter=500))
+    onehot.fit(cat_x, cat_y)
+    onx = skl2onnx.to_onnx(onehot, initial_types=[("colour", StringTensorType([None, 2]))], target_opset=opset,
+                           options={id(onehot.steps[-1][1]): {"zipmap": False}})
+    path = OUT / "skl_string_onehot.onnx"
+    path.write_bytes(onx.SerializeToString())
+    entries.append(_entry(path, "sklearn", "skl2onnx", skl2onnx.__version__,
+                          "sklearn Pipeline(OneHotEncoder(handle_unknown='ignore') on 2 string columns, "
+                          "LogisticRegression), zipmap off; 'violet' is unseen",
+                          {"colour": {"shape": [3, 2], "dtype": "object",
+                                      "value": [["red", "teal"], ["violet", "blue"], ["green", "green"]]}},
+                          framework))
+
     # Columns 0-2 numeric, 3-4 categories 0..3 (the test also feeds the unseen -1 and 4).
     rng = np.random.default_rng(SEED)
     mixed_x = np.concatenate([rng.standard_normal((200, 3)), rng.integers(0, 4, (200, 2))], axis=1).astype(np.float32)
@@ -481,18 +528,39 @@ def make_ort_quant() -> list[dict]:
     return entries
 
 
+def make_float16() -> list[dict]:
+    """onnxconverter_common.float16 (what onnxmltools/tf2onnx users run) on corpus files made above:
+    float16 weights, activations and inputs/outputs."""
+    import numpy as np
+    import onnx
+    import onnxconverter_common
+    from onnxconverter_common import float16
+
+    inputs_of = {e["file"]: e["inputs"] for e in json.loads(MANIFEST.read_text())["files"]}
+    entries = []
+    for src in ("paddle_cnn.onnx", "paddle_transformer.onnx", "keras_unet.onnx"):
+        model = float16.convert_float_to_float16(onnx.load(str(OUT / src)), keep_io_types=False)
+        path = OUT / f"fp16_{src}"
+        onnx.save(model, str(path))
+        inputs = {k: {**v, "dtype": "float16" if np.dtype(v["dtype"]).kind == "f" else v["dtype"]}
+                  for k, v in inputs_of[src].items()}
+        entries.append(_entry(path, "float16", "onnxconverter_common.float16", onnxconverter_common.__version__,
+                              f"convert_float_to_float16(keep_io_types=False) of {src}", inputs))
+    return entries
+
+
 PRODUCERS = {"keras": make_keras, "paddle": make_paddle, "sklearn": make_sklearn,
              "onnxscript": make_onnxscript, "wheels": make_wheels,
-             "ort_quant": make_ort_quant}
+             "ort_quant": make_ort_quant, "float16": make_float16}
 # What each producer imports, to tell "tool missing" from a bug in the producer.
 NEEDS = {"keras": ("tensorflow", "tf2onnx", "keras"), "paddle": ("paddle", "paddle2onnx"),
          "sklearn": ("sklearn", "skl2onnx"), "onnxscript": ("onnxscript",), "wheels": ("onnx",),
-         "ort_quant": ("onnxruntime.quantization",)}
+         "ort_quant": ("onnxruntime.quantization",), "float16": ("onnxconverter_common",)}
 INSTALL = {"keras": "pip install tensorflow-cpu==2.21.0 tf2onnx==1.17.0 (own venv)",
            "paddle": "pip install paddlepaddle==3.3.1 paddle2onnx==2.1.0 packaging (own venv)",
            "sklearn": "pip install skl2onnx==1.20.0 scikit-learn==1.9.1",
            "onnxscript": "pip install onnxscript", "wheels": "pip install onnx",
-           "ort_quant": "pip install onnxruntime"}
+           "ort_quant": "pip install onnxruntime", "float16": "pip install onnxconverter-common==1.16.0 (in the skl2onnx venv)"}
 
 
 def run_producer(group: str) -> int:
@@ -520,7 +588,8 @@ def main(argv=None) -> int:
     parser.add_argument("producer", choices=[*PRODUCERS, "all"])
     parser.add_argument("--tf-python", default=sys.executable, help="interpreter with tensorflow + tf2onnx")
     parser.add_argument("--paddle-python", default=sys.executable, help="interpreter with paddlepaddle + paddle2onnx")
-    parser.add_argument("--skl-python", default=sys.executable, help="interpreter with scikit-learn + skl2onnx")
+    parser.add_argument("--skl-python", default=sys.executable,
+                        help="interpreter with scikit-learn + skl2onnx (and onnxconverter-common, for float16)")
     parser.add_argument("--unavailable", metavar="REASON",
                         help="record REASON in the MANIFEST as why this producer's tool could not be installed")
     args = parser.parse_args(argv)
@@ -529,7 +598,8 @@ def main(argv=None) -> int:
             _write_manifest(args.producer, [], args.unavailable)
             return 0
         return run_producer(args.producer)
-    python = {"keras": args.tf_python, "paddle": args.paddle_python, "sklearn": args.skl_python}
+    python = {"keras": args.tf_python, "paddle": args.paddle_python, "sklearn": args.skl_python,
+              "float16": args.skl_python}
     status = 0
     for group in PRODUCERS:
         rc = subprocess.run([python.get(group, sys.executable), __file__, group]).returncode
