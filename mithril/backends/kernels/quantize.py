@@ -56,6 +56,16 @@ def _broadcast_param(param, x, axis, block_size, xp):
     return param.reshape(shape)
 
 
+def _divide(x, d, xp):
+    """x / d, one correctly rounded division per element on every backend. XLA's simplifier rewrites
+    a division by a broadcast scale as a multiplication by its reciprocal, and (a / b) / c as
+    a / (b * c): one ulp off at times, so a value on a rounding midpoint goes the other way (a third
+    of the midpoints in a measured sample). Adding a zero computed from x to both operands makes
+    them elementwise values those rewrites do not match; infinities keep their own zero."""
+    zero = xp.where(xp.isinf(x), 0, x * 0).astype(x.dtype)
+    return (x + zero) / (d + zero)
+
+
 def _saturate_cast(y, dtype, saturate, xp):
     """Cast floats to a quantized dtype: integers round half to even and clip, narrow floats round
     to nearest even and clip to +-max when saturating (float4/float6 always saturate)."""
@@ -81,7 +91,7 @@ def quantize_linear(
         out_dtype = numpy.dtype(numpy.uint8)
     work = np_dtype_of_onnx(precision) if precision else _division_dtype(y_scale.dtype)
     scale = _broadcast_param(y_scale.astype(work), x, axis, block_size, xp)
-    y = x.astype(work) / scale
+    y = _divide(x.astype(work), scale, xp)
     if _is_integer(out_dtype):
         # Round in the division precision, then widen so adding the zero point is exact.
         y = xp.round(y)
@@ -120,10 +130,10 @@ def dynamic_quantize_linear(x, *, xp):
     # The range always contains 0 so that 0 is exactly representable.
     x_min = xp.minimum(xp.min(x), 0).astype(numpy.float32)
     x_max = xp.maximum(xp.max(x), 0).astype(numpy.float32)
-    scale = ((x_max - x_min) / numpy.float32(255)).astype(numpy.float32)
+    scale = _divide(x_max - x_min, numpy.float32(255), xp).astype(numpy.float32)
     safe_scale = xp.where(scale == 0, numpy.float32(1), scale)
-    zero_point = xp.clip(xp.round(-x_min / safe_scale), 0, 255)
-    y = xp.clip(xp.round(x / safe_scale) + zero_point, 0, 255)
+    zero_point = xp.clip(xp.round(_divide(-x_min, safe_scale, xp)), 0, 255)
+    y = xp.clip(xp.round(_divide(x, safe_scale, xp)) + zero_point, 0, 255)
     return y.astype(numpy.uint8), scale, zero_point.astype(numpy.uint8)
 
 
