@@ -356,3 +356,10 @@ def test_external_data_in_bytes_is_refused(tmp_path):
     path = external_model(tmp_path / "m", "weights.bin")
     with pytest.raises(errors.OnnxLoadError, match="can only be read when the model is loaded from a path"):
         ml.load_onnx(path.read_bytes())
+
+
+def test_graph_input_of_undefined_type_is_refused():
+    for dtype in (TensorProto.UNDEFINED, 99):
+        m = model([helper.make_node("Relu", ["x"], ["y"])], inputs=[("x", dtype, [2])])
+        with pytest.raises(errors.OnnxLoadError, match="graph input 'x' declares an invalid element type"):
+            ml.load_onnx(m)

@@ -185,6 +185,18 @@ def outer_reads(graph: onnx.GraphProto) -> set[str]:
     return {r for r in reads if r and r not in local}
 
 
+def check_value_types(graph: onnx.GraphProto) -> None:
+    """The main graph's inputs and outputs declare a valid element type where they declare a
+    tensor type (onnxruntime refuses UNDEFINED or an unknown number: "Invalid tensor data type")."""
+    for kind, values in (("input", graph.input), ("output", graph.output)):
+        for v in values:
+            if v.type.HasField("tensor_type") and _element_bits(v.type.tensor_type.elem_type) is None:
+                raise OnnxLoadError(
+                    f"graph {kind} {v.name!r} declares an invalid element type "
+                    f"{_dtype_name(v.type.tensor_type.elem_type)}"
+                )
+
+
 def check_functions(proto: onnx.ModelProto) -> None:
     """Model-local function bodies are well formed, and no function calls itself (directly or
     through others): inlining one would never end."""
@@ -443,5 +455,6 @@ def check_model(proto: onnx.ModelProto, base_dir: Path | None = None, max_tensor
     a ModelProto, where external data cannot be located and is refused)."""
     check_opsets(proto)
     check_graph_structure(proto.graph)
+    check_value_types(proto.graph)
     check_functions(proto)
     check_tensors(proto, base_dir, max_tensor_bytes)
