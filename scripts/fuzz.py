@@ -89,11 +89,17 @@ def render(stats: FuzzStats, args, partial: bool, commit: str) -> str:
         "",
         f"Compared with onnxruntime: {stats.compared} cases (both ran the model); onnxruntime refused "
         f"{stats.reference_refused} models Mithril ran, crashed on {stats.reference_crash} and hung on "
-        f"{stats.reference_hang} (counted as `ok` for Mithril, not as Mithril bugs).",
+        f"{stats.reference_hang} (counted as `ok` for Mithril, not as Mithril bugs). Not compared: "
+        + (", ".join(f"{v} with {k}" for k, v in stats.not_compared.items()) or "none") + ".",
         "",
     ]
     if stats.refusals:
         lines += ["Refusals by error class: " + ", ".join(f"{k} {v}" for k, v in stats.refusals.most_common()) + ".", ""]
+    if stats.refused_reference_ran:
+        total = sum(stats.refused_reference_ran.values())
+        lines += [f"Refused models that onnxruntime ran ({total}; most are mutated models onnxruntime is lenient "
+                  f"about, the rest gaps to look at), by error and op: "
+                  + ", ".join(f"{k} {v}" for k, v in stats.refused_reference_ran.most_common(25)) + ".", ""]
     lines += ["## Open bugs found by this run", ""]
     bugs = sorted(stats.bugs.values(), key=lambda b: -b.count)
     if not bugs:
