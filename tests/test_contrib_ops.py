@@ -9,8 +9,8 @@
 (b) Models written by onnxruntime's own tools inside the test: the transformer optimizer on
     models_zoo's BERT (with Attention or MultiHeadAttention) and GPT-2 (transformers, random
     weights), the session's optimized_model_filepath at ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL on
-    a small CNN/MLP and an opset-13 MLP block, and the 4-bit MatMulNBitsQuantizer (symmetric and
-    with zero points). Each asserts that the tool really wrote the ops expected, so a tool that
+    a small CNN/MLP and an opset-13 MLP block, ORT_ENABLE_ALL's NCHWc layout (com.microsoft.nchwc) on
+    x86, and the 4-bit MatMulNBitsQuantizer (symmetric and with zero points). Each asserts that the tool really wrote the ops expected, so a tool that
     stopped fusing fails the test instead of passing it.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import platform
 import warnings
 
 import numpy as np
@@ -771,14 +772,56 @@ def _session_optimized(level: str, tmp_path_factory, build=None):
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.optimized_model_filepath = str(path)
     options.log_severity_level = 3
-    # ORT_ENABLE_ALL's NCHWc layout pass writes com.microsoft.nchwc ops blocked for this machine's
-    # SIMD width (a model for this machine only); the contrib fusions are what is tested here.
+    # ORT_ENABLE_ALL's NCHWc layout pass would rewrite the fused convolutions into com.microsoft.nchwc
+    # ones on x86 (tested on its own model below); the contrib fusions are what is tested here.
     ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
                          disabled_optimizers=["NchwcTransformer"])
     rng = np.random.default_rng(21)
     x = model.graph.input[0].type.tensor_type.shape
     shape = [d.dim_value or 2 for d in x.dim]
     return onnx.load(str(path)), {"x": _f(rng, *shape)}
+
+
+def _nchwc_cnn() -> onnx.ModelProto:
+    """Convolutions for ORT_ENABLE_ALL's NCHWc layout: blocked input (16 channels, so a ReorderInput), a
+    depthwise convolution with a residual Add (its Sum input), max, average and global pooling, and a
+    first-layer convolution from 3 to 24 channels (output channels padded to a 16-channel block)."""
+    rng = np.random.default_rng(24)
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1], group=32),
+        helper.make_node("Add", ["c2", "r1"], ["a2"]),
+        helper.make_node("MaxPool", ["a2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "W3"], ["c3"]),
+        helper.make_node("AveragePool", ["c3"], ["ap"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["g"]),
+        helper.make_node("Conv", ["rgb", "W4", "B4"], ["c4"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c4"], ["r4"]),
+        helper.make_node("GlobalMaxPool", ["r4"], ["m4"]),
+    ]
+    inits = {"W1": _f(rng, 32, 16, 3, 3, scale=0.1), "B1": _f(rng, 32), "W2": _f(rng, 32, 1, 3, 3, scale=0.3),
+             "B2": _f(rng, 32), "W3": _f(rng, 32, 32, 1, 1, scale=0.2), "W4": _f(rng, 24, 3, 3, 3, scale=0.3),
+             "B4": _f(rng, 24)}
+    return _model(nodes, [("x", F32, [2, 16, 8, 8]), ("rgb", F32, [2, 3, 8, 8])],
+                  [("g", F32, [2, 32, 1, 1]), ("m4", F32, [2, 24, 1, 1])], inits, opset=13)
+
+
+def _nchwc_optimized(tmp_path_factory):
+    """The NCHWc CNN as onnxruntime's session writes it at ORT_ENABLE_ALL, NCHWc layout included."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"NCHWc filters are read in x86-64 MLAS's block sizes; this is {platform.machine()}")
+    path = tmp_path_factory.mktemp("contrib") / "nchwc_ORT_ENABLE_ALL.onnx"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(path)
+    options.log_severity_level = 3  # the warning that the saved layout is for this machine only
+    ort.InferenceSession(_nchwc_cnn().SerializeToString(), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(path))
+    if not any(n.domain == "com.microsoft.nchwc" for n in model.graph.node):
+        pytest.skip("onnxruntime has no NCHWc kernels for this CPU: it wrote no com.microsoft.nchwc ops")
+    rng = np.random.default_rng(25)
+    return model, {"x": _f(rng, 2, 16, 8, 8), "rgb": _f(rng, 2, 3, 8, 8)}
 
 
 def _matmul_nbits_quantized(symmetric: bool, tmp_path_factory):
@@ -802,6 +845,11 @@ def _has_onnx_ops(*ops: str):
     return lambda model: set(ops) <= {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")}
 
 
+def _has_nchwc_ops(*ops: str):
+    """A check that the model has these com.microsoft.nchwc ops."""
+    return lambda model: set(ops) <= {n.op_type for n in model.graph.node if n.domain == "com.microsoft.nchwc"}
+
+
 def _has_input(op: str, index: int):
     """A check that some ``op`` node of the model has its input ``index`` (an optional input the tool set)."""
     return lambda model: any(n.op_type == op and len(n.input) > index and n.input[index] for n in model.graph.node)
@@ -822,6 +870,9 @@ TOOL_MODELS = {
     "mlp-opset13-ORT_ENABLE_EXTENDED": (lambda t: _session_optimized("ORT_ENABLE_EXTENDED", t, _mlp),
                                         {"SkipLayerNormalization", "FusedGemm"},
                                         _has_onnx_ops("LayerNormalization", "SimplifiedLayerNormalization")),
+    "cnn-nchwc-ORT_ENABLE_ALL": (_nchwc_optimized, set(),
+                                 _has_nchwc_ops("ReorderInput", "Conv", "ReorderOutput", "MaxPool", "AveragePool",
+                                                "GlobalAveragePool")),
     "matmul-nbits-4bit-symmetric": (lambda t: _matmul_nbits_quantized(True, t), {"MatMulNBits"}),
     "matmul-nbits-4bit-asymmetric": (lambda t: _matmul_nbits_quantized(False, t), {"MatMulNBits"},
                                      _has_input("MatMulNBits", 3)),
@@ -847,7 +898,7 @@ def test_tool_writes_the_expected_contrib_ops(tool_model, name):
     missing = TOOL_MODELS[name][1] - set(written)
     assert not missing, f"the tool no longer writes {sorted(missing)}; it wrote {dict(written)}"
     check = TOOL_MODELS[name][2] if len(TOOL_MODELS[name]) > 2 else None
-    assert check is None or check(model), f"{name}: the tool no longer sets the optional input tested"
+    assert check is None or check(model), f"{name}: the tool no longer writes what this test checks"
 
 
 @pytest.mark.parametrize("backend_name", AVAILABLE)

@@ -1,7 +1,8 @@
 """onnxruntime's own dialect: the com.microsoft contrib ops its graph optimizations and its
 transformer optimizer write (fused convolutions and GEMMs, GELU variants, skip/embed layer norms,
-multi-head attention, rotary embeddings, 4/8-bit block-quantized MatMulNBits), plus the two it
-registers in the ONNX domain (SimplifiedLayerNormalization, and LayerNormalization before opset 17).
+multi-head and group-query attention, rotary embeddings, 2/4/8-bit block-quantized MatMulNBits), the
+two it registers in the ONNX domain (SimplifiedLayerNormalization, and LayerNormalization before
+opset 17), and the com.microsoft.nchwc layout ops ORT_ENABLE_ALL writes on x86.
 
 Semantics follow onnxruntime's contrib-op documentation and its CPU kernels; each kernel reuses the
 standard op's helper (convolution, Gemm, layer norm, softmax, rotary embedding) for the shared part.
@@ -621,3 +622,105 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         qk = xp.where(allowed, scores, xp.zeros((), dtype=work)) if qk_output == 1 else probs
         outputs += (qk.astype(out_dtype),)
     return outputs[:num_outputs] if num_outputs > 1 else y
+
+
+# ---------------------------------------------------------------------------------------------
+# com.microsoft.nchwc: ORT_ENABLE_ALL's NCHWc layout on x86 (MLAS's channel-blocked convolutions).
+#
+# onnxruntime holds these tensors as (N, C/b, H, W, b) blocks of b channels; here they stay NCHW with
+# the channels padded to a multiple of b, which every op between ReorderInput and ReorderOutput (Conv,
+# pools, Sum/Add/Relu/Concat moved inside by the layout pass) computes the same. Only the filters,
+# which the layout pass rewrote in place, must be read back in MLAS's block order.
+
+NCHWC = "com.microsoft.nchwc"
+
+
+def _nchwc_block(node) -> int:
+    """MLAS's block: 16 channels where AVX-512F runs, else 8 (x86-64). The model does not record it;
+    onnxruntime warns that such a model is for the machine that optimized it."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise _unsupported(node, f"NCHWc filters of an x86-64 optimized model on {platform.machine()}: "
+                                 "the block size is unknown here")
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    return 16 if features.get("AVX512F") else 8
+
+
+def _nchwc_filter(R, block: int, blocked_input: bool):
+    """The OIHW filter (output channels padded to the block) from MLAS's OIHWBo layout (NCHW input or
+    depthwise: output channels blocked) or OIHWBiBo (blocked input: input then output channels blocked)."""
+    o, i, kh, kw = R.shape
+    if blocked_input:
+        r = R.reshape(o // block, i // block, kh, kw, block, block)
+        return r.transpose(0, 5, 1, 4, 2, 3).reshape(o, i, kh, kw)
+    return R.reshape(o // block, i, kh, kw, block).transpose(0, 4, 1, 2, 3).reshape(o, i, kh, kw)
+
+
+def _pad_channels(x, channels: int, xp):
+    missing = channels - x.shape[1]
+    return x if missing <= 0 else xp.pad(x, [(0, 0), (0, missing)] + [(0, 0)] * (x.ndim - 2))
+
+
+@kernel("ReorderInput", since=1, domain=NCHWC)
+def nchwc_reorder_input(X, *, channels_last, node, xp):
+    if channels_last:
+        X = xp.transpose(X, (0, X.ndim - 1) + tuple(range(1, X.ndim - 1)))
+    block = _nchwc_block(node)
+    return _pad_channels(X, -(-X.shape[1] // block) * block, xp)
+
+
+@kernel("ReorderOutput", since=1, domain=NCHWC)
+def nchwc_reorder_output(X, *, channels, channels_last, xp):
+    y = X[:, :channels] if channels else X
+    return xp.transpose(y, (0,) + tuple(range(2, y.ndim)) + (1,)) if channels_last else y
+
+
+@_with_standard_ops("Conv", domain=NCHWC)
+def nchwc_conv(X, W, B=None, Sum=None, *, activation, activation_params, auto_pad, dilations, group, kernel_shape,
+               pads, strides, node, standard, xp):
+    block = _nchwc_block(node)
+    depthwise = group > 1
+    if depthwise and W.shape[1] != 1:
+        raise _unsupported(node, f"group={group} with {W.shape[1]} input channels per group is not an NCHWc layout")
+    # A filter reading fewer channels than a block takes NCHW input (the first layer); the others read blocks.
+    blocked_input = not depthwise and W.shape[1] >= block
+    w = _nchwc_filter(W, block, blocked_input)
+    channels = w.shape[0]
+    if depthwise:
+        group = channels  # the padding channels are groups of their own, with zero filters
+    X = _pad_channels(X, w.shape[1] * group, xp)
+    if B is not None and B.shape[0] < channels:
+        B = xp.pad(B, [(0, channels - B.shape[0])])
+    y = standard("Conv", X, w.astype(X.dtype), B, auto_pad=auto_pad, dilations=dilations, group=group,
+                 kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
+    if Sum is not None:
+        y = y + Sum
+    params = dict(zip(_CONV_ACTIVATION_PARAMS.get(activation, ()), activation_params or ()))
+    return _activate(y, activation, params, node, standard, xp)
+
+
+@_with_standard_ops("MaxPool", domain=NCHWC)
+def nchwc_max_pool(X, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides, standard, xp):
+    return standard("MaxPool", X, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                    kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides, xp=xp)
+
+
+@_with_standard_ops("AveragePool", domain=NCHWC)
+def nchwc_average_pool(X, *, auto_pad, ceil_mode, count_include_pad, dilations, kernel_shape, pads, strides,
+                       standard, xp):
+    return standard("AveragePool", X, auto_pad=auto_pad, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                    dilations=dilations, kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
+
+
+@_with_standard_ops("GlobalAveragePool", domain=NCHWC)
+def nchwc_global_average_pool(X, *, standard, xp):
+    return standard("GlobalAveragePool", X, xp=xp)
+
+
+@_with_standard_ops("GlobalMaxPool", domain=NCHWC)
+def nchwc_global_max_pool(X, *, standard, xp):
+    return standard("GlobalMaxPool", X, xp=xp)
