@@ -141,6 +141,7 @@ def make_keras() -> list[dict]:
 
     keras.utils.set_random_seed(SEED)
     entries = []
+    entries += _tf_functions(tf, tf2onnx, framework)
     lstm = keras.Sequential([keras.Input((12, 8)), keras.layers.LSTM(16, return_sequences=True),
                              keras.layers.LSTM(16), keras.layers.Dense(4, activation="softmax")])
     entries.append(convert(lstm, "keras_lstm.onnx", [12, 8], "keras Sequential: LSTM(16, return_sequences) -> LSTM(16) -> Dense softmax"))
@@ -186,6 +187,57 @@ def make_keras() -> list[dict]:
                            "keras functional U-Net: SeparableConv2D(swish), strided Conv2D(elu), Conv2DTranspose, "
                            "UpSampling2D bilinear and nearest, Concatenate, ZeroPadding2D, sigmoid"))
     entries.append(convert(cnn, "keras_cnn.onnx", [28, 28, 1], "keras Sequential CNN: Conv2D, BatchNorm, MaxPool, DepthwiseConv2D, GAP, Dense softmax (NHWC)"))
+    return entries
+
+
+def _tf_functions(tf, tf2onnx, framework) -> list[dict]:
+    """Plain tf.functions (no Keras) over TF ops whose ONNX forms are intricate: bicubic resize,
+    depth_to_space, STFT, cumsum, top_k, gather_nd, einsum, sort."""
+    # A NumPy constant (a captured tf.constant would become a graph input).
+    w = __import__("numpy").random.default_rng(SEED).standard_normal((4, 6)).astype("float32")
+
+    def image_ops(x):  # NHWC [2, 8, 8, 4]
+        up = tf.image.resize(x, (13, 11), method="bicubic")
+        half = tf.image.resize(x, (5, 6), method="bilinear")
+        near = tf.image.resize(x, (16, 12), method="nearest")
+        d2s = tf.nn.depth_to_space(x, 2)
+        pooled = tf.nn.avg_pool2d(x, 3, 2, "SAME")
+        return up, half, near, d2s, pooled
+
+    def signal_ops(x):  # [2, 256]
+        spec = tf.signal.stft(x, frame_length=64, frame_step=32, fft_length=64)
+        mag = tf.abs(spec)
+        mel = tf.signal.linear_to_mel_weight_matrix(8, 33, 16000, 20.0, 4000.0)
+        # tf2onnx converts (R)FFT only when ComplexAbs consumes it.
+        return tf.math.log(tf.tensordot(mag, mel, 1) + 1e-6), tf.abs(tf.signal.rfft(x[:, :32]))
+
+    def math_ops(x):  # [3, 10, 4]
+        c = tf.math.cumsum(x, axis=1, exclusive=True, reverse=True)
+        vals, idx = tf.math.top_k(x[:, :, 0], k=3)
+        g = tf.gather_nd(x, tf.constant([[0, 1], [2, 9], [1, 5]]))
+        e = tf.einsum("btc,cd->btd", x, w)
+        srt = tf.sort(x[:, :, 1], axis=-1, direction="DESCENDING")
+        am = tf.argsort(x[:, :, 2], axis=-1)
+        lse = tf.reduce_logsumexp(x, axis=[1, 2])
+        wh = tf.where(x > 0.5, x * 2.0, tf.clip_by_value(x, -0.5, 0.5))
+        return c, vals, idx, g, e, srt, am, lse, wh
+
+    entries = []
+    for fn, name, shape, source in [
+        (image_ops, "tf_image_ops.onnx", [2, 8, 8, 4],
+         "tf.function: tf.image.resize bicubic/bilinear/nearest, depth_to_space, avg_pool2d SAME"),
+        (signal_ops, "tf_signal_ops.onnx", [2, 256],
+         "tf.function: tf.signal.stft (frame 64, step 32), abs, mel weight matrix, log; abs(rfft)"),
+        (math_ops, "tf_math_ops.onnx", [3, 10, 4],
+         "tf.function: cumsum (exclusive, reverse), top_k, gather_nd, einsum, sort descending, argsort, "
+         "reduce_logsumexp, where, clip_by_value"),
+    ]:
+        spec = (tf.TensorSpec(shape, tf.float32, name="x"),)
+        path = OUT / name
+        tf2onnx.convert.from_function(tf.function(fn, input_signature=spec), input_signature=spec, opset=17,
+                                      output_path=str(path))
+        entries.append(_entry(path, "keras", "tf2onnx", tf2onnx.__version__, source,
+                              {"x": {"shape": shape, "dtype": "float32"}}, framework))
     return entries
 
 
