@@ -94,6 +94,17 @@ def quantize_cases():
     cases["QuantizeLinear-no-zero-point"] = (
         _model([_node("QuantizeLinear", ["x", "s"], ["y"])], [("x", F32, x.shape)], [("y", U8, x.shape)],
                {"s": _s(0.05)}), {"x": x})
+    # Every value on a rounding midpoint: the division must be the one correctly rounded float32
+    # division onnxruntime does (XLA's reciprocal rewrite moved a third of these on JAX).
+    mid = ((rng.integers(-100, 100, 2000) + 0.5) * np.float32(0.03)).astype(np.float32)
+    for domain in ("", MS):
+        cases[f"QuantizeLinear-midpoints-{domain or 'onnx'}"] = (
+            _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], domain=domain)],
+                   [("x", F32, mid.shape)], [("y", U8, mid.shape)], {"s": _s(0.03), "z": np.uint8(128)}),
+            {"x": mid})
+    cases["DynamicQuantizeLinear-midpoints"] = (
+        _model([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], [("x", F32, mid.shape)],
+               [("y", U8, mid.shape), ("s", F32, []), ("z", U8, [])]), {"x": mid})
     q16 = _rand_q(rng, (3, 2, 4), np.int16)
     cases["DequantizeLinear-int16-axis0"] = (
         _model([_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)], [("q", I16, q16.shape)],

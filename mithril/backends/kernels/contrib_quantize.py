@@ -9,7 +9,9 @@ optimizer fuses DynamicQuantizeMatMul and MatMulIntegerToFloat.
 Integer outputs follow onnxruntime's CPU kernels: dequantize as ``scale * (x - zero_point)`` in
 float32, requantize as ``round_half_even(y / scale) + zero_point`` saturated, or, where onnxruntime
 requantizes an int32 accumulator, ``round_half_even(acc * multiplier) + zero_point``. An absent
-zero point is 0 of the data's type.
+zero point is 0 of the data's type. Divisions go through quantize.py's ``_divide`` and summed
+products through ``_uncontracted``, so that XLA's rewrites (reciprocal multiplication, fused
+multiply-add) cannot move a value across a rounding midpoint on JAX.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ...errors import UnsupportedAttributeError
 from ..registry import kernel
 from . import nn, rnn
 from .quantize import (
+    _divide,
     _int_matmul,
     _integer_range,
     _shifted,
@@ -35,26 +38,12 @@ MS = "com.microsoft"
 F32 = numpy.float32
 
 
-def _zero_point(zero_point, like, xp):
-    """The zero point, or 0 of ``like``'s integer type when the input is absent."""
-    return xp.zeros((), dtype=like.dtype) if zero_point is None else zero_point
-
-
 def _dequantize(x, scale, zero_point, xp):
     """scale * (x - zero_point) in float32, per tensor."""
     diff = x.astype(numpy.int32)
     if zero_point is not None:
         diff = diff - zero_point.reshape(()).astype(numpy.int32)
     return diff.astype(F32) * scale.reshape(()).astype(F32)
-
-
-def _divide(y, d):
-    """y / d correctly rounded elementwise, also under XLA, whose simplifier rewrites a division by
-    a broadcast value as a multiplication by its reciprocal and (a / b) / c as a / (b * c), each one
-    ulp off at times, enough to round a midpoint the other way. Adding y * 0 (zero for finite y)
-    to both operands makes them elementwise values those rewrites do not match."""
-    zero = y * F32(0)
-    return (y + zero) / (d + zero)
 
 
 def _uncontracted(v):
@@ -68,7 +57,7 @@ def _quantize(y, scale, zero_point, dtype, xp, shift_first=False):
     """round_half_even(y / scale) + zero_point, saturated to ``dtype``; per tensor. ``shift_first``
     adds the zero point before rounding, in float32, as onnxruntime's pooling kernels do (the sum
     can round to a midpoint that y / scale alone does not reach)."""
-    y = _divide(y.astype(F32), scale.reshape(()).astype(F32))
+    y = _divide(y.astype(F32), scale.reshape(()).astype(F32), xp)
     zero = F32(0) if zero_point is None else zero_point.reshape(()).astype(F32)
     y = xp.round(y + zero) if shift_first else xp.round(y) + zero
     lo, hi = _integer_range(dtype)
@@ -187,7 +176,7 @@ def qlinear_average_pool(
     for _, tap in nn._taps(nn._pad_spatial(x, win, 0, xp), win):
         total = tap if total is None else total + tap
     counts = nn._window_counts(size, win, count_include_pad).astype(F32)
-    y = _divide(total, xp.asarray(counts))
+    y = _divide(total, xp.asarray(counts), xp)
     y = _quantize(y, y_scale, y_zero_point, _out_dtype(y_zero_point, X), xp, shift_first=True)
     return _from_channels_first(y, channels_last, xp)
 
@@ -242,7 +231,7 @@ def qlinear_softmax(X, X_scale, x_zero_point=None, y_scale=None, y_zero_point=No
     total = xp.sum(e, axis=-1, keepdims=True)
     # onnxruntime scales by floor(1 / y_scale), then divides by the row's sum, in float32.
     inv = xp.floor(F32(1) / y_scale.reshape(()).astype(F32))
-    q = xp.round(_divide(e * inv, total)).astype(numpy.int32)
+    q = xp.round(_divide(e * inv, total, xp)).astype(numpy.int32)
     if y_zero_point is not None:
         q = q + y_zero_point.reshape(()).astype(numpy.int32)
     # Values above 255 become 255, then wrap to the output type (int8's 128 reads -128), as onnxruntime.
