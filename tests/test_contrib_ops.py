@@ -10,8 +10,9 @@
     models_zoo's BERT (with Attention or MultiHeadAttention) and GPT-2 (transformers, random
     weights), the session's optimized_model_filepath at ORT_ENABLE_EXTENDED and ORT_ENABLE_ALL on
     a small CNN/MLP and an opset-13 MLP block, ORT_ENABLE_ALL's NCHWc layout (com.microsoft.nchwc) on
-    x86, and the 4-bit MatMulNBitsQuantizer (symmetric and with zero points). Each asserts that the tool really wrote the ops expected, so a tool that
-    stopped fusing fails the test instead of passing it.
+    x86, and the 4-bit MatMulNBitsQuantizer (symmetric and with zero points). Each asserts that the
+    tool really wrote the ops expected, so a tool that stopped fusing fails the test instead of
+    passing it.
 """
 
 from __future__ import annotations
@@ -784,8 +785,9 @@ def _session_optimized(level: str, tmp_path_factory, build=None):
 
 def _nchwc_cnn() -> onnx.ModelProto:
     """Convolutions for ORT_ENABLE_ALL's NCHWc layout: blocked input (16 channels, so a ReorderInput), a
-    depthwise convolution with a residual Add (its Sum input), max, average and global pooling, and a
-    first-layer convolution from 3 to 24 channels (output channels padded to a 16-channel block)."""
+    depthwise convolution with a residual Add (its Sum input), max, average and global pooling, linear
+    and nearest upsampling, and a first-layer convolution from 3 to 24 channels (output channels padded
+    to a 16-channel block)."""
     rng = np.random.default_rng(24)
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -799,12 +801,18 @@ def _nchwc_cnn() -> onnx.ModelProto:
         helper.make_node("Conv", ["rgb", "W4", "B4"], ["c4"], strides=[2, 2], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c4"], ["r4"]),
         helper.make_node("GlobalMaxPool", ["r4"], ["m4"]),
+        helper.make_node("Resize", ["p", "", "up"], ["u1"], mode="linear",
+                         coordinate_transformation_mode="align_corners"),
+        helper.make_node("Resize", ["u1", "", "up"], ["u2"], mode="nearest", nearest_mode="floor",
+                         coordinate_transformation_mode="asymmetric"),
+        helper.make_node("Conv", ["u2", "W5"], ["u"]),
     ]
     inits = {"W1": _f(rng, 32, 16, 3, 3, scale=0.1), "B1": _f(rng, 32), "W2": _f(rng, 32, 1, 3, 3, scale=0.3),
              "B2": _f(rng, 32), "W3": _f(rng, 32, 32, 1, 1, scale=0.2), "W4": _f(rng, 24, 3, 3, 3, scale=0.3),
-             "B4": _f(rng, 24)}
+             "B4": _f(rng, 24), "up": np.array([1, 1, 2, 2], np.float32), "W5": _f(rng, 16, 32, 1, 1)}
     return _model(nodes, [("x", F32, [2, 16, 8, 8]), ("rgb", F32, [2, 3, 8, 8])],
-                  [("g", F32, [2, 32, 1, 1]), ("m4", F32, [2, 24, 1, 1])], inits, opset=13)
+                  [("g", F32, [2, 32, 1, 1]), ("m4", F32, [2, 24, 1, 1]), ("u", F32, [2, 16, 16, 16])], inits,
+                  opset=13)
 
 
 def _nchwc_optimized(tmp_path_factory):
@@ -872,7 +880,7 @@ TOOL_MODELS = {
                                         _has_onnx_ops("LayerNormalization", "SimplifiedLayerNormalization")),
     "cnn-nchwc-ORT_ENABLE_ALL": (_nchwc_optimized, set(),
                                  _has_nchwc_ops("ReorderInput", "Conv", "ReorderOutput", "MaxPool", "AveragePool",
-                                                "GlobalAveragePool")),
+                                                "GlobalAveragePool", "Upsample")),
     "matmul-nbits-4bit-symmetric": (lambda t: _matmul_nbits_quantized(True, t), {"MatMulNBits"}),
     "matmul-nbits-4bit-asymmetric": (lambda t: _matmul_nbits_quantized(False, t), {"MatMulNBits"},
                                      _has_input("MatMulNBits", 3)),

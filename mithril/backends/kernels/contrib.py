@@ -724,3 +724,11 @@ def nchwc_global_average_pool(X, *, standard, xp):
 @_with_standard_ops("GlobalMaxPool", domain=NCHWC)
 def nchwc_global_max_pool(X, *, standard, xp):
     return standard("GlobalMaxPool", X, xp=xp)
+
+
+@_with_standard_ops("Upsample", domain=NCHWC)
+def nchwc_upsample(X, *, scales, mode, coordinate_transformation_mode, standard, xp):
+    # Integer scales: nearest repeats each pixel (the floor of x / scale), linear interpolates as Resize does.
+    return standard("Resize", X, None, numpy.asarray(scales, dtype=numpy.float32), None, mode=mode,
+                    coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=-0.75,
+                    exclude_outside=0, extrapolation_value=0.0, nearest_mode="floor", xp=xp)
