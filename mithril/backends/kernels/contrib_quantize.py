@@ -110,11 +110,16 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
 
 @kernel("QLinearMul", since=1, domain=MS)
 def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, *, xp):
+    # MLAS: the exact int32 product of the shifted inputs, times A_scale * B_scale / C_scale, plus
+    # C's zero point, then rounded (the zero point is added before rounding, in float32).
     multiplier = A_scale.reshape(()).astype(F32) * B_scale.reshape(()).astype(F32) / C_scale.reshape(()).astype(F32)
     a = _shifted(A, None if A_zero_point is None else A_zero_point.reshape(()), xp)
     b = _shifted(B, None if B_zero_point is None else B_zero_point.reshape(()), xp)
-    zp = None if C_zero_point is None else C_zero_point.reshape(())
-    return _requantize(a * b, multiplier, zp, _out_dtype(C_zero_point, A), xp)
+    zero = F32(0) if C_zero_point is None else C_zero_point.reshape(()).astype(F32)
+    y = xp.round(_uncontracted((a * b).astype(F32) * multiplier) + zero)
+    dtype = _out_dtype(C_zero_point, A)
+    lo, hi = _integer_range(dtype)
+    return xp.clip(y, lo, hi).astype(dtype)
 
 
 def _sigmoid(x, xp):
