@@ -589,3 +589,22 @@ def test_validate_compares_zipmap_outputs():
     assert compare("p", "numpy", [{0: 0.25, 1: 0.75}], ref).passed
     assert not compare("p", "numpy", [{0: 0.25, 1: 0.7}], ref).passed
     assert not compare("p", "numpy", [{0: 0.25, 2: 0.75}], ref).passed
+
+
+def test_single_target_trees_sum_by_matmul():
+    """Gradient boosting writes one tree per class: such forests sum as [N, T] x [T, K] (no [N, T, K]
+    gather); a random forest's leaves score every class and keep the gather."""
+    from mithril.backends.kernels import ml as ml_kernels
+
+    def forest(case):
+        model, _, _ = _built(case)
+        node = next(n for n in model.graph.node if n.op_type == "TreeEnsembleClassifier")
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        return ml_kernels._forest_v3(
+            a["nodes_treeids"], a["nodes_nodeids"], a["nodes_featureids"], [m.decode() for m in a["nodes_modes"]],
+            a["nodes_values"], a["nodes_truenodeids"], a["nodes_falsenodeids"], None, a["class_treeids"],
+            a["class_nodeids"], a["class_ids"], a["class_weights"], len(a["classlabels_int64s"]), False)
+
+    boosted = forest("gradient_boosting_classifier")
+    assert boosted.tree_target is not None and sorted(set(boosted.tree_target.tolist())) == [0, 1, 2]
+    assert forest("random_forest_classifier").tree_target is None

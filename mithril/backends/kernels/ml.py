@@ -588,6 +588,29 @@ class _Forest:
     weights: np.ndarray  # float64 [G, K]
     has_weight: np.ndarray  # bool [G, K]
     double: bool  # thresholds and weights given as double tensors
+    # Each tree's one target when every tree scores a single target (gradient boosting writes a
+    # tree per class): sums are then a [N, T] x [T, K] product instead of a [N, T, K] gather.
+    tree_target: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.tree_target = _single_target_trees(self)
+
+
+def _single_target_trees(f: "_Forest") -> np.ndarray | None:
+    if (f.has_weight.sum(axis=1) > 1).any():
+        return None
+    node_target = np.where(f.has_weight.any(axis=1), f.has_weight.argmax(axis=1), -1)
+    tree_target = np.full(len(f.roots), -1, dtype=np.int64)
+    level, tree = f.roots, np.arange(len(f.roots))
+    for _ in range(f.depth + 1):
+        scored = node_target[level] >= 0
+        tree_target[tree[scored]] = node_target[level][scored]
+        if (tree_target[tree[scored]] != node_target[level][scored]).any():
+            return None  # a tree scoring two targets
+        inner = f.mode[level] != _LEAF
+        level = np.concatenate([f.true[level[inner]], f.false[level[inner]]])
+        tree = np.concatenate([tree[inner], tree[inner]])
+    return np.maximum(tree_target, 0)
 
 
 def _depth(roots, true, false, leaf) -> int:
@@ -692,6 +715,13 @@ def _leaves(forest: _Forest, x, xp):
 
 def _aggregate(forest: _Forest, leaves, aggregate, dtype, xp):
     """Per-row sums (or averages, minima, maxima) over the trees and whether any tree scored: [N, K] twice."""
+    if forest.tree_target is not None and aggregate in ("SUM", "AVERAGE"):
+        k = forest.weights.shape[1]
+        per_tree = xp.asarray((forest.tree_target[:, None] == np.arange(k)).astype(dtype))  # [T, K]
+        s = xp.matmul(xp.take(xp.asarray(forest.weights.sum(axis=1).astype(dtype)), leaves), per_tree)
+        scored = xp.take(xp.asarray(forest.has_weight.any(axis=1).astype(dtype)), leaves)
+        has = xp.matmul(scored, per_tree) > 0
+        return (s / len(forest.roots) if aggregate == "AVERAGE" else s), has
     w = xp.asarray(forest.weights.astype(dtype))
     picked = xp.take(w, leaves, axis=0)  # [N, T, K]
     has_all = xp.take(xp.asarray(forest.has_weight), leaves, axis=0)
