@@ -133,12 +133,12 @@ def _binary_cases(op):
     a, b = _rand_q(rng, (3, 5), np.int8), _rand_q(rng, (3, 5), np.int8)
     # Enough values that a different rounding order shows (a QLinearMul rounding before adding the
     # zero point missed 25 of 20000).
-    a, b = _rand_q(rng, (50, 400), np.uint8), _rand_q(rng, (50, 400), np.uint8)
+    big_a, big_b = _rand_q(rng, (50, 400), np.uint8), _rand_q(rng, (50, 400), np.uint8)
     cases[f"{op}-u8-large"] = (
         _model([_node(op, ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["c"])],
-               [("a", U8, a.shape), ("b", U8, b.shape)], [("c", U8, a.shape)],
+               [("a", U8, big_a.shape), ("b", U8, big_b.shape)], [("c", U8, big_a.shape)],
                {"sa": _s(0.1), "za": np.uint8(120), "sb": _s(0.07), "zb": np.uint8(130),
-                "sc": _s(0.05 if op == "QLinearAdd" else 0.5), "zc": np.uint8(125)}), {"a": a, "b": b})
+                "sc": _s(0.05 if op == "QLinearAdd" else 0.5), "zc": np.uint8(125)}), {"a": big_a, "b": big_b})
     # onnxruntime's type inference rejects absent zero points here, so the int8 case gives them.
     cases[f"{op}-i8"] = (
         _model([_node(op, ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["c"])],
