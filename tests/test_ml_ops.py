@@ -197,6 +197,15 @@ def normalizer(norm):
     return build
 
 
+def normalizer_edge_rows():
+    # A row whose norm is 0 stays as it is; MAX divides by the (signed) largest value.
+    nodes = [helper.make_node("Normalizer", ["X"], [f"Y{n}"], domain=ML, norm=n) for n in ("MAX", "L1", "L2")]
+    model = _model(nodes, [("X", TensorProto.FLOAT, [None, 3])],
+                   [(f"Y{n}", TensorProto.FLOAT, [None, 3]) for n in ("MAX", "L1", "L2")], 1)
+    x = np.array([[0, 0, 0], [-1, -2, -3], [0, -2, -0.5], [1, -1, 0]], np.float32)
+    return model, {"X": x}
+
+
 def binarizer():
     x, _ = _iris()
     return _sk(preprocessing.Binarizer(threshold=3.0).fit(x), x), {"X": x}
@@ -493,7 +502,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     (hist_gradient_boosting_regressor, None), (string_label_tree, STRINGS), (logistic_regression_zipmap, None),
     (logistic_regression_binary, None), (linear_svc, None), (linear_regression, None),
     (scaler_svc_probability, None), (svc_binary_probability, None), (svc_decision_votes, None), (svr, None),
-    (binarizer, None), (simple_imputer, None), (standard_scaler, None), (one_hot_int64, None),
+    (normalizer_edge_rows, None), (binarizer, None), (simple_imputer, None), (standard_scaler, None), (one_hot_int64, None),
     (one_hot_strings, STRINGS), (dict_vectorizer_pipeline, None), (category_and_label_maps, STRINGS),
     (label_encoder_tensors, None), (label_encoder_int_to_float, None), (features_and_imputer, None),
     (cast_map_and_zipmap, None), (cast_map_to_string, STRINGS), (linear_classifier_softmax_zero, STRINGS),

@@ -173,7 +173,7 @@ def normalizer(x, *, norm, xp):
         n = xp.sqrt(xp.sum(x * x, axis=1, keepdims=True))
     else:
         raise ValueError(f"Normalizer norm {norm!r} is not MAX/L1/L2")
-    return x / n
+    return x / xp.where(n == 0, xp.ones_like(n), n)  # onnxruntime leaves a row whose norm is 0 as it is
 
 
 @kernel("Imputer", since=1, domain=ML)
