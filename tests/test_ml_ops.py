@@ -494,6 +494,17 @@ def svm_kernels(kernel_type):
     return build
 
 
+def svm_without_support_vectors():
+    # No vectors_per_class: a linear SVM, one score per class (coefficients [classes, features]);
+    # with two classes a positive top score picks the second label.
+    nodes = [helper.make_node("SVMClassifier", ["X"], ["label", "scores"], domain=ML, classlabels_ints=[10, 11],
+                              coefficients=[0.5, -1.25, 0.75, -0.5, 1.0, 0.25], rho=[0.1], post_transform="LOGISTIC",
+                              kernel_params=[0.0, 0.0, 0.0])]
+    model = _model(nodes, [("X", TensorProto.FLOAT, [None, 3])],
+                   [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 2])], 1)
+    return model, {"X": np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)}
+
+
 # case -> (builder, what MLX lacks for it or None)
 CASES = {f.__name__: (f, need) for f, need in [
     (random_forest_classifier, None), (random_forest_binary, None), (random_forest_regressor, None),
@@ -515,6 +526,7 @@ CASES = {f.__name__: (f, need) for f, need in [
                                           ("class1_only_mixed_signs", [0.5], "NONE"))],
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],
     *[(normalizer(n), None) for n in ("l1", "l2", "max")],
+    (svm_without_support_vectors, None),
     *[(svm_kernels(k), None) for k in ("LINEAR", "POLY", "RBF", "SIGMOID")],
 ]}
 
