@@ -333,11 +333,16 @@ def _window_counts(size, win: _Window, count_include_pad):
 def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None, xp):
     size = x.shape[2:]
     win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    padded = _pad_spatial(x, win, 0, xp)
+    # float16/bfloat16 windows are summed in float32, as onnxruntime does: the sum of a window
+    # overflows float16 (inf) long before its mean does.
+    low = numpy.dtype(x.dtype).name in ("float16", "bfloat16")
+    xs = x.astype(numpy.float32) if low else x
+    padded = _pad_spatial(xs, win, 0, xp)
     total = None
     for _, tap in _taps(padded, win):
         total = tap if total is None else total + tap
-    return total / xp.asarray(_window_counts(size, win, count_include_pad), dtype=x.dtype)
+    mean = total / xp.asarray(_window_counts(size, win, count_include_pad), dtype=xs.dtype)
+    return mean.astype(x.dtype) if low else mean
 
 
 @kernel("LpPool", since=1)
