@@ -30,6 +30,16 @@ FOUND_AND_FIXED = [
      "statistics in float32 (stash_type taken as an exact type, not a least precision)", "8654015"),
     ("exception", "an acyclic graph whose nodes are not written in topological order (onnxruntime runs "
      "it) failed at compile with a bare RuntimeError from onnx_ir's clone; load_onnx now sorts it", "528052f"),
+    ("mismatch", "Reduce*/ArgMax/ArgMin with keepdims other than 0 or 1 (2, -1) kept the reduced axes; "
+     "onnxruntime keeps them only for 1", "4c61694"),
+    ("mismatch", "TopK with largest other than 0 or 1 returned the largest values; onnxruntime reads only 1 "
+     "as largest", "c5d1c13"),
+    ("mismatch", "Pad with a negative pad longer than the data (pads [5, -3] on 2 elements) cropped with a "
+     "wrapped-around slice, keeping the wrong elements", "3ef7aa7"),
+    ("exception", "a graph input or output declaring element type UNDEFINED (or an unknown number) loaded and "
+     "then failed with a bare KeyError in np_dtype_of_onnx; now refused at load like onnxruntime", "5f929b2"),
+    ("mismatch", "AveragePool on float16 summed each window in float16: windows of large values averaged "
+     "to inf (onnxruntime sums in float32)", "9d23dbe"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),

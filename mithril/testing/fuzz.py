@@ -173,8 +173,10 @@ def op_binary(draw, st, b, v):
         other = draw(st.sampled_from(same)).name
     else:
         other = b.floats(_broadcast_shape(draw, st, v.shape), v.dtype)
-    if op == "Pow":  # a positive base keeps the result real
+    if op == "Pow":  # a positive base and exponent keep the result real and finite
         v = b.node("Abs", [v.name], v.shape, v.dtype)
+        other = b.const(np.clip(np.abs(b.rng.standard_normal(_broadcast_shape(draw, st, v.shape))) + 0.5, 0.5, 3)
+                        .astype(v.dtype))
     inputs = [v.name, other] if draw(st.booleans()) or op == "Pow" else [other, v.name]
     return b.node(op, inputs, v.shape, v.dtype)
 
@@ -958,13 +960,22 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
         return result
     result["compared"] = True
     bad = []
+    nonfinite = []
     for name, r in ref.items():
         if name not in got:
             continue
         rep = compare_output(name, "numpy", got[name], r)
-        if not rep.passed:
+        if not rep.passed and _only_nonfinite_differ(got[name], r):
+            nonfinite.append(name)
+        elif not rep.passed:
             bad.append(f"{name}: got {rep.dtype}{list(rep.shape)} vs onnxruntime {np.asarray(r).dtype}"
                        f"{list(np.shape(r))}, max abs err {rep.max_abs_err:.3g} {rep.note}")
+    if nonfinite and not bad:
+        # inf/NaN propagation differs between correct implementations (onnxruntime's float16
+        # AveragePool turns an inf in a window into a finite value; ReduceMean of an empty
+        # set is NaN in the ONNX reference and Mithril, 0 in onnxruntime): counted, not a bug.
+        result["not_compared"] = "differences only where a value is inf or NaN"
+        return result
     if bad:
         ops = sorted({n.op_type for n in _node_protos(data)})
         return {"outcome": "mismatch", "signature": f"mismatch in graph of {'+'.join(ops)[:120]}",
@@ -985,6 +996,20 @@ def _check_input_sizes(model, shapes, limit: int = 1 << 24) -> None:
         dims = [d if isinstance(d, int) and d > 0 else 1 for d in v.shape]
         if math.prod(dims) > limit:
             raise InputTooLargeForFuzzing(f"input {v.name!r} is declared {list(v.shape)}: too large for random data")
+
+
+def _only_nonfinite_differ(got, ref) -> bool:
+    """Same shape and dtype, and every element outside tolerance is inf or NaN on one side."""
+    from mithril.validate import tolerance_for
+
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape or got.dtype != ref.dtype or got.dtype.kind not in "fc":
+        return False
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    rtol, atol = tolerance_for(ref.dtype)
+    with np.errstate(all="ignore"):
+        close = np.isclose(g, r, rtol=rtol, atol=atol, equal_nan=True)
+    return bool(np.all(close | ~np.isfinite(g) | ~np.isfinite(r)))
 
 
 def _has_nonfinite_constants(model) -> bool:
