@@ -380,6 +380,19 @@ def tree_regressor_modes(aggregate):
     return build
 
 
+def tree_regressor_one_target(aggregate):
+    # One target: a leaf without a weight scores 0, which MIN and MAX take into account.
+    def build():
+        nodes = [helper.make_node(
+            "TreeEnsembleRegressor", ["X"], ["Y"], domain=ML, n_targets=1, aggregate_function=aggregate,
+            base_values=[0.5], target_treeids=[0, 0, 1], target_nodeids=[2, 3, 1], target_ids=[0, 0, 0],
+            target_weights=[0.1, 0.2, 0.05], **_tree_nodes())]
+        return _model(nodes, [("X", TensorProto.FLOAT, [None, 3])], [("Y", TensorProto.FLOAT, [None, 1])], 3), \
+            {"X": TREE_X}
+    build.__name__ = f"tree_regressor_one_target_{aggregate.lower()}"
+    return build
+
+
 def tree_classifier_modes(post_transform):
     def build():
         nodes = [helper.make_node(
@@ -519,6 +532,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     (cast_map_and_zipmap, None), (cast_map_to_string, STRINGS), (linear_classifier_softmax_zero, STRINGS),
     (linear_models_narrow_input, None),
     *[(tree_regressor_modes(a), None) for a in ("SUM", "AVERAGE", "MIN", "MAX")],
+    *[(tree_regressor_one_target(a), None) for a in ("MIN", "AVERAGE")],
     *[(tree_classifier_modes(p), None) for p in ("NONE", "SOFTMAX", "LOGISTIC")],
     *[(tree_binary(*c), None) for c in (("both_classes", [0.1, -0.2], "LOGISTIC"),
                                           ("class1_on_some_leaves", None, "SOFTMAX"),

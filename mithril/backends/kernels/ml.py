@@ -656,6 +656,8 @@ def _forest_v3(tree_ids, node_ids, feature_ids, modes, values, true_ids, false_i
     cols = np.asarray(w_target_ids, dtype=np.int64)
     np.add.at(weights, (rows, cols), np.asarray(w_weights, dtype=np.float64))
     has[rows, cols] = True
+    if n_targets == 1:  # onnxruntime's one-target path: a leaf without a weight scores 0 (MIN/MAX see it)
+        has[leaf, 0] = True
     return _Forest(np.asarray(feature_ids, dtype=np.int64), np.asarray(values, dtype=np.float64), mode, true, false,
                    mt, None, roots, _depth(roots, true, false, leaf), weights, has, double)
 
