@@ -562,7 +562,7 @@ def svm_regressor(x, *, coefficients, kernel_params=None, kernel_type, n_support
     s = (s + float(rho[0]))[:, None]
     if one_class:
         s = xp.where(s > 0, xp.ones_like(s), -xp.ones_like(s))
-    return _transform(s, post_transform, xp)
+    return s  # onnxruntime applies no post_transform to an SVM regression (PROBIT included)
 
 
 # -- tree ensembles ---------------------------------------------------------------------------------
