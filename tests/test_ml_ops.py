@@ -508,6 +508,15 @@ def svm_kernels(kernel_type):
     return build
 
 
+def linear_classifier_one_score():
+    # One row of coefficients for two labels: onnxruntime writes [1 - p, p], p = logistic(score).
+    nodes = [helper.make_node("LinearClassifier", ["X"], ["label", "scores"], domain=ML, coefficients=[0.75, -1.5],
+                              intercepts=[0.05], classlabels_ints=[4, 9], post_transform="LOGISTIC")]
+    model = _model(nodes, [("X", TensorProto.FLOAT, [None, 2])],
+                   [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 2])], 1)
+    return model, {"X": np.random.default_rng(3).uniform(-1, 1, (6, 2)).astype(np.float32)}
+
+
 def svm_without_support_vectors():
     # No vectors_per_class: a linear SVM, one score per class (coefficients [classes, features]);
     # with two classes a positive top score picks the second label.
@@ -541,7 +550,7 @@ CASES = {f.__name__: (f, need) for f, need in [
                                           ("class1_only_mixed_signs", [0.5], "NONE"))],
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],
     *[(normalizer(n), None) for n in ("l1", "l2", "max")],
-    (svm_without_support_vectors, None),
+    (svm_without_support_vectors, None), (linear_classifier_one_score, None),
     *[(svm_kernels(k), None) for k in ("LINEAR", "POLY", "RBF", "SIGMOID")],
 ]}
 

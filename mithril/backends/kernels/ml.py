@@ -409,7 +409,8 @@ def linear_classifier(x, *, coefficients, intercepts=None, classlabels_ints=None
             label = _labels(positive.astype(np.int64), labels, xp)
             if post_transform == "PROBIT":
                 return label, _probit(s, xp)
-            return label, _second_class(s[:, 0], post_transform, False, xp)
+            one = _logistic(s[:, 0], xp) if post_transform == "LOGISTIC" else s[:, 0]  # then [1 - p, p]
+            return label, _second_class(one, post_transform, False, xp)
         pair = ["0", "1"] if classlabels_strings else [0, 1]
         return _labels(positive.astype(np.int64), pair, xp), _transform(s, post_transform, xp)
     return _labels(xp.argmax(s, axis=1), labels, xp), _transform(s, post_transform, xp)
