@@ -119,12 +119,17 @@ def _transform(scores, post_transform, xp):
 
 
 def _second_class(s, post_transform, mixed: bool, xp):
-    """A binary classifier's one score [N] as two columns, the way onnxruntime writes them."""
+    """A binary classifier's one score [N] as two columns, the way onnxruntime writes them: with
+    mixed-sign weights [-s, s] (LOGISTIC: [logistic(-s), logistic(s)]); otherwise [1 - p, p] with
+    p = logistic(s) under LOGISTIC and s else, or [probit(s), s] under PROBIT."""
     if mixed:
         if post_transform == "LOGISTIC":
             return xp.stack([_logistic(-s, xp), _logistic(s, xp)], axis=1)
         return xp.stack([-s, s], axis=1)
-    return xp.stack([1 - s, s], axis=1)
+    if post_transform == "PROBIT":
+        return xp.stack([_probit(s, xp), s], axis=1)
+    p = _logistic(s, xp) if post_transform == "LOGISTIC" else s
+    return xp.stack([1 - p, p], axis=1)
 
 
 def _labels(index, labels, xp):
@@ -407,10 +412,7 @@ def linear_classifier(x, *, coefficients, intercepts=None, classlabels_ints=None
         positive = s[:, 0] > 0
         if len(labels) == 2:
             label = _labels(positive.astype(np.int64), labels, xp)
-            if post_transform == "PROBIT":
-                return label, _probit(s, xp)
-            one = _logistic(s[:, 0], xp) if post_transform == "LOGISTIC" else s[:, 0]  # then [1 - p, p]
-            return label, _second_class(one, post_transform, False, xp)
+            return label, _second_class(s[:, 0], post_transform, False, xp)
         pair = ["0", "1"] if classlabels_strings else [0, 1]
         return _labels(positive.astype(np.int64), pair, xp), _transform(s, post_transform, xp)
     return _labels(xp.argmax(s, axis=1), labels, xp), _transform(s, post_transform, xp)
@@ -534,10 +536,7 @@ def svm_classifier(x, *, classlabels_ints=None, classlabels_strings=None, coeffi
             return label, _transform(scores, post_transform, xp)
         scores = xp.stack(pair_scores, axis=1)
         if k <= 2:
-            s = pair_scores[0]
-            if post_transform == "PROBIT":
-                return label, _probit(scores, xp)
-            return label, _second_class(s, post_transform, post_transform == "NONE", xp)
+            return label, _second_class(pair_scores[0], post_transform, post_transform == "NONE", xp)
         return label, _transform(scores, post_transform, xp)
     # Linear SVM: one score per class.
     w = coef.reshape(k, -1)
@@ -845,9 +844,8 @@ def tree_ensemble_classifier(x, *, base_values=None, base_values_as_tensor=None,
         single = xp.stack([_probit(v0, xp), zero], axis=1)
     elif mixed is None:
         single = xp.stack([v0, zero], axis=1)
-    else:  # with all-positive weights onnxruntime applies LOGISTIC before pairing the one score
-        single = _second_class(_logistic(v0, xp) if not mixed and post_transform == "LOGISTIC" else v0,
-                               post_transform, mixed, xp)
+    else:
+        single = _second_class(v0, post_transform, mixed, xp)
     return label, xp.where(two[:, None], pair, single)
 
 
