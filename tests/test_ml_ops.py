@@ -517,6 +517,22 @@ def linear_classifier_one_score():
     return model, {"X": np.random.default_rng(3).uniform(-1, 1, (6, 2)).astype(np.float32)}
 
 
+def svc_binary_scores(post_transform):
+    # Two classes without probabilities: the one decision value written as two columns.
+    def build():
+        rng = np.random.default_rng(1)
+        sv = rng.standard_normal((4, 3)).astype(np.float32)
+        nodes = [helper.make_node("SVMClassifier", ["X"], ["label", "scores"], domain=ML, classlabels_ints=[0, 1],
+                                  vectors_per_class=[2, 2], support_vectors=sv.ravel().tolist(),
+                                  coefficients=[0.5, -0.3, 0.8, -1.0], rho=[0.1], kernel_type="RBF",
+                                  kernel_params=[0.4, 0.0, 0.0], post_transform=post_transform)]
+        model = _model(nodes, [("X", TensorProto.FLOAT, [None, 3])],
+                       [("label", TensorProto.INT64, [None]), ("scores", TensorProto.FLOAT, [None, 2])], 1)
+        return model, {"X": rng.standard_normal((6, 3)).astype(np.float32)}
+    build.__name__ = f"svc_binary_scores_{post_transform.lower()}"
+    return build
+
+
 def svm_without_support_vectors():
     # No vectors_per_class: a linear SVM, one score per class (coefficients [classes, features]);
     # with two classes a positive top score picks the second label.
@@ -551,6 +567,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],
     *[(normalizer(n), None) for n in ("l1", "l2", "max")],
     (svm_without_support_vectors, None), (linear_classifier_one_score, None),
+    *[(svc_binary_scores(p), None) for p in ("NONE", "LOGISTIC")],
     *[(svm_kernels(k), None) for k in ("LINEAR", "POLY", "RBF", "SIGMOID")],
 ]}
 
