@@ -109,6 +109,9 @@ def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, xp):
     y = ((xs - mean) * inv_std_dev).astype(X.dtype) * Scale
     if B is not None:
         y = y + B
+    if tuple(y.shape) != tuple(X.shape):  # Scale and B broadcast to the normalized dims, never widen X
+        raise ValueError(f"Scale {tuple(Scale.shape)} and B {None if B is None else tuple(B.shape)} do not "
+                         f"broadcast to the normalized dims {tuple(X.shape[axis:])}")
     return y, mean, inv_std_dev
 
 
