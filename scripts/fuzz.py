@@ -40,6 +40,8 @@ FOUND_AND_FIXED = [
      "then failed with a bare KeyError in np_dtype_of_onnx; now refused at load like onnxruntime", "5f929b2"),
     ("mismatch", "AveragePool on float16 summed each window in float16: windows of large values averaged "
      "to inf (onnxruntime sums in float32)", "9d23dbe"),
+    ("mismatch", "LayerNormalization with a B or Scale that widens the input (B [2,0,0,1] on [6]) ran and "
+     "returned an empty [2,0,0,6] tensor; now refused with the shapes", "e661c55"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
