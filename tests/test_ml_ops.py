@@ -4,8 +4,9 @@ Models come from scikit-learn estimators fitted here on small data (iris, diabet
 with skl2onnx, plus hand-made graphs for what the converters never write (tree node modes other than
 BRANCH_LEQ, TreeEnsemble 5 with set membership, MIN/MAX/AVERAGE aggregation, SVM kernels, label
 maps, CastMap, FeatureVectorizer). Outputs must match onnxruntime's: labels, strings and integers
-exactly, float32 scores within 1e-4 relative plus 1e-5 absolute (measured: at most 1.1e-7 relative
-on the trees, 3e-7 on SVC probabilities, whose pairwise coupling iterates in float32 on both sides).
+exactly, float32 scores within 1e-4 relative plus 1e-5 absolute (measured over every case and
+backend: at most 1.3e-6 relative on regressions (SVR's outputs near 150: 1.1e-4 absolute, sums in
+another order), 6e-6 absolute on SVC probabilities, whose pairwise coupling iterates in float32).
 
 MLX holds neither strings nor float64: cases that need them are refused at compile with that reason,
 which the test checks before it skips.
