@@ -518,6 +518,21 @@ def linear_classifier_one_score():
     return model, {"X": np.random.default_rng(3).uniform(-1, 1, (6, 2)).astype(np.float32)}
 
 
+def linear_regressor_probit():
+    # PROBIT is onnxruntime's closed-form erfinv approximation, not the exact inverse: one target
+    # and three (scores kept inside (0, 1), where the probit is finite).
+    nodes = [
+        helper.make_node("LinearRegressor", ["X"], ["one"], domain=ML, coefficients=[0.2, -0.1], intercepts=[0.5],
+                         post_transform="PROBIT"),
+        helper.make_node("LinearRegressor", ["X"], ["three"], domain=ML, targets=3,
+                         coefficients=[0.2, -0.1, 0.05, 0.15, -0.2, 0.1], intercepts=[0.5, 0.3, 0.7],
+                         post_transform="PROBIT"),
+    ]
+    model = _model(nodes, [("X", TensorProto.FLOAT, [None, 2])],
+                   [("one", TensorProto.FLOAT, [None, 1]), ("three", TensorProto.FLOAT, [None, 3])], 1)
+    return model, {"X": np.random.default_rng(4).uniform(-1, 1, (6, 2)).astype(np.float32)}
+
+
 def svc_binary_scores(post_transform):
     # Two classes without probabilities: the one decision value written as two columns.
     def build():
@@ -568,7 +583,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     *[(tree_ensemble_v5(a, p), None) for a, p in ((0, 0), (1, 1), (2, 2), (3, 3))],
     *[(normalizer(n), None) for n in ("l1", "l2", "max")],
     (svm_without_support_vectors, None), (linear_classifier_one_score, None),
-    *[(svc_binary_scores(p), None) for p in ("NONE", "LOGISTIC")],
+    *[(svc_binary_scores(p), None) for p in ("NONE", "LOGISTIC")], (linear_regressor_probit, None),
     *[(svm_kernels(k), None) for k in ("LINEAR", "POLY", "RBF", "SIGMOID")],
 ]}
 
