@@ -10,9 +10,14 @@ their own numpy/protobuf, so they live in venvs of their own and never in Mithri
         --skl-python /tmp/sklvenv/bin/python --paddle-python /tmp/paddlevenv/bin/python
 
 or one producer at a time (`.venv/bin/python scripts/make_real_corpus.py wheels`). A producer whose
-tools don't import is skipped with the reason, and the reason is written to the MANIFEST. Every
-producer rewrites only its own entries of tests/data/real/MANIFEST.json, so producers run under
-different interpreters add up to one manifest.
+tools don't import under its interpreter is skipped with the reason (its committed files stay);
+`make_real_corpus.py GROUP --unavailable REASON` records in the MANIFEST that a tool cannot be
+installed at all. Every producer rewrites only its own entries of tests/data/real/MANIFEST.json,
+so producers run under different interpreters add up to one manifest. ort_quant and float16
+transform files of the other producers, so they run last.
+
+paddle2onnx 2.1.0 imports `packaging` without declaring it, and on first use pip-installs sympy
+and onnxruntime into its venv for its constant folding.
 
 Every file is byte-reproducible except tf2onnx's: the names its optimizer makes
 (const_fold_opt__835) follow an object-id order that changes between runs; the graphs are the same.
