@@ -784,9 +784,6 @@ def tree_ensemble_regressor(x, *, aggregate_function, base_values=None, base_val
                              post_transform, xp, np.dtype(np.float32))
 
 
-kernel("TreeEnsembleRegressor", since=3, domain=ML)(tree_ensemble_regressor)
-
-
 @kernel("TreeEnsembleClassifier", since=1, domain=ML)
 def tree_ensemble_classifier(x, *, base_values=None, base_values_as_tensor=None, class_ids, class_nodeids,
                              class_treeids, class_weights=None, class_weights_as_tensor=None,
@@ -847,6 +844,11 @@ def tree_ensemble_classifier(x, *, base_values=None, base_values_as_tensor=None,
     else:
         single = _second_class(v0, post_transform, mixed, xp)
     return label, xp.where(two[:, None], pair, single)
+
+
+# Version 3 adds the *_as_tensor attributes (double thresholds and weights), which these kernels take.
+kernel("TreeEnsembleRegressor", since=3, domain=ML)(tree_ensemble_regressor)
+kernel("TreeEnsembleClassifier", since=3, domain=ML)(tree_ensemble_classifier)
 
 
 def _forest_v5(tree_roots, modes, splits, features, true_ids, true_leafs, false_ids, false_leafs, missing,
