@@ -48,6 +48,10 @@ class KernelSpec:
     nondeterministic: bool = False
     # Output shapes depend on input values (NonZero, Unique): blocks whole-graph jit.
     data_dependent_shape: bool = False
+    # For ops ONNX shape inference does not know (com.microsoft): (inputs, attributes) -> one
+    # (shape, dtype) per output, or None; inputs are (static shape or None, dtype or None) pairs,
+    # None for a missing input. Lets Shape sub-graphs after such ops fold at compile.
+    output_shapes: Callable | None = None
     accepts: frozenset[str] = field(default_factory=frozenset)
     accepts_var_keyword: bool = False
 

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # Folding never materializes constants larger than this (elements): they would bloat the program.
 FOLD_SIZE_LIMIT = 1 << 22
+# At most this many rounds of ONNX inference alternating with the kernels' output-shape rules.
+RULE_ROUNDS = 32
 
 
 def _graphs(graph: ir.Graph):
@@ -88,12 +90,22 @@ def set_input_shapes(model: ir.Model, shapes: dict[str, Iterable[int]] | None) -
 
 
 def infer_shapes(model: ir.Model) -> ir.Model:
-    """ONNX shape inference with data propagation; failure leaves the model unchanged."""
+    """ONNX shape inference with data propagation; failure leaves the model unchanged. Outputs of
+    ops ONNX does not know get shapes from their kernels' rules, and inference runs again."""
     # onnx_ir logs a traceback when inference fails; the model then keeps its declared shapes,
     # which is a normal outcome here (unknown dims stay unknown), not an error to show users.
     if any(v.type is None for v in model.graph.inputs):
         # An untyped input (a map, whose type onnx_ir cannot hold) crashes onnx's C++ inference.
         return model
+    # Each round carries shapes across one more op ONNX does not know; stop when none was set.
+    for _ in range(RULE_ROUNDS):
+        _onnx_shape_inference(model)
+        if not _apply_output_shape_rules(model):
+            break
+    return model
+
+
+def _onnx_shape_inference(model: ir.Model) -> None:
     ir_logger = logging.getLogger("onnx_ir.passes.common.shape_inference")
     level = ir_logger.level
     ir_logger.setLevel(logging.ERROR)
@@ -105,7 +117,47 @@ def infer_shapes(model: ir.Model) -> ir.Model:
         pass  # inferred types onnx_ir cannot read (ZipMap's sequence of maps): keep the declared ones
     finally:
         ir_logger.setLevel(level)
-    return model
+
+
+def _apply_output_shape_rules(model: ir.Model) -> bool:
+    """Shapes of outputs ONNX inference leaves unknown, from the kernels' ``output_shapes`` rules
+    (ops of domains onnx.defs does not know). Returns whether any shape was set."""
+    from ..onnx_bridge.schema import attribute_defaults, convert_attribute, is_graph_attribute
+
+    opsets = {_canonical_domain(d): v for d, v in model.opset_imports.items()}
+    changed = False
+    for node in model.graph:
+        outputs = [o for o in node.outputs if o.name]
+        if not outputs or all(o.shape is not None for o in outputs):
+            continue
+        domain = _canonical_domain(node.domain)
+        opset = opsets.get(domain, 1)
+        spec = REGISTRY.resolve(node.op_type, opset, domain)
+        if spec is None or spec.output_shapes is None:
+            continue
+        inputs = [None if v is None else (static_shape(v), _numpy_dtype(v)) for v in node.inputs]
+        attrs = dict(attribute_defaults(node.op_type, opset, domain))
+        attrs.update({k: convert_attribute(a) for k, a in node.attributes.items() if not is_graph_attribute(a)})
+        try:
+            results = spec.output_shapes(inputs, attrs)
+        except Exception as exc:  # an unusual node: its shapes stay unknown, as before
+            logger.debug("no output shapes for %s: %s", node.op_type, exc)
+            continue
+        for out, (shape, dtype) in zip(node.outputs, results or ()):
+            if shape is None or out.shape is not None:
+                continue
+            out.shape = ir.Shape(shape)
+            if out.type is None and dtype is not None:
+                out.type = ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))
+            changed = True
+    return changed
+
+
+def _numpy_dtype(value: ir.Value):
+    try:
+        return value.dtype.numpy() if value.type is not None and value.dtype is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def static_shape(value: ir.Value) -> tuple[int, ...] | None:
