@@ -35,6 +35,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
+from mithril.compile import JitFallbackWarning
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -411,6 +412,28 @@ def test_op_matches_onnxruntime(case, backend):
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, err_msg=f"{case} {name} on {backend}")
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_output_shape_rules_match_onnxruntime(case):
+    """ONNX shape inference does not know com.microsoft ops; the kernels' rules give their output
+    shapes and types (graph outputs declared without a type, so nothing else can)."""
+    import onnx_ir as ir
+
+    from mithril.onnx_bridge import passes
+
+    model, feeds = CASES[case]
+    stripped = onnx.ModelProto.FromString(model.SerializeToString())
+    for out in stripped.graph.output:
+        out.ClearField("type")
+    loaded = ir.serde.deserialize_model(stripped)
+    passes.infer_shapes(loaded)
+    if case not in _reference:
+        _reference[case] = _ort_run(model, feeds)
+    for out in loaded.graph.outputs:
+        want = _reference[case][out.name]
+        assert passes.static_shape(out) == want.shape, (out.name, out.shape, want.shape)
+        assert out.dtype is not None and out.dtype.numpy() == want.dtype, (out.name, out.dtype, want.dtype)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_qlinear_reduce_mean_follows_its_definition(backend):
     """onnxruntime has no CPU kernel for QLinearReduceMean: the reference is its documented
@@ -612,6 +635,23 @@ def test_tool_writes_the_expected_quantized_ops(tool_model, name):
     ops = {f"{n.domain}:{n.op_type}" for n in model.graph.node}
     missing = TOOL_MODELS[name][2] - ops
     assert not missing, f"{name}: the tool no longer writes {sorted(missing)}; it wrote {sorted(ops)}"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning:torch")
+def test_fixed_shapes_fold_shape_subgraphs_after_quantized_ops(tool_model):
+    """With the input shapes fixed, BERT's mask arithmetic (Shape of a LayerNormalization fed by
+    QLinearAdd) folds, so JAX runs the quantized model as one jitted program."""
+    import re
+
+    model, feeds, want = tool_model("bert-static-qoperator")
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    ops = re.findall(r"# (\w+) '", ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes=shapes).code)
+    assert "QLinearAdd" in ops and "Shape" not in ops
+    if "jax" in BACKENDS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", JitFallbackWarning)
+            got = _mithril_run(model, feeds, "jax")
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
 
 
 def _missing_kernels(model):

@@ -77,20 +77,165 @@ def _out_dtype(zero_point, x):
     return numpy.dtype((x if zero_point is None else zero_point).dtype)
 
 
+# -- output shapes for compile-time shape inference (ONNX's does not know this domain) ------------
+# Each rule maps the inputs' (static shape or None, numpy dtype or None) pairs and the node's
+# attributes to one (shape, dtype) per output; a None leaves that output unknown.
+def _in(inputs, i):
+    return inputs[i] if i < len(inputs) and inputs[i] is not None else (None, None)
+
+
+def _dtype_of(inputs, *indices):
+    """The dtype of the first present input among ``indices``."""
+    for i in indices:
+        if _in(inputs, i)[1] is not None:
+            return _in(inputs, i)[1]
+    return None
+
+
+def _like(index, *dtype_from):
+    def rule(inputs, attrs):
+        return [(_in(inputs, index)[0], _dtype_of(inputs, *(dtype_from or (index,))))]
+
+    return rule
+
+
+def _quantize_rule(inputs, attrs):
+    return [(_in(inputs, 0)[0], _dtype_of(inputs, 2) or numpy.dtype(numpy.uint8))]
+
+
+def _broadcast(*indices, dtype_from):
+    def rule(inputs, attrs):
+        shapes = [_in(inputs, i)[0] for i in indices]
+        shape = None if any(s is None for s in shapes) else tuple(numpy.broadcast_shapes(*shapes))
+        return [(shape, _dtype_of(inputs, *dtype_from))]
+
+    return rule
+
+
+def _matmul_shape(a, b):
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    return tuple(numpy.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1])
+
+
+def _matmul_rule(dtype):
+    def rule(inputs, attrs):
+        out = dtype if dtype is not None else _dtype_of(inputs, 2)
+        return [(_matmul_shape(_in(inputs, 0)[0], _in(inputs, 1)[0]), out)]
+
+    return rule
+
+
+def _window_shape(shape, channels_last, kernel, attrs):
+    """(N, C, *spatial) output shape of a convolution or pooling window over ``shape``."""
+    if shape is None:
+        return None
+    first = (shape[0], shape[-1], *shape[1:-1]) if channels_last else tuple(shape)
+    win = nn._window(first[2:], kernel, attrs.get("strides"), attrs.get("dilations"), attrs.get("pads"),
+                     attrs.get("auto_pad") or "NOTSET", attrs.get("ceil_mode") or 0)
+    return first[:2], tuple(win.out)
+
+
+def _pool_rule(inputs, attrs):
+    shape = _in(inputs, 0)[0]
+    last = attrs.get("channels_last")
+    found = _window_shape(shape, last, tuple(attrs["kernel_shape"]), attrs)
+    if found is None:
+        return [(None, _dtype_of(inputs, 4, 0))]
+    (n, c), out = found
+    return [((n, *out, c) if last else (n, c, *out), _dtype_of(inputs, 4, 0))]
+
+
+def _conv_rule(inputs, attrs):
+    shape, w = _in(inputs, 0)[0], _in(inputs, 3)[0]
+    last = attrs.get("channels_last")
+    if shape is None or w is None:
+        return [(None, _dtype_of(inputs, 7))]
+    (n, _), out = _window_shape(shape, last, tuple(attrs.get("kernel_shape") or w[2:]), attrs)
+    return [((n, *out, w[0]) if last else (n, w[0], *out), _dtype_of(inputs, 7))]
+
+
+def _global_pool_rule(inputs, attrs):
+    shape = _in(inputs, 0)[0]
+    if shape is None:
+        return [(None, _dtype_of(inputs, 4))]
+    ones = (1,) * (len(shape) - 2)
+    out = (shape[0], *ones, shape[-1]) if attrs.get("channels_last") else (shape[0], shape[1], *ones)
+    return [(out, _dtype_of(inputs, 4))]
+
+
+def _reduce_mean_rule(inputs, attrs):
+    shape = _in(inputs, 0)[0]
+    if shape is None:
+        return [(None, _dtype_of(inputs, 4, 0))]
+    axes = {a % len(shape) for a in (attrs.get("axes") or range(len(shape)))}
+    keep = attrs.get("keepdims", 1)
+    out = tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
+    return [(out, _dtype_of(inputs, 4, 0))]
+
+
+def _concat_rule(inputs, attrs):
+    parts = [_in(inputs, i)[0] for i in range(2, len(inputs), 3)]
+    if not parts or any(p is None for p in parts):
+        return [(None, _dtype_of(inputs, 1))]
+    axis = attrs["axis"] % len(parts[0])
+    out = list(parts[0])
+    out[axis] = sum(p[axis] for p in parts)
+    return [(tuple(out), _dtype_of(inputs, 1))]
+
+
+def _qgemm_rule(inputs, attrs):
+    a, b = _in(inputs, 0)[0], _in(inputs, 3)[0]
+    shape = None
+    if a is not None and b is not None:
+        shape = (a[1] if attrs.get("transA") else a[0], b[0] if attrs.get("transB") else b[1])
+    dtype = numpy.dtype(F32) if _in(inputs, 7)[0] is None and _in(inputs, 7)[1] is None else _dtype_of(inputs, 8)
+    return [(shape, dtype)]
+
+
+def _lstm_rule(inputs, attrs):
+    x, r = _in(inputs, 0)[0], _in(inputs, 2)[0]
+    if x is None:
+        return [(None, F32)] * 3
+    hidden = attrs.get("hidden_size") or (r[1] if r is not None else None)
+    if hidden is None:
+        return [(None, F32)] * 3
+    d = 2 if attrs.get("direction") == "bidirectional" else 1
+    state = (d, x[1], hidden)
+    return [((x[0], d, x[1], hidden), F32), (state, F32), (state, F32)]
+
+
+def _qattention_rule(inputs, attrs):
+    x, w, past = _in(inputs, 0)[0], _in(inputs, 1)[0], _in(inputs, 8)[0]
+    dtype = _dtype_of(inputs, 3)
+    if x is None or w is None:
+        return [(None, dtype), (None, dtype)]
+    hidden, heads = w[1] // 3, attrs["num_heads"]
+    total = x[1] + (past[3] if past is not None else 0)
+    return [((x[0], x[1], hidden), dtype), ((2, x[0], heads, total, hidden // heads), dtype)]
+
+
+def _qembed_rule(inputs, attrs):
+    ids, word = _in(inputs, 0)[0], _in(inputs, 2)[0]
+    if ids is None or word is None:
+        return [(None, F32), (None, numpy.int32)]
+    return [((ids[0], ids[1], word[1]), F32), ((ids[0],), numpy.int32)]
+
+
 # -- Quantize/DequantizeLinear: 16-bit and 4-bit types, axis optional ---------------------------
-@kernel("QuantizeLinear", since=1, domain=MS)
+@kernel("QuantizeLinear", since=1, domain=MS, output_shapes=_quantize_rule)
 def ms_quantize_linear(x, y_scale, y_zero_point=None, *, axis=None, xp):
     # No axis means per tensor: the scale is a scalar and any axis broadcasts the same.
     return quantize_linear(x, y_scale, y_zero_point, axis=1 if axis is None else axis, xp=xp)
 
 
-@kernel("DequantizeLinear", since=1, domain=MS)
+@kernel("DequantizeLinear", since=1, domain=MS, output_shapes=_like(0, 1))
 def ms_dequantize_linear(x, x_scale, x_zero_point=None, *, axis=None, xp):
     return dequantize_linear(x, x_scale, x_zero_point, axis=1 if axis is None else axis, xp=xp)
 
 
 # -- elementwise --------------------------------------------------------------------------------
-@kernel("QLinearAdd", since=1, domain=MS)
+@kernel("QLinearAdd", since=1, domain=MS, output_shapes=_broadcast(0, 3, dtype_from=(7, 0)))
 def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, *, xp):
     # MLAS's vector kernel: the raw inputs times their scale ratios to C, added to one fixed part
     # that folds all three zero points, then rounded; in float32 in this order.
@@ -108,7 +253,7 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     return xp.clip(y, lo, hi).astype(dtype)
 
 
-@kernel("QLinearMul", since=1, domain=MS)
+@kernel("QLinearMul", since=1, domain=MS, output_shapes=_broadcast(0, 3, dtype_from=(7, 0)))
 def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None, *, xp):
     # MLAS: the exact int32 product of the shifted inputs, times A_scale * B_scale / C_scale, plus
     # C's zero point, then rounded (the zero point is added before rounding, in float32).
@@ -126,20 +271,20 @@ def _sigmoid(x, xp):
     return 1 / (1 + xp.exp(-x))
 
 
-@kernel("QLinearSigmoid", since=1, domain=MS)
+@kernel("QLinearSigmoid", since=1, domain=MS, output_shapes=_like(0, 4, 0))
 def qlinear_sigmoid(X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None, *, xp):
     y = _sigmoid(_dequantize(X, X_scale, X_zero_point, xp), xp)
     return _quantize(y, Y_scale, Y_zero_point, _out_dtype(Y_zero_point, X), xp)
 
 
-@kernel("QLinearLeakyRelu", since=1, domain=MS)
+@kernel("QLinearLeakyRelu", since=1, domain=MS, output_shapes=_like(0, 4, 0))
 def qlinear_leaky_relu(X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None, *, alpha, xp):
     x = _dequantize(X, X_scale, X_zero_point, xp)
     y = xp.where(x >= 0, x, x * F32(alpha))
     return _quantize(y, Y_scale, Y_zero_point, _out_dtype(Y_zero_point, X), xp)
 
 
-@kernel("QLinearWhere", since=1, domain=MS)
+@kernel("QLinearWhere", since=1, domain=MS, output_shapes=_broadcast(0, 1, 4, dtype_from=(8, 1)))
 def qlinear_where(condition, X, x_scale, x_zero_point, Y, y_scale, y_zero_point, z_scale, z_zero_point, *, xp):
     dtype = _out_dtype(z_zero_point, X)
     x = _quantize(_dequantize(X, x_scale, x_zero_point, xp), z_scale, z_zero_point, dtype, xp)
@@ -147,7 +292,7 @@ def qlinear_where(condition, X, x_scale, x_zero_point, Y, y_scale, y_zero_point,
     return xp.where(condition, x, y)
 
 
-@kernel("QLinearConcat", since=1, domain=MS)
+@kernel("QLinearConcat", since=1, domain=MS, output_shapes=_concat_rule)
 def qlinear_concat(Y_scale, Y_zero_point, *inputs, axis, xp):
     # Inputs come as (tensor, scale, zero point) triples, each requantized to Y's parameters.
     dtype = numpy.dtype(Y_zero_point.dtype)
@@ -167,7 +312,7 @@ def _from_channels_first(x, channels_last, xp):
     return xp.moveaxis(x, 1, -1) if channels_last else x
 
 
-@kernel("QLinearAveragePool", since=1, domain=MS)
+@kernel("QLinearAveragePool", since=1, domain=MS, output_shapes=_pool_rule)
 def qlinear_average_pool(
     X, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None, *, auto_pad, kernel_shape, pads, strides,
     ceil_mode=0, count_include_pad=0, channels_last=0, xp,
@@ -186,7 +331,7 @@ def qlinear_average_pool(
     return _from_channels_first(y, channels_last, xp)
 
 
-@kernel("QLinearGlobalAveragePool", since=1, domain=MS)
+@kernel("QLinearGlobalAveragePool", since=1, domain=MS, output_shapes=_global_pool_rule)
 def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0, xp):
     # MLAS sums the integers, then requantizes the sum with x_scale / (y_scale * count).
     axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
@@ -196,7 +341,7 @@ def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
     return _requantize(total, multiplier, y_zero_point.reshape(()), _out_dtype(y_zero_point, X), xp)
 
 
-@kernel("QLinearReduceMean", since=1, domain=MS)
+@kernel("QLinearReduceMean", since=1, domain=MS, output_shapes=_reduce_mean_rule)
 def qlinear_reduce_mean(data, data_scale, data_zero_point=None, reduced_scale=None, reduced_zero_point=None, *,
                         axes, keepdims, xp):
     x = _uncontracted(_dequantize(data, data_scale, data_zero_point, xp))
@@ -215,7 +360,7 @@ def _softmax_exponents(x_scale, reduce_len, xp):
     return xp.exp(steps * scale + shift).astype(F32)
 
 
-@kernel("QLinearSoftmax", since=1, domain=MS)
+@kernel("QLinearSoftmax", since=1, domain=MS, output_shapes=_like(0))
 def qlinear_softmax(X, X_scale, x_zero_point=None, y_scale=None, y_zero_point=None, *, axis=-1, xp, **attributes):
     # The node's "opset" attribute (the Softmax version it stands for) arrives through **attributes:
     # a keyword parameter named opset would receive the domain's opset instead.
@@ -255,7 +400,7 @@ def _column_param(param):
     return param if param.ndim <= 1 else param.reshape(-1)
 
 
-@kernel("QGemm", since=1, domain=MS)
+@kernel("QGemm", since=1, domain=MS, output_shapes=_qgemm_rule)
 def qgemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None, y_zero_point=None, *,
           alpha, transA, transB, node, xp):
     a = _shifted(A, a_zero_point.reshape(()), xp)
@@ -296,24 +441,24 @@ def _matmul_to_float(a, b, a_scale, b_scale, a_zero_point, b_zero_point, bias, x
     return y.astype(out_dtype)
 
 
-@kernel("MatMulIntegerToFloat", since=1, domain=MS)
+@kernel("MatMulIntegerToFloat", since=1, domain=MS, output_shapes=_matmul_rule(None))
 def matmul_integer_to_float(A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None, *, xp):
     return _matmul_to_float(A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias, xp)
 
 
-@kernel("DynamicQuantizeMatMul", since=1, domain=MS)
+@kernel("DynamicQuantizeMatMul", since=1, domain=MS, output_shapes=_matmul_rule(F32))
 def dynamic_quantize_matmul(A, B, b_scale, b_zero_point=None, bias=None, *, xp):
     # A is quantized to uint8 over the whole tensor, as DynamicQuantizeLinear does.
     a, a_scale, a_zero_point = dynamic_quantize_linear(A, xp=xp)
     return _matmul_to_float(a, B, a_scale, b_scale, a_zero_point, b_zero_point, bias, xp)
 
 
-@kernel("MatMulInteger16", since=1, domain=MS)
+@kernel("MatMulInteger16", since=1, domain=MS, output_shapes=_matmul_rule(numpy.int32))
 def matmul_integer16(A, B, *, xp):
     return _int_matmul(A, B, xp)
 
 
-@kernel("QLinearConv", since=1, domain=MS)
+@kernel("QLinearConv", since=1, domain=MS, output_shapes=_conv_rule)
 def ms_qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *,
                     auto_pad, dilations, group, kernel_shape, pads, strides, channels_last=0, xp):
     y = qlinear_conv(
@@ -339,7 +484,7 @@ def _dynamic_quantize(x, per_row, xp):
     return q.astype(numpy.uint8), scale, zero_point.astype(numpy.uint8)
 
 
-@kernel("DynamicQuantizeLSTM", since=1, domain=MS)
+@kernel("DynamicQuantizeLSTM", since=1, domain=MS, output_shapes=_lstm_rule)
 def dynamic_quantize_lstm(
     X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, W_scale=None, W_zero_point=None,
     R_scale=None, R_zero_point=None, *, activation_alpha, activation_beta, activations, clip, direction,
@@ -408,7 +553,7 @@ def _heads(t, num_heads, xp):
     return xp.transpose(t.reshape(batch, length, num_heads, width // num_heads), (0, 2, 1, 3))
 
 
-@kernel("QAttention", since=1, domain=MS)
+@kernel("QAttention", since=1, domain=MS, output_shapes=_qattention_rule)
 def qattention(
     input, weight, bias, input_scale, weight_scale, mask_index=None, input_zero_point=None, weight_zero_point=None,
     past=None, *, num_heads, unidirectional=0, scale=None, mask_filter_value=None, do_rotary=None,
@@ -442,7 +587,7 @@ def qattention(
     return out
 
 
-@kernel("QEmbedLayerNormalization", since=1, domain=MS)
+@kernel("QEmbedLayerNormalization", since=1, domain=MS, output_shapes=_qembed_rule)
 def qembed_layer_normalization(
     input_ids, segment_ids, word_embedding_quant, position_embedding_quant, segment_embedding, gamma_quant,
     beta_quant, mask, word_embedding_scale, position_embedding_scale, segment_embedding_scale, gamma_scale,
@@ -472,3 +617,4 @@ def qembed_layer_normalization(
     else:
         mask_index = xp.sum((mask == 1).astype(numpy.int32), axis=1).astype(numpy.int32)
     return y, mask_index
+
