@@ -4,7 +4,8 @@
 and present, per-channel scales, signed and unsigned types.
 (b) Models written by onnxruntime's own tools inside the test: ``quantize_dynamic`` and
 ``quantize_static`` (QOperator; QDQ; QDQ with int16 activations, which writes com.microsoft Q/DQ; a
-two-batch calibration reader) on a small torch CNN, an LSTM and a GRU, and a two-layer BERT (hidden
+two-batch calibration reader) on two small torch CNNs (the second with the ops kept in 8 bits: Pad,
+Split, Resize, Transpose, Reshape, ArgMax), an LSTM and a GRU, and a two-layer BERT (hidden
 32) before and after ``onnxruntime.transformers.optimizer.optimize_model``; and the files
 onnxruntime's session optimizer writes from dynamically quantized ones. Each file is first checked for the quantized
 ops the tool is expected to write, so a change in the tool fails here rather than passing vacuously.
@@ -20,8 +21,8 @@ steps). Files with the quantized ops themselves (QOperator, dynamic, onnxruntime
 agree to float32 precision in at least 95% of elements, which fails a kernel that is wrong rather
 than unlucky; measured, they agree everywhere (largest difference 3e-7 of the output's range). QDQ files are compared with onnxruntime running the graph
 as written (no QDQ fusion) and held to the bound alone: their float ops between Q/DQ pairs are the
-standard kernels, whose summation order differs from onnxruntime's by an ulp (6 of 32 CNN outputs
-one step apart).
+standard kernels, whose results can differ from onnxruntime's by an ulp (AveragePool's window sum,
+bilinear Resize), which the next QuantizeLinear turns into a step (6 of 32 CNN outputs).
 """
 
 from __future__ import annotations
@@ -488,6 +489,22 @@ class _CNN(torch.nn.Module):
         return torch.softmax(self.fc(f.flatten(1)), -1), g
 
 
+class _ResizeCNN(torch.nn.Module):
+    """Clip/Pad/Split/Resize (nearest and bilinear)/Transpose/Reshape/ArgMax: the ops the QOperator
+    quantizer keeps in 8 bits (onnxruntime's Direct8BitOp, QPad, QResize, QSplit, QArgMax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(4, 4, 3)
+
+    def forward(self, x):
+        a = torch.nn.functional.pad(torch.clamp(self.c1(x), 0, 6), (1, 1, 1, 1))
+        p, q = torch.chunk(a, 2, 1)
+        b = self.c2(p) + q[:, :, 1:-1, 1:-1]
+        up = [torch.nn.functional.interpolate(b, scale_factor=2, mode=m) for m in ("nearest", "bilinear")]
+        return torch.cat(up, 1).permute(0, 2, 3, 1).reshape(2, -1, 8), torch.argmax(b.flatten(2), -1)
+
+
 class _Recurrent(torch.nn.Module):
     def __init__(self, cell):
         super().__init__()
@@ -534,6 +551,8 @@ TOOL_MODELS = {
         f"{MS}:QLinearSigmoid", f"{MS}:QLinearMul", f"{MS}:QLinearLeakyRelu", f"{MS}:QLinearGlobalAveragePool",
         f"{MS}:QGemm", f"{MS}:QLinearSoftmax"}),
     "cnn-static-qdq": ("cnn", "qdq", {":QuantizeLinear", ":DequantizeLinear"}),
+    "resize-cnn-static-qoperator": ("resize-cnn", "qoperator", {
+        ":QLinearConv", f"{MS}:QLinearAdd", f"{MS}:QLinearConcat", ":Resize", ":Pad", ":ArgMax"}),
     "cnn-static-qdq-int16": ("cnn", "qdq16", {f"{MS}:QuantizeLinear", f"{MS}:DequantizeLinear"}),
     "lstm-dynamic": ("lstm", "dynamic", {f"{MS}:DynamicQuantizeLSTM", ":MatMulInteger"}),
     "gru-dynamic": ("gru", "dynamic", {":GRU", ":MatMulInteger"}),
@@ -569,6 +588,10 @@ def tool_model(tmp_path_factory):
         if kind == "cnn":
             _export(_CNN(), (torch.randn(2, 3, 16, 16),), ["x"], path)
             feeds = [{"x": np.random.default_rng(s).standard_normal((2, 3, 16, 16)).astype(np.float32)}
+                     for s in range(3)]
+        elif kind == "resize-cnn":
+            _export(_ResizeCNN(), (torch.randn(2, 3, 8, 8),), ["x"], path)
+            feeds = [{"x": np.random.default_rng(s).standard_normal((2, 3, 8, 8)).astype(np.float32)}
                      for s in range(3)]
         elif kind in ("lstm", "gru"):
             cell = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
