@@ -12,6 +12,8 @@ where it makes Mithril-internal ones).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -309,6 +311,7 @@ PASSES = {
     "fuse_matmul_bias": lambda m, c, o: passes.fuse_matmul_bias(m, c, o),
     "mark_stop_gradients": lambda m, c, o: passes.mark_stop_gradients(m),
     "remove_identities": lambda m, c, o: passes.remove_identities(m),
+    "inline_constant_ifs": lambda m, c, o: passes.inline_constant_ifs(m, c)[0],
     "remove_dead_nodes": lambda m, c, o: passes.remove_dead_nodes(m),
     "toposort": lambda m, c, o: passes.toposort(m),
     "specialize": lambda m, c, o: passes.specialize(m, None, c, o),
@@ -338,3 +341,32 @@ def test_pass_keeps_subgraph_semantics(pass_name, case):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def shape_guarded_if():
+    """silero-vad's pattern: an If on the input's size, branches of different rank and values
+    whose names the outer graph uses too."""
+    unsqueeze_axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    then = helper.make_graph([helper.make_node("Unsqueeze", ["h", "axes"], ["r"]),
+                              helper.make_node("Relu", ["r"], ["t"])], "then", [], [vi("t", [1, 2, 3])])
+    other = helper.make_graph([helper.make_node("Neg", ["h"], ["e"])], "else", [], [vi("e", ["N", 3])])
+    six = numpy_helper.from_array(np.array(6, np.int64), "six")
+    nodes = [helper.make_node("Sigmoid", ["x"], ["h"]), helper.make_node("Size", ["x"], ["n"]),
+             helper.make_node("Equal", ["n", "six"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+             helper.make_node("Identity", ["y"], ["r"])]
+    return model(nodes, [vi("x", ["N", 3])], [vi("r", None)], [six, unsqueeze_axes])
+
+
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_if_on_a_folded_condition_becomes_its_branch(backend):
+    proto = shape_guarded_if()
+    for rows in (2, 3):
+        x = np.linspace(-1, 1, rows * 3, dtype=np.float32).reshape(rows, 3)
+        expected = run_ort(proto, {"x": x})
+        pm = ml.compile(ml.load_onnx(proto), make_backend(backend), shapes={"x": [rows, 3]})
+        assert not any(n.op_type == "If" for n in pm.ir.graph.all_nodes()), "the If was not inlined"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the whole graph jits: no JitFallbackWarning
+            out = pm.evaluate(None, {"x": pm.backend.from_numpy(x)})
+        np.testing.assert_allclose(pm.backend.to_numpy(out["r"]), expected[0], rtol=1e-6, atol=1e-6)

@@ -1,8 +1,9 @@
 """Graph passes, each small and named, each taking and returning an onnx_ir model.
 
 The compile pipeline runs ``specialize(model, shapes, constant_names)`` which chains:
-inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants)* -> reduce_powers ->
-fuse_matmul_bias -> mark_stop_gradients -> remove_identities -> remove_dead_nodes -> toposort.
+inline_functions -> set_input_shapes -> (infer_shapes -> fold_constants -> inline_constant_ifs)* ->
+reduce_powers -> fuse_matmul_bias -> mark_stop_gradients -> remove_identities -> remove_dead_nodes ->
+toposort.
 """
 
 from __future__ import annotations
@@ -265,6 +266,63 @@ def fold_constants(
     return model, folded
 
 
+def _value_names(graph: ir.Graph) -> set[str]:
+    names = {v.name for v in graph.inputs} | set(graph.initializers)
+    for node in graph.all_nodes():
+        names.update(o.name for o in node.outputs if o.name)
+    return names
+
+
+def inline_constant_ifs(model: ir.Model, constant_names: set[str]) -> tuple[ir.Model, int]:
+    """An If whose condition is a constant becomes the nodes of the branch it takes.
+
+    Exporters guard shape-dependent code this way (silero-vad's ``If(Equal(Size(x), 4))``): once
+    shapes are fixed the condition folds, and inlining the branch leaves a graph a tracing jit can
+    take whole (JAX's conditional wants branches of one rank). Values moved up keep their names
+    unless one is taken in the outer graph. Returns the model and the number of If nodes inlined.
+    """
+    graph = model.graph
+    inlined = 0
+    for node in list(graph):
+        if node.op_type != "If" or _canonical_domain(node.domain) != "" or not node.inputs:
+            continue
+        cond = node.inputs[0]
+        if cond is None or cond.name not in constant_names or cond.const_value is None:
+            continue
+        flag = cond.const_value.numpy()
+        if flag.size != 1:
+            continue
+        attr = node.attributes.get("then_branch" if bool(flag.reshape(-1)[0]) else "else_branch")
+        if attr is None or attr.type != ir.AttributeType.GRAPH:
+            continue
+        branch = attr.value
+        if len(branch.outputs) != len(node.outputs) or branch.inputs:
+            continue
+        taken = _value_names(graph)
+        results = list(branch.outputs)
+        branch.outputs.clear()
+        for name, init in list(branch.initializers.items()):
+            del branch.initializers[name]
+            if name in taken:
+                init.name = f"{name}__{node.name or 'If'}_{inlined}"
+            graph.register_initializer(init)
+            constant_names.add(init.name)
+        for inner in list(branch):
+            branch.remove(inner, safe=False)
+            for out in inner.outputs:
+                if out.name and out.name in taken:
+                    out.name = f"{out.name}__{node.name or 'If'}_{inlined}"
+            graph.insert_before(node, inner)
+        for old, new in zip(node.outputs, results):
+            new.shape = _merge_dims(new.shape, old.shape)
+            if new.type is None:
+                new.type = old.type
+            _take_over(old, new)
+        graph.remove(node, safe=True)
+        inlined += 1
+    return model, inlined
+
+
 # The frontend's StopGradient exports as an Identity carrying this mark (onnxruntime ignores it).
 STOP_GRADIENT_MARK = "mithril.stop_gradient"
 INTERNAL_DOMAIN = "ai.mithril"
@@ -451,7 +509,8 @@ def specialize(
     for _ in range(max_rounds):
         _run_pass(infer_shapes, model)
         _, folded = _run_pass(fold_constants, model, constant_names, opsets)
-        if not folded:
+        _, inlined = _run_pass(inline_constant_ifs, model, constant_names)
+        if not folded and not inlined:
             break
     _run_pass(reduce_powers, model, constant_names, opsets)
     _run_pass(fuse_matmul_bias, model, constant_names, opsets)
