@@ -363,3 +363,22 @@ def test_graph_input_of_undefined_type_is_refused():
         m = model([helper.make_node("Relu", ["x"], ["y"])], inputs=[("x", dtype, [2])])
         with pytest.raises(errors.OnnxLoadError, match="graph input 'x' declares an invalid element type"):
             ml.load_onnx(m)
+
+
+def test_node_with_too_few_inputs_is_refused():
+    m = model([helper.make_node("Shape", [], ["s"], name="shape"), helper.make_node("Relu", ["x"], ["y"])])
+    with pytest.raises(errors.OnnxLoadError, match="node 'shape' \\(op Shape, opset 17\\) has 0 input\\(s\\); the schema takes 1"):
+        ml.load_onnx(m)
+
+
+def test_attribute_of_the_wrong_type_is_refused():
+    node = helper.make_node("Softmax", ["x"], ["y"], name="soft", axis=0)
+    node.attribute[0].type = onnx.AttributeProto.TENSOR  # declared a tensor, holds an int
+    with pytest.raises(errors.OnnxLoadError, match="attribute 'axis' is of type TENSOR but the schema wants INT"):
+        ml.load_onnx(model([node]))
+
+
+def test_missing_required_attribute_is_refused():
+    m = model([helper.make_node("Cast", ["x"], ["y"], name="cast")])
+    with pytest.raises(errors.OnnxLoadError, match="node 'cast' \\(op Cast, opset 17\\) lacks its required attribute 'to'"):
+        ml.load_onnx(m)

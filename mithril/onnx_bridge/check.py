@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
-from onnx import TensorProto
+from onnx import AttributeProto, TensorProto
 
 from ..errors import OnnxLoadError, TensorTooLargeError, UnsafeExternalDataError
 
@@ -195,6 +195,83 @@ def check_value_types(graph: onnx.GraphProto) -> None:
                     f"graph {kind} {v.name!r} declares an invalid element type "
                     f"{_dtype_name(v.type.tensor_type.elem_type)}"
                 )
+
+
+_SCHEMA_DOMAINS = ("", "ai.onnx.ml")
+_NO_SCHEMA = object()
+_schemas: dict[tuple[str, str, int], object] = {}
+
+
+def _schema(op_type: str, domain: str, opset: int):
+    key = (op_type, domain, opset)
+    if key not in _schemas:
+        try:
+            _schemas[key] = onnx.defs.get_schema(op_type, opset, domain)
+        except onnx.defs.SchemaError:
+            _schemas[key] = _NO_SCHEMA
+    found = _schemas[key]
+    return None if found is _NO_SCHEMA else found
+
+
+def check_node_schemas(proto: onnx.ModelProto) -> None:
+    """Nodes of the ONNX domains with a schema at the model's opset have as many inputs and
+    outputs as the schema allows, their required attributes, and attributes of the schema's
+    type (onnxruntime refuses all three when it resolves the graph; downstream they became
+    IndexErrors and conversion errors). Ops without a schema are left to compile, which names
+    them (UnsupportedOpsError) with every other op no backend has."""
+    opsets = {_canonical_domain(e.domain): e.version for e in proto.opset_import}
+    local = {(f.domain, f.name) for f in proto.functions}
+
+    def walk(graph: onnx.GraphProto, where: str) -> None:
+        for i, node in enumerate(graph.node):
+            domain = _canonical_domain(node.domain)
+            label = f"{where}node {_label(node, i)!r} (op {node.op_type}"
+            if domain in _SCHEMA_DOMAINS and domain in opsets and (node.domain, node.op_type) not in local:
+                schema = _schema(node.op_type, domain, opsets[domain])
+                if schema is not None:
+                    _check_node(node, schema, f"{label}, opset {opsets[domain]})")
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    walk(sub, f"{label}) subgraph {attr.name!r}: ")
+
+    walk(proto.graph, "")
+
+
+def _check_node(node: onnx.NodeProto, schema, label: str) -> None:
+    n_in, n_out = len(node.input), len(node.output)
+    if not schema.min_input <= n_in <= schema.max_input:
+        want = (f"{schema.min_input}" if schema.min_input == schema.max_input
+                else f"{schema.min_input} to {schema.max_input}" if schema.max_input < 2**31 - 1
+                else f"at least {schema.min_input}")
+        raise OnnxLoadError(f"{label} has {n_in} input(s); the schema takes {want}")
+    if not schema.min_output <= n_out <= schema.max_output:
+        want = (f"{schema.min_output}" if schema.min_output == schema.max_output
+                else f"{schema.min_output} to {schema.max_output}" if schema.max_output < 2**31 - 1
+                else f"at least {schema.min_output}")
+        raise OnnxLoadError(f"{label} has {n_out} output(s); the schema gives {want}")
+    given = {a.name: a for a in node.attribute}
+    for name, spec in schema.attributes.items():
+        attr = given.get(name)
+        if attr is None:
+            if spec.required:
+                raise OnnxLoadError(f"{label} lacks its required attribute {name!r}")
+            continue
+        want = int(spec.type.value) if hasattr(spec.type, "value") else int(spec.type)
+        # A reference in a function body is typed where it is bound; IR version 1 wrote no type.
+        if attr.ref_attr_name or attr.type == AttributeProto.UNDEFINED:
+            continue
+        if attr.type != want:
+            raise OnnxLoadError(
+                f"{label} attribute {name!r} is of type {_attr_type_name(attr.type)} but the schema wants "
+                f"{_attr_type_name(want)}"
+            )
+
+
+def _attr_type_name(code: int) -> str:
+    try:
+        return AttributeProto.AttributeType.Name(code)
+    except ValueError:
+        return str(code)
 
 
 def check_functions(proto: onnx.ModelProto) -> None:
@@ -456,5 +533,6 @@ def check_model(proto: onnx.ModelProto, base_dir: Path | None = None, max_tensor
     check_opsets(proto)
     check_graph_structure(proto.graph)
     check_value_types(proto.graph)
+    check_node_schemas(proto)
     check_functions(proto)
     check_tensors(proto, base_dir, max_tensor_bytes)
