@@ -97,8 +97,13 @@ def concat(*inputs, axis, xp):
     return xp.concatenate(inputs, axis=axis)
 
 
-def _split(input, sizes, axis):
+def _split(input, sizes, axis, num_outputs=None):
     axis = _axis(axis, input.ndim)
+    dim = input.shape[axis]
+    # As onnxruntime: one non-negative size per output, summing to the split axis.
+    if (num_outputs is not None and len(sizes) != num_outputs) or sum(sizes) != dim or min(sizes, default=0) < 0:
+        parts = f" into {num_outputs} outputs" if num_outputs is not None else ""
+        raise ValueError(f"split sizes {list(sizes)} do not cut axis {axis} (length {dim}){parts}")
     head = (slice(None),) * axis
     bounds = numpy.cumsum((0, *sizes))
     return tuple(input[(*head, slice(int(a), int(b)))] for a, b in zip(bounds[:-1], bounds[1:]))
@@ -113,7 +118,7 @@ def _even_sizes(dim: int, parts: int) -> tuple[int, ...]:
 @kernel("Split", since=2)
 def split_attr(input, *, axis, split, num_outputs):
     dim = input.shape[_axis(axis, input.ndim)]
-    return _split(input, split if split else _even_sizes(dim, num_outputs), axis)
+    return _split(input, split if split else _even_sizes(dim, num_outputs), axis, num_outputs)
 
 
 # Also Split-18: its num_outputs attribute equals the node's output count, and uneven
@@ -122,7 +127,7 @@ def split_attr(input, *, axis, split, num_outputs):
 def split(input, split=None, *, axis, num_outputs):
     dim = input.shape[_axis(axis, input.ndim)]
     sizes = _ints(split) if split is not None else _even_sizes(dim, num_outputs)
-    return _split(input, sizes, axis)
+    return _split(input, sizes, axis, num_outputs)
 
 
 # ---------------------------------------------------------------- slicing
