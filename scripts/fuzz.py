@@ -42,6 +42,12 @@ FOUND_AND_FIXED = [
      "to inf (onnxruntime sums in float32)", "9d23dbe"),
     ("mismatch", "LayerNormalization with a B or Scale that widens the input (B [2,0,0,1] on [6]) ran and "
      "returned an empty [2,0,0,6] tensor; now refused with the shapes", "e661c55"),
+    ("exception", "nodes with the wrong number of inputs/outputs, a missing required attribute or an attribute of "
+     "the wrong type (Shape with no input: IndexError in fold_constants; If with a TENSOR else_branch: "
+     "ValueError in convert_attribute) failed outside the error hierarchy; now refused at load against "
+     "the op's schema", "801e68e"),
+    ("exception", "Split with an empty split input (or sizes not summing to the axis) returned fewer parts than "
+     "outputs: bare IndexError at '_o[0]' in the generated program; now a KernelError", "c7b9439"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
@@ -50,7 +56,8 @@ FOUND_AND_FIXED = [
 OUTCOME_MEANING = {
     "ok": "loaded, compiled and ran (and matched onnxruntime where it also ran the model)",
     "refused": "a MithrilError: the expected refusal of a broken model",
-    "exception": "BUG: an exception outside the MithrilError hierarchy",
+    "exception": "BUG: an exception outside the MithrilError hierarchy, or one the public-API boundary "
+                 "wrapped (CompileError/PassError/EvaluationError with a non-Mithril cause)",
     "hang": "BUG: no answer within the per-case time limit (worker killed and replaced)",
     "crash": "BUG: the worker process died (worker replaced)",
     "mismatch": "BUG: Mithril and onnxruntime both ran it and an output differs beyond ml.validate's tolerance",

@@ -907,7 +907,10 @@ def _signature(exc: BaseException) -> str:
     site = next((f for f in reversed(frames) if "mithril" in f.filename and "testing" not in f.filename), None)
     if site is None and frames:
         site = frames[-1]
-    where = f"{Path(site.filename).name}:{site.lineno} ({site.name})" if site else "?"
+    if site is not None and site.filename.startswith("<mithril-"):  # a generated program: one name for all
+        where = f"generated program, line {site.lineno}: {(site.line or '').strip()[:80]}"
+    else:
+        where = f"{Path(site.filename).name}:{site.lineno} ({site.name})" if site else "?"
     return f"{type(exc).__name__} at {where}"
 
 
@@ -935,6 +938,11 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
             out = pm.evaluate(None, inputs)
             got = {k: np.asarray(backend.to_numpy(v)) for k, v in out.items()}
     except MithrilError as exc:
+        cause = _internal_cause(exc)
+        if cause is not None:  # an internal failure the public boundary wrapped: still a bug
+            return {"outcome": "exception", "signature": f"{type(exc).__name__} wrapping {_signature(cause)}",
+                    "message": str(exc)[:500],
+                    "traceback": "".join(traceback.format_exception(cause))[-3000:]}
         result = {"outcome": "refused", "error": type(exc).__name__, "message": str(exc)[:300]}
         if compare and inputs is not None:
             # Refused after loading: does onnxruntime run it? (Mithril refusing what the
@@ -1022,6 +1030,22 @@ def _check_input_sizes(model, shapes, limit: int = 1 << 24) -> None:
         dims = [d if isinstance(d, int) and d > 0 else 1 for d in v.shape]
         if math.prod(dims) > limit:
             raise InputTooLargeForFuzzing(f"input {v.name!r} is declared {list(v.shape)}: too large for random data")
+
+
+def _internal_cause(exc: MithrilError) -> BaseException | None:
+    """The non-Mithril exception behind a MithrilError raised by the public-API boundary
+    (``errors.public_api``: CompileError, PassError, EvaluationError, 'load_onnx failed: ...'),
+    which is a bug in Mithril rather than a refusal. A KernelError (a kernel refusing its inputs)
+    or an error Mithril raised on purpose is not."""
+    from mithril import errors
+
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, MithrilError) or isinstance(exc, errors.KernelError):
+        return None
+    boundary = tuple(getattr(errors, n) for n in ("CompileError", "EvaluationError") if hasattr(errors, n))
+    if isinstance(exc, boundary) or str(exc).startswith("load_onnx failed:"):
+        return cause
+    return None
 
 
 def _only_nonfinite_differ(got, ref) -> bool:
