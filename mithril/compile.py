@@ -344,7 +344,7 @@ def compile(
     trainable -= constant_keys
     if trainable_keys is None:
         trainable -= buffers
-    _check_backend_dtypes(graph, backend)
+    _check_backend_dtypes(graph, backend, set(param_names))
     program = lower_graph(
         graph,
         opsets,
@@ -387,10 +387,13 @@ def compile(
     return pm
 
 
-def _check_backend_dtypes(graph: ir.Graph, backend: Backend) -> None:
+def _check_backend_dtypes(graph: ir.Graph, backend: Backend, params: set[str]) -> None:
     """A dtype the backend cannot hold is an error at compile time, with the reason."""
     seen = set()
-    values = list(graph.inputs) + list(graph.initializers.values())
+    # A constant no node reads any more (an int4 weight whose DequantizeLinear folded) never
+    # reaches the backend; parameters do, read or not.
+    read = {v for node in graph.all_nodes() for v in node.inputs} | set(graph.outputs)
+    values = list(graph.inputs) + [v for v in graph.initializers.values() if v in read or v.name in params]
     for node in graph.all_nodes():
         values.extend(node.outputs)
     for v in values:
