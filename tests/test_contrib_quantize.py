@@ -2,13 +2,15 @@
 
 (a) One small hand-made graph per op, covering attributes and optional inputs: zero points absent
 and present, per-channel scales, signed and unsigned types.
+
 (b) Models written by onnxruntime's own tools inside the test: ``quantize_dynamic`` and
 ``quantize_static`` (QOperator; QDQ; QDQ with int16 activations or int4 weights, which write
-com.microsoft Q/DQ; a two-batch calibration reader) on two small torch CNNs (the second with the ops kept in 8 bits: Pad,
-Split, Resize, Transpose, Reshape, ArgMax), an LSTM and a GRU, and a two-layer BERT (hidden
-32) before and after ``onnxruntime.transformers.optimizer.optimize_model``; and the files
-onnxruntime's session optimizer writes from dynamically quantized ones. Each file is first checked for the quantized
-ops the tool is expected to write, so a change in the tool fails here rather than passing vacuously.
+com.microsoft Q/DQ; a two-batch calibration reader) on two small torch CNNs (the second with the ops
+kept in 8 bits: Pad, Split, Resize, Transpose, Reshape, ArgMax), an LSTM and a GRU, and a two-layer
+BERT (hidden 32) before and after ``onnxruntime.transformers.optimizer.optimize_model``; and the
+files onnxruntime's session optimizer writes from dynamically quantized ones. Each file is first
+checked for the quantized ops the tool is expected to write, so a change in the tool fails here
+rather than passing vacuously.
 
 Tolerances. Integer outputs of single ops compare exactly: the kernels reproduce onnxruntime's
 rounding (half to even) and saturation. Float outputs of single ops (dequantized products, LSTM,
@@ -19,10 +21,11 @@ across a rounding boundary, which then shows as one quantization step downstream
 element must be within 1% of the output's largest magnitude of onnxruntime (two to three 8-bit
 steps). Files with the quantized ops themselves (QOperator, dynamic, onnxruntime-fused) must also
 agree to float32 precision in at least 95% of elements, which fails a kernel that is wrong rather
-than unlucky; measured, they agree everywhere (largest difference 3e-7 of the output's range). QDQ files are compared with onnxruntime running the graph
-as written (no QDQ fusion) and held to the bound alone: their float ops between Q/DQ pairs are the
-standard kernels, whose results can differ from onnxruntime's by an ulp (AveragePool's window sum,
-bilinear Resize), which the next QuantizeLinear turns into a step (6 of 32 CNN outputs).
+than unlucky; measured, they agree everywhere (largest difference 3e-7 of the output's range). QDQ
+files are compared with onnxruntime running the graph as written (no QDQ fusion) and held to the
+bound alone: their float ops between Q/DQ pairs are the standard kernels, whose results can differ
+from onnxruntime's by an ulp (AveragePool's window sum, bilinear Resize), which the next
+QuantizeLinear turns into a step (6 of 32 CNN outputs).
 """
 
 from __future__ import annotations
@@ -192,7 +195,8 @@ def pool_cases():
     cases["QLinearAveragePool-channels_last"] = (
         _model([_node("QLinearAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], kernel_shape=[2, 2],
                       strides=[2, 2], channels_last=1)],
-               [("x", U8, [2, 6, 4, 3])], [("y", U8, [2, 3, 2, 3])], inits), {"x": _rand_q(rng, (2, 6, 4, 3), np.uint8)})
+               [("x", U8, [2, 6, 4, 3])], [("y", U8, [2, 3, 2, 3])], inits),
+        {"x": _rand_q(rng, (2, 6, 4, 3), np.uint8)})
     for last in (0, 1):
         cases[f"QLinearGlobalAveragePool-channels_last={last}"] = (
             _model([_node("QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], channels_last=last)],
