@@ -382,3 +382,9 @@ def test_missing_required_attribute_is_refused():
     m = model([helper.make_node("Cast", ["x"], ["y"], name="cast")])
     with pytest.raises(errors.OnnxLoadError, match="node 'cast' \\(op Cast, opset 17\\) lacks its required attribute 'to'"):
         ml.load_onnx(m)
+
+
+def test_names_that_are_not_utf8_are_refused():
+    data = relu_model().SerializeToString().replace(b"Relu", b"Re\x98u")
+    with pytest.raises(errors.OnnxLoadError, match="not valid UTF-8 text: b'Re\\\\x98u'"):
+        ml.load_onnx(data)

@@ -107,6 +107,7 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str] = frozen
     is defined (here or, in a subgraph, in an enclosing graph), graph outputs exist, and the nodes
     form no cycle. Node order is free: onnxruntime sorts an unsorted graph, and so do the passes."""
     prefix = f"{where}: " if where else ""
+    _check_text(graph, prefix)
     defined: dict[str, str] = {}  # value -> what defines it, for the message
 
     def define(name: str, by: str) -> None:
@@ -169,6 +170,23 @@ def check_graph_structure(graph: onnx.GraphProto, outer: frozenset[str] = frozen
         for attr in node.attribute:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 check_graph_structure(sub, visible, f"{prefix}subgraph {attr.name!r} of node {_label(node, i)!r}")
+
+
+def _check_text(graph: onnx.GraphProto, prefix: str) -> None:
+    """Names, op types and domains are UTF-8 text: protobuf hands an invalid string field back
+    as bytes, which no name lookup or message expects."""
+    def bad(value) -> bool:
+        return not isinstance(value, str)
+
+    for i, node in enumerate(graph.node):
+        fields = [node.name, node.op_type, node.domain, *node.input, *node.output]
+        fields += [a.name for a in node.attribute]
+        if any(bad(f) for f in fields):
+            shown = next(f for f in fields if bad(f))
+            raise OnnxLoadError(f"{prefix}node #{i} holds a name that is not valid UTF-8 text: {shown!r}")
+    for v in list(graph.input) + list(graph.output) + list(graph.value_info) + list(graph.initializer):
+        if bad(v.name):
+            raise OnnxLoadError(f"{prefix}value name {v.name!r} is not valid UTF-8 text")
 
 
 def outer_reads(graph: onnx.GraphProto) -> set[str]:
