@@ -48,6 +48,9 @@ FOUND_AND_FIXED = [
      "the op's schema", "801e68e"),
     ("exception", "Split with an empty split input (or sizes not summing to the axis) returned fewer parts than "
      "outputs: bare IndexError at '_o[0]' in the generated program; now a KernelError", "c7b9439"),
+    ("exception", "names, op types or domains that are not valid UTF-8 came back from protobuf as bytes and "
+     "failed as TypeErrors (onnx.defs.get_schema, UnsupportedDomainError's message); now refused at load",
+     "d331d0f"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
