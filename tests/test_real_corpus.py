@@ -36,11 +36,7 @@ XFAIL: dict[tuple[str, str], str] = {
         "MLX has no float64 (its CPU path converts to float32): MlxBackend refuses the float64 input X with "
         "UnsupportedDTypeError, by design",
     ("skl_string_onehot.onnx", "mlx"): _MLX_STRINGS,
-    ("skl_tfidf_logreg.onnx", "mlx"): _MLX_STRINGS + "; and com.microsoft::Tokenizer has no kernel (below)",
-    **{("skl_tfidf_logreg.onnx", b): "no kernel for com.microsoft::Tokenizer (opset 1), which skl2onnx writes for "
-                                     "TfidfVectorizer's word split: UnsupportedOpsError at compile; to be written "
-                                     "with the com.microsoft kernels (kernels/contrib*.py), on the host like the "
-                                     "ai.onnx string ops" for b in ("numpy", "jax", "torch")},
+    ("skl_tfidf_logreg.onnx", "mlx"): _MLX_STRINGS,
 }
 
 

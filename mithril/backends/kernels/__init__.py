@@ -14,6 +14,7 @@ FAMILIES = (
     "rnn",
     "quantize",
     "contrib_quantize",
+    "contrib_text",
     "random",
     "signal",
     "strings",
