@@ -198,3 +198,33 @@ def test_untraceable_graph_falls_back_to_op_by_op(backend):
         pm = ml.compile(ml.load_onnx(model), backend)
     out = pm.evaluate(None, {"x": backend.array(np.array([0, 1, 0, 2], np.float32))})
     np.testing.assert_array_equal(backend.to_numpy(out["y"]), [[1, 3]])
+
+
+def test_strings_stay_on_the_host(backend):
+    """Like JAX and Torch, MLX keeps strings as NumPy object arrays: the string graph runs, its
+    string outputs come back as NumPy, and numbers computed from strings become mx.arrays."""
+    S, F, I = TensorProto.STRING, TensorProto.FLOAT, TensorProto.INT64
+    model = make_model(
+        [helper.make_node("Concat", ["s", "s"], ["both"], axis=0),
+         helper.make_node("Gather", ["both", "idx"], ["picked"], axis=0),
+         helper.make_node("Equal", ["picked", "t"], ["same"]),
+         helper.make_node("Cast", ["same"], ["same_f"], to=F),
+         helper.make_node("Mul", ["same_f", "w"], ["y"])],
+        [("s", S, [2]), ("t", S, [3]), ("idx", I, [3]), ("w", F, [3])],
+        [("picked", S, [3]), ("y", F, [3])],
+    )
+    assert backend.unsupported_dtype_reason(np.dtype(object)) is None
+    strings = np.array(["cat", "dog"], dtype=object)
+    assert backend.from_numpy(strings) is strings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)  # string inputs run op by op, silently
+        pm = ml.compile(ml.load_onnx(model), backend)
+        out = pm.evaluate(None, {"s": strings, "t": np.array(["dog", "cat", "cat"], dtype=object),
+                                 "idx": np.array([3, 1, 0]), "w": np.array([1.0, 2.0, 3.0], np.float32)})
+    assert isinstance(out["picked"], np.ndarray) and out["picked"].tolist() == ["dog", "dog", "cat"]
+    assert isinstance(out["y"], mx.array)
+    np.testing.assert_array_equal(backend.to_numpy(out["y"]), [1.0, 0.0, 3.0])
+    # The facade hands any call holding a string array to NumPy.
+    assert mlx_xp.take(strings, mlx_xp.asarray(np.array([1, 0]))).tolist() == ["dog", "cat"]
+    assert mlx_xp.where(mlx_xp.asarray(np.array([True, False])), strings, strings[::-1]).tolist() == ["cat", "cat"]
+    assert mlx_xp.concatenate([strings, strings]).shape == (4,)

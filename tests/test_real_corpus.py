@@ -29,14 +29,10 @@ BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "t
             "mlx": ("MlxBackend", "mlx")}
 
 # (file, backend or "*") -> why it fails today and where that is to be fixed.
-_MLX_STRINGS = ("MLX refuses string tensors (mlx_backend.py: UnsupportedDTypeError 'MLX has no string arrays' at the "
-                "string graph input), where JAX and Torch keep object arrays on the host")
 XFAIL: dict[tuple[str, str], str] = {
     ("skl_scaler_ridge_double.onnx", "mlx"):
         "MLX has no float64 (its CPU path converts to float32): MlxBackend refuses the float64 input X with "
         "UnsupportedDTypeError, by design",
-    ("skl_string_onehot.onnx", "mlx"): _MLX_STRINGS,
-    ("skl_tfidf_logreg.onnx", "mlx"): _MLX_STRINGS,
 }
 
 

@@ -117,8 +117,10 @@ class MlxBackend(Backend):
     ``zeros``, ``add``...) takes and returns mx.arrays. Inside, the shared kernels run on
     :class:`~mithril.backends.xp.mlx_xp.MlxArray`, a NumPy-compatible facade whose ``.native``
     is the ``mx.array`` (``prepare_inputs`` wraps, ``finalize_outputs`` unwraps). ``compile(..., jit=True)`` compiles the whole graph with
-    ``mx.compile``. MLX has no float64 on its default CPU path and none on the GPU, and no
-    strings: graphs holding them are reported unsupported at compile time.
+    ``mx.compile``. MLX has no float64 on its default CPU path and none on the GPU: graphs
+    holding it are reported unsupported at compile time. MLX has no strings either; like JAX and
+    Torch, strings stay NumPy object arrays on the host, where the string kernels run, and a
+    graph fed them runs op by op (mx.compile traces arrays only).
 
     >>> import mithril as ml
     >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
@@ -148,18 +150,21 @@ class MlxBackend(Backend):
         if dtype == np.float64:
             return "MLX has no float64 on its default CPU path (arrays convert to float32) and none on the GPU"
         if dtype == object:
-            return "MLX has no string arrays"
+            return None  # strings: the string kernels run on the host with NumPy
         if not xp.is_supported(dtype):
             return f"MLX has no {dtype} arrays"
         return None
 
     def from_numpy(self, arr):
-        """An ``mx.array`` holding ``arr`` at its exact dtype (float64 and strings are refused)."""
+        """An ``mx.array`` holding ``arr`` at its exact dtype (float64 is refused); NumPy string
+        arrays stay NumPy (the string kernels run on the host)."""
         if isinstance(arr, xp.MlxArray):
             return arr.native
         if isinstance(arr, mx.array):
             return arr
         arr = np.asarray(arr)
+        if arr.dtype == object:
+            return arr
         reason = self.unsupported_dtype_reason(arr.dtype)
         if reason:
             from ..errors import UnsupportedDTypeError
@@ -195,13 +200,15 @@ class MlxBackend(Backend):
             return v
         if isinstance(v, (list, tuple)):  # a sequence input
             return [self._to_facade(x) for x in v]
+        if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype == object:
+            return np.asarray(v)  # strings stay on the host
         if isinstance(v, (mx.array, np.ndarray, np.generic)):
             return xp.MlxArray(self.from_numpy(v))
         return v
 
     def finalize_outputs(self, outputs: dict) -> dict:
         # Users get mx.arrays: facades are unwrapped, values kernels computed on the host (NumPy)
-        # become mx.arrays.
+        # become mx.arrays; strings stay NumPy object arrays.
         return {k: self._to_native(v) for k, v in outputs.items()}
 
     def _to_native(self, v):

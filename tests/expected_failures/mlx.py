@@ -2,7 +2,6 @@
 
 _FLOAT64 = ("float64: MLX has no float64 on its default CPU path (arrays convert to float32) and none on the GPU, "
             "so the backend reports the graph unsupported")
-_STRINGS = "strings: MLX has no string arrays, so the backend reports the graph unsupported"
 _NARROW = ("float8/float4/e8m0/int4/uint4/int2/uint2: MLX has no such dtype, so the backend reports the graph "
            "unsupported")
 _GRADIENT = "Gradient op needs graph autodiff (the training issue), as on NumPy"
@@ -14,10 +13,6 @@ _FFT_ROUNDING = ("float32 DFT: MLX's FFT computes in float32 where NumPy's pocke
                  "1.5e-5 near zero exceed the case's atol of 1e-7")
 
 MLX: dict[str, str] = {
-    "test_ai_onnx_ml_label_encoder_string_int": _STRINGS,
-    "test_ai_onnx_ml_label_encoder_string_int_no_default": _STRINGS,
-    "test_ai_onnx_ml_label_encoder_tensor_mapping": _STRINGS,
-    "test_ai_onnx_ml_label_encoder_tensor_value_only_mapping": _STRINGS,
     "test_ai_onnx_ml_tree_ensemble_single_tree": _FLOAT64,
     "test_attention_4d_causal_bf16": _HALF_SUMS,
     "test_attention_4d_causal_bf16_expanded": _HALF_SUMS,
@@ -229,8 +224,6 @@ MLX: dict[str, str] = {
     "test_einsum_inner_prod": _FLOAT64,
     "test_einsum_batch_matmul": _FLOAT64,
     "test_einsum_scalar": _FLOAT64,
-    "test_equal_string": _STRINGS,
-    "test_equal_string_broadcast": _STRINGS,
     "test_eyelike_with_dtype": _FLOAT64,
     "test_flexattention_double": _FLOAT64,
     "test_flexattention_double_expanded_ver26": _FLOAT64,
@@ -263,35 +256,9 @@ MLX: dict[str, str] = {
     "test_reduce_log_sum_exp_negative_axes_keepdims_random": _FLOAT64,
     "test_reduce_log_sum_exp_negative_axes_keepdims_random_expanded": _FLOAT64,
     "test_reduce_log_sum_exp_empty_set_expanded": _FLOAT64,
-    "test_regex_full_match_basic": _STRINGS,
-    "test_regex_full_match_email_domain": _STRINGS,
-    "test_regex_full_match_empty": _STRINGS,
-    "test_string_concat": _STRINGS,
-    "test_string_concat_broadcasting": _STRINGS,
-    "test_string_concat_zero_dimensional": _STRINGS,
-    "test_string_concat_empty_string": _STRINGS,
-    "test_string_concat_utf8": _STRINGS,
-    "test_string_split_basic": _STRINGS,
-    "test_string_split_maxsplit": _STRINGS,
-    "test_string_split_consecutive_delimiters": _STRINGS,
-    "test_string_split_empty_string_delimiter": _STRINGS,
-    "test_string_split_no_delimiter": _STRINGS,
-    "test_string_split_empty_tensor": _STRINGS,
-    "test_strnormalizer_nostopwords_nochangecase": _STRINGS,
-    "test_strnormalizer_export_monday_casesensintive_nochangecase": _STRINGS,
-    "test_strnormalizer_export_monday_casesensintive_lower": _STRINGS,
-    "test_strnormalizer_export_monday_casesensintive_upper": _STRINGS,
-    "test_strnormalizer_export_monday_empty_output": _STRINGS,
-    "test_strnormalizer_export_monday_insensintive_upper_twodim": _STRINGS,
     "simple/test_gradient_of_add": _GRADIENT,
     "simple/test_gradient_of_add_and_mul": _GRADIENT,
     "simple/test_sequence_model7": _FLOAT64,
-    "simple/test_strnorm_model_monday_casesensintive_lower": _STRINGS,
-    "simple/test_strnorm_model_monday_casesensintive_nochangecase": _STRINGS,
-    "simple/test_strnorm_model_monday_casesensintive_upper": _STRINGS,
-    "simple/test_strnorm_model_monday_empty_output": _STRINGS,
-    "simple/test_strnorm_model_monday_insensintive_upper_twodim": _STRINGS,
-    "simple/test_strnorm_model_nostopwords_nochangecase": _STRINGS,
     "pytorch-operator/test_operator_add_broadcast": _FLOAT64,
     "pytorch-operator/test_operator_add_size1_broadcast": _FLOAT64,
     "pytorch-operator/test_operator_add_size1_right_broadcast": _FLOAT64,

@@ -10,6 +10,9 @@ float64 input to float32 (the backend reports float64 graphs unsupported; only k
 widening lands here). Functions MLX lacks run on host copies through NumPy, for integer and
 boolean data only: a float path leaving MLX would silently lose gradients and compilation.
 
+Strings stay NumPy object arrays: a function given one runs NumPy's own function on the host
+(strings are never differentiable, and MLX has no string arrays).
+
 >>> import numpy as np
 >>> from mithril.backends.xp import mlx_xp as xp
 >>> a = xp.asarray(np.arange(6, dtype=np.int32)).reshape(2, 3)
@@ -20,6 +23,7 @@ boolean data only: a float path leaving MLX would silently lose gradients and co
 from __future__ import annotations
 
 import builtins
+import functools
 
 import ml_dtypes
 import mlx.core as mx
@@ -954,3 +958,40 @@ def __getattr__(name):
         return fn
     return value
 
+
+# -- strings: NumPy's own function on the host -----------------------------------------------
+def _host_values(v):
+    if isinstance(v, MlxArray):
+        return to_host(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_host_values(i) for i in v)
+    return v
+
+
+def _holds_strings(values) -> bool:
+    for v in values:
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                return True
+        elif isinstance(v, (list, tuple)) and _holds_strings(v):
+            return True
+    return False
+
+
+def _strings_on_host(np_fn, fn):
+    # Checked before the call, so a function calling another (take -> asarray) never sees a
+    # NumPy result where it expects a facade.
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if _holds_strings(args) or (kwargs and _holds_strings(kwargs.values())):
+            return np_fn(*_host_values(args), **{k: _host_values(v) for k, v in kwargs.items()})
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+for _name, _fn in list(globals().items()):
+    _np_fn = getattr(np, _name, None)
+    if (not _name.startswith("_") and callable(_fn) and callable(_np_fn) and not isinstance(_fn, type)
+            and getattr(_fn, "__module__", None) == __name__):
+        globals()[_name] = _strings_on_host(_np_fn, _fn)
