@@ -388,3 +388,13 @@ def test_names_that_are_not_utf8_are_refused():
     data = relu_model().SerializeToString().replace(b"Relu", b"Re\x98u")
     with pytest.raises(errors.OnnxLoadError, match="not valid UTF-8 text: b'Re\\\\x98u'"):
         ml.load_onnx(data)
+
+
+def test_loading_leaves_the_callers_proto_unchanged():
+    values = numpy_helper.from_array(np.ones(1, np.float32), "s")
+    indices = numpy_helper.from_array(np.zeros(1, np.int64), "s_idx")
+    node = helper.make_node("Constant", [], ["y"], sparse_value=helper.make_sparse_tensor(values, indices, [2]))
+    m = model([node], inputs=(), outputs=[("y", F32, [2])], opsets=(), ir_version=2)
+    before = m.SerializeToString()
+    ml.load_onnx(m)
+    assert m.SerializeToString() == before

@@ -252,6 +252,19 @@ def _toposorted(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _holds_sparse(graph: onnx.GraphProto) -> bool:
+    for g in [graph, *_subgraphs(graph)]:
+        if g.sparse_initializer or any(a.HasField("sparse_tensor") for n in g.node for a in n.attribute):
+            return True
+    return False
+
+
+def _copied(proto: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    return copy
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
@@ -309,6 +322,8 @@ def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
         except Exception as exc:  # checked above; a file changed under us, or unreadable
             raise OnnxLoadError(f"reading the external data of {source!r} failed: {exc}") from exc
     proto = _toposorted(_expose_outer_scope_outputs(_drop_map_types(proto)))
+    if proto is src and (not proto.opset_import or _holds_sparse(proto.graph)):
+        proto = _copied(proto)  # the rewrites below must not change the caller's ModelProto
     _densify_sparse_constants(proto.graph)
     if not proto.opset_import:
         # IR version 1/2 models without opset_import imply opset 1.
