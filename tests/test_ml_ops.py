@@ -258,6 +258,22 @@ def _model(nodes, inputs, outputs, ml_opset):
                              ir_version=10)
 
 
+def array_feature_extractor_computed_indices():
+    # skl2onnx's classifiers pick labels by ArgMax/TopK outputs: the indices are computed values,
+    # traced under jit. 1-D labels give one row; a [N, K] table keeps its rows.
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    nodes = [
+        helper.make_node("ArgMax", ["scores"], ["best"], axis=1, keepdims=1),
+        helper.make_node("TopK", ["scores", "k"], ["_", "top"], axis=1),
+        helper.make_node("Constant", [], ["labels"], value=helper.make_tensor("l", i64, [4], [10, 20, 30, 40])),
+        helper.make_node("Constant", [], ["k"], value=helper.make_tensor("k", i64, [1], [2])),
+        helper.make_node("ArrayFeatureExtractor", ["labels", "best"], ["label"], domain=ML),
+        helper.make_node("ArrayFeatureExtractor", ["scores", "top"], ["picked"], domain=ML),
+    ]
+    model = _model(nodes, [("scores", f32, [None, 4])], [("label", i64, None), ("picked", f32, None)], 1)
+    return model, {"scores": np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)}
+
+
 def category_and_label_maps():
     nodes = [
         helper.make_node("CategoryMapper", ["X"], ["ids"], domain=ML, cats_strings=["cat", "dog", "eel"],
@@ -571,6 +587,7 @@ CASES = {f.__name__: (f, need) for f, need in [
     (one_hot_strings, None), (dict_vectorizer_pipeline, None), (category_and_label_maps, None),
     (label_encoder_tensors, None), (label_encoder_int_to_float, None), (features_and_imputer, None),
     (cast_map_and_zipmap, None), (cast_map_to_string, None), (linear_classifier_softmax_zero, None),
+    (array_feature_extractor_computed_indices, None),
     (linear_models_narrow_input, None),
     *[(tree_regressor_modes(a), None) for a in ("SUM", "AVERAGE", "MIN", "MAX")],
     *[(tree_regressor_one_target(a), None) for a in ("MIN", "AVERAGE")],

@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 
 import mithril as ml
+from mithril.compile import JitFallbackWarning
 from mithril.conformance import real_mismatches
 
 DATA = Path(__file__).parent / "data" / "real"
@@ -52,6 +54,20 @@ def test_matches_onnxruntime(file, backend_name):
     failures = real_mismatches(ENTRIES[file], getattr(ml, cls)(), DATA)
     assert not failures, f"{file} on {backend_name}:\n" + "\n".join(failures)
 
+
+
+@pytest.mark.parametrize("backend_name", ["jax", "mlx"])
+@pytest.mark.parametrize("file", ["skl_knn.onnx", "skl_mlp.onnx"])
+def test_sklearn_classifiers_run_jitted(file, backend_name):
+    """ArrayFeatureExtractor reads class labels at ArgMax/TopK outputs: the indices stay traced
+    values, so the whole graph compiles (no JitFallbackWarning) and still matches onnxruntime."""
+    cls, pkg = BACKENDS[backend_name]
+    if importlib.util.find_spec(pkg) is None:
+        pytest.skip(f"backend {backend_name} needs the {pkg} package, which is not installed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)
+        failures = real_mismatches(ENTRIES[file], getattr(ml, cls)(), DATA)
+    assert not failures, f"{file} on {backend_name}:\n" + "\n".join(failures)
 
 @pytest.mark.parametrize("file", list(ENTRIES))
 def test_file_matches_manifest(file):

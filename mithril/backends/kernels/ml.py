@@ -144,11 +144,12 @@ def _labels(index, labels, xp):
 
 @kernel("ArrayFeatureExtractor", since=1, domain=ML)
 def array_feature_extractor(x, y, *, xp):
-    index = _host(y).astype(np.int64).reshape(-1)
     if _is_strings(x):
-        out = np.take(x, index, axis=-1)
-    else:
-        out = xp.take(x, xp.asarray(index), axis=-1)
+        out = np.take(x, _host(y).astype(np.int64).reshape(-1), axis=-1)
+        return out.reshape(1, -1) if x.ndim == 1 else out
+    # The indices stay backend arrays: skl2onnx's classifiers feed ArgMax/TopK outputs here, which
+    # a jitted program holds as traced values (a NumPy copy would force the graph off the jit).
+    out = xp.take(x, xp.reshape(y, (-1,)), axis=-1)
     return xp.reshape(out, (1, -1)) if x.ndim == 1 else out
 
 
