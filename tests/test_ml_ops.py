@@ -702,3 +702,14 @@ def test_single_target_trees_sum_by_matmul():
     boosted = forest("gradient_boosting_classifier")
     assert boosted.tree_target is not None and sorted(set(boosted.tree_target.tolist())) == [0, 1, 2]
     assert forest("random_forest_classifier").tree_target is None
+
+
+def test_array_feature_extractor_bytes_labels_gather_on_host():
+    """String initializers load as NumPy bytes (|S) today: such labels gather on the host, with the
+    backend's indices copied there, instead of reaching a framework that has no string dtype."""
+    from mithril.backends.kernels import ml as ml_kernels
+
+    jnp = pytest.importorskip("jax.numpy")
+    labels = np.array([b"ant", b"bee", b"cat"])
+    out = ml_kernels.array_feature_extractor(labels, jnp.array([[2], [0]]), xp=jnp)
+    assert isinstance(out, np.ndarray) and out.tolist() == [[b"cat", b"ant"]]

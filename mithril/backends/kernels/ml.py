@@ -144,7 +144,7 @@ def _labels(index, labels, xp):
 
 @kernel("ArrayFeatureExtractor", since=1, domain=ML)
 def array_feature_extractor(x, y, *, xp):
-    if _is_strings(x):
+    if isinstance(x, np.ndarray) and x.dtype.kind in "OSU":  # a string initializer may hold bytes (|S)
         out = np.take(x, _host(y).astype(np.int64).reshape(-1), axis=-1)
         return out.reshape(1, -1) if x.ndim == 1 else out
     # The indices stay backend arrays: skl2onnx's classifiers feed ArgMax/TopK outputs here, which
