@@ -63,7 +63,9 @@ def squeeze_attr(data, *, axes, xp):
 
 @kernel("Squeeze", since=13, static_inputs=(1,))
 def squeeze(data, axes=None, *, xp):
-    return _squeeze(data, None if axes is None else _ints(axes), xp)
+    # An empty axes tensor means no axes given, as onnxruntime reads it: every dim of 1 goes.
+    axes = None if axes is None else _ints(axes)
+    return _squeeze(data, axes or None, xp)
 
 
 def _unsqueeze(data, axes, xp):
