@@ -51,6 +51,8 @@ FOUND_AND_FIXED = [
     ("exception", "names, op types or domains that are not valid UTF-8 came back from protobuf as bytes and "
      "failed as TypeErrors (onnx.defs.get_schema, UnsupportedDomainError's message); now refused at load",
      "d331d0f"),
+    ("mismatch", "Squeeze-13 with an empty axes tensor removed no dims; onnxruntime removes every dim of 1",
+     "22be494"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
