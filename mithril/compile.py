@@ -13,7 +13,7 @@ import onnx_ir as ir
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.lower import LoweredProgram, lower_graph
-from .dtypes import is_floating_np, np_dtype_of_onnx
+from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, KernelError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
@@ -96,7 +96,7 @@ class PhysicalModel:
         self.loss_key: str | None = None
         self.buffer_updates: dict[str, str] = {}
         self._params_numpy = {
-            name: graph.initializers[name].const_value.numpy() for name in param_names
+            name: tensor_array(graph.initializers[name].const_value) for name in param_names
         }
 
     @property

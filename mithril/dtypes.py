@@ -98,3 +98,22 @@ def as_dtype(value) -> DType:
     from .errors import MithrilError
 
     raise MithrilError(f"unknown dtype {value!r}; expected one of {[d.name for d in ALL]}")
+
+
+def tensor_array(tensor) -> np.ndarray:
+    """An onnx_ir tensor's values as a NumPy array. STRING tensors become object arrays of str, as
+    onnxruntime and ``onnx.numpy_helper`` give them (onnx_ir gives fixed-width bytes); a string that
+    is not UTF-8 stays bytes."""
+    arr = tensor.numpy()
+    if arr.dtype.kind != "S" and not (arr.dtype == object and arr.size and isinstance(arr.flat[0], bytes)):
+        return arr
+
+    def text(b):
+        try:
+            return b.decode("utf-8") if isinstance(b, bytes) else b
+        except UnicodeDecodeError:
+            return b
+
+    out = np.empty(arr.shape, dtype=object)
+    out.reshape(-1)[:] = [text(b) for b in arr.reshape(-1).tolist()]
+    return out

@@ -143,6 +143,17 @@ def string_label_tree():
     return _sk(m, x, _no_zipmap(m)), {"X": x}
 
 
+def knn_string_labels():
+    """String class labels held in an initializer (gathered by ArrayFeatureExtractor), not in an
+    attribute: onnx_ir reads STRING tensors as bytes, onnxruntime returns str."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = _iris()
+    names = np.array(["setosa", "versicolor", "virginica"])
+    m = KNeighborsClassifier(n_neighbors=3).fit(x, names[y])
+    return _sk(m, x, _no_zipmap(m)), {"X": x[::7]}
+
+
 def logistic_regression_zipmap():
     x, y = _iris()
     m = linear_model.LogisticRegression(max_iter=500).fit(x, y)
@@ -580,7 +591,8 @@ CASES = {f.__name__: (f, need) for f, need in [
     (random_forest_classifier, None), (random_forest_binary, None), (random_forest_regressor, None),
     (random_forest_classifier_float64, FLOAT64), (gradient_boosting_classifier, None),
     (gradient_boosting_binary, None), (gradient_boosting_regressor, None), (hist_gradient_boosting_classifier, None),
-    (hist_gradient_boosting_regressor, None), (string_label_tree, None), (logistic_regression_zipmap, None),
+    (hist_gradient_boosting_regressor, None), (string_label_tree, None), (knn_string_labels, None),
+    (logistic_regression_zipmap, None),
     (logistic_regression_binary, None), (linear_svc, None), (linear_regression, None),
     (scaler_svc_probability, None), (svc_binary_probability, None), (svc_decision_votes, None), (svr, None),
     (normalizer_edge_rows, None), (binarizer, None), (simple_imputer, None), (standard_scaler, None), (one_hot_int64, None),

@@ -33,6 +33,7 @@ from ..errors import (
     UnsupportedDomainError,
     UnsupportedOpsError,
 )
+from ..dtypes import tensor_array
 from ..onnx_bridge.schema import (
     attribute_defaults,
     convert_attribute,
@@ -238,7 +239,7 @@ class _Emitter:
             if v in last_use or v in keep:
                 if v.const_value is None:
                     raise ValueError(f"initializer {v.name!r} has no value")
-                arr = v.const_value.numpy()
+                arr = tensor_array(v.const_value)
                 self.names[v] = self.const(arr, "c")
                 self.const_arrays[v] = arr
         frees: dict[int, list[ir.Value]] = {}

@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from ..dtypes import tensor_array
 from ..errors import MithrilError, PassError, ShapeError
 from ..backends.registry import REGISTRY, NodeInfo
 
@@ -173,7 +174,7 @@ def static_shape(value: ir.Value) -> tuple[int, ...] | None:
 def _constant_array(value: ir.Value | None, constants: set[ir.Value]) -> np.ndarray | None:
     if value is None or value not in constants:
         return None
-    return value.const_value.numpy() if value.const_value is not None else None
+    return tensor_array(value.const_value) if value.const_value is not None else None
 
 
 def _canonical_domain(domain: str) -> str:

@@ -16,6 +16,8 @@ import onnx.defs
 import onnx_ir as ir
 from onnx import AttributeProto
 
+from ..dtypes import tensor_array
+
 _MISSING = object()
 
 
@@ -115,11 +117,11 @@ def convert_attribute(attr: ir.Attr) -> Any:
     if t in (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS):
         return tuple(v)
     if t == ir.AttributeType.TENSOR:
-        return v.numpy()
+        return tensor_array(v)
     if t == ir.AttributeType.SPARSE_TENSOR:
         return v
     if t == ir.AttributeType.TENSORS:
-        return tuple(x.numpy() for x in v)
+        return tuple(tensor_array(x) for x in v)
     return v
 
 

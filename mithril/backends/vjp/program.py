@@ -28,6 +28,7 @@ from typing import Any
 import numpy
 import onnx_ir as ir
 
+from ...dtypes import tensor_array
 from ...onnx_bridge.schema import is_graph_attribute, max_outputs
 from ..lower import LoweredProgram, NodeSite, _Emitter, _np_dtype, _outer_refs, canonical_domain, resolve_kernels
 from . import RULES, NoGradientRuleError
@@ -196,7 +197,7 @@ def lower_vjp(
         if v not in em.names and (v in last_use):
             if v.const_value is None:
                 raise ValueError(f"initializer {v.name!r} has no value")
-            em.names[v] = em.const(v.const_value.numpy(), "c")
+            em.names[v] = em.const(tensor_array(v.const_value), "c")
     frees: dict[int, list[ir.Value]] = {}
     for v, i in last_use.items():
         if v in local:
