@@ -126,7 +126,11 @@ def split_attr(input, *, axis, split, num_outputs):
 # Also Split-18: its num_outputs attribute equals the node's output count, and uneven
 # chunks are already what _even_sizes gives.
 @kernel("Split", since=13, static_inputs=(1,))
-def split(input, split=None, *, axis, num_outputs):
+def split(input, split=None, *, axis, num_outputs, node=None):
+    # Split-18's num_outputs attribute, None when the node leaves it out, stands where the
+    # lowering would pass the node's output count; the node's declared outputs give it back.
+    if num_outputs is None and node is not None and node.output_dtypes:
+        num_outputs = len(node.output_dtypes)
     dim = input.shape[_axis(axis, input.ndim)]
     sizes = _ints(split) if split is not None else _even_sizes(dim, num_outputs)
     return _split(input, sizes, axis, num_outputs)
