@@ -53,6 +53,9 @@ FOUND_AND_FIXED = [
      "d331d0f"),
     ("mismatch", "Squeeze-13 with an empty axes tensor removed no dims; onnxruntime removes every dim of 1",
      "22be494"),
+    ("exception", "Split-18 without its num_outputs attribute got num_outputs=None from the lowering (the "
+     "attribute's default shadows the node's output count), so split = [2] on two outputs returned one part: "
+     "bare IndexError at '_o[1]'; the kernel now takes the count from its NodeInfo", "7d62794"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
