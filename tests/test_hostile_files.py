@@ -398,3 +398,10 @@ def test_loading_leaves_the_callers_proto_unchanged():
     before = m.SerializeToString()
     ml.load_onnx(m)
     assert m.SerializeToString() == before
+
+
+def test_einsum_equation_that_hangs_shape_inference_is_refused():
+    # onnx's Einsum shape inference (onnxruntime's too) never returns on 'j-.i'.
+    m = model([helper.make_node("Einsum", ["x"], ["y"], name="ein", equation="j-.i")], inputs=[("x", F32, [4, 4])])
+    with pytest.raises(errors.OnnxLoadError, match="node 'ein' \\(op Einsum, opset 17\\) has an invalid equation b'j-.i'"):
+        ml.load_onnx(m)

@@ -21,6 +21,7 @@ mithril.errors.OnnxLoadError: value 'x' is defined twice: graph input 'x' and no
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,6 +249,8 @@ def check_node_schemas(proto: onnx.ModelProto) -> None:
                 schema = _schema(node.op_type, domain, opsets[domain])
                 if schema is not None:
                     _check_node(node, schema, f"{label}, opset {opsets[domain]})")
+                if node.op_type == "Einsum" and domain == "":
+                    _check_einsum(node, f"{label}, opset {opsets[domain]})")
             for attr in node.attribute:
                 for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                     walk(sub, f"{label}) subgraph {attr.name!r}: ")
@@ -283,6 +286,25 @@ def _check_node(node: onnx.NodeProto, schema, label: str) -> None:
                 f"{label} attribute {name!r} is of type {_attr_type_name(attr.type)} but the schema wants "
                 f"{_attr_type_name(want)}"
             )
+
+
+# Einsum's grammar: terms of letters and '...' separated by ',', then optionally '->' and the output
+# term. onnx's Einsum shape inference (which onnxruntime runs too) never returns on an equation
+# with a '-' that does not start '->' ('j-.i'): such a node must not reach it.
+_EINSUM_TERM = r"\s*(?:[A-Za-z]|\.\.\.)*\s*"
+_EINSUM = re.compile(rf"{_EINSUM_TERM}(?:,{_EINSUM_TERM})*(?:->{_EINSUM_TERM})?")
+
+
+def _check_einsum(node: onnx.NodeProto, label: str) -> None:
+    for attr in node.attribute:
+        if attr.name == "equation":
+            try:
+                equation = attr.s.decode("ascii")
+            except UnicodeDecodeError:
+                equation = None
+            if equation is None or not _EINSUM.fullmatch(equation):
+                raise OnnxLoadError(f"{label} has an invalid equation {attr.s!r}: Einsum takes terms of letters "
+                                    f"and '...' separated by ',', then optionally '->' and the output term")
 
 
 def _attr_type_name(code: int) -> str:
