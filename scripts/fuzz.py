@@ -56,6 +56,9 @@ FOUND_AND_FIXED = [
     ("exception", "Split-18 without its num_outputs attribute got num_outputs=None from the lowering (the "
      "attribute's default shadows the node's output count), so split = [2] on two outputs returned one part: "
      "bare IndexError at '_o[1]'; the kernel now takes the count from its NodeInfo", "7d62794"),
+    ("hang", "an Einsum equation with a '-' that does not start '->' ('j-.i', a byte mutation of 'ij->i') made "
+     "onnx's Einsum shape inference (run by compile, and by onnxruntime) loop forever; now refused at load",
+     "56de720"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
