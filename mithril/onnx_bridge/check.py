@@ -485,23 +485,23 @@ def _check_external(tensor: TensorProto, what: str, size: int, base_dir: Path | 
         )
 
 
-def _graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[TensorProto, str, int | None]]:
-    """(tensor, description, dense size of a sparse tensor's dims or None) for every tensor."""
+def _graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[TensorProto, str]]:
+    """(tensor, description) for every tensor of ``graph`` and its subgraphs."""
     for t in graph.initializer:
-        yield t, f"{where}initializer {t.name!r}", None
+        yield t, f"{where}initializer {t.name!r}"
     for sp in graph.sparse_initializer:
-        yield sp.values, f"{where}sparse initializer {sp.values.name!r} (values)", None
-        yield sp.indices, f"{where}sparse initializer {sp.values.name!r} (indices)", None
+        yield sp.values, f"{where}sparse initializer {sp.values.name!r} (values)"
+        yield sp.indices, f"{where}sparse initializer {sp.values.name!r} (indices)"
     for i, node in enumerate(graph.node):
         label = f"{where}node {_label(node, i)!r} (op {node.op_type})"
         for attr in node.attribute:
             if attr.HasField("t"):
-                yield attr.t, f"{label} attribute {attr.name!r}", None
+                yield attr.t, f"{label} attribute {attr.name!r}"
             for t in attr.tensors:
-                yield t, f"{label} attribute {attr.name!r}", None
+                yield t, f"{label} attribute {attr.name!r}"
             if attr.HasField("sparse_tensor"):
-                yield attr.sparse_tensor.values, f"{label} attribute {attr.name!r} (values)", None
-                yield attr.sparse_tensor.indices, f"{label} attribute {attr.name!r} (indices)", None
+                yield attr.sparse_tensor.values, f"{label} attribute {attr.name!r} (values)"
+                yield attr.sparse_tensor.indices, f"{label} attribute {attr.name!r} (indices)"
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 yield from _graph_tensors(sub, f"{label} subgraph {attr.name!r}: ")
 
@@ -531,7 +531,7 @@ def check_tensors(proto: onnx.ModelProto, base_dir: Path | None = None, max_tens
     for f in proto.functions:
         graphs.append((onnx.GraphProto(node=f.node), f"function {f.domain}::{f.name}: "))
     for graph, where in graphs:
-        for tensor, what, _ in _graph_tensors(graph, where):
+        for tensor, what in _graph_tensors(graph, where):
             total += check_tensor(tensor, what, limit, base_dir)
         for sp, what in _sparse_tensors(graph, where):
             total += _check_sparse(sp, what, limit)

@@ -1325,7 +1325,6 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
                         result = {"outcome": "hang", "signature": f"no answer after {time_limit:g} s",
                                   "message": ""}
                     w.stop(kill=True)
-                    w.proc.exitcode  # noqa: B018
                 if result is None:
                     continue
                 record(kind, data, result)
