@@ -223,6 +223,8 @@ def fold_constants(
                 continue
             if any(o.type is not None and not isinstance(o.type, ir.TensorType) for o in node.outputs):
                 continue
+            if any(np.prod(static_shape(o) or (), dtype=np.float64) > FOLD_SIZE_LIMIT for o in node.outputs):
+                continue  # a result too large to keep is never computed (ConstantOfShape [1e5, 1e5])
             defaults = attribute_defaults(node.op_type, opset, domain)
             kwargs = {k: v for k, v in defaults.items() if k in spec.accepts}
             for name, attr in node.attributes.items():
