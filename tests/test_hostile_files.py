@@ -405,3 +405,18 @@ def test_einsum_equation_that_hangs_shape_inference_is_refused():
     m = model([helper.make_node("Einsum", ["x"], ["y"], name="ein", equation="j-.i")], inputs=[("x", F32, [4, 4])])
     with pytest.raises(errors.OnnxLoadError, match="node 'ein' \\(op Einsum, opset 17\\) has an invalid equation b'j-.i'"):
         ml.load_onnx(m)
+
+
+def test_compile_never_materializes_a_huge_constant():
+    # ConstantOfShape [20000, 20000] (1.6 GB of float32) is left to run time, not folded.
+    import resource
+
+    shape = numpy_helper.from_array(np.array([20000, 20000], np.int64), "s")
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["c"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+             helper.make_node("Add", ["x", "c"], ["y"])]
+    m = model(nodes, inputs=[("x", F32, [1])], outputs=[("y", F32, None)], initializers=[shape])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    pm = ml.compile(ml.load_onnx(m), ml.NumpyBackend())
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert "ConstantOfShape" in pm.code
+    assert grown_mib < 500, f"compiling grew the process by {grown_mib:.0f} MiB"
