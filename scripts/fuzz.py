@@ -59,6 +59,9 @@ FOUND_AND_FIXED = [
     ("hang", "an Einsum equation with a '-' that does not start '->' ('j-.i', a byte mutation of 'ij->i') made "
      "onnx's Einsum shape inference (run by compile, and by onnxruntime) loop forever; now refused at load",
      "56de720"),
+    ("hostile input", "compile's constant folding computed a node before checking its size: ConstantOfShape "
+     "[20000, 20000] allocated 1.6 GB to discard it, [100000, 100000] asked for 40 GB (found by a hand-made "
+     "hostile case, not the fuzzer)", "ef4678e"),
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
