@@ -420,3 +420,11 @@ def test_compile_never_materializes_a_huge_constant():
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert "ConstantOfShape" in pm.code
     assert grown_mib < 500, f"compiling grew the process by {grown_mib:.0f} MiB"
+
+
+def test_file_over_the_protobuf_limit_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.onnx"
+    with open(path, "wb") as f:
+        f.truncate(2**31)  # a sparse file: 2 GiB long, nothing written, nothing to read
+    with pytest.raises(errors.OnnxLoadError, match="is 2147483648 bytes: an ONNX protobuf holds at most 2 GiB"):
+        ml.load_onnx(path)
