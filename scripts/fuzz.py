@@ -37,7 +37,7 @@ FOUND_AND_FIXED = [
     ("mismatch", "Pad with a negative pad longer than the data (pads [5, -3] on 2 elements) cropped with a "
      "wrapped-around slice, keeping the wrong elements", "3ef7aa7"),
     ("exception", "a graph input or output declaring element type UNDEFINED (or an unknown number) loaded and "
-     "then failed with a bare KeyError in np_dtype_of_onnx; now refused at load like onnxruntime", "5f929b2"),
+     "then failed with a bare KeyError in np_dtype_of_onnx; now refused at load like onnxruntime", "8381a2f"),
     ("mismatch", "AveragePool on float16 summed each window in float16: windows of large values averaged "
      "to inf (onnxruntime sums in float32)", "9d23dbe"),
     ("mismatch", "LayerNormalization with a B or Scale that widens the input (B [2,0,0,1] on [6]) ran and "
