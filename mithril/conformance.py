@@ -494,8 +494,9 @@ def render_real(record: dict) -> list[str]:
         return []
     backends = sorted(real)
     out = ["", "## Real models", "",
-           "Files made by real converters (tf2onnx, paddle2onnx, skl2onnx, onnxscript) and ONNX files shipped in PyPI "
-           "wheels: `tests/data/real/`, made by `scripts/make_real_corpus.py`. Each runs on the MANIFEST's inputs and "
+           "Files made by real converters (tf2onnx, paddle2onnx, skl2onnx, onnxscript, onnxruntime's quantizers, "
+           "onnxconverter-common's float16) and ONNX files shipped in PyPI wheels: `tests/data/real/`, made by "
+           "`scripts/make_real_corpus.py`. Each runs on the MANIFEST's inputs and "
            "is compared with onnxruntime at `ml.validate`'s per-dtype tolerances (`--real`).", "",
            "| file | made by | what | " + " | ".join(backends) + " |", "|---|---|---|" + "---|" * len(backends)]
     notes = []
