@@ -245,3 +245,27 @@ def test_cli_bad_arguments_are_errors_not_tracebacks(tmp_path):
     assert proc.returncode == 2 and "dims must be integers" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_cli("validate", str(model), "--input", f"x={tmp_path / 'nothing.npy'}")
     assert proc.returncode == 2 and "cannot read a .npy array" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_kernel_returning_too_few_outputs_names_the_node(monkeypatch):
+    model = make_model([helper.make_node("Split", ["x"], ["a", "b"], axis=1, name="halves", num_outputs=2)],
+                       [("x", TensorProto.FLOAT, [2, 4])], [("a", TensorProto.FLOAT, [2, 2]),
+                                                            ("b", TensorProto.FLOAT, [2, 2])], opset=18)
+    pm = ml.compile(model, ml.NumpyBackend())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = pm.evaluate(None, {"x": x})
+    np.testing.assert_array_equal(out["b"], x[:, 2:])
+    namespace = pm.program.namespace
+    name = next(k for k, v in namespace.items() if getattr(v, "__name__", "").startswith("split"))
+    monkeypatch.setitem(namespace, name, lambda x, *rest, **kwargs: (x[:, :2],))
+    with pytest.raises(errors.KernelError, match=r"node 'halves', op Split, opset 18: .*returned 1 output\(s\) "
+                                                 r"but the node has 2"):
+        pm.evaluate(None, {"x": x})
+
+
+def test_split_18_without_num_outputs_splits_into_its_output_count():
+    model = make_model([helper.make_node("Split", ["x"], ["a", "b", "c"], axis=0)],
+                       [("x", TensorProto.FLOAT, [6])], [(n, TensorProto.FLOAT, [2]) for n in "abc"], opset=18)
+    x = np.arange(6, dtype=np.float32)
+    out = ml.compile(model, ml.NumpyBackend()).evaluate(None, {"x": x})
+    assert [out[n].tolist() for n in "abc"] == [[0, 1], [2, 3], [4, 5]]

@@ -151,7 +151,7 @@ class _Emitter:
         self.opsets = opsets
         self.backend = backend
         self.specs = specs
-        self.namespace: dict[str, Any] = {"_first": _first}
+        self.namespace: dict[str, Any] = {"_first": _first, "_outputs": _outputs}
         self.lines: list[str] = []
         self.sites: dict[int, NodeSite] = {}
         self.names: dict[ir.Value, str] = {}
@@ -297,7 +297,8 @@ class _Emitter:
             if name in spec.accepts:
                 kwargs[name] = expr
         n_out = len(node.outputs)
-        if "num_outputs" in spec.accepts and "num_outputs" not in kwargs:
+        # Split-18 has an ONNX attribute of that name: where it is unset, the node's output count.
+        if "num_outputs" in spec.accepts and kwargs.get("num_outputs", "None") == "None":
             kwargs["num_outputs"] = repr(n_out)
         if "opset" in spec.accepts:
             kwargs["opset"] = repr(opset)
@@ -318,7 +319,8 @@ class _Emitter:
         elif n_out == 1:
             line = self.emit(indent, f"{self.var(outs[0])} = _first({call}){comment}")
         else:
-            line = self.emit(indent, f"_o = {call}{comment}")
+            # _outputs checks the count on the call's own line, so a short result names this node.
+            line = self.emit(indent, f"_o = _outputs({call}, {n_out}){comment}")
             for i, o in enumerate(outs):
                 if o.name:
                     self.emit(indent, f"{self.var(o)} = _o[{i}]")
@@ -355,6 +357,14 @@ class _Emitter:
 
 def _first(out):
     return out[0] if isinstance(out, tuple) else out
+
+
+def _outputs(out, count: int):
+    """A kernel's results for a node with ``count`` outputs; too few is the kernel's error."""
+    if not isinstance(out, (tuple, list)) or len(out) < count:
+        got = len(out) if isinstance(out, (tuple, list)) else 1
+        raise ValueError(f"the kernel returned {got} output(s) but the node has {count}")
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -237,7 +237,7 @@ def fold_constants(
                 continue
             if "xp" in spec.accepts:
                 kwargs["xp"] = np
-            if "num_outputs" in spec.accepts:
+            if "num_outputs" in spec.accepts and kwargs.get("num_outputs") is None:
                 kwargs["num_outputs"] = len(node.outputs)
             if "opset" in spec.accepts:
                 kwargs["opset"] = opset
