@@ -165,6 +165,8 @@ _register_reduce("ReduceLogSumExp", _log_sum_exp, _max_identity, 18)
 
 
 def _arg_reduce(fn, x, axis, keepdims, select_last_index, xp):
+    if x.ndim == 0:  # no axis to reduce: onnxruntime returns index 0 as a scalar, whatever keepdims says
+        return xp.zeros((), dtype=xp.int64)
     axis = axis + x.ndim if axis < 0 else axis
     if select_last_index:
         idx = (x.shape[axis] - 1) - fn(xp.flip(x, axis=axis), axis=axis)

@@ -162,10 +162,11 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
                                ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations, xp=xp)
     size = xn.shape[2:]
     win = nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    windows, nd = _windows(xn, win, 0)
+    # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
+    windows, nd = _windows(xn.astype(mx.float32) if xn.dtype in (mx.float16, mx.bfloat16) else xn, win, 0)
     total = mx.sum(windows, axis=tuple(range(-nd, 0)))
-    counts = mx.array(nn._window_counts(size, win, count_include_pad).astype("float32")).astype(xn.dtype)
-    return MlxArray(total / counts)
+    counts = mx.array(nn._window_counts(size, win, count_include_pad).astype("float32")).astype(total.dtype)
+    return MlxArray((total / counts).astype(xn.dtype))
 
 
 @override("mlx", "Erf", since=9)

@@ -169,13 +169,17 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
                                 xp=xp)
     size = tuple(xt.shape[2:])
     win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
+    out_dtype = xt.dtype
+    if out_dtype in (torch.float16, torch.bfloat16):
+        xt = xt.float()
     padded = _pad_input(xt, _spatial_pads(win, size), 0.0)
     # Sum over each window, divided by how many of its taps are counted.
     total = _AVG_POOL[nd](padded, win.kernel, win.strides, 0) * math.prod(win.kernel)
     counts = _nn._window_counts(size, win, count_include_pad)
     if np.all(counts == math.prod(win.kernel)):
-        return TorchArray(total / math.prod(win.kernel))
-    return TorchArray(total / txp.tensor_from_numpy(counts.astype(np.float64), xt.device).to(xt.dtype))
+        return TorchArray((total / math.prod(win.kernel)).to(out_dtype))
+    return TorchArray((total / txp.tensor_from_numpy(counts.astype(np.float64), xt.device).to(xt.dtype)).to(out_dtype))
 
 
 @override("torch", "GlobalAveragePool", since=1)
