@@ -41,6 +41,13 @@ CASES = {
     # refuses it only where shape inference sees the rank
     "ArgMax of a scalar": lambda: one_node("ArgMax", ["x"], I64, {"x": np.array(2.5, np.float32)}, axis=0,
                                            keepdims=1, declare_shapes=False),
+    # NaN loses every comparison in onnxruntime's scan: it is picked only as the first element
+    # (NumPy's argmin picks the first NaN; the second long run at seed 20261124)
+    "ArgMin with NaN": lambda: one_node("ArgMin", ["x"], I64, {"x": np.array(
+        [[3, np.nan, 1, 2], [np.nan, 3, 1, 1], [3, 1, 1, np.nan]], np.float16)}, axis=1, keepdims=1),
+    "ArgMax with NaN, last index": lambda: one_node("ArgMax", ["x"], I64, {"x": np.array(
+        [[3, np.nan, 5, 5], [np.nan, 3, 1, 1], [3, 1, 1, np.nan]], np.float32)}, axis=1, keepdims=0,
+        select_last_index=1),
     # largest other than 0 or 1 means smallest (c5d1c13)
     "TopK largest=2": lambda: one_node("TopK", ["x", "k"], F32, {"x": X},
                                        extra_inputs=[("k", np.array([2], np.int64))], outputs=("y", "indices"),

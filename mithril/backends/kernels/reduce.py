@@ -168,10 +168,18 @@ def _arg_reduce(fn, x, axis, keepdims, select_last_index, xp):
     if x.ndim == 0:  # no axis to reduce: onnxruntime returns index 0 as a scalar, whatever keepdims says
         return xp.zeros((), dtype=xp.int64)
     axis = axis + x.ndim if axis < 0 else axis
+    # NaN as onnxruntime scans: a NaN loses every comparison, so it wins only as the first element
+    # (NumPy's argmin/argmax return the first NaN instead).
+    floating = numpy.dtype(x.dtype).kind == "f" or numpy.dtype(x.dtype).name == "bfloat16"
+    data = xp.where(xp.isnan(x), xp.asarray(math.inf if fn is xp.argmin else -math.inf, dtype=x.dtype), x) \
+        if floating else x
     if select_last_index:
-        idx = (x.shape[axis] - 1) - fn(xp.flip(x, axis=axis), axis=axis)
+        idx = (x.shape[axis] - 1) - fn(xp.flip(data, axis=axis), axis=axis)
     else:
-        idx = fn(x, axis=axis)
+        idx = fn(data, axis=axis)
+    if floating and x.shape[axis]:
+        first = xp.isnan(xp.squeeze(x[(slice(None),) * axis + (slice(0, 1),)], axis=axis))
+        idx = xp.where(first, xp.zeros_like(idx), idx)
     if keepdims == 1:  # as onnxruntime: any other value (2, -1) drops the axis
         idx = xp.expand_dims(idx, axis)
     return idx.astype(xp.int64)
