@@ -65,6 +65,17 @@ FOUND_AND_FIXED = [
     ("hostile input", "structural checks before deserializing: opsets, one definition per value, undefined "
      "reads, cycles, recursive functions, tensor data vs dims, size limit, external data confined and "
      "bounded (issue 15, Must 5)", "3e3d7d5"),
+    ("mismatch", "ArgMax/ArgMin of a rank-0 input returned [0]; onnxruntime returns the scalar 0 (seed "
+     "20261124)", "1eb1058"),
+    ("mismatch", "ArgMax/ArgMin picked the first NaN; onnxruntime's strict scan picks a NaN only as the first "
+     "element (seed 20261124)", "fc1f862"),
+    ("mismatch", "the float16 AveragePool fix reached only the shared kernel: the torch and MLX overrides "
+     "still summed float16 windows in float16 (found by the regression test written for the fuzzer's case)",
+     "1eb1058"),
+    ("exception", "a kernel returning fewer outputs than its node failed at '_o[1]' outside any node's site; "
+     "now a KernelError naming the node and both counts", "73fbe12"),
+    ("harness", "a MemoryError in the worker's own float64 comparison of a 2^24-element output counted as a "
+     "Mithril exception (seed 20261124); now 'outputs too large to compare'", "fc1f862"),
 ]
 
 OUTCOME_MEANING = {
