@@ -36,6 +36,7 @@ from ..errors import (
 from ..dtypes import tensor_array
 from ..onnx_bridge.schema import (
     attribute_defaults,
+    canonical_domain,
     convert_attribute,
     is_graph_attribute,
     max_outputs,
@@ -48,10 +49,6 @@ _counter = itertools.count()
 def node_label(node: ir.Node, index: int) -> str:
     """A node's name, or ``op_type#index`` when it has none."""
     return node.name or f"{node.op_type}#{index}"
-
-
-def canonical_domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
 
 
 @dataclass

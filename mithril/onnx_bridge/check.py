@@ -29,6 +29,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from ..errors import OnnxLoadError, TensorTooLargeError, UnsafeExternalDataError
+from .schema import canonical_domain as _canonical_domain
 
 # Environment override of the per-tensor (and whole-model) size cap, in bytes.
 MAX_TENSOR_BYTES_ENV = "MITHRIL_MAX_TENSOR_BYTES"
@@ -44,10 +45,6 @@ def default_max_tensor_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX: 64 GiB
         return 64 << 30
-
-
-def _canonical_domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
 
 
 # Highest opset per domain that the installed onnx knows (onnxruntime refuses higher ones with

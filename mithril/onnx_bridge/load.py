@@ -13,13 +13,10 @@ from ..errors import OnnxLoadError, public_api
 from .check import check_model, outer_reads
 
 from .passes import relax_unknown_dims
+from .schema import canonical_domain as _canonical_domain
 
 # protobuf cannot parse a message larger than this; bigger models keep their weights as external data.
 _PROTOBUF_LIMIT = 2**31 - 1
-
-
-def _canonical_domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
 
 
 class OnnxModel:

@@ -18,6 +18,7 @@ import onnx_ir.passes.common as common
 
 from ..dtypes import tensor_array
 from ..errors import MithrilError, PassError, ShapeError
+from .schema import canonical_domain as _canonical_domain
 from ..backends.registry import REGISTRY, NodeInfo
 
 logger = logging.getLogger(__name__)
@@ -175,10 +176,6 @@ def _constant_array(value: ir.Value | None, constants: set[ir.Value]) -> np.ndar
     if value is None or value not in constants:
         return None
     return tensor_array(value.const_value) if value.const_value is not None else None
-
-
-def _canonical_domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
 
 
 def fold_constants(

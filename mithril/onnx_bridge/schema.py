@@ -21,6 +21,11 @@ from ..dtypes import tensor_array
 _MISSING = object()
 
 
+def canonical_domain(domain: str) -> str:
+    """``ai.onnx`` is the default domain's other name: both are ``""``."""
+    return "" if domain == "ai.onnx" else domain
+
+
 @dataclass(frozen=True)
 class RuntimeSchema:
     """One of onnxruntime's registered schemas, reduced to what lowering reads."""
