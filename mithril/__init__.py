@@ -21,10 +21,10 @@ from .dtypes import (  # noqa: F401
 from .errors import MithrilError  # noqa: F401
 from . import errors  # noqa: F401
 from .onnx_bridge.load import OnnxModel, load_onnx  # noqa: F401
-from .backends.numpy_backend import NumpyBackend  # noqa: F401
-from .backends.mlx_backend import MLXBackend, MlxBackend  # noqa: F401  (imports mlx only when created)
-from .backends.jax_backend import JaxBackend  # noqa: F401  (imports jax only when created)
-from .backends.torch_backend import TorchBackend  # noqa: F401  (imports torch only when created)
+from .backends.numpy.backend import NumpyBackend  # noqa: F401
+from .backends.mlx.backend import MLXBackend, MlxBackend  # noqa: F401  (imports mlx only when created)
+from .backends.jax.backend import JaxBackend  # noqa: F401  (imports jax only when created)
+from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401

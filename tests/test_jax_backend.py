@@ -230,7 +230,7 @@ def test_resnet_export_matches_numpy(backend):
 def test_accelerator_conv_path_matches_im2col(monkeypatch):
     # On GPU/TPU Conv is lax.conv_general_dilated; check that path here against the shared kernel.
     from mithril.backends.kernels import nn
-    from mithril.backends.overrides import jax as jax_kernels
+    from mithril.backends.jax import overrides as jax_kernels
 
     monkeypatch.setattr(jax_kernels, "_on_cpu", lambda: False)
     rng = np.random.default_rng(2)
@@ -259,7 +259,7 @@ def test_accelerator_conv_path_matches_im2col(monkeypatch):
 )
 def test_cpu_conv_paths_match_the_shared_kernel(x_shape, w_shape, attrs):
     from mithril.backends.kernels import nn
-    from mithril.backends.overrides import jax as jax_kernels
+    from mithril.backends.jax import overrides as jax_kernels
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal(x_shape).astype(np.float32)
@@ -283,7 +283,7 @@ def test_large_patch_convs_go_per_sample_or_to_xla(monkeypatch, limit):
     # Batched convs whose patch matrix passes the limit run one sample at a time (lax.map), or as
     # lax.conv when one sample's patches pass it too; values and gradients match either way.
     from mithril.backends.kernels import nn
-    from mithril.backends.overrides import jax as jax_kernels
+    from mithril.backends.jax import overrides as jax_kernels
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 4, 9, 7)).astype(np.float32)
@@ -357,7 +357,7 @@ def test_compiler_options_reach_every_program():
 def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatch):
     # An older jaxlib rejects an option of the default (YNNPACK came with 2025's XLA): the backend
     # takes the next default it accepts, down to XLA's own.
-    from mithril.backends import jax_backend
+    from mithril.backends.jax import backend as jax_backend
 
     no_ynn = {"xla_cpu_experimental_ynn_fusion_type": ""}
     unknown = {"xla_cpu_no_such_option": True}

@@ -16,7 +16,7 @@ from mithril.errors import BackendUnavailableError, DTypeError, UnsupportedDType
 from .conftest import make_model
 
 mx = pytest.importorskip("mlx.core", reason="the MLX backend needs mlx: pip install mithril[mlx]")
-from mithril.backends.xp import mlx_xp  # noqa: E402
+from mithril.backends.mlx import xp as mlx_xp  # noqa: E402
 
 
 @pytest.fixture

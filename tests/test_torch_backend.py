@@ -13,7 +13,7 @@ from mithril.errors import BackendUnavailableError, DTypeError, UnsupportedDType
 from .conftest import make_model
 
 torch = pytest.importorskip("torch", reason="the Torch backend needs torch (pip install mithril[torch])")
-from mithril.backends.xp import torch_xp as txp  # noqa: E402
+from mithril.backends.torch import xp as txp  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_constants_become_tensors_once_at_compile_static_inputs_stay_on_the_host
 ])
 def test_conv_and_pool_padding_geometries_match_the_shared_kernels(size, pads, strides):
     from mithril.backends.kernels import nn
-    from mithril.backends.overrides import torch as torch_kernels
+    from mithril.backends.torch import overrides as torch_kernels
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 3, size, size)).astype(np.float32)
@@ -322,7 +322,7 @@ def test_strings_run_on_the_host(backend):
 
 
 def test_missing_torch_names_the_extra(monkeypatch):
-    from mithril.backends import torch_backend
+    from mithril.backends.torch import backend as torch_backend
 
     monkeypatch.setattr(torch_backend, "torch", None)
     monkeypatch.setitem(sys.modules, "torch", None)

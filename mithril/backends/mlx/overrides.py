@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from ..kernels import elementwise, nn, shape
 from ..registry import override
-from ..xp.mlx_xp import MlxArray, _matmul, native
+from .xp import MlxArray, _matmul, native
 
 _FLOAT = (mx.float16, mx.bfloat16, mx.float32)
 

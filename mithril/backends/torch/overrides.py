@@ -1,7 +1,7 @@
 """PyTorch kernels: hot ops calling ``torch.nn.functional`` directly (speed), and the ops whose
 shared kernels mutate NumPy arrays in place (scatters, the ConvTranspose overlap-add).
 
-Inputs arrive as :class:`~mithril.backends.xp.torch_xp.TorchArray` (or NumPy arrays for values
+Inputs arrive as :class:`~mithril.backends.torch.xp.TorchArray` (or NumPy arrays for values
 folded on the host); every kernel returns TorchArrays. Cases torch cannot run natively
 (integer convolutions, more than three spatial axes, MaxPool's indices) go to the shared kernel.
 """
@@ -19,8 +19,8 @@ from ..kernels import nn as _nn
 from ..kernels import normalization as _norm
 from ..kernels import shape as _shape
 from ..registry import override
-from ..xp import torch_xp as txp
-from ..xp.torch_xp import TorchArray
+from . import xp as txp
+from .xp import TorchArray
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

@@ -1295,5 +1295,5 @@ fft = types.SimpleNamespace(fft=_fft_fn(torch.fft.fft), ifft=_fft_fn(torch.fft.i
 
 
 def __getattr__(name):
-    raise AttributeError(f"the torch facade (mithril.backends.xp.torch_xp) has no xp.{name}; "
+    raise AttributeError(f"the torch facade (mithril.backends.torch.xp) has no xp.{name}; "
                          f"add it there or override the kernel for torch")

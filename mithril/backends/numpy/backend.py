@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import overrides  # noqa: F401
-from .backend import Backend
-from .overrides import numpy as _numpy_overrides  # noqa: F401  (registers the NumPy overrides)
+from ..backend import Backend
+from . import overrides as _numpy_overrides  # noqa: F401  (registers the NumPy overrides)
 
 
 class NumpyBackend(Backend):
@@ -26,13 +25,13 @@ class NumpyBackend(Backend):
         """``num_threads`` caps the BLAS threads while the program runs (like onnxruntime's
         intra_op_num_threads); None leaves the library default. On a machine whose cores are
         busy, a cap avoids BLAS threads stalling each other on small matmuls."""
-        from .. import dtypes
+        from ... import dtypes
 
         self.num_threads = num_threads
         self._threadpools = None
 
         if device != "cpu":
-            from ..errors import BackendUnavailableError
+            from ...errors import BackendUnavailableError
 
             raise BackendUnavailableError(f"NumpyBackend runs on 'cpu' only; got device {device!r}")
         super().__init__(dtype if dtype is not None else dtypes.float32, device)
@@ -52,15 +51,15 @@ class NumpyBackend(Backend):
     def lower_backward(self, graph, opsets, *, diff_names, **lowering):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
         :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here."""
-        from .vjp import lower_vjp
+        from ..vjp import lower_vjp
 
         return lower_vjp(graph, opsets, diff_names=diff_names, **lowering)
 
     def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
-        from .vjp import GradientProgram
+        from ..vjp import GradientProgram
 
         if not isinstance(forward, GradientProgram):
-            from ..errors import MithrilError
+            from ...errors import MithrilError
 
             raise MithrilError("NumpyBackend computes gradients with the program compile builds; "
                                "this model has none (compiled with inference=True?)")
@@ -68,7 +67,7 @@ class NumpyBackend(Backend):
         try:
             outputs, grads = program.run(params, data, output_gradients)
         except Exception as exc:
-            from ..compile import _node_error
+            from ...compile import _node_error
 
             err = _node_error(program.program, exc)
             if err is exc:

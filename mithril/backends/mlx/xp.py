@@ -14,7 +14,7 @@ Strings stay NumPy object arrays: a function given one runs NumPy's own function
 (strings are never differentiable, and MLX has no string arrays).
 
 >>> import numpy as np
->>> from mithril.backends.xp import mlx_xp as xp
+>>> from mithril.backends.mlx import xp
 >>> a = xp.asarray(np.arange(6, dtype=np.int32)).reshape(2, 3)
 >>> (a.sum(axis=1).dtype, (a * 1.5).dtype, a[:, ::-1].tolist())
 (dtype('int32'), dtype('float32'), [[2, 1, 0], [5, 4, 3]])

@@ -8,8 +8,8 @@ import functools
 
 import numpy as np
 
-from ..errors import BackendUnavailableError
-from .backend import Backend
+from ...errors import BackendUnavailableError
+from ..backend import Backend
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
 jax = jnp = Hoisted = None
@@ -25,7 +25,7 @@ def _import_jax() -> None:
         except ImportError as exc:
             raise BackendUnavailableError("JaxBackend needs jax: pip install mithril[jax]") from exc
         jax, jnp = _jax, _jnp
-        from .jax_hoist import Hoisted
+        from .hoist import Hoisted
 
 
 def _parse_device(device: str):
@@ -48,7 +48,7 @@ def _parse_device(device: str):
 _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
 # it beats im2col + Eigen's matmul: ResNet-18's layers down to 14x14 (1.6 against 2.2 ms for
-# 64x56x56), not its 7x7 ones at batch 1 (overrides/jax.py chooses per layer).
+# 64x56x56), not its 7x7 ones at batch 1 (jax/overrides.py chooses per layer).
 _XNN_CONVOLUTIONS = {"xla_cpu_use_xnnpack": True,
                      "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
 # The CPU default, best first: a jaxlib that rejects an option (YNNPACK came with 2025's XLA;
@@ -143,7 +143,7 @@ class _HostAwareJnp:
 
 class _Jitted:
     """The whole generated forward as jitted XLA programs: its parameter-only work in one, run
-    once per set of parameters, and the rest in another (jax_hoist.py). Host-only inputs
+    once per set of parameters, and the rest in another (hoist.py). Host-only inputs
     (strings) run it eagerly."""
 
     def __init__(self, backend: "JaxBackend", forward):
@@ -167,7 +167,7 @@ class JaxBackend(Backend):
     scope, and outside it the user's configuration is untouched. Arrays it returns keep their
     64-bit dtypes; arithmetic on them outside the scope follows the user's configuration.
 
-    Jitted evaluation runs as two programs (jax_hoist.py): the work that reads parameters only
+    Jitted evaluation runs as two programs (hoist.py): the work that reads parameters only
     (weights transposed or sliced into the layout a kernel reads) once per set of parameter
     arrays, and the rest on every call. The prepared values are kept, with the parameter arrays
     they came from, until a call passes other arrays (memory: at most about the weights again).
@@ -189,11 +189,11 @@ class JaxBackend(Backend):
     supports_gradients = True
 
     def __init__(self, dtype=None, device: str = "cpu", compiler_options: dict | None = None):
-        from .. import dtypes
+        from ... import dtypes
 
         _import_jax()
         global _overrides
-        from .overrides import jax as _overrides  # registers the JAX kernels
+        from . import overrides as _overrides  # registers the JAX kernels
         self._device = _parse_device(device)
         if compiler_options is None:
             # The CPU default, or as much of it as this jaxlib knows.

@@ -7,8 +7,8 @@ import functools
 
 import numpy as np
 
-from ..errors import BackendUnavailableError
-from .backend import Backend
+from ...errors import BackendUnavailableError
+from ..backend import Backend
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch.
 torch = txp = None
@@ -21,7 +21,7 @@ def _import_torch() -> None:
             import torch as _torch
         except ImportError as exc:
             raise BackendUnavailableError("TorchBackend needs torch: pip install mithril[torch]") from exc
-        from .xp import torch_xp as _txp
+        from . import xp as _txp
 
         torch, txp = _torch, _txp
 
@@ -57,10 +57,10 @@ class TorchBackend(Backend):
     Users see ``torch.Tensor`` everywhere: ``evaluate`` takes tensors (or NumPy arrays, kept at
     their dtype) and returns tensors, gradients are tensors, and the tensor API (``array``,
     ``zeros``, ``add``...) takes and returns tensors. Inside, the shared kernels run through
-    :mod:`mithril.backends.xp.torch_xp`, a NumPy-compatible facade (``TorchArray``, whose
+    :mod:`mithril.backends.torch.xp`, a NumPy-compatible facade (``TorchArray``, whose
     ``.native`` is the tensor): ``prepare_inputs`` wraps, ``finalize_outputs`` unwraps. Hot ops
     (Conv, Gemm, MatMul, pools, normalizations, Softmax...) call ``torch.nn.functional``
-    directly (``mithril/backends/overrides/torch.py``). Every evaluation runs under ``torch.no_grad()``;
+    directly (``mithril/backends/torch/overrides.py``). Every evaluation runs under ``torch.no_grad()``;
     gradients (``evaluate(..., output_gradients=...)``) use ``torch.autograd.grad``.
 
     ``compile=True`` wraps the generated forward in ``torch.compile`` (inductor). Measured on
@@ -81,10 +81,10 @@ class TorchBackend(Backend):
     supports_gradients = True
 
     def __init__(self, dtype=None, device: str = "cpu", compile: bool = False):
-        from .. import dtypes
+        from ... import dtypes
 
         _import_torch()
-        from .overrides import torch as _registers_overrides  # noqa: F401
+        from . import overrides as _registers_overrides  # noqa: F401
 
         self._device = _parse_device(device)
         self.xp = txp

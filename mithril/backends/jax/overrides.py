@@ -95,7 +95,7 @@ def _conv_general(x, w, **kwargs):
     if _on_cpu() and nd in _SPATIAL:
         # XLA:CPU's convolutions (XNNPACK's and Eigen's) read the filter as (*kernel, C, M). Left
         # as (M, C, *kernel), XLA transposes the weights on every call (ResNet-18: 31.7 against
-        # 29.9 ms); transposed here, it is parameter-only work, done once (jax_hoist.py).
+        # 29.9 ms); transposed here, it is parameter-only work, done once (hoist.py).
         s = _SPATIAL[nd]
         w = jnp.transpose(w, (*range(2, 2 + nd), 1, 0))
         kwargs["dimension_numbers"] = (f"NC{s}", f"{s}IO", f"NC{s}")
@@ -132,7 +132,7 @@ def _conv_cpu(x, w, b, win, group):
     if group == c and group > 1 and w.shape[1] == 1:
         # Depthwise (output channel o reads input channel o // multiplier), channels last: each
         # tap is a multiply-add over whole channel vectors, and the per-tap weight vectors depend
-        # on the parameters alone (the JAX backend computes them once, jax_hoist.py).
+        # on the parameters alone (the JAX backend computes them once, hoist.py).
         # Half-precision inputs accumulate in float32, as a matmul would.
         acc = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
         padded = nn._pad_spatial(_channels_last(x), win, 0, jnp, channels_last=True).astype(acc)
@@ -156,7 +156,7 @@ def _conv_cpu(x, w, b, win, group):
         rows = jnp.reshape(_channels_last(x)[(slice(None), *(slice(None, None, s) for s in win.strides))], (-1, c))
         w2 = jnp.reshape(w, (m, c))
         if rows.shape[0] >= _POINTWISE_MIN_ROWS:
-            # rows @ W.T, channels last out; W.T is parameter-only work (jax_hoist.py).
+            # rows @ W.T, channels last out; W.T is parameter-only work (hoist.py).
             y = _channels_first(jnp.reshape(rows @ jnp.transpose(w2), (n, *win.out, m)))
         else:
             # Few rows: W @ rows.T, channels first out, which Eigen runs faster there.

@@ -8,8 +8,8 @@ import warnings
 
 import numpy as np
 
-from ..errors import BackendUnavailableError
-from .backend import Backend
+from ...errors import BackendUnavailableError
+from ..backend import Backend
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx.
 mx = xp = None
@@ -21,7 +21,7 @@ def _import_mlx() -> None:
         try:
             import mlx.core as _mx
 
-            from .xp import mlx_xp as _xp
+            from . import xp as _xp
         except ImportError as exc:
             raise BackendUnavailableError(f"MlxBackend needs mlx ({exc}): pip install mithril[mlx]") from exc
         mx, xp = _mx, _xp
@@ -39,7 +39,7 @@ def _parse_device(device: str):
 
 
 def _nondeterministic_kernels() -> set[int]:
-    from .registry import REGISTRY
+    from ..registry import REGISTRY
 
     ids = set()
     for table in REGISTRY._tables.values():
@@ -96,7 +96,7 @@ class _Compiled:
                     error = exc
                 out = self.forward(_wrap(params), _wrap(data))
                 # The eager run worked, so the failure was tracing: stay eager from now on.
-                from ..compile import JitFallbackWarning
+                from ...compile import JitFallbackWarning
 
                 warnings.warn(f"mx.compile failed, running op by op: {type(error).__name__}: {error}",
                               JitFallbackWarning, stacklevel=3)
@@ -115,7 +115,7 @@ class MlxBackend(Backend):
     Users see ``mx.array`` everywhere: ``evaluate`` takes mx.arrays (or NumPy arrays, kept at
     their dtype) and returns mx.arrays, gradients are mx.arrays, and the tensor API (``array``,
     ``zeros``, ``add``...) takes and returns mx.arrays. Inside, the shared kernels run on
-    :class:`~mithril.backends.xp.mlx_xp.MlxArray`, a NumPy-compatible facade whose ``.native``
+    :class:`~mithril.backends.mlx.xp.MlxArray`, a NumPy-compatible facade whose ``.native``
     is the ``mx.array`` (``prepare_inputs`` wraps, ``finalize_outputs`` unwraps). ``compile(..., jit=True)`` compiles the whole graph with
     ``mx.compile``. MLX has no float64 on its default CPU path and none on the GPU: graphs
     holding it are reported unsupported at compile time. MLX has no strings either; like JAX and
@@ -132,10 +132,10 @@ class MlxBackend(Backend):
     supports_gradients = True
 
     def __init__(self, dtype=None, device: str = "cpu"):
-        from .. import dtypes
+        from ... import dtypes
 
         _import_mlx()
-        from .overrides import mlx as _registers_overrides  # noqa: F401
+        from . import overrides as _registers_overrides  # noqa: F401
 
         self._device = _parse_device(device)
         self.xp = xp
@@ -167,7 +167,7 @@ class MlxBackend(Backend):
             return arr
         reason = self.unsupported_dtype_reason(arr.dtype)
         if reason:
-            from ..errors import UnsupportedDTypeError
+            from ...errors import UnsupportedDTypeError
 
             raise UnsupportedDTypeError(f"MlxBackend cannot hold {arr.dtype}: {reason}")
         with mx.stream(self._device):
