@@ -60,13 +60,13 @@ def test_load_onnx(tmp_path):
 
 
 def test_compile_names_the_pass_that_failed(monkeypatch):
-    from mithril.onnx_bridge import passes
+    from mithril.backends.specialize import InferShapes
 
-    def broken(model):
+    def broken(self, model):
         raise ValueError("inference blew up")
 
-    monkeypatch.setattr(passes, "infer_shapes", broken)
-    with pytest.raises(errors.PassError, match=r"pass broken failed on this model: ValueError: inference blew up") as info:
+    monkeypatch.setattr(InferShapes, "call", broken)
+    with pytest.raises(errors.PassError, match=r"pass InferShapes failed on this model: ValueError: inference blew up") as info:
         ml.compile(relu_model(), ml.NumpyBackend())
     assert isinstance(info.value, errors.CompileError)
     assert isinstance(info.value.__cause__, ValueError)

@@ -22,6 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
+from mithril.backends import specialize
 from mithril.onnx_bridge import passes
 
 from .test_backend_parity import AVAILABLE, make_backend
@@ -302,19 +303,20 @@ def _constants(work: ir.Model) -> set[str]:
 
 # Each pass as the compile pipeline calls it.
 PASSES = {
-    "inline_functions": lambda m, c, o: passes.inline_functions(m),
-    "set_input_shapes": lambda m, c, o: passes.set_input_shapes(m, {v.name: [int(d) for d in v.shape]
-                                                                    for v in m.graph.inputs}),
-    "infer_shapes": lambda m, c, o: passes.infer_shapes(passes.inline_functions(m)),
-    "fold_constants": lambda m, c, o: passes.fold_constants(passes.infer_shapes(passes.inline_functions(m)), c, o)[0],
-    "reduce_powers": lambda m, c, o: passes.reduce_powers(m, c, o),
-    "fuse_matmul_bias": lambda m, c, o: passes.fuse_matmul_bias(m, c, o),
-    "mark_stop_gradients": lambda m, c, o: passes.mark_stop_gradients(m),
-    "remove_identities": lambda m, c, o: passes.remove_identities(m),
-    "inline_constant_ifs": lambda m, c, o: passes.inline_constant_ifs(m, c)[0],
-    "remove_dead_nodes": lambda m, c, o: passes.remove_dead_nodes(m),
-    "toposort": lambda m, c, o: passes.toposort(m),
-    "specialize": lambda m, c, o: passes.specialize(m, None, c, o),
+    "inline_functions": lambda m, c, o: passes.InlineFunctions()(m),
+    "set_input_shapes": lambda m, c, o: passes.SetInputShapes({v.name: [int(d) for d in v.shape]
+                                                               for v in m.graph.inputs})(m),
+    "infer_shapes": lambda m, c, o: specialize.InferShapes()(passes.InlineFunctions()(m).model),
+    "fold_constants": lambda m, c, o: specialize.FoldConstants(c, o)(
+        specialize.InferShapes()(passes.InlineFunctions()(m).model).model),
+    "reduce_powers": lambda m, c, o: passes.ReducePowers(c, o)(m),
+    "fuse_matmul_bias": lambda m, c, o: passes.FuseMatMulBias(c, o)(m),
+    "mark_stop_gradients": lambda m, c, o: passes.MarkStopGradients()(m),
+    "remove_identities": lambda m, c, o: passes.RemoveIdentities()(m),
+    "inline_constant_ifs": lambda m, c, o: passes.InlineConstantIfs(c)(m),
+    "remove_dead_nodes": lambda m, c, o: passes.RemoveDeadNodes()(m),
+    "toposort": lambda m, c, o: passes.Toposort()(m),
+    "specialize": lambda m, c, o: specialize.specialize(m, None, c, o),
 }
 
 

@@ -11,8 +11,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import OnnxLoadError, public_api
 from .check import check_model, outer_reads
-
-from .passes import relax_unknown_dims
+from .passes import RelaxUnknownDims
 from .schema import canonical_domain as _canonical_domain
 
 # protobuf cannot parse a message larger than this; bigger models keep their weights as external data.
@@ -329,5 +328,5 @@ def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:  # onnx_ir raises several types for inconsistent protos
         raise OnnxLoadError(f"the ONNX model is inconsistent and cannot be read: {exc}") from exc
-    relax_unknown_dims(model)
+    RelaxUnknownDims()(model)
     return OnnxModel(model, source)
