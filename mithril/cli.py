@@ -15,21 +15,14 @@ from collections import Counter
 
 import numpy as np
 
+from .backends.table import BACKENDS
 from .errors import MithrilError
-
-# Backend name -> class name in the mithril namespace; absent classes are "not installed".
-BACKENDS = {"numpy": "NumpyBackend", "jax": "JaxBackend", "torch": "TorchBackend", "mlx": "MlxBackend"}
 
 
 def available_backends() -> dict[str, type]:
-    import mithril as ml
-
-    out = {}
-    for name, cls_name in BACKENDS.items():
-        cls = getattr(ml, cls_name, None)
-        if cls is not None:
-            out[name] = cls
-    return out
+    """Backend name -> class, for every row of the backend table (a class whose framework is
+    missing raises BackendUnavailableError when created)."""
+    return {name: entry.load() for name, entry in BACKENDS.items()}
 
 
 def make_backends(spec: str) -> list:
@@ -66,7 +59,7 @@ def cmd_inspect(args) -> int:
     from rich.table import Table
 
     import mithril as ml
-    from .backends.lower import canonical_domain
+    from .onnx_bridge.schema import canonical_domain
     from .backends.registry import REGISTRY
     from .dtypes import onnx_type_name
 
@@ -173,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     v = sub.add_parser("validate", help="run a model on backends and on onnxruntime and compare outputs")
     v.add_argument("model")
-    v.add_argument("--backend", default="numpy", help="comma-separated backends, or 'all' (default: numpy)")
+    v.add_argument("--backend", default="numpy",
+                   help=f"comma-separated backends from {', '.join(BACKENDS)}, or 'all' (default: numpy)")
     v.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="input data (repeatable)")
     v.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="input shape for random data (repeatable)")
     v.add_argument("--per-node", action="store_true", help="find the first node whose output leaves tolerance")

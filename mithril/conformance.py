@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from mithril.backends.table import BACKENDS
+
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
@@ -224,15 +226,12 @@ def _one_line(exc: Exception, limit: int = 300) -> str:
 
 
 def make_backend(name: str):
-    import mithril as ml
-
-    backends = {"numpy": "NumpyBackend", "jax": "JaxBackend", "torch": "TorchBackend", "mlx": "MlxBackend"}
-    cls = getattr(ml, backends[name], None)
-    if cls is None:
+    entry = BACKENDS.get(name)
+    if entry is None:
         from mithril.errors import BackendUnavailableError
 
-        raise BackendUnavailableError(f"backend {name!r} is not available in this build of mithril")
-    return cls()
+        raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    return entry.load()()
 
 
 # -- expected failures -----------------------------------------------------------------
@@ -524,7 +523,8 @@ def render_real(record: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mithril conformance", description=__doc__.splitlines()[0])
-    p.add_argument("--backend", default="numpy", help="numpy, jax, torch, mlx (comma-separated for several)")
+    p.add_argument("--backend", default="numpy",
+                   help=f"{', '.join(BACKENDS)} (comma-separated for several)")
     p.add_argument("-k", "--filter", default=None, help="only cases whose name matches this regex")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case's result")

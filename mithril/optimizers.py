@@ -27,57 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from .backends.table import array_backend, arrays_of
 from .errors import InputError, OptimizerError, public_api
 
 Schedule = Callable[[int], float]
 
 
-def _framework(x) -> str:
-    return type(x).__module__.split(".")[0]
-
-
 def _sqrt(x):
-    kind = _framework(x)
-    if kind == "torch":
-        import torch
-
-        return torch.sqrt(x)
-    if kind in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-
-        return jnp.sqrt(x)
-    if kind == "mlx":
-        import mlx.core as mx
-
-        return mx.sqrt(x)
-    return np.sqrt(x)
+    return array_backend(x).sqrt(x)
 
 
 def _zeros_like(x):
-    kind = _framework(x)
-    if kind == "torch":
-        import torch
-
-        return torch.zeros_like(x)
-    if kind in ("jax", "jaxlib"):
-        import jax.numpy as jnp
-
-        return jnp.zeros_like(x)
-    if kind == "mlx":
-        import mlx.core as mx
-
-        return mx.zeros_like(x)
-    return np.zeros_like(x)
-
-
-def _scope(values: Iterable[Any]):
-    """JAX arrays update inside an x64 scope, as JaxBackend computes: float64 stays float64, and
-    the jitted update is not retraced between calls made in and out of the scope."""
-    if any(_framework(v) in ("jax", "jaxlib") for v in values):
-        import jax
-
-        return jax.enable_x64(True)
-    return contextlib.nullcontext()
+    return array_backend(x).zeros_like(x)
 
 
 class Optimizer:
@@ -89,8 +50,9 @@ class Optimizer:
     pretrained backbone at a tenth of the head's rate is ``Adam(1e-3, lr_scale={r"^backbone\.": 0.1})``.
 
     A subclass names its per-parameter slots (``slots``), the step's scalars (``_scalars``, plain
-    floats) and the update of one parameter (``_apply_one``); on JAX arrays the whole update is one
-    ``jax.jit`` program (eager JAX dispatches each small op separately, which is slow)."""
+    floats) and the update of one parameter (``_apply_one``); the whole update is one program where
+    the arrays' framework jits (``arrays.jit`` of its backend folder: on JAX one ``jax.jit``, as eager
+    JAX dispatches each small op separately, which is slow)."""
 
     slots: tuple[str, ...] = ()
 
@@ -98,7 +60,7 @@ class Optimizer:
         self.lr = lr
         self.lr_scale = {re.compile(k): float(v) for k, v in (lr_scale or {}).items()}
         self._scales: dict[str, float] = {}  # per parameter name, matched once, not every step
-        self._jitted = None
+        self._jitted: dict[str, Callable] = {}  # per framework: its arrays module's jit of _apply
 
     def _scale(self, name: str) -> float:
         scale = self._scales.get(name)
@@ -113,7 +75,7 @@ class Optimizer:
     def init(self, params: Mapping[str, Any]) -> dict:
         if not isinstance(params, Mapping):
             raise OptimizerError(f"init takes a dict of parameters, not {type(params).__name__}")
-        with _scope(params.values()):
+        with arrays_of(params.values()).update_scope():
             return {"step": 0, **{s: {k: _zeros_like(v) for k, v in params.items()} for s in self.slots}}
 
     @public_api(OptimizerError, "Optimizer.update")
@@ -130,19 +92,17 @@ class Optimizer:
         scalars = self._scalars(step)
         p = {k: params[k] for k in grads}
         slots = {s: {k: state[s][k] for k in grads} for s in self.slots}
-        with _scope(grads.values()):
-            new_p, new_slots = self._program(grads)(p, dict(grads), slots, scalars)
+        arrays = arrays_of(grads.values())
+        with arrays.update_scope():
+            new_p, new_slots = self._program(arrays)(p, dict(grads), slots, scalars)
         params = {**params, **new_p}
         return params, {"step": step + 1, **{s: {**state[s], **new_slots[s]} for s in self.slots}}
 
-    def _program(self, grads):
-        if any(_framework(g) in ("jax", "jaxlib") for g in grads.values()):
-            if self._jitted is None:
-                import jax
-
-                self._jitted = jax.jit(self._apply)
-            return self._jitted
-        return self._apply
+    def _program(self, arrays):
+        program = self._jitted.get(arrays.__name__)
+        if program is None:
+            program = self._jitted[arrays.__name__] = arrays.jit(self._apply)
+        return program
 
     def _apply(self, params, grads, slots, scalars):
         new_p, new_slots = {}, {s: {} for s in self.slots}

@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .backends.table import array_backend
 from .errors import ParamsFileError, public_api
 
 _SAFETENSORS = {
@@ -40,21 +41,7 @@ _NPZ_DTYPES = "__mithril_dtypes__"  # npz keeps ml_dtypes (bfloat16...) as raw b
 
 def to_numpy(value) -> np.ndarray:
     """A NumPy copy of an array of any backend (torch and MLX bfloat16 included)."""
-    kind = type(value).__module__.split(".")[0]
-    if kind == "torch":
-        import torch
-
-        t = value.detach().cpu()
-        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: go through float32, exactly
-            return t.float().numpy().astype(ml_dtypes.bfloat16)
-        return t.numpy()
-    if kind == "mlx":
-        import mlx.core as mx
-
-        if value.dtype == mx.bfloat16:
-            return np.array(value.astype(mx.float32)).astype(ml_dtypes.bfloat16)
-        return np.array(value)
-    return np.asarray(value)
+    return array_backend(value).to_numpy(value)
 
 
 @public_api(ParamsFileError, "save_params")

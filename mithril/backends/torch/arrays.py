@@ -1,0 +1,30 @@
+"""PyTorch's tensor helpers (see :mod:`mithril.backends.numpy.arrays`)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import torch
+
+sqrt = torch.sqrt
+zeros_like = torch.zeros_like
+
+
+def to_numpy(value) -> np.ndarray:
+    """A NumPy copy of a tensor on any device (bfloat16 included)."""
+    t = value.detach().cpu()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: go through float32, exactly
+        return t.float().numpy().astype(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def update_scope():
+    """The context an optimizer update runs in (torch needs none of its own)."""
+    return contextlib.nullcontext()
+
+
+def jit(fn):
+    """``fn`` as is: updates of torch tensors run eagerly."""
+    return fn
