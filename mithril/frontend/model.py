@@ -25,6 +25,7 @@ from ..errors import (
     ShapeMismatchError,
     TypeMismatchError,
 )
+from ..onnx_bridge.load import OnnxModel, OnnxModelCall
 from . import shapes as S
 from .shapes import Conflict, Dim, Namer, ShapeNode, TypeNode, Var
 
@@ -258,6 +259,8 @@ class Block:
     """Base of primitives and models: named terminals, a canonical input and output."""
 
     block_name: ClassVar[str | None] = None  # base of auto names; default: the class name, lower case
+    # A Model of child blocks, flattened on export; export reads this rather than importing Model.
+    composite: ClassVar[bool] = False
 
     def __init__(self, name: str | None = None):
         self.name = name
@@ -429,6 +432,8 @@ class Model(Block):
     '[..., 2]'
     """
 
+    composite = True
+
     def __init__(self, name: str | None = None):
         super().__init__(name)
         self._blocks: list[Block] = []
@@ -456,6 +461,12 @@ class Model(Block):
             block, bindings = item.block, {**item.bindings, **bindings}
         elif isinstance(item, Block):
             block = item
+        elif isinstance(item, (OnnxModel, OnnxModelCall)):
+            # A loaded ONNX model, called with bindings or not, is added as an OnnxBlock.
+            from .block import BLOCKS
+
+            loaded, called = (item, {}) if isinstance(item, OnnxModel) else (item.model, item.bindings)
+            block, bindings = BLOCKS["OnnxBlock"](loaded), {**called, **bindings}
         else:
             raise ModelError(f"{self._label()}: cannot add {type(item).__name__}; add a block or block(...)")
         if self.parent is not None or self._frozen_ports is not None:
@@ -544,7 +555,7 @@ class Model(Block):
                 raise ModelError(f"{self._label()}: output terminal {block.name}.{port.name} cannot be bound "
                                  f"to an expression")
             return self._materialize(target)
-        if isinstance(target, (Block, Call)):
+        if isinstance(target, (Block, Call, OnnxModel, OnnxModelCall)):
             raise ModelError(f"{self._label()}: {block.name}.{port.name} is bound to a block; "
                              f"bind it to a name, an IOKey or a connection")
         if not port.is_input:
@@ -793,7 +804,6 @@ class Model(Block):
         the backend's ``dtype``: the type of every float nobody fixed; float32 when None)."""
         from .onnx_export import build_onnx
 
-        from ..onnx_bridge.load import OnnxModel
         import onnx_ir as ir
 
         proto, _ = build_onnx(self, shapes=shapes, params=params, opset=opset, dynamic_axes=dynamic_axes,

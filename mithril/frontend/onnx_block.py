@@ -33,6 +33,7 @@ from onnx import helper, numpy_helper
 from .. import dtypes as _dtypes
 from ..dtypes import is_floating_np, np_dtype_of_onnx
 from ..errors import ModelError
+from ..onnx_bridge.load import OnnxModel, load_onnx
 from .block import register
 from .model import In, Out, Param, Primitive, ShapeView
 
@@ -92,8 +93,6 @@ class OnnxBlock(Primitive):
     block_name = "onnx_model"
 
     def __init__(self, model, name: str | None = None):
-        from ..onnx_bridge.load import OnnxModel, load_onnx
-
         self.onnx: OnnxModel = model if isinstance(model, OnnxModel) else load_onnx(model)
         proto = self.onnx.to_proto()
         if proto.functions:

@@ -11,6 +11,7 @@ import copy
 import functools
 import warnings
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -19,8 +20,10 @@ from onnx import helper, numpy_helper
 from .. import dtypes as _dtypes
 from ..errors import MissingShapeError, ModelError, ShapeMismatchError, UnconnectedInputError, CycleError
 from . import shapes as S
-from .model import Model, Primitive, Wire
 from .shapes import Conflict, Dim, ShapeNode
+
+if TYPE_CHECKING:  # model.py imports this module to export (Model.to_onnx_model)
+    from .model import Model, Primitive, Wire
 
 MIN_OPSET = 17
 FALLBACK_OPSET = 21
@@ -159,7 +162,7 @@ class Flat:
         for b in m._blocks:
             bound = {p: alias[id(m._bindings[(b, p)])] for p in m._child_ports[b]
                      if (b, p) in m._bindings}
-            if isinstance(b, Model):
+            if b.composite:
                 inner = b._frozen_wires or {}
                 self._walk(b, prefix + b.name + ".", {id(inner[p]): w for p, w in bound.items()})
             else:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .model import Model
 from .shapes import Namer, type_name
+
+if TYPE_CHECKING:  # model.py imports this module for Model.summary()
+    from .model import Model
 
 
 def _plain(*cells) -> list[Text]:

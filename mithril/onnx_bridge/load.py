@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 import onnx_ir as ir
@@ -63,11 +65,10 @@ class OnnxModel:
     def to_proto(self) -> onnx.ModelProto:
         return ir.serde.serialize_model(self.ir)
 
-    def __call__(self, **bindings):
-        """A block of this model for a logical Model: ``model |= onnx_model(input="x", output="y")``."""
-        from ..frontend.onnx_block import OnnxBlock
-
-        return OnnxBlock(self)(**bindings)
+    def __call__(self, **bindings) -> OnnxModelCall:
+        """This model with terminal bindings, for a logical Model: ``model |= onnx_model(x="input")``.
+        The frontend makes it a block (``OnnxBlock``) when it is added; loading knows no frontend."""
+        return OnnxModelCall(self, bindings)
 
     connect = __call__
 
@@ -83,6 +84,15 @@ class OnnxModel:
             f"OnnxModel({self.source or self.graph.name!r}, inputs={self.input_names}, "
             f"outputs={self.output_names}, opset={self.opset})"
         )
+
+
+@dataclass(frozen=True)
+class OnnxModelCall:
+    """A loaded model and the terminal bindings it was called with (``onnx_model(x="input")``):
+    ``Model.extend`` turns it into an ``OnnxBlock`` bound the same way."""
+
+    model: OnnxModel
+    bindings: dict[str, Any]
 
 
 def _densify_sparse_constants(graph: onnx.GraphProto) -> None:
