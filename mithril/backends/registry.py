@@ -22,15 +22,44 @@ Sequences are Python lists; an empty Optional is ``None``.
 
 Resolution picks, for ``(domain, op_type)``, the entry with the newest ``since`` that is
 <= the model's opset for that domain. ``@override("jax", "Conv", since=11)`` registers a
-backend-specific kernel that wins over the shared one on that backend.
+backend-specific kernel that wins over the shared one on that backend; its ``reason`` says
+which gap or speed-up it is for (``mithril ops Erf`` prints it).
+
+Metadata a kernel declares at registration, read by the code named here, never recovered from
+``if op_type == ...`` branches or comments:
+
+``static_inputs``         positions read as concrete host values (Reshape's shape): lowering
+                          passes them unconverted; compile keeps their initializers out of params.
+``graph_attributes``      attributes holding subgraphs (If, Loop, Scan).
+``nondeterministic``      random ops: never constant-folded, never traced once (compile, passes).
+``data_dependent_shape``  output shapes depend on input values: blocks whole-graph jit (compile).
+``output_shapes``         a shape rule for ops ONNX inference does not know (passes).
+``host_only``             the kernel computes on the host with NumPy whatever the backend: string
+                          and map ops, ops that mutate a NumPy canvas in place or loop over values
+                          (ConvTranspose's overlap-add, Scatter*, NonMaxSuppression). The
+                          registry wraps it so that it receives NumPy arrays (and ``xp=numpy``)
+                          on every backend; a backend that wants it on its device overrides it.
+``emit_required``         an emit-based backend (C, GGML: kernels render code instead of running
+                          over ``xp``) must provide this op itself: the shared kernel cannot be
+                          rendered and is a tensor op, not one to leave to the explicit NumPy
+                          fallback. A ``host_only`` kernel without it (strings, tokenizers,
+                          ai.onnx.ml maps) may take that fallback; a kernel over ``xp`` is
+                          rendered from the shared definition.
+
+``KernelSpec.location`` is where the function is defined (``mithril/backends/kernels/nn.py:142``),
+for generated code and for ``mithril ops``.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,13 @@ class KernelSpec:
     # (shape, dtype) per output, or None; inputs are (static shape or None, dtype or None) pairs,
     # None for a missing input. Lets Shape sub-graphs after such ops fold at compile.
     output_shapes: Callable | None = None
+    # Computes with NumPy on the host whatever the backend (see the module docstring); ``fn`` is
+    # then the wrapper that hands it NumPy arrays.
+    host_only: bool = False
+    # An emit-based backend (C, GGML) must implement this op itself (see the module docstring).
+    emit_required: bool = False
+    # Why a backend override exists: the semantic gap it fills or the speed-up it buys.
+    reason: str = ""
     accepts: frozenset[str] = field(default_factory=frozenset)
     accepts_var_keyword: bool = False
 
@@ -59,11 +95,65 @@ class KernelSpec:
     def name(self) -> str:
         return f"{self.domain + '::' if self.domain else ''}{self.op_type}-{self.since}"
 
+    @property
+    def location(self) -> str:
+        """``path:line`` of the kernel's definition, the path relative to the directory holding
+        the ``mithril`` package (the repository root in a checkout).
+
+        >>> import mithril.backends.kernels
+        >>> REGISTRY.resolve("Relu", 14).location.startswith("mithril/backends/kernels/elementwise.py:")
+        True
+        """
+        fn = inspect.unwrap(self.fn)
+        code = getattr(fn, "__code__", None)
+        path = inspect.getsourcefile(fn) or (code.co_filename if code else "?")
+        try:
+            path = os.path.relpath(path, _ROOT)
+        except ValueError:  # another drive (Windows)
+            pass
+        if path.startswith(".."):
+            path = os.path.abspath(os.path.join(_ROOT, path))
+        return f"{path.replace(os.sep, '/')}:{code.co_firstlineno if code else 0}"
+
+    @property
+    def function(self) -> str:
+        """``module.function`` of the kernel's definition."""
+        fn = inspect.unwrap(self.fn)
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+
+# The directory holding the mithril package: KernelSpec.location is relative to it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _to_host(value):
+    """A kernel argument as NumPy: arrays of any backend (through ``__array__``), sequences
+    (lists) element by element; anything else (None, NumPy arrays, maps) as it is."""
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)) or not hasattr(type(value), "__array__"):
+        return value
+    return np.asarray(value)
+
+
+def _on_host(fn, takes_xp: bool):
+    """``fn`` called with its inputs as NumPy arrays, and ``xp=numpy`` where it takes ``xp``."""
+
+    @functools.wraps(fn)
+    def host_kernel(*inputs, **attributes):
+        if takes_xp:
+            attributes["xp"] = np
+        return fn(*(_to_host(v) for v in inputs), **attributes)
+
+    return host_kernel
+
 
 def _make_spec(fn, op_type, domain, since, **meta) -> KernelSpec:
     params = inspect.signature(fn).parameters.values()
     accepts = frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    if meta.get("host_only"):
+        fn = _on_host(fn, "xp" in accepts)
     return KernelSpec(
         fn=fn,
         op_type=op_type,
@@ -120,12 +210,36 @@ class KernelRegistry:
     def versions(self, op_type: str, domain: str = "", backend: str = "*") -> list[int]:
         return [s for s, _ in self._tables.get(backend, {}).get((domain, op_type), [])]
 
+    def backends(self) -> list[str]:
+        """Backends with overrides registered so far ("*", the shared table, not among them)."""
+        return sorted(b for b in self._tables if b != "*")
+
+    def ranges(self, op_type: str, domain: str = "", backend: str = "*") -> list[tuple[int, int | None, KernelSpec]]:
+        """What ``resolve`` picks on ``backend`` for each opset: (first, last or None, spec) runs
+        of consecutive opsets resolved to the same kernel, oldest first.
+
+        >>> import mithril.backends.kernels
+        >>> [(a, b, s.name) for a, b, s in REGISTRY.ranges("Softmax")]
+        [(1, 12, 'Softmax-1'), (13, None, 'Softmax-13')]
+        """
+        starts = sorted({*self.versions(op_type, domain), *self.versions(op_type, domain, backend)})
+        out: list[list] = []
+        for since in starts:
+            spec = self.resolve(op_type, since, domain, backend)
+            if out and out[-1][2] is spec:
+                continue
+            if out:
+                out[-1][1] = since - 1
+            out.append([since, None, spec])
+        return [tuple(r) for r in out]
+
 
 REGISTRY = KernelRegistry()
 
 
 def kernel(op_type: str, *, since: int = 1, domain: str = "", **meta):
-    """Register a shared kernel (used by every backend unless overridden)."""
+    """Register a shared kernel (used by every backend unless overridden). The function is
+    returned undecorated: other kernels call it directly, over their own ``xp``."""
 
     def wrap(fn):
         REGISTRY.register("*", _make_spec(fn, op_type, domain, since, **meta))
@@ -134,11 +248,12 @@ def kernel(op_type: str, *, since: int = 1, domain: str = "", **meta):
     return wrap
 
 
-def override(backend: str, op_type: str, *, since: int = 1, domain: str = "", **meta):
-    """Register a backend-specific kernel for a real semantic gap or for speed."""
+def override(backend: str, op_type: str, *, since: int = 1, domain: str = "", reason: str = "", **meta):
+    """Register a backend-specific kernel for a real semantic gap or for speed, which ``reason``
+    names (``reason="speed: lax.erf is one XLA op"``)."""
 
     def wrap(fn):
-        REGISTRY.register(backend, _make_spec(fn, op_type, domain, since, **meta))
+        REGISTRY.register(backend, _make_spec(fn, op_type, domain, since, reason=reason, **meta))
         return fn
 
     return wrap

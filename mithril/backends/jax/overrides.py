@@ -18,7 +18,8 @@ import numpy as np
 from jax import lax
 
 from ..kernels import control_flow, elementwise, nn, signal
-from ..kernels.nn import _add_bias, _window
+from ..kernels.geometry import transposed_window, window
+from ..kernels.nn import _add_bias
 from ..kernels.shape import _element_index
 from ..registry import override
 
@@ -191,7 +192,7 @@ def _conv_cpu(x, w, b, win, group):
 
 @override("jax", "Conv", since=1)
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
-    win = _window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+    win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     if _on_cpu():
         return _conv_cpu(x, w, b, win, group)
     return _lax_conv(x, w.astype(x.dtype), b, win, group)
@@ -206,18 +207,8 @@ def conv_transpose(
     kernel = w.shape[2:]
     c, mg = x.shape[1], w.shape[1]
     cg = c // group
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    output_padding = tuple(output_padding or (0,) * nd)
-    full = [s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)]
-    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
-        total = [f - o for f, o in zip(full, out)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-    else:
-        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
-        begin = list(pads[:nd])
-        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    geo = transposed_window(size, kernel, strides, dilations, pads, auto_pad, output_padding, output_shape)
+    strides, dilations, begin, out = geo.strides, geo.dilations, geo.begin, geo.out
     # A transposed conv is a conv of the stride-dilated input with the flipped, transposed kernel;
     # the output window starts `begin` into the full result.
     lo = [(k - 1) * d - bg for k, d, bg in zip(kernel, dilations, begin)]
@@ -254,7 +245,7 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
         return nn.max_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
                            ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
                            num_outputs=num_outputs, xp=xp)
-    win = _window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     return _max_pool(x, win)
 
 
@@ -268,13 +259,11 @@ def _max_pool(x, win):
 
 
 def _reduce_window_max(x, win):
-    # Only the padding a window reaches: ceil_mode windows may overhang the declared end padding.
-    ends = [max(e - b - n, 0) for e, b, n in zip(win.extent, win.begin, x.shape[2:])]
     # A concrete (NumPy) identity lets lax pick reduce_window_max, which has a gradient; a traced
     # init would make the generic reduce_window, which does not.
     return lax.reduce_window(
         x, np.asarray(nn._lowest(x.dtype), dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel),
-        (1, 1) + win.strides, [(0, 0), (0, 0)] + list(zip(win.begin, ends)), window_dilation=(1, 1) + win.dilations,
+        (1, 1) + win.strides, [(0, 0), (0, 0), *win.read_pads(x.shape[2:])], window_dilation=(1, 1) + win.dilations,
     )
 
 
@@ -323,14 +312,16 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 # element, and it was a third of the small BERT's time (BERT's Gelu is exported as Erf).
 
 
-@override("jax", "Erf", since=9)
+@override("jax", "Erf", since=9,
+          reason="speed: lax.erf is one XLA op; the shared polynomial was a third of the small BERT's time")
 def erf(x, *, xp):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return elementwise.erf(x, xp=xp)
     return elementwise._in_float32(lax.erf, x, xp=xp)
 
 
-@override("jax", "Gelu", since=20)
+@override("jax", "Gelu", since=20,
+          reason="speed: lax.erfc is one XLA op, as for Erf")
 def gelu(x, *, approximate, xp):
     if approximate != "none" or not jnp.issubdtype(x.dtype, jnp.floating):
         return elementwise.gelu(x, approximate=approximate, xp=xp)
@@ -342,7 +333,8 @@ def gelu(x, *, approximate, xp):
 # Host-side semantics JAX lacks.
 
 
-@override("jax", "Equal", since=7)
+@override("jax", "Equal", since=7,
+          reason="semantic gap: jax.numpy has no strings; string Equal compares NumPy object arrays")
 def equal(a, b, *, xp):
     # Strings are NumPy object arrays on the host.
     if getattr(a, "dtype", None) == object or getattr(b, "dtype", None) == object:

@@ -23,6 +23,7 @@ import numpy
 from ...errors import UnsupportedAttributeError
 from ..registry import kernel
 from . import nn, rnn
+from .geometry import window
 from .quantize import (
     _divide,
     _int_matmul,
@@ -131,7 +132,7 @@ def _window_shape(shape, channels_last, kernel, attrs):
     if shape is None:
         return None
     first = (shape[0], shape[-1], *shape[1:-1]) if channels_last else tuple(shape)
-    win = nn._window(first[2:], kernel, attrs.get("strides"), attrs.get("dilations"), attrs.get("pads"),
+    win = window(first[2:], kernel, attrs.get("strides"), attrs.get("dilations"), attrs.get("pads"),
                      attrs.get("auto_pad") or "NOTSET", attrs.get("ceil_mode") or 0)
     return first[:2], tuple(win.out)
 
@@ -321,7 +322,7 @@ def qlinear_average_pool(
     # count, then quantizes.
     x = _to_channels_first(_uncontracted(_dequantize(X, x_scale, x_zero_point, xp)), channels_last, xp)
     size = x.shape[2:]
-    win = nn._window(size, kernel_shape, strides, None, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, None, pads, auto_pad, ceil_mode)
     total = None
     for _, tap in nn._taps(nn._pad_spatial(x, win, 0, xp), win):
         total = tap if total is None else total + tap

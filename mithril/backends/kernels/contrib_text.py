@@ -57,7 +57,7 @@ def _token_matches(text: str, tokenexp, mincharnum: int) -> list[str]:
     return tokens
 
 
-@kernel("Tokenizer", since=1, domain=MS, data_dependent_shape=True)
+@kernel("Tokenizer", since=1, domain=MS, data_dependent_shape=True, host_only=True)
 def tokenizer(x, *, mark, mincharnum, pad_value, separators=None, tokenexp=None, tokenexpsplit=0):
     """[C] -> [C, D] and [N, C] -> [N, C, D]: the tokens of every string, padded with pad_value to
     the most any string has (D), inside 0x02/0x03 marks when ``mark``.

@@ -579,7 +579,7 @@ def _bits(dtype) -> int:
     return _SUB_BYTE_BITS.get(np.dtype(dtype), np.dtype(dtype).itemsize * 8)
 
 
-@kernel("BitCast", since=26)
+@kernel("BitCast", since=26, host_only=True, emit_required=True)
 def bitcast(x, *, to):
     # numpy-only: reinterpreting bytes is ndarray.view.
     dst = np_dtype_of_onnx(to)

@@ -346,7 +346,7 @@ def _roi_bilinear(coord, size):
     return low, high, 1 - frac, frac, empty
 
 
-@kernel("RoiAlign", since=10)
+@kernel("RoiAlign", since=10, host_only=True)
 def roi_align(x, rois, batch_indices, *, mode, output_height, output_width, sampling_ratio, spatial_scale,
               coordinate_transformation_mode="output_half_pixel"):
     # numpy-only: the sampling grid per ROI depends on ROI values when sampling_ratio is 0.
@@ -418,7 +418,7 @@ def _iou_with(i, y1, x1, y2, x2, area):
     return numpy.where(valid, inter / numpy.where(union > 0, union, 1.0), 0.0)
 
 
-@kernel("NonMaxSuppression", since=10, data_dependent_shape=True)
+@kernel("NonMaxSuppression", since=10, data_dependent_shape=True, host_only=True)
 def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *,
                         center_point_box):
     # numpy-only: greedy selection with a data-dependent number of outputs.

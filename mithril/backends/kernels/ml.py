@@ -270,7 +270,7 @@ def _attr_array(tensor, strings, ints, floats):
     return None
 
 
-@kernel("LabelEncoder", since=1, domain=ML)
+@kernel("LabelEncoder", since=1, domain=ML, host_only=True)
 def label_encoder_1(x, *, classes_strings=None, default_int64, default_string, xp):
     classes = np.asarray(list(classes_strings or ()), dtype=object)
     if _is_strings(x):
@@ -282,7 +282,7 @@ def label_encoder_1(x, *, classes_strings=None, default_int64, default_string, x
     return out
 
 
-@kernel("LabelEncoder", since=2, domain=ML)
+@kernel("LabelEncoder", since=2, domain=ML, host_only=True)
 def label_encoder(x, *, keys_strings=None, keys_int64s=None, keys_floats=None, keys_tensor=None,
                   values_strings=None, values_int64s=None, values_floats=None, values_tensor=None,
                   default_float, default_int64, default_string, default_tensor=None, xp):
@@ -306,7 +306,7 @@ def label_encoder(x, *, keys_strings=None, keys_int64s=None, keys_floats=None, k
     return _lookup(x, keys, values, default, xp)
 
 
-@kernel("CategoryMapper", since=1, domain=ML)
+@kernel("CategoryMapper", since=1, domain=ML, host_only=True)
 def category_mapper(x, *, cats_int64s, cats_strings, default_int64, default_string, xp):
     ints = np.asarray(cats_int64s, dtype=np.int64)
     strs = np.asarray(list(cats_strings), dtype=object)
@@ -319,7 +319,7 @@ def category_mapper(x, *, cats_int64s, cats_strings, default_int64, default_stri
 
 
 # Map inputs are Python dicts, which no jit traces: data_dependent_shape keeps these graphs eager.
-@kernel("DictVectorizer", since=1, domain=ML, data_dependent_shape=True)
+@kernel("DictVectorizer", since=1, domain=ML, data_dependent_shape=True, host_only=True)
 def dict_vectorizer(x, *, int64_vocabulary=None, string_vocabulary=None, node, xp):
     vocab = list(string_vocabulary) if string_vocabulary else list(int64_vocabulary)
     position = {k: i for i, k in enumerate(vocab)}
@@ -339,7 +339,7 @@ def dict_vectorizer(x, *, int64_vocabulary=None, string_vocabulary=None, node, x
     return out if dtype == object else xp.asarray(out)
 
 
-@kernel("CastMap", since=1, domain=ML, data_dependent_shape=True)
+@kernel("CastMap", since=1, domain=ML, data_dependent_shape=True, host_only=True)
 def cast_map(x, *, cast_to, map_form, max_map, xp):
     to = {"TO_FLOAT": np.float32, "TO_INT64": np.int64, "TO_STRING": object}[cast_to]
 
@@ -367,7 +367,7 @@ def cast_map(x, *, cast_to, map_form, max_map, xp):
     return out if to is object else xp.asarray(out)
 
 
-@kernel("ZipMap", since=1, domain=ML, data_dependent_shape=True)
+@kernel("ZipMap", since=1, domain=ML, data_dependent_shape=True, host_only=True)
 def zip_map(x, *, classlabels_int64s=None, classlabels_strings=None):
     # A sequence of maps has no array form on any backend: a Python list of dicts, as
     # onnxruntime's Python API returns it (data_dependent_shape keeps the graph off jit).

@@ -9,83 +9,25 @@ in every array namespace.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy
 
 from ..registry import kernel
+from .geometry import Window, grid_window, transposed_window, window
 
 # ---------------------------------------------------------------------------------------------
-# Window geometry shared by convolutions and pools
+# Windows (geometry.py computes their geometry)
 
 
-@dataclass(frozen=True)
-class _Window:
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    begin: tuple[int, ...]  # padding before each spatial axis
-    end: tuple[int, ...]  # padding after each spatial axis
-    out: tuple[int, ...]  # output size of each spatial axis
-
-    @property
-    def extent(self) -> tuple[int, ...]:
-        # How far into the padded axis the last window reaches.
-        spans = ((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
-        return tuple((n - 1) * s + span for n, s, span in zip(self.out, self.strides, spans))
-
-
-def _window(size, kernel, strides, dilations, pads, auto_pad, ceil_mode=0) -> _Window:
-    # Every call of a node computes the same geometry: cache it (arguments as tuples to hash).
-    return _window_cached(tuple(size), tuple(kernel), strides and tuple(strides), dilations and tuple(dilations),
-                          pads and tuple(pads), auto_pad, ceil_mode)
-
-
-@functools.lru_cache(maxsize=4096)
-def _window_cached(size, kernel, strides, dilations, pads, auto_pad, ceil_mode) -> _Window:
-    nd = len(kernel)
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    pads = tuple(pads or (0,) * (2 * nd))
-    begin, end, out = [], [], []
-    for i in range(nd):
-        n, k, s, d = size[i], kernel[i], strides[i], dilations[i]
-        span = (k - 1) * d + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-n // s)
-            total = max((o - 1) * s + span - n, 0)
-            # The odd pixel goes at the end for SAME_UPPER, at the beginning for SAME_LOWER.
-            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            e = total - b
-        else:
-            b, e = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + nd])
-            room = n + b + e - span
-            if ceil_mode:
-                o = -(-room // s) + 1
-                # A window may overhang the end but must start inside the input or the begin padding.
-                if (o - 1) * s >= n + b:
-                    o -= 1
-            else:
-                o = room // s + 1
-        begin.append(b)
-        end.append(e)
-        out.append(o)
-    return _Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out))
-
-
-def _pad_spatial(x, win: _Window, fill, xp, channels_last: bool = False):
-    # Pads just what the windows read: ceil_mode windows may overhang the end padding, and
-    # end padding no window reaches is dropped. The spatial axes are the last ones, or the ones
-    # before the channel axis when ``channels_last``.
+def _pad_spatial(x, win: Window, fill, xp, channels_last: bool = False):
+    # Pads just what the windows read (Window.read_pads). The spatial axes are the last ones, or
+    # the ones before the channel axis when ``channels_last``.
     nd = len(win.kernel)
     first = 1 if channels_last else x.ndim - nd
     widths = [(0, 0)] * x.ndim
-    for i in range(nd):
-        size = x.shape[first + i]
-        widths[first + i] = (win.begin[i], max(win.extent[i] - win.begin[i] - size, 0))
+    widths[first:first + nd] = win.read_pads(x.shape[first:first + nd])
     if not any(b or e for b, e in widths):
         return x
     if xp is numpy:
@@ -96,7 +38,7 @@ def _pad_spatial(x, win: _Window, fill, xp, channels_last: bool = False):
     return xp.pad(x, widths, constant_values=fill)
 
 
-def _taps(padded, win: _Window, channels_last: bool = False):
+def _taps(padded, win: Window, channels_last: bool = False):
     """Yields (offset, tap): for each kernel offset (row-major), the slice of ``padded`` that
     this offset reads in every output window; tap.shape = padded.shape[:-nd] + win.out, or
     (N, *win.out, C) when ``channels_last``."""
@@ -138,7 +80,7 @@ def _conv(x, w, b, *, auto_pad, dilations, group, pads, strides, xp):
     n, c = x.shape[:2]
     m = w.shape[0]
     cg, mg = c // group, m // group
-    win = _window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+    win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     padded = _pad_spatial(x, win, 0, xp)
     taps = math.prod(win.kernel)
     length = math.prod(win.out)
@@ -163,7 +105,7 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     )
 
 
-def _col2im(cols, grid, win: _Window, size, shift=0):
+def _col2im(cols, grid, win: Window, size, shift=0):
     """Adds column blocks back into an image: cols (n, c, taps, *grid) -> (n, c, *size), the
     block at grid position g and kernel offset o landing at g * stride + o * dilation + shift."""
     # numpy-only: scatter-add through in-place slice assignment.
@@ -177,51 +119,33 @@ def _col2im(cols, grid, win: _Window, size, shift=0):
     return out
 
 
-@kernel("ConvTranspose", since=1)
+@kernel("ConvTranspose", since=1, host_only=True, emit_required=True)
 def conv_transpose(
     x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides
 ):
     # numpy-only: the overlap-add in _col2im accumulates into a canvas in place.
     n, c = x.shape[:2]
     size = x.shape[2:]
-    nd = len(size)
     kernel = w.shape[2:]
     cg, mg = c // group, w.shape[1]
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    output_padding = tuple(output_padding or (0,) * nd)
-    # Length of each axis before cropping the pads: what the kernel touches plus output_padding.
-    full = [
-        s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)
-    ]
-    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
-        # A negative total (output larger than what the kernel touches) pads with zeros, as the
-        # spec's formula says; onnxruntime clamps it to 0 for SAME and appends at the end.
-        total = [f - o for f, o in zip(full, out)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-    else:
-        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
-        begin = list(pads[:nd])
-        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    geo = transposed_window(size, kernel, strides, dilations, pads, auto_pad, output_padding, output_shape)
     taps = math.prod(kernel)
     # Every input pixel spreads over the kernel: cols[n, m, tap, pixel].
     wt = numpy.swapaxes(numpy.reshape(w, (group, cg, mg * taps)), 1, 2)
     cols = _matmul(wt, numpy.reshape(x, (n, group, cg, math.prod(size))), numpy)
     cols = numpy.reshape(cols, (n, group * mg, taps) + tuple(size))
-    shift = max(0, -min(begin))  # negative padding (output larger than full) grows the canvas
-    canvas = [shift + max(f, bg + o) for f, bg, o in zip(full, begin, out)]
-    win = _Window(tuple(kernel), strides, dilations, (0,) * nd, (0,) * nd, tuple(size))
-    y = _col2im(cols, size, win, canvas, shift)
-    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(begin, out)))]
+    # Negative padding (output larger than full) grows the canvas: geo.shift pixels at the start.
+    shift = geo.shift
+    y = _col2im(cols, size, grid_window(kernel, geo.strides, geo.dilations, size), geo.canvas, shift)
+    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(geo.begin, geo.out)))]
     return _add_bias(y, b, numpy)
 
 
-@kernel("Col2Im", since=18, static_inputs=(1, 2))
+@kernel("Col2Im", since=18, static_inputs=(1, 2), host_only=True, emit_required=True)
 def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     image = tuple(int(i) for i in image_shape)
     block = tuple(int(k) for k in block_shape)
-    win = _window(image, block, strides, dilations, pads, "NOTSET")
+    win = window(image, block, strides, dilations, pads, "NOTSET")
     n = x.shape[0]
     cols = numpy.reshape(x, (n, -1, math.prod(block)) + win.out)
     padded = [i + b + e for i, b, e in zip(image, win.begin, win.end)]
@@ -238,7 +162,7 @@ def deform_conv(
     nd = len(size)
     m = w.shape[0]
     cg, mg = c // group, m // group
-    win = _window(size, w.shape[2:], strides, dilations, pads, "NOTSET")
+    win = window(size, w.shape[2:], strides, dilations, pads, "NOTSET")
     taps, length = math.prod(win.kernel), math.prod(win.out)
     # Where each (tap, output pixel) samples along each axis: the regular grid plus the learned offset.
     tap_at = numpy.array(list(itertools.product(*(range(k) for k in win.kernel))), dtype=numpy.int64)
@@ -276,7 +200,7 @@ def deform_conv(
 # Pooling
 
 
-def _window_max(x, win: _Window, xp):
+def _window_max(x, win: Window, xp):
     """Each window's maximum: the elementwise maximum of the shifted slices (one fused loop
     under a compiler)."""
     y = None
@@ -290,7 +214,7 @@ def max_pool(
     x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0, num_outputs=1, xp
 ):
     size = x.shape[2:]
-    win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     if num_outputs < 2:
         return _window_max(x, win, xp)
     padded = _pad_spatial(x, win, _lowest(x.dtype), xp)
@@ -318,7 +242,7 @@ def max_pool(
     return y, indices
 
 
-def _window_counts(size, win: _Window, count_include_pad):
+def _window_counts(size, win: Window, count_include_pad):
     # How many taps of each window hit counted pixels; separable, so an outer product of 1-D counts.
     counts = numpy.ones(())
     for i, n in enumerate(size):
@@ -332,7 +256,7 @@ def _window_counts(size, win: _Window, count_include_pad):
 @kernel("AveragePool", since=1)
 def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None, xp):
     size = x.shape[2:]
-    win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     # float16/bfloat16 windows are summed in float32, as onnxruntime does: the sum of a window
     # overflows float16 (inf) long before its mean does.
     low = numpy.dtype(x.dtype).name in ("float16", "bfloat16")
@@ -347,7 +271,7 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
 
 @kernel("LpPool", since=1)
 def lp_pool(x, *, auto_pad, kernel_shape, p, pads, strides, ceil_mode=0, dilations=None, xp):
-    win = _window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     padded = xp.abs(_pad_spatial(x, win, 0, xp))
     total = None
     for _, tap in _taps(padded, win):
@@ -375,15 +299,10 @@ def global_lp_pool(x, *, p, xp):
     return xp.sum(xp.abs(x) ** p, axis=_spatial_axes(x), keepdims=True) ** (1.0 / p)
 
 
-@kernel("MaxUnpool", since=9, static_inputs=(2,))
+@kernel("MaxUnpool", since=9, static_inputs=(2,), host_only=True, emit_required=True)
 def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads, strides):
-    nd = len(kernel_shape)
-    strides = strides or (1,) * nd
-    pads = pads or (0,) * (2 * nd)
-    spatial = tuple(
-        (i - 1) * s + k - pads[j] - pads[j + nd] for j, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))
-    )
-    shape = x.shape[:2] + spatial
+    # The inverse of MaxPool's window: a transposed window without dilation.
+    shape = x.shape[:2] + transposed_window(x.shape[2:], kernel_shape, strides, None, pads).out
     # numpy-only: scatter by assignment into a flat buffer.
     y = numpy.zeros(math.prod(shape), dtype=x.dtype)
     y[numpy.asarray(indices).reshape(-1)] = numpy.asarray(x).reshape(-1)
@@ -398,7 +317,7 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads, strides):
     return numpy.pad(y, [(0, t - s) for s, t in zip(y.shape, target)])
 
 
-@kernel("MaxRoiPool", since=1)
+@kernel("MaxRoiPool", since=1, host_only=True)
 def max_roi_pool(x, rois, *, pooled_shape, spatial_scale):
     # numpy-only: each region has its own bin grid; the loops run over regions and bins, not pixels.
     height, width = x.shape[2:]

@@ -411,7 +411,7 @@ def non_zero(X, *, xp):
     return xp.astype(xp.stack(xp.nonzero(X)), numpy.int64)
 
 
-@kernel("Unique", since=11, data_dependent_shape=True)
+@kernel("Unique", since=11, data_dependent_shape=True, host_only=True)
 def unique(X, *, axis, sorted):
     # numpy-only: jax.numpy.unique needs a static size; the output shape depends on values.
     flat = X.reshape(-1) if axis is None else X
@@ -491,17 +491,17 @@ def _element_index(data, indices, axis):
     return tuple(index)
 
 
-@kernel("ScatterElements", since=11)
+@kernel("ScatterElements", since=11, host_only=True, emit_required=True)
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
     return _scatter_into(data, _element_index(data, indices, axis), updates, reduction)
 
 
-@kernel("Scatter", since=9)
+@kernel("Scatter", since=9, host_only=True, emit_required=True)
 def scatter(data, indices, updates, *, axis):
     return _scatter_into(data, _element_index(data, indices, axis), updates, "none")
 
 
-@kernel("ScatterND", since=11)
+@kernel("ScatterND", since=11, host_only=True, emit_required=True)
 def scatter_nd(data, indices, updates, *, reduction="none"):
     index = tuple(indices[..., j] for j in range(indices.shape[-1]))
     return _scatter_into(data, index, updates, reduction)

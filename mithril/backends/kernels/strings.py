@@ -17,7 +17,7 @@ def _strings(x):
     return np.asarray(x, dtype=object)
 
 
-@kernel("StringNormalizer", since=10, data_dependent_shape=True)
+@kernel("StringNormalizer", since=10, data_dependent_shape=True, host_only=True)
 def string_normalizer(x, *, case_change_action, is_case_sensitive, locale, stopwords):
     # Python's str.lower/upper are locale-independent Unicode mappings; ``locale`` cannot change them.
     x = _strings(x)
@@ -44,13 +44,13 @@ def string_normalizer(x, *, case_change_action, is_case_sensitive, locale, stopw
     return out if x.ndim == 1 else out.reshape(1, -1)
 
 
-@kernel("StringConcat", since=20)
+@kernel("StringConcat", since=20, host_only=True)
 def string_concat(x, y):
     x, y = _strings(x), _strings(y)
     return np.asarray(np.add(x, y), dtype=object).reshape(np.broadcast_shapes(x.shape, y.shape))
 
 
-@kernel("StringSplit", since=20, data_dependent_shape=True)
+@kernel("StringSplit", since=20, data_dependent_shape=True, host_only=True)
 def string_split(x, *, delimiter, maxsplit):
     x = _strings(x)
     limit = -1 if maxsplit is None else int(maxsplit)
@@ -68,7 +68,7 @@ def string_split(x, *, delimiter, maxsplit):
     return substrings.reshape(*x.shape, width), lengths
 
 
-@kernel("RegexFullMatch", since=20)
+@kernel("RegexFullMatch", since=20, host_only=True)
 def regex_full_match(x, *, pattern):
     # ONNX specifies RE2 syntax; Python's re agrees on the common subset (no backreferences in RE2).
     compiled = re.compile(pattern)
@@ -77,7 +77,7 @@ def regex_full_match(x, *, pattern):
     return np.array(matches, dtype=bool).reshape(x.shape)
 
 
-@kernel("ImageDecoder", since=20, data_dependent_shape=True)
+@kernel("ImageDecoder", since=20, data_dependent_shape=True, host_only=True)
 def image_decoder(encoded_stream, *, pixel_format):
     from PIL import Image  # optional dependency: only models with ImageDecoder need Pillow
 

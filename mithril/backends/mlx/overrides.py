@@ -13,6 +13,7 @@ import math
 import mlx.core as mx
 
 from ..kernels import elementwise, nn, shape
+from ..kernels.geometry import grid_window, transposed_window, window
 from ..registry import override
 from .xp import MlxArray, _matmul, native
 
@@ -35,7 +36,7 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     if xn.dtype not in _FLOAT or not 1 <= nd <= 3 or (group != 1 and nd == 3):
         return nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
                        pads=pads, strides=strides, xp=xp)
-    win = nn._window(xn.shape[2:], wn.shape[2:], strides, dilations, pads, auto_pad)
+    win = window(xn.shape[2:], wn.shape[2:], strides, dilations, pads, auto_pad)
     # Only the end padding some window reads: more would add output positions.
     end = [max(0, ext - bg - n) for ext, bg, n in zip(win.extent, win.begin, xn.shape[2:])]
     y = mx.conv_general(_channels_last(xn), _channels_last(wn).astype(xn.dtype), stride=list(win.strides),
@@ -88,27 +89,14 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
     nd = len(size)
     kernel = wn.shape[2:]
     cg, mg = c // group, wn.shape[1]
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    output_padding = tuple(output_padding or (0,) * nd)
-    full = [s * (i - 1) + (k - 1) * d + 1 + p for s, i, k, d, p in zip(strides, size, kernel, dilations, output_padding)]
-    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
-        total = [f - o for f, o in zip(full, out)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-    else:
-        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
-        begin = list(pads[:nd])
-        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
+    geo = transposed_window(size, kernel, strides, dilations, pads, auto_pad, output_padding, output_shape)
     taps = math.prod(kernel)
     wt = mx.swapaxes(mx.reshape(wn, (group, cg, mg * taps)), 1, 2)
     cols = _matmul(wt, mx.reshape(xn, (n, group, cg, math.prod(size))))
     cols = mx.reshape(cols, (n, group * mg, taps) + tuple(size))
-    shift = max(0, -min(begin))
-    canvas = [shift + max(f, bg + o) for f, bg, o in zip(full, begin, out)]
-    win = nn._Window(tuple(kernel), strides, dilations, (0,) * nd, (0,) * nd, tuple(size))
-    y = _col2im(cols, size, win, canvas, shift)
-    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(begin, out)))]
+    shift = geo.shift
+    y = _col2im(cols, size, grid_window(kernel, geo.strides, geo.dilations, size), geo.canvas, shift)
+    y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(geo.begin, geo.out)))]
     if b is not None:
         y = y + mx.reshape(native(b), (-1,) + (1,) * nd).astype(y.dtype)
     return MlxArray(y)
@@ -118,7 +106,7 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
 def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     image = tuple(int(i) for i in image_shape)
     block = tuple(int(k) for k in block_shape)
-    win = nn._window(image, block, strides, dilations, pads, "NOTSET")
+    win = window(image, block, strides, dilations, pads, "NOTSET")
     xn = native(x)
     cols = mx.reshape(xn, (xn.shape[0], -1, math.prod(block)) + win.out)
     padded = [i + b + e for i, b, e in zip(image, win.begin, win.end)]
@@ -129,8 +117,7 @@ def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
 def _windows(xn, win, fill):
     """(N, C, *out, *kernel) view of every pooling window of a padded NCHW input."""
     nd = len(win.kernel)
-    widths = [(0, 0), (0, 0)] + [
-        (b, max(ext - b - n, 0)) for b, ext, n in zip(win.begin, win.extent, xn.shape[2:])]
+    widths = [(0, 0), (0, 0), *win.read_pads(xn.shape[2:])]
     padded = mx.pad(xn, widths, constant_values=fill) if any(b or e for b, e in widths) else xn
     shape = padded.shape
     row = [math.prod(shape[i + 1:]) for i in range(len(shape))]  # row-major element strides
@@ -148,7 +135,7 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
         return nn.max_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
                            ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
                            num_outputs=num_outputs, xp=xp)
-    win = nn._window(xn.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(xn.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     windows, nd = _windows(xn, win, -math.inf)
     return MlxArray(mx.max(windows, axis=tuple(range(-nd, 0))))
 
@@ -161,7 +148,7 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
         return nn.average_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
                                ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations, xp=xp)
     size = xn.shape[2:]
-    win = nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
     windows, nd = _windows(xn.astype(mx.float32) if xn.dtype in (mx.float16, mx.bfloat16) else xn, win, 0)
     total = mx.sum(windows, axis=tuple(range(-nd, 0)))
@@ -169,7 +156,8 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
     return MlxArray((total / counts).astype(xn.dtype))
 
 
-@override("mlx", "Erf", since=9)
+@override("mlx", "Erf", since=9,
+          reason="speed: mx.erf is one op; the shared polynomial is a dozen facade ops")
 def erf(x, *, xp):
     xn = native(x)
     if xn.dtype not in _FLOAT:
@@ -177,7 +165,8 @@ def erf(x, *, xp):
     return MlxArray(mx.erf(xn.astype(mx.float32)).astype(xn.dtype))
 
 
-@override("mlx", "Gelu", since=20)
+@override("mlx", "Gelu", since=20,
+          reason="speed: mx.erf in one expression, as for Erf")
 def gelu(x, *, approximate, xp):
     xn = native(x)
     if approximate != "none" or xn.dtype not in _FLOAT:

@@ -18,6 +18,7 @@ from ..kernels import elementwise as _ew
 from ..kernels import nn as _nn
 from ..kernels import normalization as _norm
 from ..kernels import shape as _shape
+from ..kernels.geometry import transposed_window, window
 from ..registry import override
 from . import xp as txp
 from .xp import TorchArray
@@ -31,11 +32,6 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 def _t(x):
     return txp._native(x)
-
-
-def _spatial_pads(win, size):
-    """(begin, end) per spatial axis that the windows actually read (as _pad_spatial)."""
-    return [(b, max(ext - b - n, 0)) for b, ext, n in zip(win.begin, win.extent, size)]
 
 
 def _symmetric_padding(win, size, pairs, pool: bool = False):
@@ -70,8 +66,8 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
         return _nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group,
                         kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
     size = tuple(xt.shape[2:])
-    win = _nn._window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
-    pairs = _spatial_pads(win, size)
+    win = window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
+    pairs = win.read_pads(size)
     padding = _symmetric_padding(win, size, pairs)
     if padding is None:
         xt, padding = _pad_input(xt, pairs, 0.0), 0
@@ -99,22 +95,10 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
                                   auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
                                   output_padding=output_padding, output_shape=output_shape, pads=pads,
                                   strides=strides)
-    kernel = tuple(wt.shape[2:])
-    strides = tuple(strides or (1,) * nd)
-    dilations = tuple(dilations or (1,) * nd)
-    output_padding = tuple(output_padding or (0,) * nd)
-    touched = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, size, kernel, dilations)]
-    full = [t + p for t, p in zip(touched, output_padding)]
-    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = list(output_shape[-nd:]) if output_shape else [i * s for i, s in zip(size, strides)]
-        total = [f - o for f, o in zip(full, out)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
-    else:
-        pads = tuple(pads or (0,) * (2 * nd)) if auto_pad != "VALID" else (0,) * (2 * nd)
-        begin = list(pads[:nd])
-        out = [f - pads[i] - pads[i + nd] for i, f in enumerate(full)]
-    y = _CONV_T[nd](xt, wt, None, strides, 0, 0, group, dilations)
-    y = _transpose_crop(y, begin, out)
+    geo = transposed_window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad, output_padding,
+                            output_shape)
+    y = _CONV_T[nd](xt, wt, None, geo.strides, 0, 0, group, geo.dilations)
+    y = _transpose_crop(y, geo.begin, geo.out)
     if b is not None:
         y = y + _t(b).to(y.dtype).reshape((-1,) + (1,) * nd)
     return TorchArray(y)
@@ -128,7 +112,7 @@ def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     nd, taps = len(image), math.prod(block)
     if nd not in _CONV_T:
         return _nn.col2im(np.asarray(x), image_shape, block_shape, dilations=dilations, pads=pads, strides=strides)
-    win = _nn._window(image, block, strides, dilations, pads, "NOTSET")
+    win = window(image, block, strides, dilations, pads, "NOTSET")
     n, c = xt.shape[0], xt.shape[1] // taps
     # Overlap-add is a transposed convolution with one-hot kernels: tap k of channel ch lands at offset k.
     onehot = torch.eye(taps, dtype=xt.dtype, device=xt.device).reshape((taps, 1) + block).repeat(c, 1, *([1] * nd))
@@ -150,8 +134,8 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
                             ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
                             num_outputs=num_outputs, xp=xp)
     size = tuple(xt.shape[2:])
-    win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    pairs = _spatial_pads(win, size)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    pairs = win.read_pads(size)
     padding = _symmetric_padding(win, size, pairs, pool=True)
     if padding is None:
         xt, padding = _pad_input(xt, pairs, -math.inf), 0
@@ -168,12 +152,12 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
                                 ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations,
                                 xp=xp)
     size = tuple(xt.shape[2:])
-    win = _nn._window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
     out_dtype = xt.dtype
     if out_dtype in (torch.float16, torch.bfloat16):
         xt = xt.float()
-    padded = _pad_input(xt, _spatial_pads(win, size), 0.0)
+    padded = _pad_input(xt, win.read_pads(size), 0.0)
     # Sum over each window, divided by how many of its taps are counted.
     total = _AVG_POOL[nd](padded, win.kernel, win.strides, 0) * math.prod(win.kernel)
     counts = _nn._window_counts(size, win, count_include_pad)
@@ -291,7 +275,8 @@ def relu(x):
     return TorchArray(torch.relu(_t(x)))
 
 
-@override("torch", "Erf", since=9)
+@override("torch", "Erf", since=9,
+          reason="speed: torch.erf is one fused kernel; the shared polynomial is a dozen facade ops")
 def erf(x, *, xp):
     xt = _t(x)
     if xt.dtype not in _FLOATS:
@@ -299,7 +284,8 @@ def erf(x, *, xp):
     return TorchArray(torch.erf(xt))
 
 
-@override("torch", "Gelu", since=20)
+@override("torch", "Gelu", since=20,
+          reason="speed: F.gelu is one fused kernel (both approximations)")
 def gelu(x, *, approximate, xp):
     xt = _t(x)
     if approximate not in ("none", "tanh") or xt.dtype not in _FLOATS:
