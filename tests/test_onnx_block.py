@@ -128,6 +128,20 @@ def test_onnx_model_is_usable_directly_in_composition():
     assert "onnx_model_0.W" in pm.parameter_keys
 
 
+def test_onnx_model_added_without_bindings_or_with_connect():
+    # Loading knows no frontend: calling the loaded model only records the bindings, and the model
+    # it is added to makes the OnnxBlock.
+    backbone = ml.load_onnx(_backbone())
+    model = Model()
+    model |= backbone
+    assert isinstance(model.onnx_model_0, OnnxBlock)
+    other = Model()
+    other |= backbone.connect(x="input", y="features")
+    assert other.shape_of("features") == "[N, 6]"
+    with pytest.raises(ModelError, match="is bound to a block"):
+        Model().extend(Relu(), input=backbone)
+
+
 @pytest.mark.filterwarnings("ignore::mithril.frontend.onnx_export.RandomParamsWarning")
 def test_output_shape_inferred_from_concrete_input_shape():
     # The graph declares no output shape: ONNX shape inference fills it from the bound input's.
