@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -13,8 +14,9 @@ import onnx_ir as ir
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.lower import LoweredProgram, lower_graph
+from .backends.runner import JitFallbackWarning, Program, node_error
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
-from .errors import (CompileError, DTypeError, EvaluationError, InputError, KernelError, MithrilError, ShapeError,
+from .errors import (CompileError, DTypeError, EvaluationError, InputError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
 from .onnx_bridge.passes import specialize
@@ -83,8 +85,13 @@ class PhysicalModel:
         self._inputs = {v.name: v for v in graph.inputs if v.name not in set(param_names)}
         self.input_keys = list(self._inputs)
         self.output_keys = [v.name for v in graph.outputs]
+        # backend.jit's program (set by compile), None when evaluation is eager; a failed trace
+        # before any jitted run worked sets it back to None (JitFallbackWarning).
         self._jitted = None
-        self._jit_verified = False
+        # A jitted run worked: later failures are real errors, not reasons to fall back. Forward and
+        # gradients are traced apart (JAX traces the vector-Jacobian product as its own program).
+        self._jit_verified = {"forward": False, "gradients": False}
+        self._gradients_jit = True  # False once the gradients' trace failed (the forward may still jit)
         # A backend without autodiff: its gradient program, built at compile (Backend.lower_backward).
         self.backward = None
         # Why this backend cannot differentiate the model (found at compile), if it cannot.
@@ -202,44 +209,48 @@ class PhysicalModel:
             diff_params = [k for k in self._param_names if k in self.trainable_keys]
             diff_data = [k for k in self.input_keys if k in self.data_keys and
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
-            fn = self.backward or self._jitted or self.program.forward
-            try:
-                outputs, grads = self.backend.vjp(fn, dict(params), data, diff_params, diff_data,
-                                                  dict(output_gradients))
-            except MithrilError:
-                raise
-            except Exception as exc:
-                raise _node_error(self.program, exc) from exc
+            program = Program(self.program.forward, self._jitted if self._gradients_jit else None, self.backward)
+            outputs, grads = self._run("gradients", program, lambda prog: self.backend.vjp(
+                prog, dict(params), data, diff_params, diff_data, dict(output_gradients)))
             return self.backend.finalize_outputs(outputs), grads
-        if self._jitted is not None:
+        program = Program(self.program.forward, self._jitted, self.backward)
+        out = self._run("forward", program, lambda prog: (prog.jitted or prog.forward)(params, data))
+        return self.backend.finalize_outputs(out)
+
+    def _run(self, kind: str, program: Program, call):
+        """``call(program)``, the one place a jitted program falls back to eager: a jitted run
+        that fails before one of its ``kind`` has worked runs once more with ``jitted=None``; if
+        that works the trace was at fault, and this ``kind`` stays eager from then on (one
+        JitFallbackWarning). Other failures are real errors, named by their node."""
+        if program.jitted is not None:
             try:
-                out = self._jitted(params, data)
-            except MithrilError:
-                raise
+                out = call(program)
             except Exception as exc:
-                err = _node_error(self.program, exc)
-                if not self._jit_verified and isinstance(err, KernelError):
-                    # The program cannot be traced as one (a value-dependent shape): run it eagerly.
-                    warnings.warn(f"running un-jitted: {err}", JitFallbackWarning, stacklevel=4)
-                    self._jitted = None
-                else:
-                    raise err from exc
+                if self._jit_verified[kind]:
+                    if isinstance(exc, MithrilError):
+                        raise
+                    raise node_error(self.program, exc) from exc
+                trace_error = exc
             else:
-                # Once a trace worked, a later failure is a real error, not a reason to fall back.
-                self._jit_verified = True
-                return self.backend.finalize_outputs(out)
+                self._jit_verified[kind] = True
+                return out
+            out = self._run(kind, dataclasses.replace(program, jitted=None), call)
+            # The eager run worked, so the failure was the trace (a value-dependent shape): stay eager.
+            named = trace_error if isinstance(trace_error, MithrilError) else node_error(self.program, trace_error)
+            warnings.warn(f"running un-jitted: {named}", JitFallbackWarning, stacklevel=5)
+            if kind == "forward":
+                self._jitted = None
+            else:
+                self._gradients_jit = False
+            return out
         try:
-            return self.backend.finalize_outputs(self.program.forward(params, data))
+            return call(program)
         except MithrilError:
             raise
         except Exception as exc:
-            raise _node_error(self.program, exc) from exc
+            raise node_error(self.program, exc) from exc
 
     __call__ = evaluate
-
-
-class JitFallbackWarning(UserWarning):
-    """The whole-graph jit could not trace the program; it runs eagerly instead."""
 
 
 def _consumer_label(value: ir.Value) -> str | None:
@@ -248,27 +259,6 @@ def _consumer_label(value: ir.Value) -> str | None:
         return None
     node = uses[0][0] if isinstance(uses[0], tuple) else uses[0].node
     return node.name or node.op_type
-
-
-def _node_error(program: LoweredProgram, exc: Exception) -> Exception:
-    """Find the generated line that failed and name its node, input shapes and dtypes."""
-    tb = exc.__traceback__
-    site = frame = None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == program.filename and tb.tb_lineno in program.lines:
-            site, frame = program.lines[tb.tb_lineno], tb.tb_frame
-        tb = tb.tb_next
-    if site is None:  # failed outside the generated program's kernel calls
-        return EvaluationError(f"evaluate failed: {type(exc).__name__}: {exc}")
-    shapes, dtypes = [], []
-    for var in site.input_vars:
-        val = frame.f_locals.get(var) if var is not None else None
-        shapes.append(list(np.shape(val)) if val is not None and hasattr(val, "shape") else None)
-        dtypes.append(str(getattr(val, "dtype", type(val).__name__)) if val is not None else None)
-    return KernelError(
-        f"kernel {site.kernel} failed: {type(exc).__name__}: {exc}",
-        node=site.label, op_type=site.op_type, opset=site.opset, shapes=shapes, dtypes=dtypes,
-    )
 
 
 @public_api(CompileError, "compile")
@@ -445,4 +435,4 @@ def _inference_dropout(node: ir.Node) -> bool:
     return mode.const_value is not None and not bool(np.asarray(mode.const_value.numpy()).reshape(-1)[0])
 
 
-__all__ = ["compile", "PhysicalModel"]
+__all__ = ["compile", "JitFallbackWarning", "PhysicalModel"]

@@ -1,8 +1,8 @@
-"""The backend tensor API, shared by every backend over its array namespace ``xp``."""
+"""The backend contract (:class:`Backend`) and its tensor API, shared by every backend over its
+array namespace ``xp``."""
 
 from __future__ import annotations
 
-import contextlib
 import contextlib
 from typing import Any
 
@@ -12,9 +12,37 @@ from ..dtypes import DType, as_dtype, float32
 
 
 class Backend:
-    """Base of every backend: the same tensor API everywhere, over an array namespace.
+    """Base of every backend, and the contract ``compile``, ``evaluate`` and the tools rely on.
 
-    Subclasses set ``name`` and ``xp`` and may override the conversions.
+    A backend is one folder, ``mithril/backends/<name>/``, holding ``backend.py`` (the subclass),
+    ``overrides.py`` (its ``@override("<name>", ...)`` kernels, imported when the class is
+    created), ``arrays.py`` (``sqrt``, ``zeros_like``, ``to_numpy``, ``update_scope``, ``jit`` over
+    its framework's arrays, for the optimizers and params I/O) and whatever else it needs (an
+    ``xp.py`` facade, jit helpers); plus one row in :data:`mithril.backends.table.BACKENDS`. Its
+    framework is imported only inside the folder, and not by the folder's ``__init__.py``.
+
+    What a subclass provides (the defaults here fit NumPy-like frameworks):
+
+    - ``name`` (its table row and override key) and ``xp``, the array namespace the shared
+      kernels compute with (the framework's NumPy-compatible module, or a facade over it).
+    - Arrays in and out: :meth:`from_numpy`, :meth:`to_numpy`, :meth:`dtype_of`;
+      :meth:`prepare_inputs` turns the user's params and data into what the generated program
+      takes, :meth:`finalize_outputs` its outputs into what users get; :meth:`constant` gives an
+      initializer in the array type the program computes on.
+    - :meth:`scope`: the context every call into the backend runs in (precision flags, device,
+      thread caps, no autograd recording).
+    - :meth:`unsupported_dtype_reason`: why a dtype cannot be held (compile refuses the graph).
+    - Jit: :meth:`jit` makes one program of the whole generated forward. A jitted program
+      raises when it cannot be traced; ``evaluate`` then runs the eager forward once, and if that
+      works stays eager with one ``JitFallbackWarning`` (:mod:`mithril.backends.runner`).
+    - Gradients: ``supports_gradients``; :meth:`lower_backward` builds a gradient program at
+      compile (a backend without autodiff), :meth:`vjp` computes outputs and gradients from a
+      :class:`~mithril.backends.runner.Program` (forward, jitted, backward).
+    - Devices: :meth:`devices` lists the devices present, in the spelling ``device=`` takes.
+
+    >>> from mithril.backends.table import BACKENDS
+    >>> all(issubclass(entry.load(), Backend) for entry in BACKENDS.values())
+    True
     """
 
     name = "base"
@@ -71,6 +99,12 @@ class Backend:
         the NumPy array (NumPy itself; JAX, whose jit embeds constants in the program)."""
         return value
 
+    @classmethod
+    def devices(cls) -> list[str]:
+        """The devices present, as ``device=`` names them (``"cpu"``, ``"cuda:0"``...); imports
+        the framework, and raises BackendUnavailableError when it is not installed."""
+        return ["cpu"]
+
     # -- compilation hooks: a backend overrides what its framework offers -------------
     def scope(self):
         """The context each evaluation runs in (JAX: x64 and the device; NumPy: a BLAS thread cap)."""
@@ -87,14 +121,22 @@ class Backend:
     def lower_backward(self, graph, opsets: dict[str, int], *, diff_names: list[str], **lowering):
         """Called by ``compile`` (unless ``inference=True``) with the specialized graph and the names
         to differentiate: a backend without autodiff builds its gradient program here, so a missing
-        rule fails at compile time. What it returns reaches :meth:`vjp` as ``forward``; None (the
-        default) leaves ``forward`` as the generated forward function, for autodiff to trace."""
+        rule fails at compile time. What it returns reaches :meth:`vjp` as ``program.backward``;
+        None (the default) leaves autodiff to differentiate ``program.forward``. A backend without
+        ``supports_gradients`` refuses here, so compile reports it."""
+        if not self.supports_gradients:
+            from ..errors import MithrilError
+
+            raise MithrilError(f"{type(self).__name__} does not compute gradients")
         return None
 
-    def vjp(self, forward, params: dict, data: dict, diff_params: list[str], diff_data: list[str],
+    def vjp(self, program, params: dict, data: dict, diff_params: list[str], diff_data: list[str],
             output_gradients: dict) -> tuple[dict, dict]:
-        """Outputs of ``forward`` and the gradients of ``diff_params`` and ``diff_data`` given the
-        cotangents ``output_gradients`` (outputs not named get zero cotangents)."""
+        """Outputs of ``program`` (a :class:`~mithril.backends.runner.Program`) and the gradients
+        of ``diff_params`` and ``diff_data`` given the cotangents ``output_gradients`` (outputs not
+        named get zero cotangents). A backend differentiates ``program.forward`` (or its
+        ``jitted`` form, when not None: a trace failure may raise, and the caller then asks again
+        with ``jitted=None``), or runs ``program.backward``, its own gradient program."""
         from ..errors import MithrilError
 
         raise MithrilError(f"{type(self).__name__} does not compute gradients")

@@ -28,10 +28,21 @@ def _import_jax() -> None:
         from .hoist import Hoisted
 
 
+def _present_devices() -> list[str]:
+    """``"<platform>:<index>"`` for every device of every platform jax has (cpu, gpu, tpu)."""
+    present = []
+    for platform in ("cpu", "gpu", "tpu"):
+        try:
+            present += [f"{platform}:{i}" for i in range(len(jax.devices(platform)))]
+        except RuntimeError:  # no backend for this platform
+            pass
+    return present
+
+
 def _parse_device(device: str):
     """``"cpu"``, ``"gpu"``, ``"tpu"``, ``"gpu:1"`` -> the jax Device, or BackendUnavailableError."""
     platform, _, index = device.partition(":")
-    present = [f"{d.platform}:{d.id}" for d in jax.devices()]
+    present = _present_devices()
     try:
         candidates = jax.devices(platform.lower())
         chosen = candidates[int(index) if index else 0]
@@ -219,6 +230,12 @@ class JaxBackend(Backend):
             return f"option values must be strings, numbers or booleans, got {dict(options)}"
         return _rejected_options(self._device, key)
 
+    @classmethod
+    def devices(cls) -> list[str]:
+        """``"cpu:0"``, ``"gpu:0"``... for every device jax sees, per platform."""
+        _import_jax()
+        return _present_devices()
+
     def scope(self):
         """x64 and this backend's device, for the duration of one call."""
         if _ACTIVE_SCOPE.get() is self:
@@ -267,11 +284,11 @@ class JaxBackend(Backend):
     def jit(self, forward):
         return _Jitted(self, forward)
 
-    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
-        # compile hands over its jitted program only when the graph may be traced once (jit=True,
-        # no random draws, no value-dependent shapes); a plain forward is differentiated eagerly.
-        may_jit = hasattr(forward, "forward")
-        forward = getattr(forward, "forward", forward)
+    def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        # The jitted vector-Jacobian product only where compile jitted the forward (jit=True, no
+        # random draws, no value-dependent shapes); a failed trace raises, and the caller asks
+        # again with jitted=None (eager).
+        forward = program.forward
         key = (id(forward), tuple(diff_params), tuple(diff_data), tuple(sorted(output_gradients)))
         with self.scope():
             run = self._vjp_cache.get(key)
@@ -279,11 +296,8 @@ class JaxBackend(Backend):
                 run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data),
                                                        self.compiler_options)
             cot = {k: jnp.asarray(v) for k, v in output_gradients.items()}
-            if may_jit and not (_has_host_only(params) or _has_host_only(data)):
-                try:
-                    return run.jitted(dict(params), dict(data), cot)
-                except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
-                    pass  # a value-dependent shape cannot be traced as one program: differentiate eagerly
+            if program.jitted is not None and not (_has_host_only(params) or _has_host_only(data)):
+                return run.jitted(dict(params), dict(data), cot)
             return run(dict(params), dict(data), cot)
 
 

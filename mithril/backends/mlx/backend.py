@@ -4,7 +4,6 @@ compiled whole with ``mx.compile``; gradients by ``mx.value_and_grad``."""
 from __future__ import annotations
 
 import functools
-import warnings
 
 import numpy as np
 
@@ -27,10 +26,15 @@ def _import_mlx() -> None:
         mx, xp = _mx, _xp
 
 
+def _present_devices() -> list[str]:
+    kinds = {"cpu": mx.cpu, "gpu": mx.gpu}
+    return [name for name, kind in kinds.items() if mx.is_available(mx.Device(kind))]
+
+
 def _parse_device(device: str):
     """``"cpu"`` or ``"gpu"`` -> the mx.Device, or BackendUnavailableError naming what is present."""
     kinds = {"cpu": mx.cpu, "gpu": mx.gpu}
-    present = [name for name, kind in kinds.items() if mx.is_available(mx.Device(kind))]
+    present = _present_devices()
     kind = kinds.get(device.lower())
     if kind is None or device.lower() not in present:
         raise BackendUnavailableError(
@@ -72,14 +76,15 @@ def _only_arrays(tree) -> bool:
 
 
 class _Compiled:
-    """``mx.compile`` of the whole generated forward, falling back to running it op by op
-    (with a JitFallbackWarning) when the program cannot be traced as one."""
+    """``mx.compile`` of the whole generated forward. A trace failure raises: ``evaluate`` then
+    runs the forward op by op and stays so (with a JitFallbackWarning). Graphs with random ops
+    (a compiled program would freeze the draws made while tracing) and calls with host-only
+    inputs (strings) run op by op here, silently."""
 
     def __init__(self, backend: "MlxBackend", forward):
         self.backend = backend
         self.forward = forward
         uses_rng = any(id(v) in _nondeterministic_kernels() for v in forward.__globals__.values() if callable(v))
-        # A compiled program would freeze the random draws made while tracing.
         self.reason = "the graph has random ops" if uses_rng else None
         self._compiled = None if uses_rng else mx.compile(self._native_forward)
 
@@ -90,18 +95,7 @@ class _Compiled:
         params, data = _unwrap(dict(params)), _unwrap(dict(data))
         with mx.stream(self.backend._device):
             if self._compiled is not None and _only_arrays(params) and _only_arrays(data):
-                try:
-                    return _wrap(self._compiled(params, data))
-                except Exception as exc:  # noqa: BLE001 - any trace failure: try eagerly
-                    error = exc
-                out = self.forward(_wrap(params), _wrap(data))
-                # The eager run worked, so the failure was tracing: stay eager from now on.
-                from ...compile import JitFallbackWarning
-
-                warnings.warn(f"mx.compile failed, running op by op: {type(error).__name__}: {error}",
-                              JitFallbackWarning, stacklevel=3)
-                self._compiled, self.reason = None, f"{type(error).__name__}: {error}"
-                return out
+                return _wrap(self._compiled(params, data))
             return self.forward(_wrap(params), _wrap(data))
 
     @property
@@ -143,6 +137,16 @@ class MlxBackend(Backend):
         reason = self.unsupported_dtype_reason(self.dtype.numpy)
         if reason:
             raise BackendUnavailableError(f"MlxBackend cannot use dtype {self.dtype!r}: {reason}")
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """``"cpu"``, and ``"gpu"`` where MLX has one."""
+        _import_mlx()
+        return _present_devices()
+
+    def scope(self):
+        """This backend's device as MLX's default stream, for the duration of one call."""
+        return mx.stream(self._device)
 
     # -- dtypes and conversion -------------------------------------------------------
     def unsupported_dtype_reason(self, dtype) -> str | None:
@@ -224,8 +228,8 @@ class MlxBackend(Backend):
     def jit(self, forward):
         return _Compiled(self, forward)
 
-    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
-        forward = getattr(forward, "forward", forward)
+    def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        forward = program.forward  # mx.value_and_grad traces the eager forward
         params, data = _unwrap(dict(params)), _unwrap(dict(data))
         # Cotangents meet the outputs in float32 (the loss below): a NumPy float64 one is welcome.
         cot = {k: _unwrap(self.from_numpy(v if isinstance(v, (mx.array, xp.MlxArray)) or np.asarray(v).dtype != np.float64

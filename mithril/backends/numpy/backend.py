@@ -55,21 +55,19 @@ class NumpyBackend(Backend):
 
         return lower_vjp(graph, opsets, diff_names=diff_names, **lowering)
 
-    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
-        from ..vjp import GradientProgram
-
-        if not isinstance(forward, GradientProgram):
+    def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        if program.backward is None:
             from ...errors import MithrilError
 
             raise MithrilError("NumpyBackend computes gradients with the program compile builds; "
                                "this model has none (compiled with inference=True?)")
-        program = forward.for_names(list(diff_params) + list(diff_data))
+        gradients = program.backward.for_names(list(diff_params) + list(diff_data))
         try:
-            outputs, grads = program.run(params, data, output_gradients)
+            outputs, grads = gradients.run(params, data, output_gradients)
         except Exception as exc:
-            from ...compile import _node_error
+            from ..runner import node_error
 
-            err = _node_error(program.program, exc)
+            err = node_error(gradients.program, exc)
             if err is exc:
                 raise
             raise err from exc

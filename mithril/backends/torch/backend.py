@@ -26,7 +26,7 @@ def _import_torch() -> None:
         torch, txp = _torch, _txp
 
 
-def present_devices() -> list[str]:
+def _present_devices() -> list[str]:
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
@@ -36,7 +36,7 @@ def present_devices() -> list[str]:
 
 def _parse_device(device: str):
     """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` -> torch.device, or BackendUnavailableError."""
-    present = present_devices()
+    present = _present_devices()
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -90,6 +90,12 @@ class TorchBackend(Backend):
         self.xp = txp
         self.compile = compile
         super().__init__(dtype if dtype is not None else dtypes.float32, str(self._device))
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """``"cpu"``, then ``"cuda:<i>"`` per CUDA device and ``"mps"`` where present."""
+        _import_torch()
+        return _present_devices()
 
     def scope(self):
         """No autograd recording (vjp turns it back on) and this backend's device."""
@@ -178,7 +184,8 @@ class TorchBackend(Backend):
             return forward
         return _Compiled(forward)
 
-    def vjp(self, forward, params, data, diff_params, diff_data, output_gradients):
+    def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        forward = program.jitted or program.forward  # torch.compile's program differentiates too
         params, data = dict(params), dict(data)
         leaves = {}
         with torch.enable_grad():
