@@ -200,3 +200,93 @@ def test_lower_layers_import_no_higher_one():
     wrong = sorted(f"{a} imports {b}" for a in graph for b in graph[a]
                    if _layer(a) in allowed and _layer(b) != _layer(a) and _layer(b) not in allowed[_layer(a)])
     assert not wrong, "imports from a lower layer into a higher one:\n" + "\n".join(wrong)
+
+
+# -- backends: one folder each, one table -------------------------------------------------------
+def _framework_owners() -> dict[str, str]:
+    """Top-level module of a framework (torch, jax, jaxlib, mlx) -> the backend folder allowed to import it."""
+    from mithril.backends.table import BACKENDS
+
+    return {module: name for name, entry in BACKENDS.items() for module in entry.array_modules if name != "numpy"}
+
+
+def test_frameworks_are_imported_only_in_their_backend_folder():
+    """jax, torch and mlx are imported (at module or function level) only under
+    mithril/backends/<that framework>/, and not by that folder's __init__.py."""
+    owners = _framework_owners()
+    offenders = []
+    for name, path in sorted(_modules().items()):
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [alias.name.partition(".")[0] for alias in node.names]
+            else:
+                tops = [node.module.partition(".")[0]] if node.level == 0 and node.module else []
+            for top in tops:
+                owner = owners.get(top)
+                if owner is None:
+                    continue
+                folder = f"mithril.backends.{owner}"
+                if not name.startswith(folder + ".") or path.name == "__init__.py":
+                    offenders.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} imports {top}")
+    assert not offenders, "frameworks imported outside their backend folder:\n" + "\n".join(offenders)
+
+
+def test_import_mithril_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = "import mithril, sys; print([m for m in ('jax', 'jaxlib', 'torch', 'mlx') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_table_row_has_its_folder_and_class():
+    import mithril
+    from mithril.backends.backend import Backend
+    from mithril.backends.table import BACKENDS
+
+    for name, entry in BACKENDS.items():
+        folder = ROOT / "backends" / name
+        missing = [f for f in ("__init__.py", "backend.py", "arrays.py", "overrides.py") if not (folder / f).is_file()]
+        assert not missing, f"mithril/backends/{name}/ lacks {missing}"
+        cls = entry.load()
+        assert issubclass(cls, Backend) and cls.name == name, (name, cls)
+        assert getattr(mithril, entry.class_name) is cls, f"mithril.{entry.class_name} is not {entry.module}'s"
+    # every backend folder has its row
+    folders = {p.parent.name for p in (ROOT / "backends").glob("*/backend.py")}
+    assert folders == set(BACKENDS), f"folders {sorted(folders)} against table rows {sorted(BACKENDS)}"
+
+
+def test_cli_and_conformance_take_their_backends_from_the_table():
+    import pytest
+
+    from mithril import cli, conformance
+    from mithril.backends.table import BACKENDS
+    from mithril.errors import MithrilError
+
+    assert list(cli.available_backends()) == list(BACKENDS)
+    assert {k: v for k, v in cli.available_backends().items()} == {k: e.load() for k, e in BACKENDS.items()}
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a.choices, dict)).choices
+    backend_flag = next(a for a in commands["validate"]._actions if "--backend" in a.option_strings)
+    assert all(name in backend_flag.help for name in BACKENDS)
+    with pytest.raises(MithrilError, match=", ".join(BACKENDS)):
+        cli.make_backends("no-such-backend")
+    with pytest.raises(MithrilError, match=", ".join(BACKENDS)):
+        conformance.make_backend("no-such-backend")
+    assert type(conformance.make_backend("numpy")) is BACKENDS["numpy"].load()
+
+
+def test_no_second_list_of_backend_classes():
+    """Outside mithril/backends/ and mithril/__init__.py, no code names a backend class in a
+    string (a dict of backend names to class names is a second table)."""
+    from mithril.backends.table import BACKENDS
+
+    class_names = {entry.class_name for entry in BACKENDS.values()}
+    offenders = []
+    for name, path in sorted(_modules().items()):
+        if name == "mithril" or name.startswith("mithril.backends."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and node.value in class_names:
+                offenders.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {node.value!r}")
+    assert not offenders, "backend classes named outside the table:\n" + "\n".join(offenders)
