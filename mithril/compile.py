@@ -13,13 +13,14 @@ import onnx_ir as ir
 
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
-from .backends.lower import LoweredProgram, lower_graph
 from .backends.runner import JitFallbackWarning, Program, node_error
+from .backends.emit_python import LoweredProgram, emit_python
+from .backends.plan import Plan, build_plan
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
-from .onnx_bridge.passes import specialize
+from .backends.specialize import specialize
 
 
 def _clone(model: ir.Model) -> ir.Model:
@@ -41,19 +42,9 @@ def _batchnorm_statistics(graph: ir.Graph) -> set[str]:
 
 def _static_input_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> set[str]:
     """Initializers read at a kernel's static input position (a shape, axes, scales...)."""
-    from .backends.lower import canonical_domain
-    from .backends.registry import REGISTRY
-
-    names: set[str] = set()
-    for node in graph.all_nodes():
-        domain = canonical_domain(node.domain)
-        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
-        if spec is None:
-            continue
-        for i in spec.static_inputs:
-            if i < len(node.inputs) and node.inputs[i] is not None and node.inputs[i].is_initializer():
-                names.add(node.inputs[i].name)
-    return names
+    plan = build_plan(graph, opsets, backend, strict=False)
+    return {v.name for pn in plan.all_nodes() for i in pn.static_inputs
+            if i < len(pn.inputs) and (v := pn.inputs[i]) is not None and v.kind == "constant"}
 
 
 class PhysicalModel:
@@ -335,16 +326,9 @@ def compile(
     if trainable_keys is None:
         trainable -= buffers
     _check_backend_dtypes(graph, backend, set(param_names))
-    program = lower_graph(
-        graph,
-        opsets,
-        backend.name,
-        param_names=set(param_names),
-        extra_namespace={"xp": backend.xp, "_backend": backend},
-        extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
-        file_path=file_path,
-        constant=backend.constant,
-    )
+    plan = build_plan(graph, opsets, backend.name, param_names=set(param_names))
+    namespace = {"xp": backend.xp, "_backend": backend}
+    program = emit_python(plan, namespace=namespace, file_path=file_path, constant=backend.constant)
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
     pm.buffer_keys = buffers & set(param_names)
     if not inference:
@@ -354,9 +338,7 @@ def compile(
                        is_floating_np(np_dtype_of_onnx(int(pm._inputs[k].dtype)))]
         try:
             pm.backward = backend.lower_backward(
-                graph, opsets, diff_names=diff_names, backend=backend.name, param_names=set(param_names),
-                extra_namespace={"xp": backend.xp, "_backend": backend},
-                extra_kwargs={"xp": "xp", "rng": "_backend.rng"},
+                plan, diff_names=diff_names, namespace=namespace,
                 file_path=file_path + ".vjp.py" if file_path else None,
             )
         except MithrilError as exc:
@@ -369,7 +351,7 @@ def compile(
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
         jitted = backend.jit(program.forward)
-        blocking = _jit_blockers(graph, opsets, backend.name) if jitted is not program.forward else []
+        blocking = _jit_blockers(plan) if jitted is not program.forward else []
         if blocking:
             warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=3)
         elif jitted is not program.forward:
@@ -406,33 +388,26 @@ def _check_backend_dtypes(graph: ir.Graph, backend: Backend, params: set[str]) -
             )
 
 
-def _jit_blockers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> list[str]:
+def _jit_blockers(plan: Plan) -> list[str]:
     """Nodes that keep a graph from being traced once: value-dependent output shapes, and random
     draws (a trace would bake one draw into the compiled program)."""
-    from .backends.lower import canonical_domain, node_label
-    from .backends.registry import REGISTRY
-
     out = []
-    for i, node in enumerate(graph.all_nodes()):
-        domain = canonical_domain(node.domain)
-        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
-        if spec is None:
-            continue
-        if spec.data_dependent_shape:
-            out.append(f"{node_label(node, i)} ({node.op_type}: output shape depends on input values)")
-        elif spec.nondeterministic and not _inference_dropout(node):
-            out.append(f"{node_label(node, i)} ({node.op_type}: random draws)")
+    for pn in plan.all_nodes():
+        if pn.spec.data_dependent_shape:
+            out.append(f"{pn.label} ({pn.op_type}: output shape depends on input values)")
+        elif pn.spec.nondeterministic and not _inference_dropout(pn):
+            out.append(f"{pn.label} ({pn.op_type}: random draws)")
     return out
 
 
-def _inference_dropout(node: ir.Node) -> bool:
+def _inference_dropout(pn) -> bool:
     """Dropout without a training_mode input, or with a constant false one, is the identity."""
-    if node.op_type != "Dropout":
+    if pn.op_type != "Dropout":
         return False
-    mode = node.inputs[2] if len(node.inputs) > 2 else None
+    mode = pn.inputs[2] if len(pn.inputs) > 2 else None
     if mode is None:
         return True
-    return mode.const_value is not None and not bool(np.asarray(mode.const_value.numpy()).reshape(-1)[0])
+    return mode.kind == "constant" and not bool(np.asarray(mode.value).reshape(-1)[0])
 
 
 __all__ = ["compile", "JitFallbackWarning", "PhysicalModel"]

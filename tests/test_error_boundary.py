@@ -78,7 +78,7 @@ def test_compile_wraps_a_failure_outside_the_passes(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("lowering exploded")
 
-    monkeypatch.setattr(compile_module, "lower_graph", broken)
+    monkeypatch.setattr(compile_module, "emit_python", broken)
     with pytest.raises(errors.CompileError, match="compile failed: RuntimeError: lowering exploded") as info:
         ml.compile(relu_model(), ml.NumpyBackend())
     assert isinstance(info.value.__cause__, RuntimeError)

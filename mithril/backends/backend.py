@@ -118,9 +118,11 @@ class Backend:
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
         return forward
 
-    def lower_backward(self, graph, opsets: dict[str, int], *, diff_names: list[str], **lowering):
-        """Called by ``compile`` (unless ``inference=True``) with the specialized graph and the names
-        to differentiate: a backend without autodiff builds its gradient program here, so a missing
+    def lower_backward(self, plan, *, diff_names: list[str], namespace: dict, file_path: str | None = None):
+        """Called by ``compile`` (unless ``inference=True``) with the lowering plan
+        (:class:`~mithril.backends.plan.Plan`), the names to differentiate, the generated program's
+        namespace and where to write its source (or None): a backend without autodiff builds its
+        gradient program here, so a missing
         rule fails at compile time. What it returns reaches :meth:`vjp` as ``program.backward``;
         None (the default) leaves autodiff to differentiate ``program.forward``. A backend without
         ``supports_gradients`` refuses here, so compile reports it."""

@@ -48,12 +48,12 @@ class NumpyBackend(Backend):
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
-    def lower_backward(self, graph, opsets, *, diff_names, **lowering):
+    def lower_backward(self, plan, *, diff_names, namespace, file_path=None):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
         :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here."""
         from ..vjp import lower_vjp
 
-        return lower_vjp(graph, opsets, diff_names=diff_names, **lowering)
+        return lower_vjp(plan, diff_names=diff_names, namespace=namespace, file_path=file_path)
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         if program.backward is None:

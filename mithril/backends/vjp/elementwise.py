@@ -7,7 +7,7 @@ import math
 import numpy
 
 from ..kernels.elementwise import _erfc
-from . import vjp_rule
+from .rules import vjp_rule
 
 
 def unbroadcast(g, shape):

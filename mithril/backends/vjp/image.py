@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy
 
 from ..kernels.image import _compute_dtype, _host_floats, _is_empty, _resize_axis
-from . import vjp_rule
+from .rules import vjp_rule
 
 
 def _axis_matrix(in_len, out_len, scale, **options):

@@ -12,8 +12,9 @@ import math
 
 import numpy
 
-from ..kernels.nn import _col2im, _lowest, _matmul, _pad_spatial, _taps, _window, _window_counts
-from . import vjp_rule
+from ..kernels.geometry import window
+from ..kernels.nn import _col2im, _lowest, _matmul, _pad_spatial, _taps, _window_counts
+from .rules import vjp_rule
 from .elementwise import unbroadcast
 
 
@@ -89,7 +90,7 @@ def conv_vjp(g, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads,
     m = w.shape[0]
     cg, mg = c // group, m // group
     size = x.shape[2:]
-    win = _window(size, w.shape[2:], strides, dilations, pads, auto_pad)
+    win = window(size, w.shape[2:], strides, dilations, pads, auto_pad)
     taps, length = math.prod(win.kernel), math.prod(win.out)
     g4 = g.reshape(n, group, mg, length)
     gx = gw = gb = None
@@ -117,7 +118,7 @@ def conv_vjp(g, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads,
 def max_pool_vjp(g, x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
                  outputs):
     gy, y = (g[0] if isinstance(g, tuple) else g), outputs[0]  # MaxPool-8 added the indices output
-    win = _window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     padded = _pad_spatial(x, win, _lowest(x.dtype), numpy)
     # numpy-only: each window's gradient goes to its first maximum, added in place through tap views.
     canvas = numpy.zeros(padded.shape, dtype=gy.dtype)
@@ -134,7 +135,7 @@ def max_pool_vjp(g, x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, di
 def average_pool_vjp(g, x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0,
                      dilations=None):
     size = x.shape[2:]
-    win = _window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     share = g / numpy.asarray(_window_counts(size, win, count_include_pad), dtype=g.dtype)
     canvas = numpy.zeros(x.shape[:2] + _canvas_crop(win, size)[0], dtype=g.dtype)
     for _, into in _taps(canvas, win):

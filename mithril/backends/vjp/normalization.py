@@ -6,7 +6,7 @@ import numpy
 
 from ...dtypes import np_dtype_of_onnx
 from ..kernels.normalization import _compute_dtype
-from . import vjp_rule
+from .rules import vjp_rule
 
 
 def _first(g):

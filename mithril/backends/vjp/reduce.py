@@ -7,7 +7,7 @@ import math
 import numpy
 
 from ..kernels.reduce import _host_ints, _normalize_axes
-from . import vjp_rule
+from .rules import vjp_rule
 
 
 def _axes(x, axes, noop_with_empty_axes=0):

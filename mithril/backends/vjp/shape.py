@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy
 
 from ..kernels.shape import _axis, _even_sizes, _ints, _slice, _split
-from . import vjp_rule
+from .rules import vjp_rule
 from .elementwise import unbroadcast
 
 

@@ -1,0 +1,386 @@
+"""The lowering plan: a specialized graph, resolved and bound once, for every consumer.
+
+``build_plan(graph, opsets, backend)`` walks the graph once and returns a :class:`Plan`:
+
+- each node's kernel resolved (the newest ``since`` <= the opset, the backend's override first);
+- its arguments bound: inputs as :class:`PlanValue` s, attributes converted to Python values
+  with the schema's defaults filled in, the context a kernel declares (``num_outputs``,
+  ``opset``, ``node``), which inputs must be static (host) values;
+- value lifetimes: after which node each value is read for the last time;
+- nested plans for subgraph attributes (If branches, Loop/Scan bodies) and the outer values
+  each reads;
+- each value's shape and dtype where the graph knows them.
+
+Everything that runs or prints a graph consumes the plan and never looks back at the ONNX
+nodes: :mod:`.interpret` runs it with NumPy (constant folding), :mod:`.emit_python` prints it
+as Python source, :mod:`.vjp.program` extends it with gradient rules, and a renderer for
+another language (C, ggml calls) receives it with the same shapes and dtypes. Like torch.fx's
+``Graph`` after tracing, or tinygrad's linearized program handed to a renderer.
+
+Problems are found here, at compile time, all at once: nodes of unknown domains, nodes without
+a kernel (listed together), attributes a kernel does not implement. ``strict=False`` records a
+node's problem on it instead (constant folding skips such nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from ..dtypes import np_dtype_of_onnx, tensor_array
+from ..errors import MithrilError, UnsupportedAttributeError, UnsupportedDomainError, UnsupportedOpsError
+from ..onnx_bridge.schema import (
+    attribute_defaults,
+    canonical_domain,
+    convert_attribute,
+    is_graph_attribute,
+    max_outputs,
+)
+from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo
+
+# Keyword arguments a kernel may declare that the runtime supplies (not the node).
+RUNTIME_ARGUMENTS = ("xp", "rng")
+
+
+def node_label(node: ir.Node, index: int) -> str:
+    """A node's name, or ``op_type#index`` when it has none."""
+    return node.name or f"{node.op_type}#{index}"
+
+
+@dataclass(eq=False)
+class PlanValue:
+    """One value of a plan: a graph input, a parameter, a constant, or a node's output.
+
+    ``shape`` holds ints for known dims, strings for symbolic ones, None for unknown ones (and
+    is None when even the rank is unknown); ``dtype`` is a NumPy dtype (``object`` for
+    strings), None for sequences, optionals and values of unknown type."""
+
+    id: int
+    name: str
+    shape: tuple[int | str | None, ...] | None
+    dtype: np.dtype | None
+    kind: str  # "input" | "param" | "constant" | "node"
+    # A constant's tensor (kind == "constant"), read as an array on first use.
+    tensor: Any = field(default=None, repr=False)
+    _array: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def value(self) -> np.ndarray | None:
+        """A constant's array (an initializer the program embeds); None for other values."""
+        if self._array is None and self.kind == "constant":
+            if self.tensor is None:
+                raise MithrilError(f"initializer {self.name!r} has no value")
+            self._array = tensor_array(self.tensor)
+        return self._array
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape when every dim is known."""
+        if self.shape is None or not all(isinstance(d, int) for d in self.shape):
+            return None
+        return self.shape  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"PlanValue({self.id}, {self.name!r}, {self.kind}, shape={self.shape}, dtype={self.dtype})"
+
+
+@dataclass(eq=False)
+class PlanNode:
+    """One node: its kernel, its bound arguments and what dies after it."""
+
+    index: int  # preorder position among all nodes of the graph (subgraphs included)
+    label: str  # the node's name, or op_type#index
+    op_type: str
+    domain: str  # canonical ("" for ai.onnx)
+    opset: int
+    spec: KernelSpec | None  # None only in a non-strict plan, with ``problem`` saying why
+    inputs: tuple[PlanValue | None, ...]
+    outputs: tuple[PlanValue, ...]
+    # Every attribute the node sets, as Python values; and the schema's defaults for the others.
+    attributes: dict[str, Any]
+    defaults: dict[str, Any]
+    # What the kernel receives by keyword: its attributes (set, else default) and the context it
+    # declares (num_outputs, opset, node); runtime arguments (xp, rng) are the consumer's.
+    kwargs: dict[str, Any]
+    runtime: tuple[str, ...]  # which of RUNTIME_ARGUMENTS the kernel declares
+    subgraphs: dict[str, Plan | tuple[Plan, ...]]
+    # The op may return several outputs (the result is a tuple even when one is asked for).
+    multi_output: bool
+    # Values read for the last time by this node, and its outputs nobody reads.
+    frees: tuple[PlanValue, ...] = ()
+    problem: str | None = None
+
+    @property
+    def static_inputs(self) -> tuple[int, ...]:
+        return self.spec.static_inputs if self.spec is not None else ()
+
+    def input_is_static(self, position: int) -> bool:
+        return position in self.static_inputs
+
+
+@dataclass(eq=False)
+class Plan:
+    """A (sub)graph ready to run: values, nodes in order, outputs."""
+
+    backend: str
+    opsets: dict[str, int]
+    inputs: list[PlanValue]  # graph inputs (a subgraph's parameters)
+    params: list[PlanValue]  # initializers read from ``params`` (trained, or given at run time)
+    constants: list[PlanValue]  # initializers the program embeds
+    nodes: list[PlanNode]
+    outputs: list[PlanValue]
+    outer: list[PlanValue] = field(default_factory=list)  # values read from enclosing graphs
+
+    def all_nodes(self):
+        """Every node, subgraph nodes after their parent (the order of ``PlanNode.index``)."""
+        for pn in self.nodes:
+            yield pn
+            for sub in pn.subgraphs.values():
+                for p in sub if isinstance(sub, tuple) else (sub,):
+                    yield from p.all_nodes()
+
+
+def first_output(out):
+    """The one output asked of an op that may return several."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def check_outputs(out, count: int):
+    """A kernel's results for a node with ``count`` outputs; too few is the kernel's error."""
+    if not isinstance(out, (tuple, list)) or len(out) < count:
+        got = len(out) if isinstance(out, (tuple, list)) else 1
+        raise ValueError(f"the kernel returned {got} output(s) but the node has {count}")
+    return out
+
+
+def bind_attributes(spec: KernelSpec, attributes: dict[str, Any], defaults: dict[str, Any], *,
+                    label: str, op_type: str, opset: int, kind: str = "kernel",
+                    graph_attributes: Iterable[str] = ()) -> dict[str, Any]:
+    """The attributes ``spec`` receives: the node's values, else the schema's defaults (but
+    never for ``graph_attributes``, which the node sets as subgraphs). A set, non-default
+    attribute the function does not accept is refused, naming the node."""
+    kwargs: dict[str, Any] = {}
+    for name, value in attributes.items():
+        if name not in spec.accepts and not spec.accepts_var_keyword:
+            if name in defaults and _same(defaults[name], value):
+                continue
+            raise UnsupportedAttributeError(
+                f"{kind} {spec.name} does not implement attribute {name}={value!r}",
+                node=label, op_type=op_type, opset=opset,
+            )
+        kwargs[name] = value
+    for name, default in defaults.items():
+        if name not in kwargs and name not in attributes and name not in graph_attributes and (
+                name in spec.accepts or spec.accepts_var_keyword):
+            kwargs[name] = default
+    return kwargs
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and bool(np.all(a == b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or abs(a - b) <= 1e-7 * max(1.0, abs(a))
+    return a == b
+
+
+def value_dtype(value: ir.Value) -> np.dtype | None:
+    """The NumPy dtype of a tensor value, None for other types or an unknown dtype."""
+    if value.dtype is None or value.type is None or not isinstance(value.type, ir.TensorType):
+        return None
+    try:
+        return np_dtype_of_onnx(int(value.dtype))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def value_shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else (str(d) if d is not None and str(d) not in ("", "None") else None)
+                 for d in value.shape)
+
+
+def outer_reads(graph: ir.Graph) -> set[ir.Value]:
+    """Values a (sub)graph reads that it does not define itself."""
+    defined: set[ir.Value] = set(graph.inputs) | set(graph.initializers.values())
+    used: set[ir.Value] = set()
+    for node in graph:
+        used.update(v for v in node.inputs if v is not None)
+        for attr in node.attributes.values():
+            if is_graph_attribute(attr):
+                for sub in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
+                    used |= outer_reads(sub)
+        defined.update(node.outputs)
+    used.update(graph.outputs)
+    return used - defined
+
+
+def check_domains(graph: ir.Graph, backend: str = "*", registry: KernelRegistry = REGISTRY) -> None:
+    """Nodes of a domain no kernel is registered for are refused together, before any op lookup.
+    Model-local functions are inlined before lowering, so their domains never reach here."""
+    supported = registry.domains(backend)
+    bad = [(node_label(node, i), node.domain, node.op_type) for i, node in enumerate(graph.all_nodes())
+           if canonical_domain(node.domain) not in supported]
+    if bad:
+        raise UnsupportedDomainError(bad)
+
+
+class _Builder:
+    def __init__(self, opsets: dict[str, int], backend: str, param_names: set[str], strict: bool):
+        self.opsets = opsets
+        self.backend = backend
+        self.param_names = param_names
+        self.strict = strict
+        self.values: dict[ir.Value, PlanValue] = {}
+        self.missing: list[tuple[str, str, int]] = []
+        self.index = 0
+
+    def value(self, v: ir.Value, kind: str = "node") -> PlanValue:
+        pv = self.values.get(v)
+        if pv is None:
+            pv = PlanValue(len(self.values), v.name or "", value_shape(v), value_dtype(v), kind)
+            self.values[v] = pv
+        return pv
+
+    def graph(self, graph: ir.Graph, top: bool) -> Plan:
+        inputs = [self.value(v, "param" if top and v.name in self.param_names else "input") for v in graph.inputs]
+        params = [pv for pv in inputs if pv.kind == "param"]
+        constants = []
+        for name, v in graph.initializers.items():
+            if v in self.values:  # also a graph input: read from params or data like one
+                continue
+            if top and name in self.param_names:
+                params.append(self.value(v, "param"))
+            else:
+                pv = self.value(v, "constant")
+                pv.tensor = v.const_value
+                constants.append(pv)
+        nodes = [self.node(node) for node in graph]
+        plan = Plan(self.backend, self.opsets, inputs, params, constants, nodes,
+                    [self.value(v) for v in graph.outputs])
+        if not top:
+            plan.outer = [self.values[v] for v in sorted(outer_reads(graph), key=lambda v: self.values[v].id)
+                          if v in self.values]
+        _set_lifetimes(plan, graph, self.values)
+        return plan
+
+    def node(self, node: ir.Node) -> PlanNode:
+        index = self.index
+        self.index += 1
+        label = node_label(node, index)
+        domain = canonical_domain(node.domain)
+        opset = self.opsets.get(domain, 1)
+        spec = REGISTRY.resolve(node.op_type, opset, domain, self.backend)
+        problem = None
+        if spec is None:
+            self.missing.append((label, node.op_type if not domain else f"{domain}::{node.op_type}", opset))
+            problem = "no kernel"
+        inputs = tuple(None if v is None else self.value(v) for v in node.inputs)
+        outputs = tuple(self.value(o) for o in node.outputs)
+        attributes: dict[str, Any] = {}
+        subgraphs: dict[str, Plan | tuple[Plan, ...]] = {}
+        graph_attrs = []
+        for name, attr in node.attributes.items():
+            if attr.is_ref():
+                problem = problem or self.refuse(UnsupportedAttributeError(
+                    f"attribute {name!r} refers to a function attribute outside a function body",
+                    node=label, op_type=node.op_type, opset=opset))
+            elif is_graph_attribute(attr):
+                graph_attrs.append((name, attr))
+            else:
+                attributes[name] = convert_attribute(attr)
+        defaults = attribute_defaults(node.op_type, opset, domain)
+        kwargs: dict[str, Any] = {}
+        if spec is not None:
+            for name, attr in graph_attrs:
+                if name not in spec.accepts and not spec.accepts_var_keyword:
+                    problem = problem or self.refuse(UnsupportedAttributeError(
+                        f"kernel {spec.name} takes no graph attribute {name!r}",
+                        node=label, op_type=node.op_type, opset=opset))
+            try:
+                kwargs = bind_attributes(spec, attributes, defaults, label=label, op_type=node.op_type, opset=opset,
+                                         graph_attributes=[name for name, _ in graph_attrs])
+            except UnsupportedAttributeError as exc:
+                problem = problem or self.refuse(exc)
+            # Split-18 has an ONNX attribute of that name: where it is unset, the node's output count.
+            if "num_outputs" in spec.accepts and kwargs.get("num_outputs") is None:
+                kwargs["num_outputs"] = len(outputs)
+            if "opset" in spec.accepts:
+                kwargs["opset"] = opset
+            if "node" in spec.accepts:
+                kwargs["node"] = NodeInfo(label, node.op_type, domain, opset, tuple(o.dtype for o in outputs))
+        pn = PlanNode(
+            index=index, label=label, op_type=node.op_type, domain=domain, opset=opset, spec=spec,
+            inputs=inputs, outputs=outputs, attributes=attributes, defaults=defaults, kwargs=kwargs,
+            runtime=tuple(a for a in RUNTIME_ARGUMENTS if spec is not None and a in spec.accepts),
+            subgraphs=subgraphs, multi_output=max_outputs(node.op_type, opset, domain) > 1, problem=problem,
+        )
+        for name, attr in graph_attrs:
+            if attr.type == ir.AttributeType.GRAPH:
+                subgraphs[name] = self.graph(attr.value, top=False)
+            else:
+                subgraphs[name] = tuple(self.graph(g, top=False) for g in attr.value)
+        return pn
+
+    def refuse(self, exc: MithrilError) -> str:
+        if self.strict:
+            raise exc
+        return str(exc)
+
+
+def _set_lifetimes(plan: Plan, graph: ir.Graph, values: dict[ir.Value, PlanValue]) -> None:
+    """Each node's ``frees``: the local values it reads last (a read from a subgraph counts at the
+    node holding it), and its own outputs that nobody reads."""
+    last_use: dict[PlanValue, int] = {}
+    for i, pn in enumerate(plan.nodes):
+        for v in pn.inputs:
+            if v is not None:
+                last_use[v] = i
+        for sub in pn.subgraphs.values():
+            for p in sub if isinstance(sub, tuple) else (sub,):
+                for v in p.outer:
+                    last_use[v] = i
+    keep = set(plan.outputs)
+    local = set(plan.inputs)
+    for pn in plan.nodes:
+        local.update(pn.outputs)
+    frees: dict[int, list[PlanValue]] = {}
+    for v, i in last_use.items():
+        if v in local and v not in keep and v.kind not in ("param", "constant"):
+            frees.setdefault(i, []).append(v)
+    for i, pn in enumerate(plan.nodes):
+        dead = frees.get(i, [])
+        dead += [o for o in pn.outputs if o.name and o not in last_use and o not in keep]
+        pn.frees = tuple(dict.fromkeys(dead))
+
+
+def build_plan(graph: ir.Graph, opsets: dict[str, int], backend: str = "*", *,
+               param_names: set[str] = frozenset(), strict: bool = True) -> Plan:
+    """The plan of ``graph`` on ``backend`` ("*": the shared kernels only, as folding runs them).
+
+    ``param_names`` are the initializers read from ``params`` at run time; the others become
+    constants of the plan. Strict (compile): unknown domains, nodes without a kernel and
+    unsupported attributes raise, missing kernels all listed in one error; otherwise each
+    problem stays on its node."""
+    if strict:
+        check_domains(graph, backend)
+    builder = _Builder(opsets, backend, set(param_names), strict)
+    plan = builder.graph(graph, top=True)
+    if builder.missing and strict:
+        raise UnsupportedOpsError(builder.missing, backend)
+    return plan
+
+
+def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> PlanNode:
+    """One node bound as :func:`build_plan` binds it (non-strict: problems stay on the node)."""
+    builder = _Builder(opsets, backend, set(), strict=False)
+    return builder.node(node)
+
+
+__all__ = ["Plan", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
+           "outer_reads", "plan_of_node", "value_dtype"]
