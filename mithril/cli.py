@@ -1,8 +1,9 @@
-"""The ``mithril`` command line: ``inspect``, ``validate``, ``conformance``.
+"""The ``mithril`` command line: ``inspect``, ``validate``, ``conformance``, ``ops``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
     mithril conformance --backend numpy
+    mithril ops Conv
 """
 
 from __future__ import annotations
@@ -156,6 +157,113 @@ def cmd_conformance(args, rest: list[str]) -> int:
     return conformance_main(rest)
 
 
+def _load_overrides() -> dict[str, str]:
+    """Registers every backend's overrides; backend -> why not, for those whose framework is
+    not installed."""
+    import importlib
+
+    importlib.import_module("mithril.backends.kernels")  # registers the shared kernels
+
+    missing = {}
+    for name, entry in BACKENDS.items():
+        try:
+            importlib.import_module(f"{entry.package}.overrides")
+        except ImportError as exc:
+            missing[name] = str(exc) or type(exc).__name__
+    return missing
+
+
+def _kernel_meta(spec) -> str:
+    """The metadata a kernel declares, as ``name=value`` words (defaults left out)."""
+    words = []
+    if spec.static_inputs:
+        words.append(f"static_inputs={','.join(map(str, spec.static_inputs))}")
+    if spec.graph_attributes:
+        words.append(f"graph_attributes={','.join(spec.graph_attributes)}")
+    for flag in ("host_only", "emit_required", "nondeterministic", "data_dependent_shape"):
+        if getattr(spec, flag):
+            words.append(flag)
+    if spec.output_shapes is not None:
+        words.append("output_shapes")
+    if spec.reason:
+        words.append(f"reason: {spec.reason}")
+    return "  ".join(words)
+
+
+def cmd_ops(args) -> int:
+    """Which kernel runs an op on each backend, per opset range, and where it is defined."""
+    import difflib
+
+    from .backends.registry import REGISTRY
+    from .onnx_bridge.schema import canonical_domain
+
+    missing = _load_overrides()
+    backends = list(BACKENDS)
+    if args.op is None:
+        return _list_ops(REGISTRY, backends, missing, None if args.domain is None else canonical_domain(args.domain))
+    domain = canonical_domain(args.domain or "")
+    label = f"{domain or 'ai.onnx'}::{args.op}"
+    if not any((domain, args.op) in REGISTRY.ops(b) for b in ["*", *backends]):
+        elsewhere = sorted({d or "ai.onnx" for b in ["*", *backends] for d, op in REGISTRY.ops(b) if op == args.op})
+        if elsewhere:
+            raise MithrilError(f"no kernel for {label}; {args.op} is in domain {', '.join(elsewhere)} (--domain)")
+        names = sorted({op for b in ["*", *backends] for d, op in REGISTRY.ops(b) if d == domain})
+        close = difflib.get_close_matches(args.op, names, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise MithrilError(f"no kernel for {label} on any backend{hint}")
+    print(label)
+    for b in backends:
+        if b in missing:
+            print(f"{b}: overrides not loaded ({missing[b]}); its framework is not installed")
+            continue
+        print(b)
+        ranges = REGISTRY.ranges(args.op, domain, b)
+        if not ranges:
+            print("  no kernel")
+        overrides = {id(spec) for spec in REGISTRY.entries(args.op, domain, b)}
+        for first, last, spec in ranges:
+            span = f"opset {first}+" if last is None else f"opset {first}-{last}"
+            kind = "override" if id(spec) in overrides else "shared"
+            print(f"  {span:<12} {spec.function} ({kind})  {spec.location}")
+            meta = _kernel_meta(spec)
+            if meta:
+                print(f"  {'':<12} {meta}")
+    return 0
+
+
+def _list_ops(registry, backends: list[str], missing: dict[str, str], domain: str | None) -> int:
+    """Every op (of ``domain``, or of all), with its shared versions and each backend's overrides."""
+    ops = sorted({key for b in ["*", *backends] for key in registry.ops(b) if domain is None or key[0] == domain})
+    if not ops:
+        raise MithrilError(f"no kernel in domain {domain or 'ai.onnx'!r}")
+    width = max(len(f"{d}::{op}" if d else op) for d, op in ops) + 2
+    print((f"{'op':<{width}}{'shared':<14}" + "".join(f"{b:<10}" for b in backends)).rstrip())
+    counts = {b: [0, 0] for b in backends}  # ops with a kernel, ops overridden
+    for d, op in ops:
+        shared = registry.versions(op, d)
+        row = f"{(f'{d}::{op}' if d else op):<{width}}{','.join(map(str, shared)) or '-':<14}"
+        for b in backends:
+            own = registry.versions(op, d, b)
+            if b in missing:
+                cell = "?"
+            elif own:
+                cell = "+" + ",".join(map(str, own))
+                counts[b][0] += 1
+                counts[b][1] += 1
+            else:
+                cell = "." if shared else "-"
+                counts[b][0] += bool(shared)
+            row += f"{cell:<10}"
+        print(row.rstrip())
+    print(f"{len(ops)} ops. Per backend: '.' the shared kernel, '+N' overrides since opset N, '-' none.")
+    for b in backends:
+        if b in missing:
+            print(f"{b}: overrides not loaded ({missing[b]})")
+        else:
+            print(f"{b}: {counts[b][0]} ops, {counts[b][1]} overridden")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mithril", description="Mithril: ONNX-centred model compiler.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__import__('mithril').__version__}")
@@ -176,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
                    add_help=False)
+    o = sub.add_parser("ops", help="which kernel runs an op on each backend, per opset, and where it is defined")
+    o.add_argument("op", nargs="?", help="an op type (Conv); without it, every op with counts per backend")
+    o.add_argument("--domain", default=None, help="the op's domain (default: ai.onnx; com.microsoft, ai.onnx.ml...)")
     return p
 
 
@@ -208,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "ops":
+            return cmd_ops(args)
         parser.error(f"unknown command {args.command}")
     except KeyboardInterrupt:
         print("mithril: interrupted", file=sys.stderr)

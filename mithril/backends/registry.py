@@ -210,6 +210,10 @@ class KernelRegistry:
     def versions(self, op_type: str, domain: str = "", backend: str = "*") -> list[int]:
         return [s for s, _ in self._tables.get(backend, {}).get((domain, op_type), [])]
 
+    def entries(self, op_type: str, domain: str = "", backend: str = "*") -> list[KernelSpec]:
+        """The kernels registered for one op in one table ("*": the shared one), oldest first."""
+        return [spec for _, spec in self._tables.get(backend, {}).get((domain, op_type), [])]
+
     def backends(self) -> list[str]:
         """Backends with overrides registered so far ("*", the shared table, not among them)."""
         return sorted(b for b in self._tables if b != "*")

@@ -65,7 +65,8 @@ def _with_standard_ops(op_type: str, *, domain: str = MS, since: int = 1):
 
             bound.__signature__ = visible
             register = kernel(op_type, since=since, domain=domain) if backend == "*" else \
-                override(backend, op_type, since=since, domain=domain)
+                override(backend, op_type, since=since, domain=domain,
+                         reason=f"the fused op over {backend}'s own kernels for the ops it fuses")
             register(bound)
         return fn
 
