@@ -21,9 +21,9 @@ import numpy as np
 import mithril as ml
 import models_zoo
 from mithril.models import CrossEntropy, Mean, TrainModel
+from mithril.backends.table import BACKENDS
 from mithril.optimizers import Adam, fit
 
-BACKENDS = {"numpy": ml.NumpyBackend, "jax": ml.JaxBackend, "torch": ml.TorchBackend, "mlx": ml.MlxBackend}
 
 
 def load_digits(n_train: int = 1500):
@@ -67,7 +67,7 @@ def main() -> int:
     args = p.parse_args()
 
     xtr, ytr, xte, yte = load_digits()
-    backend = BACKENDS[args.backend]()
+    backend = BACKENDS[args.backend].load()()
     tm = TrainModel(models_zoo.lenet(num_classes=10))
     tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
     pm = ml.compile(tm, backend, shapes={"input": [args.batch, 1, 32, 32], "target": [args.batch]},
@@ -81,7 +81,7 @@ def main() -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
     ml.save_params(params, out / "lenet.safetensors")
-    other = BACKENDS[args.reload_on]()
+    other = BACKENDS[args.reload_on].load()()
     again = accuracy(other, ml.load_params(out / "lenet.safetensors", other), xte, yte)
     print(f"reloaded on {args.reload_on}: test accuracy {again:.1%}")
     ml.export_onnx(models_zoo.lenet(num_classes=10), out / "lenet.onnx", shapes={"input": [1, 1, 32, 32]},

@@ -21,9 +21,8 @@ from .errors import MithrilError
 
 
 def available_backends() -> dict[str, type]:
-    """Backend name -> class, for every row of the backend table (a class whose framework is
-    missing raises BackendUnavailableError when created)."""
-    return {name: entry.load() for name, entry in BACKENDS.items()}
+    """Backend name -> class, for the rows of the backend table whose framework is installed."""
+    return {name: entry.load() for name, entry in BACKENDS.items() if entry.installed()}
 
 
 def make_backends(spec: str) -> list:

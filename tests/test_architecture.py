@@ -264,8 +264,7 @@ def test_cli_and_conformance_take_their_backends_from_the_table():
     from mithril.backends.table import BACKENDS
     from mithril.errors import MithrilError
 
-    assert list(cli.available_backends()) == list(BACKENDS)
-    assert {k: v for k, v in cli.available_backends().items()} == {k: e.load() for k, e in BACKENDS.items()}
+    assert cli.available_backends() == {k: e.load() for k, e in BACKENDS.items() if e.installed()}
     commands = next(a for a in cli.build_parser()._actions if isinstance(a.choices, dict)).choices
     backend_flag = next(a for a in commands["validate"]._actions if "--backend" in a.option_strings)
     assert all(name in backend_flag.help for name in BACKENDS)

@@ -13,7 +13,6 @@ every spatial position: each is compared relative to its largest entry, within 1
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import warnings
 
@@ -22,16 +21,13 @@ import pytest
 from onnx import TensorProto, helper
 
 import mithril as ml
+from mithril.backends.table import BACKENDS
 
 from .conftest import make_model
 
-# name -> (backend class name, the package it needs)
-_BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "torch": ("TorchBackend", "torch"),
-             "mlx": ("MlxBackend", "mlx")}
-AVAILABLE = [n for n, (cls, pkg) in _BACKENDS.items()
-             if getattr(ml, cls, None) is not None and importlib.util.find_spec(pkg) is not None]
+AVAILABLE = [name for name, entry in BACKENDS.items() if entry.installed()]
 # Backends that compute gradients: NumPy through its vector-Jacobian rules, the others by autodiff.
-GRADIENTS = [n for n in AVAILABLE if getattr(ml, _BACKENDS[n][0]).supports_gradients]
+GRADIENTS = [n for n in AVAILABLE if BACKENDS[n].load().supports_gradients]
 # Framework autodiff traces control flow; NumPy has no rule for If or Loop.
 AUTODIFF = [n for n in GRADIENTS if n != "numpy"]
 PAIRS = list(itertools.permutations(AVAILABLE, 2))
@@ -39,7 +35,7 @@ F32 = TensorProto.FLOAT
 
 
 def make_backend(name: str):
-    return getattr(ml, _BACKENDS[name][0])()
+    return BACKENDS[name].load()()
 
 
 def native_types(name: str) -> tuple[type, ...]:

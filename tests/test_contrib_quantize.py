@@ -30,7 +30,6 @@ QuantizeLinear turns into a step (6 of 32 CNN outputs).
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
 
 import numpy as np
@@ -39,15 +38,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
+from mithril.backends.table import BACKENDS as TABLE
 from mithril.compile import JitFallbackWarning
 
 ort = pytest.importorskip("onnxruntime")
 
 MS = "com.microsoft"
-_BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "torch": ("TorchBackend", "torch"),
-             "mlx": ("MlxBackend", "mlx")}
-BACKENDS = [n for n, (cls, pkg) in _BACKENDS.items()
-            if getattr(ml, cls, None) is not None and importlib.util.find_spec(pkg) is not None]
+BACKENDS = [name for name, entry in TABLE.items() if entry.installed()]
 U8, I8, U16, I16, I32, F32 = (TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16,
                               TensorProto.INT32, TensorProto.FLOAT)
 _NP = {U8: np.uint8, I8: np.int8, U16: np.uint16, I16: np.int16, I32: np.int32, F32: np.float32,
@@ -386,7 +383,7 @@ def _ort_run(model, feeds):
 
 
 def _mithril_run(model, feeds, backend_name, constant_keys=None):
-    backend = getattr(ml, _BACKENDS[backend_name][0])()
+    backend = TABLE[backend_name].load()()
     pm = ml.compile(ml.load_onnx(model), backend, shapes={k: list(v.shape) for k, v in feeds.items()},
                     constant_keys=constant_keys)
     out = pm.evaluate(pm.get_parameters(), {k: backend.from_numpy(v) for k, v in feeds.items()})

@@ -11,14 +11,13 @@ is an xfail(strict=True) whose reason names the root cause and where it is to be
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import warnings
 from pathlib import Path
 
 import pytest
 
-import mithril as ml
+from mithril.backends.table import BACKENDS
 from mithril.compile import JitFallbackWarning
 from mithril.conformance import real_mismatches
 
@@ -26,9 +25,6 @@ DATA = Path(__file__).parent / "data" / "real"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text())
 ENTRIES = {e["file"]: e for e in MANIFEST["files"]}
 
-# name -> (backend class name, the package it needs)
-BACKENDS = {"numpy": ("NumpyBackend", "numpy"), "jax": ("JaxBackend", "jax"), "torch": ("TorchBackend", "torch"),
-            "mlx": ("MlxBackend", "mlx")}
 
 # (file, backend or "*") -> why it fails today and where that is to be fixed.
 XFAIL: dict[tuple[str, str], str] = {
@@ -48,10 +44,10 @@ def _cases():
 
 @pytest.mark.parametrize("file,backend_name", list(_cases()))
 def test_matches_onnxruntime(file, backend_name):
-    cls, pkg = BACKENDS[backend_name]
-    if importlib.util.find_spec(pkg) is None:
-        pytest.skip(f"backend {backend_name} needs the {pkg} package, which is not installed")
-    failures = real_mismatches(ENTRIES[file], getattr(ml, cls)(), DATA)
+    entry = BACKENDS[backend_name]
+    if not entry.installed():
+        pytest.skip(f"backend {backend_name} needs the {entry.array_modules[0]} package, which is not installed")
+    failures = real_mismatches(ENTRIES[file], entry.load()(), DATA)
     assert not failures, f"{file} on {backend_name}:\n" + "\n".join(failures)
 
 
@@ -61,12 +57,12 @@ def test_matches_onnxruntime(file, backend_name):
 def test_sklearn_classifiers_run_jitted(file, backend_name):
     """ArrayFeatureExtractor reads class labels at ArgMax/TopK outputs: the indices stay traced
     values, so the whole graph compiles (no JitFallbackWarning) and still matches onnxruntime."""
-    cls, pkg = BACKENDS[backend_name]
-    if importlib.util.find_spec(pkg) is None:
-        pytest.skip(f"backend {backend_name} needs the {pkg} package, which is not installed")
+    entry = BACKENDS[backend_name]
+    if not entry.installed():
+        pytest.skip(f"backend {backend_name} needs the {entry.array_modules[0]} package, which is not installed")
     with warnings.catch_warnings():
         warnings.simplefilter("error", JitFallbackWarning)
-        failures = real_mismatches(ENTRIES[file], getattr(ml, cls)(), DATA)
+        failures = real_mismatches(ENTRIES[file], entry.load()(), DATA)
     assert not failures, f"{file} on {backend_name}:\n" + "\n".join(failures)
 
 @pytest.mark.parametrize("file", list(ENTRIES))

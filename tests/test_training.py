@@ -10,6 +10,7 @@ import pytest
 
 import mithril as ml
 import models_zoo
+from mithril.backends.table import BACKENDS
 from mithril.errors import ModelError
 from mithril.models import (
     L2,
@@ -33,23 +34,11 @@ BATCH = 64
 N_TRAIN = 1500
 
 
-def _installed(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
 def _backend(name: str, dtype=ml.float32):
-    if name == "numpy":
-        if not ml.NumpyBackend.supports_gradients:
-            pytest.skip("NumpyBackend has no gradients yet (NumpyBackend.vjp, issue 5 Must 1)")
-        return ml.NumpyBackend(dtype=dtype)
-    module = {"jax": "jax", "torch": "torch", "mlx": "mlx.core"}[name]
-    if not _installed(module):
-        pytest.skip(f"{module} is not installed")
-    return {"jax": ml.JaxBackend, "torch": ml.TorchBackend, "mlx": ml.MlxBackend}[name](dtype=dtype)
+    entry = BACKENDS[name]
+    if not entry.installed():
+        pytest.skip(f"{entry.array_modules[0]} is not installed")
+    return entry.load()(dtype=dtype)
 
 
 @functools.lru_cache(maxsize=None)

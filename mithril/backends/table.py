@@ -17,6 +17,7 @@ Nothing in this module imports a framework: classes and array helpers are import
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Iterable
@@ -41,6 +42,10 @@ class BackendEntry:
     def module(self) -> str:
         """The module holding the class (importing it does not import the framework)."""
         return f"{self.package}.backend"
+
+    def installed(self) -> bool:
+        """Whether the framework's package is importable (found, not imported)."""
+        return importlib.util.find_spec(self.array_modules[0]) is not None
 
     def load(self) -> type:
         """The backend class."""
