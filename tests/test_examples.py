@@ -47,3 +47,13 @@ def test_readme_training_snippet_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(block, "README.md#training", "exec"), scope)
     assert len(scope["losses"]) == 8 and (tmp_path / "lenet_train.onnx").exists()
+
+
+def test_architecture_doc_example_runs(capsys):
+    """docs/architecture.md walks Conv from node to generated line; its script must run as written."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    block = doc.split("You can see all of this from Python:", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/architecture.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "conv1 mithril/backends/kernels/nn.py:" in out and "(2, 2) (1, 8, 16, 16)" in out
+    assert "# Conv 'conv1': mithril/backends/kernels/nn.py:" in out
