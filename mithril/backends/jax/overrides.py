@@ -190,7 +190,8 @@ def _conv_cpu(x, w, b, win, group):
     return _add_bias(y, b, jnp)
 
 
-@override("jax", "Conv", since=1)
+@override("jax", "Conv", since=1,
+          reason="speed: on the CPU im2col as one 2-D matmul, depthwise as fused shifted slices, XNNPACK where faster (XLA's Eigen conv is 2-3x slower); lax's conv elsewhere")
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     if _on_cpu():
@@ -198,7 +199,8 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     return _lax_conv(x, w.astype(x.dtype), b, win, group)
 
 
-@override("jax", "ConvTranspose", since=1)
+@override("jax", "ConvTranspose", since=1,
+          reason="semantic gap: the shared overlap-add mutates a NumPy canvas; here a conv of the stride-dilated input")
 def conv_transpose(
     x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides, xp
 ):
@@ -225,7 +227,8 @@ def conv_transpose(
     return _add_bias(y, b, jnp)
 
 
-@override("jax", "Gemm", since=1)
+@override("jax", "Gemm", since=1,
+          reason="speed: lax.dot_general names the contracted axes; XLA:CPU copied W.T on every call (740 against 140 us)")
 def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
     # The contracted axes are named instead of transposing: XLA:CPU copies the transposed
     # weights of `x @ W.T` before a matrix-vector product on every call (a classifier's
@@ -238,7 +241,8 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
 # Pooling: reduce_window instead of one slice per kernel offset.
 
 
-@override("jax", "MaxPool", since=1)
+@override("jax", "MaxPool", since=1,
+          reason="gradient: reduce_window's sends a window's cotangent to one maximum, not split between ties")
 def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
              num_outputs=1, xp):
     if num_outputs >= 2:
@@ -290,17 +294,20 @@ def _scatter(data, index, updates, reduction):
     return {"add": ref.add, "mul": ref.multiply, "max": ref.max, "min": ref.min}[reduction](updates)
 
 
-@override("jax", "ScatterElements", since=11)
+@override("jax", "ScatterElements", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here functional .at[] updates")
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
     return _scatter(data, _element_index(data, indices, axis), updates, reduction)
 
 
-@override("jax", "Scatter", since=9)
+@override("jax", "Scatter", since=9,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here functional .at[] updates")
 def scatter(data, indices, updates, *, axis):
     return _scatter(data, _element_index(data, indices, axis), updates, "none")
 
 
-@override("jax", "ScatterND", since=11)
+@override("jax", "ScatterND", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here functional .at[] updates")
 def scatter_nd(data, indices, updates, *, reduction="none"):
     index = tuple(indices[..., j] for j in range(indices.shape[-1]))
     return _scatter(data, index, updates, reduction)
@@ -350,13 +357,15 @@ def _dft_wide(input, inverse, run):
     return run(input)
 
 
-@override("jax", "DFT", since=17, static_inputs=(1,))
+@override("jax", "DFT", since=17, static_inputs=(1,),
+          reason="accuracy: XLA's float32 forward FFT loses ~1e-5; it runs in float64 and rounds back")
 def dft_17(input, dft_length=None, *, axis, inverse, onesided, xp):
     return _dft_wide(input, inverse, lambda x: signal.dft_17(x, dft_length, axis=axis, inverse=inverse,
                                                     onesided=onesided, xp=xp))
 
 
-@override("jax", "DFT", since=20, static_inputs=(1, 2))
+@override("jax", "DFT", since=20, static_inputs=(1, 2),
+          reason="accuracy: XLA's float32 forward FFT loses ~1e-5; it runs in float64 and rounds back")
 def dft_20(input, dft_length=None, axis=None, *, inverse, onesided, xp):
     return _dft_wide(input, inverse, lambda x: signal.dft_20(x, dft_length, axis, inverse=inverse,
                                                     onesided=onesided, xp=xp))
@@ -370,7 +379,8 @@ def _scalar(x):
     return jnp.reshape(x, (-1,))[0]
 
 
-@override("jax", "If", since=1, graph_attributes=("then_branch", "else_branch"))
+@override("jax", "If", since=1, graph_attributes=("then_branch", "else_branch"),
+          reason="jit: lax.cond when the condition is traced")
 def if_(cond, *, then_branch, else_branch):
     if not _traced(cond):
         return control_flow.if_(cond, then_branch=then_branch, else_branch=else_branch)
@@ -382,7 +392,8 @@ def _like(values, template):
     return tuple(jnp.asarray(v).astype(t.dtype) for v, t in zip(values, template))
 
 
-@override("jax", "Loop", since=1, graph_attributes=("body",))
+@override("jax", "Loop", since=1, graph_attributes=("body",),
+          reason="jit: lax.scan or lax.while_loop when values are traced")
 def loop(max_trip_count, cond, *initial, body, num_outputs, node, xp):
     n_carried = len(initial)
     plain = num_outputs > n_carried or any(isinstance(v, list) or v is None for v in initial)
@@ -425,7 +436,8 @@ def _while_loop(max_trip_count, cond, initial, body):
     return tuple(lax.while_loop(keep_going, step, state0)[2])
 
 
-@override("jax", "Scan", since=9, graph_attributes=("body",))
+@override("jax", "Scan", since=9, graph_attributes=("body",),
+          reason="jit: lax.scan when values are traced")
 def scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
          scan_output_axes=None, scan_output_directions=None, num_outputs, xp):
     try:
@@ -465,7 +477,8 @@ def _lax_scan(inputs, body, num_scan_inputs, in_axes, in_dirs, out_axes, out_dir
 # Autodiff
 
 
-@override("jax", "StopGradient", since=1, domain="ai.mithril")
+@override("jax", "StopGradient", since=1, domain="ai.mithril",
+          reason="gradient: lax.stop_gradient on traced values")
 def stop_gradient(x):
     # Host values (static shapes, strings) carry no gradient and must stay concrete under jit.
     return lax.stop_gradient(x) if isinstance(x, jax.Array) else x
@@ -487,7 +500,8 @@ def _lax_loop(step, state, count):
     return lax.while_loop(lambda c: (c[0] < count) & ~c[2], body, initial)[1]
 
 
-@override("jax", "SVMClassifier", since=1, domain="ai.onnx.ml")
+@override("jax", "SVMClassifier", since=1, domain="ai.onnx.ml",
+          reason="compile time: the probability coupling as a while_loop (20 s of XLA compile unrolled)")
 def svm_classifier(x, *, xp, **attributes):
     # The pairwise coupling of SVC probabilities iterates up to 100 sweeps: unrolled under jit
     # that took 20 s of XLA compile for a 3-class iris model; as a while_loop, well under 1 s.

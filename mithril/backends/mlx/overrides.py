@@ -28,7 +28,8 @@ def _channels_first(a):
     return mx.moveaxis(a, -1, 1)
 
 
-@override("mlx", "Conv", since=1)
+@override("mlx", "Conv", since=1,
+          reason="speed: mx.conv_general (channels-last); the shared kernel is im2col over the facade")
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     xn, wn = native(x), native(w)
     nd = wn.ndim - 2
@@ -46,12 +47,14 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     return MlxArray(_channels_first(y))
 
 
-@override("mlx", "MatMul", since=1)
+@override("mlx", "MatMul", since=1,
+          reason="speed: mx.matmul without the facade's promotion layer")
 def matmul(a, b, *, xp):
     return MlxArray(_matmul(native(a), native(b)))
 
 
-@override("mlx", "Gemm", since=1)
+@override("mlx", "Gemm", since=1,
+          reason="speed: one mx.addmm or matmul")
 def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
     an, bn = native(a), native(b)
     if transA:
@@ -79,7 +82,8 @@ def _col2im(cols, grid, win, size, shift=0):
     return out
 
 
-@override("mlx", "ConvTranspose", since=1)
+@override("mlx", "ConvTranspose", since=1,
+          reason="semantic gap: the shared overlap-add mutates a NumPy canvas; here a functional scatter-add")
 def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads,
                    strides):
     # nn.conv_transpose's geometry, with the overlap-add as a functional scatter-add.
@@ -102,7 +106,8 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
     return MlxArray(y)
 
 
-@override("mlx", "Col2Im", since=18, static_inputs=(1, 2))
+@override("mlx", "Col2Im", since=18, static_inputs=(1, 2),
+          reason="semantic gap: the shared overlap-add mutates a NumPy canvas; here a functional scatter-add")
 def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     image = tuple(int(i) for i in image_shape)
     block = tuple(int(k) for k in block_shape)
@@ -127,7 +132,8 @@ def _windows(xn, win, fill):
     return mx.as_strided(padded, (*shape[:2], *win.out, *win.kernel), (*row[:2], *out_strides, *tap_strides)), nd
 
 
-@override("mlx", "MaxPool", since=1)
+@override("mlx", "MaxPool", since=1,
+          reason="speed: one max over an as_strided view of the windows")
 def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
              num_outputs=1, xp):
     xn = native(x)
@@ -140,7 +146,8 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
     return MlxArray(mx.max(windows, axis=tuple(range(-nd, 0))))
 
 
-@override("mlx", "AveragePool", since=1)
+@override("mlx", "AveragePool", since=1,
+          reason="speed: one sum over an as_strided view of the windows")
 def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None,
                  xp):
     xn = native(x)
@@ -191,22 +198,26 @@ def _scatter_into(data, index, updates, reduction):
     return MlxArray(getattr(d.at[index], _SCATTER_METHODS[reduction])(u))
 
 
-@override("mlx", "ScatterElements", since=11)
+@override("mlx", "ScatterElements", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; MLX scatters functionally")
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
     return _scatter_into(data, shape._element_index(data, indices, axis), updates, reduction)
 
 
-@override("mlx", "Scatter", since=9)
+@override("mlx", "Scatter", since=9,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; MLX scatters functionally")
 def scatter(data, indices, updates, *, axis):
     return _scatter_into(data, shape._element_index(data, indices, axis), updates, "none")
 
 
-@override("mlx", "ScatterND", since=11)
+@override("mlx", "ScatterND", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; MLX scatters functionally")
 def scatter_nd(data, indices, updates, *, reduction="none"):
     return _scatter_into(data, tuple(indices[..., j] for j in range(indices.shape[-1])), updates, reduction)
 
 
-@override("mlx", "StopGradient", since=1, domain="ai.mithril")
+@override("mlx", "StopGradient", since=1, domain="ai.mithril",
+          reason="gradient: mx.stop_gradient on MLX arrays")
 def stop_gradient(x):
     # Host values (static shapes) carry no gradient.
     return MlxArray(mx.stop_gradient(native(x))) if isinstance(x, (MlxArray, mx.array)) else x

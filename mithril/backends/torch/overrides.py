@@ -58,7 +58,8 @@ def _pad_input(x: torch.Tensor, pairs, value) -> torch.Tensor:
 # ---------------------------------------------------------------- convolution
 
 
-@override("torch", "Conv", since=1)
+@override("torch", "Conv", since=1,
+          reason="speed: torch's convolution; the shared kernel is im2col over the facade")
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     xt, wt = _t(x), _t(w)
     nd = xt.dim() - 2
@@ -84,7 +85,8 @@ def _transpose_crop(y: torch.Tensor, begin, out) -> torch.Tensor:
     return y[(Ellipsis, *index)] if nd else y
 
 
-@override("torch", "ConvTranspose", since=1)
+@override("torch", "ConvTranspose", since=1,
+          reason="speed and a semantic gap: torch's transposed convolution; the shared overlap-add mutates a NumPy canvas")
 def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape,
                    pads, strides):
     xt, wt = _t(x), _t(w)
@@ -104,7 +106,8 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
     return TorchArray(y)
 
 
-@override("torch", "Col2Im", since=18, static_inputs=(1, 2))
+@override("torch", "Col2Im", since=18, static_inputs=(1, 2),
+          reason="semantic gap: the shared overlap-add mutates a NumPy canvas; here a transposed conv with one-hot kernels")
 def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     xt = _t(x)
     image = tuple(int(i) for i in np.asarray(image_shape))
@@ -124,7 +127,8 @@ def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
 # ---------------------------------------------------------------- pooling
 
 
-@override("torch", "MaxPool", since=1)
+@override("torch", "MaxPool", since=1,
+          reason="speed: torch's max pool; the shared kernel is one facade op per kernel offset")
 def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
              num_outputs=1, xp):
     xt = _t(x)
@@ -142,7 +146,8 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
     return TorchArray(_MAX_POOL[nd](xt, win.kernel, win.strides, padding, win.dilations))
 
 
-@override("torch", "AveragePool", since=1)
+@override("torch", "AveragePool", since=1,
+          reason="speed: torch's average pool; the shared kernel is one facade op per kernel offset")
 def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count_include_pad=0, dilations=None,
                  xp):
     xt = _t(x)
@@ -166,7 +171,8 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
     return TorchArray((total / txp.tensor_from_numpy(counts.astype(np.float64), xt.device).to(xt.dtype)).to(out_dtype))
 
 
-@override("torch", "GlobalAveragePool", since=1)
+@override("torch", "GlobalAveragePool", since=1,
+          reason="speed: one torch.mean without the facade's promotion layer")
 def global_average_pool(x):
     xt = _t(x)
     return TorchArray(xt.mean(dim=tuple(range(2, xt.dim())), keepdim=True))
@@ -191,12 +197,14 @@ def _binary_fast(torch_fn, shared):
     return kernel
 
 
+_SMALL_OPS = "speed: the facade's NumPy-semantics layer costs as much as the op on small tensors"
 for _op, _fn, _shared in (("Add", torch.add, _ew.add), ("Sub", torch.sub, _ew.sub),
                           ("Mul", torch.mul, _ew.mul), ("Div", torch.div, _ew.div)):
-    override("torch", _op, since=7)(_binary_fast(_fn, _shared))
+    override("torch", _op, since=7, reason=_SMALL_OPS)(_binary_fast(_fn, _shared))
 
 
-@override("torch", "Clip", since=11)
+@override("torch", "Clip", since=11,
+          reason="speed: one torch.clamp instead of the facade's maximum, minimum and casts")
 def clip(x, low=None, high=None, *, xp):
     # One torch.clamp (ReLU6 in MobileNets) instead of the facade's maximum, minimum and casts;
     # min > max gives max everywhere in both, as ONNX specifies.
@@ -214,7 +222,8 @@ def clip(x, low=None, high=None, *, xp):
     return _ew.clip(x, low, high, xp=xp)
 
 
-@override("torch", "Reshape", since=5, static_inputs=(1,))
+@override("torch", "Reshape", since=5, static_inputs=(1,),
+          reason=_SMALL_OPS)
 def reshape(data, shape, *, allowzero=0, xp):
     if type(data) is not TorchArray:
         return _shape.reshape(data, shape, allowzero=allowzero, xp=xp)
@@ -225,7 +234,8 @@ def reshape(data, shape, *, allowzero=0, xp):
     return TorchArray(t.reshape(dims))
 
 
-@override("torch", "Transpose", since=1)
+@override("torch", "Transpose", since=1,
+          reason=_SMALL_OPS)
 def transpose(data, *, perm, xp):
     if type(data) is not TorchArray:
         return _shape.transpose(data, perm=perm, xp=xp)
@@ -236,7 +246,8 @@ def transpose(data, *, perm, xp):
 # ---------------------------------------------------------------- matmul family
 
 
-@override("torch", "MatMul", since=1)
+@override("torch", "MatMul", since=1,
+          reason="speed: torch.matmul without the facade's promotion layer")
 def matmul(a, b):
     at, bt = _t(a), _t(b)
     if at.dtype != bt.dtype:
@@ -244,7 +255,8 @@ def matmul(a, b):
     return TorchArray(torch.matmul(at, bt))
 
 
-@override("torch", "Gemm", since=1)
+@override("torch", "Gemm", since=1,
+          reason="speed: one torch.addmm where C is at most 2-D")
 def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
     at, bt = _t(a), _t(b)
     if transA:
@@ -259,7 +271,8 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
     return TorchArray(y * alpha if alpha != 1 else y)
 
 
-@override("torch", "MatMulAdd", since=1, domain="ai.mithril")
+@override("torch", "MatMulAdd", since=1, domain="ai.mithril",
+          reason="speed: one F.linear (addmm over the folded leading dims)")
 def matmul_add(x, w, b, *, xp):
     xt, wt, bt = _t(x), _t(w), _t(b)
     if not (xt.dtype is wt.dtype is bt.dtype and xt.dtype in _FLOATS):
@@ -270,7 +283,8 @@ def matmul_add(x, w, b, *, xp):
 # ---------------------------------------------------------------- activations and normalization
 
 
-@override("torch", "Relu", since=6)
+@override("torch", "Relu", since=6,
+          reason="speed: torch.relu without the facade's promotion layer")
 def relu(x):
     return TorchArray(torch.relu(_t(x)))
 
@@ -293,19 +307,22 @@ def gelu(x, *, approximate, xp):
     return TorchArray(F.gelu(xt, approximate=approximate))
 
 
-@override("torch", "Softmax", since=13)
+@override("torch", "Softmax", since=13,
+          reason="speed: torch.softmax, one fused kernel")
 def softmax(x, *, axis):
     xt = _t(x)
     return TorchArray(torch.softmax(xt, dim=axis) if xt.dim() else torch.ones_like(xt))
 
 
-@override("torch", "LogSoftmax", since=13)
+@override("torch", "LogSoftmax", since=13,
+          reason="speed: torch.log_softmax, one fused kernel")
 def log_softmax(x, *, axis):
     xt = _t(x)
     return TorchArray(torch.log_softmax(xt, dim=axis) if xt.dim() else torch.zeros_like(xt))
 
 
-@override("torch", "BatchNormalization", since=14)
+@override("torch", "BatchNormalization", since=14,
+          reason="speed: F.batch_norm, one fused kernel")
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon, momentum, training_mode, xp):
     xt = _t(X)
     params = [_t(p) for p in (scale, B, input_mean, input_var)]
@@ -316,7 +333,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon, momentum
     return TorchArray(F.batch_norm(xt, m, v, s, b, False, 0.0, epsilon))
 
 
-@override("torch", "LayerNormalization", since=17)
+@override("torch", "LayerNormalization", since=17,
+          reason="speed: F.layer_norm, one fused kernel")
 def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, num_outputs, xp):
     xt = _t(X)
     axis = axis + xt.dim() if axis < 0 else axis
@@ -348,17 +366,20 @@ def _scatter_elements(data, indices, updates, axis, reduction):
     return TorchArray(dt.scatter_reduce(axis, idx, up, _REDUCE[reduction], include_self=True))
 
 
-@override("torch", "ScatterElements", since=11)
+@override("torch", "ScatterElements", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here torch's scatter")
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
     return _scatter_elements(data, indices, updates, axis, reduction)
 
 
-@override("torch", "Scatter", since=9)
+@override("torch", "Scatter", since=9,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here torch's scatter")
 def scatter(data, indices, updates, *, axis):
     return _scatter_elements(data, indices, updates, axis, "none")
 
 
-@override("torch", "ScatterND", since=11)
+@override("torch", "ScatterND", since=11,
+          reason="semantic gap: the shared kernel mutates a NumPy copy; here torch's index_put")
 def scatter_nd(data, indices, updates, *, reduction="none"):
     dt, idx = _t(data), _t(indices).long()
     k = idx.shape[-1]
@@ -381,7 +402,8 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 # ---------------------------------------------------------------- autodiff
 
 
-@override("torch", "StopGradient", since=1, domain="ai.mithril")
+@override("torch", "StopGradient", since=1, domain="ai.mithril",
+          reason="gradient: Tensor.detach on tensors")
 def stop_gradient(x):
     # Host values (static shapes, strings) carry no gradient.
     return TorchArray(_t(x).detach()) if isinstance(x, (TorchArray, torch.Tensor)) else x
