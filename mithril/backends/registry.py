@@ -28,17 +28,22 @@ which gap or speed-up it is for (``mithril ops Erf`` prints it).
 Metadata a kernel declares at registration, read by the code named here, never recovered from
 ``if op_type == ...`` branches or comments:
 
-``static_inputs``         positions read as concrete host values (Reshape's shape): lowering
-                          passes them unconverted; compile keeps their initializers out of params.
-``graph_attributes``      attributes holding subgraphs (If, Loop, Scan).
-``nondeterministic``      random ops: never constant-folded, never traced once (compile, passes).
+``static_inputs``         positions read as concrete host values (Reshape's shape): the plan
+                          (plan.py) passes them unconverted; compile keeps their initializers
+                          out of params.
+``graph_attributes``      attributes holding subgraphs (If, Loop, Scan), for readers and
+                          ``mithril ops``: the plan binds subgraphs by attribute type.
+``nondeterministic``      random ops: never constant-folded (interpret.py), never traced once
+                          (compile's jit blockers, the MLX backend).
 ``data_dependent_shape``  output shapes depend on input values: blocks whole-graph jit (compile).
-``output_shapes``         a shape rule for ops ONNX inference does not know (passes).
+``output_shapes``         a shape rule for ops ONNX inference does not know (specialize.py).
 ``host_only``             the kernel computes on the host with NumPy whatever the backend: string
                           and map ops, ops that mutate a NumPy canvas in place or loop over values
                           (ConvTranspose's overlap-add, Scatter*, NonMaxSuppression). The
-                          registry wraps it so that it receives NumPy arrays (and ``xp=numpy``)
-                          on every backend; a backend that wants it on its device overrides it.
+                          registry wraps it (``KernelSpec.fn``) so that it receives NumPy arrays
+                          (and ``xp=numpy``) on every backend (under a jit, a traced input fails
+                          the trace and JAX runs eagerly, warned); a backend that wants it on its
+                          device overrides it.
 ``emit_required``         an emit-based backend (C, GGML: kernels render code instead of running
                           over ``xp``) must provide this op itself: the shared kernel cannot be
                           rendered and is a tensor op, not one to leave to the explicit NumPy
