@@ -1,8 +1,9 @@
 """The ai.onnx.ml operator set, with onnxruntime's semantics where the spec leaves room.
 
 Numeric work runs over ``xp``. String and map work (labels, vocabularies, ZipMap's dicts) has no
-array type outside NumPy, so it runs on the host with NumPy, as in strings.py: a string-in or
-string-out step converts its operand with ``np.asarray`` and returns a NumPy object array.
+array type outside NumPy, so it runs on the host with NumPy, as in strings.py: the label, category
+and map kernels are ``host_only`` (registry.py); a string step inside a numeric kernel converts
+its operand with ``np.asarray`` and returns a NumPy object array.
 
 Tree ensembles are flattened once per attribute set into node arrays (feature, threshold, mode,
 true and false child) and evaluated level by level: every sample walks every tree at once, one

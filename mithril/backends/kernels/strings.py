@@ -1,6 +1,7 @@
 """String kernels over NumPy object arrays of Python ``str``, and ImageDecoder.
 
-numpy-only: no other backend has string arrays; these kernels always run on the host.
+No other backend has string arrays: these kernels are ``host_only`` (registry.py), so every
+backend runs them on the host with NumPy.
 """
 
 from __future__ import annotations
