@@ -44,11 +44,11 @@ from ..onnx_bridge.passes import (
     SetInputShapes,
     Toposort,
     onnx_shape_inference,
-    static_shape,
 )
-from ..onnx_bridge.schema import attribute_defaults, canonical_domain, convert_attribute, is_graph_attribute
+from ..onnx_bridge.schema import canonical_domain
 from . import kernels as _kernels  # noqa: F401  (registers every kernel: folding and shape rules read them)
 from .interpret import fold_constants
+from .plan import plan_of_node
 from .registry import REGISTRY
 
 logger = logging.getLogger(__name__)
@@ -85,13 +85,12 @@ def _apply_output_shape_rules(model: ir.Model) -> bool:
         if not outputs or all(o.shape is not None for o in outputs):
             continue
         domain = canonical_domain(node.domain)
-        opset = opsets.get(domain, 1)
-        spec = REGISTRY.resolve(node.op_type, opset, domain)
+        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain)
         if spec is None or spec.output_shapes is None:
             continue
-        inputs = [None if v is None else (static_shape(v), _numpy_dtype(v)) for v in node.inputs]
-        attrs = dict(attribute_defaults(node.op_type, opset, domain))
-        attrs.update({k: convert_attribute(a) for k, a in node.attributes.items() if not is_graph_attribute(a)})
+        pn = plan_of_node(node, opsets)  # the node's values and attributes, bound as lowering binds them
+        inputs = [None if v is None else (v.static_shape, v.dtype) for v in pn.inputs]
+        attrs = {**pn.defaults, **pn.attributes}
         try:
             results = spec.output_shapes(inputs, attrs)
         except Exception as exc:  # an unusual node: its shapes stay unknown, as before
@@ -105,13 +104,6 @@ def _apply_output_shape_rules(model: ir.Model) -> bool:
                 out.type = ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))
             changed = True
     return changed
-
-
-def _numpy_dtype(value: ir.Value):
-    try:
-        return value.dtype.numpy() if value.type is not None and value.dtype is not None else None
-    except (TypeError, ValueError, AttributeError):
-        return None
 
 
 class FoldConstants(InPlacePass):
