@@ -121,6 +121,46 @@ def test_shape_from_data_falls_back_at_first_call_naming_the_node(backend):
     assert y.shape == (2, 3)
 
 
+def test_a_failed_trace_falls_back_once_for_forward_and_gradients_apart(backend):
+    # The forward falls back at its first call (one warning); the gradients' own jitted program
+    # fails its trace too, and falls back once more; later calls run eagerly without a warning.
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape_by_data")]
+    model = make_model(nodes, [("x", F, [6]), ("shape", I64, [2])], [("y", F, None)])
+    pm = ml.compile(ml.load_onnx(model), backend, data_keys=["x"])
+    data = {"x": backend.arange(6.0), "shape": backend.array(np.array([2, 3]))}
+    cot = {"y": backend.ones(2, 3)}
+    with pytest.warns(JitFallbackWarning, match="reshape_by_data"):
+        pm.evaluate(None, data, output_gradients=cot)
+    assert pm._jitted is not None  # the forward's jit is not given up for the gradients' failure
+    with pytest.warns(JitFallbackWarning, match="reshape_by_data"):
+        pm.evaluate(None, data)
+    assert pm._jitted is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)
+        y = pm.evaluate(None, data)["y"]
+        _, grads = pm.evaluate(None, data, output_gradients=cot)
+    assert y.shape == (2, 3)
+    np.testing.assert_array_equal(backend.to_numpy(grads["x"]), np.ones(6))
+
+
+def test_after_a_jitted_run_worked_a_failure_is_an_error_not_a_fallback(backend, conv_model):
+    pm = _compile(conv_model, backend, shapes={"x": [1, 4, 8, 8]})
+    data = {"x": backend.randn(1, 4, 8, 8)}
+    pm.evaluate(None, data)
+    jitted = pm._jitted
+
+    def broken(params, data):
+        raise RuntimeError("device lost")
+
+    pm.pm._jitted = broken
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)
+        with pytest.raises(ml.errors.EvaluationError, match="device lost"):
+            pm.pm.evaluate(None, data)
+    assert pm.pm._jitted is broken  # not dropped for eager: the error is the caller's to see
+    pm.pm._jitted = jitted
+
+
 # -- gradients ----------------------------------------------------------------------------------
 def _finite_difference_check(pm, backend, params, data, cot, out_name, names, rng, eps=1e-6):
     out, grads = pm.evaluate(params, data, output_gradients={out_name: cot})

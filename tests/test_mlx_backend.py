@@ -200,6 +200,23 @@ def test_untraceable_graph_falls_back_to_op_by_op(backend):
     np.testing.assert_array_equal(backend.to_numpy(out["y"]), [[1, 3]])
 
 
+def test_a_failed_trace_falls_back_at_first_call_once(backend):
+    # Reshape's shape arrives as data: mx.compile cannot read it, so the runner runs the program
+    # op by op, warns once naming the node, and stays op by op.
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape_by_data")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [6]), ("shape", TensorProto.INT64, [2])],
+                       [("y", TensorProto.FLOAT, None)])
+    pm = ml.compile(ml.load_onnx(model), backend)
+    assert pm._jitted.compiled
+    data = {"x": np.arange(6, dtype=np.float32), "shape": np.array([2, 3])}
+    with pytest.warns(JitFallbackWarning, match="reshape_by_data"):
+        y = pm.evaluate(None, data)["y"]
+    assert pm._jitted is None and y.shape == (2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", JitFallbackWarning)
+        assert pm.evaluate(None, data)["y"].shape == (2, 3)
+
+
 def test_strings_stay_on_the_host(backend):
     """Like JAX and Torch, MLX keeps strings as NumPy object arrays: the string graph runs, its
     string outputs come back as NumPy, and numbers computed from strings become mx.arrays."""
