@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,4 @@ def arrays_of(values: Iterable[Any]) -> ModuleType:
     return BACKENDS["numpy"].arrays()
 
 
-def backend_class(name: str) -> type:
-    """The class of the backend called ``name``; KeyError naming the choices when there is none."""
-    entry = BACKENDS.get(name)
-    if entry is None:
-        raise KeyError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    return entry.load()
-
-
-__all__ = ["BACKENDS", "BackendEntry", "array_backend", "arrays_of", "backend_class", "backend_of_array"]
+__all__ = ["BACKENDS", "BackendEntry", "array_backend", "arrays_of", "backend_of_array"]
