@@ -20,6 +20,7 @@ import numpy
 from ...dtypes import np_dtype_of_onnx
 from ...errors import UnsupportedAttributeError
 from ..registry import REGISTRY, kernel, override
+from ..table import BACKENDS
 from . import attention as _attention
 from . import elementwise as _elementwise
 from . import normalization as _normalization
@@ -32,7 +33,7 @@ def _unsupported(node, message: str) -> UnsupportedAttributeError:
 
 
 # Backends whose overrides of standard ops (Conv, Gemm, MatMul, Gelu, Relu...) the fused ops reuse.
-_BACKENDS = ("numpy", "jax", "torch", "mlx")
+_BACKENDS = tuple(BACKENDS)  # the backend table's rows
 _NEWEST = 10**6
 
 
