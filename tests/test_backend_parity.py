@@ -288,3 +288,23 @@ def test_transformer_gradients_agree(small_transformers, name):
         results[b] = {k: backend.to_numpy(v) for k, v in grads.items()}
     assert len(results[AUTODIFF[0]]) > 10
     _assert_gradients_agree(results)
+
+
+def test_a_backend_without_gradients_refuses_them():
+    """supports_gradients is read: Backend.lower_backward refuses, so a model compiled to train
+    fails at compile and one compiled for inference-or-training fails at its first gradient."""
+    from mithril.backends.backend import Backend
+    from mithril.errors import MithrilError
+
+    class NoGradients(ml.NumpyBackend):
+        supports_gradients = False
+        lower_backward = Backend.lower_backward
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F32, [3])], [("y", F32, [3])])
+    with pytest.raises(MithrilError, match="NoGradients does not compute gradients"):
+        ml.compile(ml.load_onnx(model), NoGradients(), data_keys=["x"])
+    pm = ml.compile(ml.load_onnx(model), NoGradients())
+    x = np.array([-1.0, 0.0, 2.0], np.float32)
+    np.testing.assert_array_equal(pm.evaluate(None, {"x": x})["y"], [0.0, 0.0, 2.0])
+    with pytest.raises(MithrilError, match="NoGradients does not compute gradients"):
+        pm.evaluate(None, {"x": x}, output_gradients={"y": np.ones(3, np.float32)})
