@@ -14,7 +14,7 @@ import onnx_ir as ir
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.runner import JitFallbackWarning, Program, node_error
-from .backends.emit_python import LoweredProgram, emit_python
+from .backends.emit_python import LoweredProgram
 from .backends.plan import Plan, build_plan
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, MithrilError, ShapeError,
@@ -327,8 +327,7 @@ def compile(
         trainable -= buffers
     _check_backend_dtypes(graph, backend, set(param_names))
     plan = build_plan(graph, opsets, backend.name, param_names=set(param_names))
-    namespace = {"xp": backend.xp, "_backend": backend}
-    program = emit_python(plan, namespace=namespace, file_path=file_path, constant=backend.constant)
+    program = backend.lower(plan, file_path=file_path)
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
     pm.buffer_keys = buffers & set(param_names)
     if not inference:
@@ -338,7 +337,7 @@ def compile(
                        is_floating_np(np_dtype_of_onnx(int(pm._inputs[k].dtype)))]
         try:
             pm.backward = backend.lower_backward(
-                plan, diff_names=diff_names, namespace=namespace,
+                plan, diff_names=diff_names,
                 file_path=file_path + ".vjp.py" if file_path else None,
             )
         except MithrilError as exc:

@@ -114,16 +114,29 @@ class Backend:
         """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
         return None
 
+    def lower(self, plan, *, file_path: str | None = None):
+        """The plan (:class:`~mithril.backends.plan.Plan`) as a program: the generated Python
+        ``forward(params, data)`` over :attr:`xp` here (:mod:`mithril.backends.emit_python`). An
+        emit-based backend (C, GGML) renders the plan in its own language instead and returns a
+        :class:`~mithril.backends.emit_python.LoweredProgram`-like object with ``forward``,
+        ``source`` and ``filename``."""
+        from .emit_python import emit_python
+
+        return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant)
+
+    def program_namespace(self) -> dict:
+        """What generated Python code reads besides its kernels: the array namespace and the backend."""
+        return {"xp": self.xp, "_backend": self}
+
     def jit(self, forward):
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
         return forward
 
-    def lower_backward(self, plan, *, diff_names: list[str], namespace: dict, file_path: str | None = None):
+    def lower_backward(self, plan, *, diff_names: list[str], file_path: str | None = None):
         """Called by ``compile`` (unless ``inference=True``) with the lowering plan
-        (:class:`~mithril.backends.plan.Plan`), the names to differentiate, the generated program's
-        namespace and where to write its source (or None): a backend without autodiff builds its
-        gradient program here, so a missing
-        rule fails at compile time. What it returns reaches :meth:`vjp` as ``program.backward``;
+        (:class:`~mithril.backends.plan.Plan`), the names to differentiate and where to write the
+        source (or None): a backend without autodiff builds its gradient program here, so a
+        missing rule fails at compile time. What it returns reaches :meth:`vjp` as ``program.backward``;
         None (the default) leaves autodiff to differentiate ``program.forward``. A backend without
         ``supports_gradients`` refuses here, so compile reports it."""
         if not self.supports_gradients:

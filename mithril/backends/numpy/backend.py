@@ -48,12 +48,12 @@ class NumpyBackend(Backend):
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
-    def lower_backward(self, plan, *, diff_names, namespace, file_path=None):
+    def lower_backward(self, plan, *, diff_names, file_path=None):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
         :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here."""
         from ..vjp import lower_vjp
 
-        return lower_vjp(plan, diff_names=diff_names, namespace=namespace, file_path=file_path)
+        return lower_vjp(plan, diff_names=diff_names, namespace=self.program_namespace(), file_path=file_path)
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         if program.backward is None:
