@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import dtypes as _dtypes
+from ..backends.table import array_backend
 from ..errors import MissingShapeError, ModelError, ShapeMismatchError, UnconnectedInputError, CycleError
 from . import shapes as S
 from .shapes import Conflict, Dim, ShapeNode
@@ -240,9 +241,7 @@ def _normalize_dynamic(dynamic_axes) -> dict[str, dict[int, str]]:
 
 
 def _to_numpy(value) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch
-        value = value.detach().cpu()
-    return np.asarray(value)
+    return np.asarray(array_backend(value).to_numpy(value))
 
 
 def _init_param(wire: Wire, shape: tuple[int, ...], dtype: np.dtype, rng) -> np.ndarray:
