@@ -32,6 +32,9 @@ class Backend:
     - :meth:`scope`: the context every call into the backend runs in (precision flags, device,
       thread caps, no autograd recording).
     - :meth:`unsupported_dtype_reason`: why a dtype cannot be held (compile refuses the graph).
+    - Lowering: :meth:`lower` turns the backend-neutral plan (:mod:`mithril.backends.plan`) into
+      a program. The default prints it as Python over ``xp``; an emit-based backend (C, GGML)
+      renders it in its own language.
     - Jit: :meth:`jit` makes one program of the whole generated forward. A jitted program
       raises when it cannot be traced; ``evaluate`` then runs the eager forward once, and if that
       works stays eager with one ``JitFallbackWarning`` (:mod:`mithril.backends.runner`).

@@ -450,7 +450,7 @@ def _converged(done) -> bool:
 
 def python_loop(step, state, count: int):
     """Run ``state, done = step(state)`` up to ``count`` times, stopping once every row is done.
-    A backend with a loop primitive passes its own (JAX: lax.while_loop, overrides/jax.py)."""
+    A backend with a loop primitive passes its own (JAX: lax.while_loop, backends/jax/overrides.py)."""
     for _ in range(count):
         state, done = step(state)
         if _converged(done):
