@@ -408,7 +408,8 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
     assert ml.JaxBackend().compiler_options == {}
     monkeypatch.undo()
     backend = ml.JaxBackend()
-    assert backend.compiler_options == {**no_ynn, "xla_cpu_use_xnnpack": True,
+    assert backend.compiler_options == {"xla_allow_excess_precision": False, **no_ynn,
+                                        "xla_cpu_use_xnnpack": True,
                                         "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
     assert backend._library_convolutions
 

@@ -6,7 +6,8 @@ _BERNOULLI = (
 )
 _BF16_SUM = (
     "XLA accumulates bfloat16 reductions in float32 (softmax denominator); the expected values round "
-    "every bfloat16 add as NumPy does, 1 bf16 ulp apart"
+    "every bfloat16 add as NumPy does, 1 bf16 ulp apart (a sequential bfloat16 sum loses most of a long "
+    "row's total, so it is not emulated)"
 )
 
 _GRADIENT = "Gradient op needs graph autodiff (the NumPy backend's VJP rules land with the training issue)"
@@ -21,6 +22,6 @@ JAX: dict[str, str] = {
     "test_bernoulli_seed": _BERNOULLI,
     "test_bernoulli_seed_expanded": _BERNOULLI,
     **{f"test_attention_{case}_bf16{suffix}": _BF16_SUM
-       for case in ("4d_causal", "4d_padded_kv", "4d_causal_padded_kv", "4d_attn_mask_causal", "3d_causal")
+       for case in ("4d_causal", "4d_padded_kv", "4d_causal_padded_kv", "3d_causal")
        for suffix in ("", "_expanded")},
 }

@@ -308,10 +308,17 @@ def gelu(x, *, approximate, xp):
 
 
 @override("torch", "Softmax", since=13,
-          reason="speed: torch.softmax, one fused kernel")
+          reason="speed: torch.softmax, one fused kernel (float32/float64)")
 def softmax(x, *, axis):
     xt = _t(x)
-    return TorchArray(torch.softmax(xt, dim=axis) if xt.dim() else torch.ones_like(xt))
+    if not xt.dim():
+        return TorchArray(torch.ones_like(xt))
+    if xt.dtype in (torch.float16, torch.bfloat16) and xt.numel():
+        # torch.softmax computes a half input in float32 and rounds once; the ONNX graph (and
+        # NumPy) round the shift, the exponentials and the quotient to the input type each.
+        e = torch.exp(xt - xt.amax(dim=axis, keepdim=True))
+        return TorchArray(e / e.sum(dim=axis, keepdim=True))
+    return TorchArray(torch.softmax(xt, dim=axis))
 
 
 @override("torch", "LogSoftmax", since=13,
