@@ -266,7 +266,7 @@ class _Builder:
         if not top:
             plan.outer = [self.values[v] for v in sorted(outer_reads(graph), key=lambda v: self.values[v].id)
                           if v in self.values]
-        _set_lifetimes(plan, graph, self.values)
+        _set_lifetimes(plan)
         return plan
 
     def node(self, node: ir.Node) -> PlanNode:
@@ -333,7 +333,7 @@ class _Builder:
         return str(exc)
 
 
-def _set_lifetimes(plan: Plan, graph: ir.Graph, values: dict[ir.Value, PlanValue]) -> None:
+def _set_lifetimes(plan: Plan) -> None:
     """Each node's ``frees``: the local values it reads last (a read from a subgraph counts at the
     node holding it), and its own outputs that nobody reads."""
     last_use: dict[PlanValue, int] = {}
