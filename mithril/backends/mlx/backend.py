@@ -42,16 +42,6 @@ def _parse_device(device: str):
     return mx.Device(kind)
 
 
-def _nondeterministic_kernels() -> set[int]:
-    from ..registry import REGISTRY
-
-    ids = set()
-    for table in REGISTRY._tables.values():
-        for entries in table.values():
-            ids.update(id(spec.fn) for _, spec in entries if spec.nondeterministic)
-    return ids
-
-
 def _unwrap(tree):
     """Facade arrays -> mx.arrays through dicts, lists and tuples."""
     if isinstance(tree, dict):
@@ -77,16 +67,14 @@ def _only_arrays(tree) -> bool:
 
 class _Compiled:
     """``mx.compile`` of the whole generated forward. A trace failure raises: ``evaluate`` then
-    runs the forward op by op and stays so (with a JitFallbackWarning). Graphs with random ops
-    (a compiled program would freeze the draws made while tracing) and calls with host-only
-    inputs (strings) run op by op here, silently."""
+    runs the forward op by op and stays so (with a JitFallbackWarning). Calls with host-only
+    inputs (strings) run op by op here, silently. Graphs with random draws never get here:
+    compile reads the kernels' ``nondeterministic`` metadata and keeps them eager on every backend."""
 
     def __init__(self, backend: "MlxBackend", forward):
         self.backend = backend
         self.forward = forward
-        uses_rng = any(id(v) in _nondeterministic_kernels() for v in forward.__globals__.values() if callable(v))
-        self.reason = "the graph has random ops" if uses_rng else None
-        self._compiled = None if uses_rng else mx.compile(self._native_forward)
+        self._compiled = mx.compile(self._native_forward)
 
     def _native_forward(self, params, data):
         return _unwrap(self.forward(_wrap(params), _wrap(data)))
