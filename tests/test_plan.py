@@ -183,3 +183,18 @@ def test_a_renderer_needs_only_the_plan():
         "free(t2);",
         "free(t3);",
     ]
+
+
+def test_a_constant_without_a_value_is_named_when_read():
+    import onnx_ir as ir
+
+    from mithril.errors import MithrilError
+
+    w = ir.Value(name="w", shape=ir.Shape([2]), type=ir.TensorType(ir.DataType.FLOAT))  # no const_value
+    x = ir.Value(name="x", shape=ir.Shape([2]), type=ir.TensorType(ir.DataType.FLOAT))
+    node = ir.node("Add", [x, w], num_outputs=1)
+    node.outputs[0].name = "y"
+    graph = ir.Graph([x], [node.outputs[0]], nodes=[node], initializers=[w], opset_imports={"": 17})
+    plan = build_plan(graph, {"": 17}, "numpy")
+    with pytest.raises(MithrilError, match="initializer 'w' has no value"):
+        emit_python(plan, namespace={"xp": np})
