@@ -205,8 +205,8 @@ def test_arg_reductions(cls, axis, keepdim):
     (lambda: Reshape(shape=(4, -1)), (2, 3, 4), lambda x: x.reshape(4, -1)),
     (lambda: Transpose(), (2, 3, 4), lambda x: x.T),
     (lambda: Transpose(axes=(1, 0, 2)), (2, 3, 4), lambda x: x.transpose(1, 0, 2)),
-    (lambda: Flatten(), (2, 3, 4), lambda x: x.reshape(-1)),
-    (lambda: Flatten(start_dim=1), (2, 3, 4), lambda x: x.reshape(2, -1)),
+    (lambda: Flatten(), (2, 3, 4), lambda x: x.reshape(2, -1)),  # per sample, as torch.nn.Flatten
+    (lambda: Flatten(start_dim=0), (2, 3, 4), lambda x: x.reshape(-1)),
     (lambda: Flatten(start_dim=0, end_dim=1), (2, 3, 4), lambda x: x.reshape(6, 4)),
     (lambda: Indexer(index=(Ellipsis, slice(1, None))), (2, 3, 4), lambda x: x[..., 1:]),
     (lambda: Indexer(index=(0, slice(None, None, -1), None)), (2, 3, 4), lambda x: x[0, ::-1, None]),
@@ -216,7 +216,7 @@ def test_arg_reductions(cls, axis, keepdim):
     (lambda: Shape(), (2, 3, 4), lambda x: np.array(x.shape, np.int64)),
     (lambda: Size(), (2, 3, 4), lambda x: np.array(x.size, np.int64)),
     (lambda: Cast(dtype=ml.int32), (2, 3), lambda x: x.astype(np.int32)),
-], ids=["reshape", "T", "transpose", "flatten", "flatten1", "flatten01", "index_ellipsis", "index_mixed",
+], ids=["reshape", "T", "transpose", "flatten", "flatten0", "flatten01", "index_ellipsis", "index_mixed",
         "index_neg", "squeeze", "squeeze1", "shape", "size", "cast"])
 def test_shape_blocks(block, shape, ref):
     x = f32(*shape)

@@ -82,11 +82,20 @@ class Transpose(Primitive):
 
 @register
 class Flatten(Primitive):
-    """Merge dims ``start_dim..end_dim`` into one (as ``torch.flatten``)."""
+    """Merge dims ``start_dim..end_dim`` into one. The default ``start_dim=1`` keeps the batch
+    dim and flattens each sample, as ``torch.nn.Flatten``; ``start_dim=0`` flattens everything
+    (``torch.flatten``).
+
+    >>> from mithril.models import Flatten, IOKey, Model
+    >>> m = Model()
+    >>> m |= Flatten()(input=IOKey("x", shape=["N", 3, 4, 5]), output="y")
+    >>> m.shape_of("y")
+    '[N, 60]'
+    """
 
     ports = {"input": In(None), "output": Out(None)}
 
-    def __init__(self, start_dim: int = 0, end_dim: int = -1, name: str | None = None):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1, name: str | None = None):
         self.start_dim, self.end_dim = int(start_dim), int(end_dim)
         super().__init__(name)
 
@@ -94,16 +103,24 @@ class Flatten(Primitive):
         return {"start_dim": self.start_dim, "end_dim": self.end_dim}
 
     def _range(self, rank):
-        return self.start_dim % max(rank, 1), self.end_dim % max(rank, 1)
+        size = max(rank, 1)  # a scalar flattens as a vector of one element, as in torch
+        for d in (self.start_dim, self.end_dim):
+            if not -size <= d < size:
+                raise Conflict(f"Flatten(start_dim={self.start_dim}, end_dim={self.end_dim}) does not fit an "
+                               f"input of rank {rank} (dims -{size}..{size - 1})")
+        a, b = self.start_dim % size, self.end_dim % size
+        if a > b:
+            raise Conflict(f"Flatten: start_dim {self.start_dim} comes after end_dim {self.end_dim} at rank {rank}")
+        return a, b
 
     def infer(self, s: ShapeView) -> None:
         dims = s["input"]
         if dims is None:
             return
+        a, b = self._range(len(dims))
         if not dims:
             s.set("output", [1])
             return
-        a, b = self._range(len(dims))
         merged = [d.root().value for d in dims[a:b + 1]]
         size = int(np.prod(merged)) if None not in merged else None
         s.set("output", list(dims[:a]) + [size] + list(dims[b + 1:]))
