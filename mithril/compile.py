@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import dataclasses
+import time
 import warnings
 
 import numpy as np
@@ -93,6 +94,8 @@ class PhysicalModel:
         # buffer -> the output holding its update, which a training loop copies back after a step.
         self.loss_key: str | None = None
         self.buffer_updates: dict[str, str] = {}
+        # Python scalars and lists given as data take the input's dtype (compile's option).
+        self.auto_scalar_promotion = True
         self._params_numpy = {
             name: tensor_array(graph.initializers[name].const_value) for name in param_names
         }
@@ -146,6 +149,10 @@ class PhysicalModel:
             return value  # sequences and optionals pass as they are
         want = np_dtype_of_onnx(int(declared.dtype))
         if isinstance(value, (list, tuple, int, float, bool)):
+            if not self.auto_scalar_promotion:
+                raise DTypeError(
+                    f"input {name!r} got a Python {type(value).__name__}; this model was compiled with "
+                    f"auto_scalar_promotion=False: pass an array of dtype {want}", node=_consumer_label(declared))
             value = np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
         got_dtype = self.backend.dtype_of(value)
         if got_dtype is not None and got_dtype != want:
@@ -261,10 +268,32 @@ def compile(
     constant_keys: Iterable[str] | None = None,
     trainable_keys: Iterable[str] | None = None,
     inference: bool = False,
-    jit: bool = True,
+    jit: bool | None = None,
     file_path: str | None = None,
+    *,
+    jit_options: Mapping[str, Any] | None = None,
+    static_shapes: bool = False,
+    static_inference: bool = False,
+    auto_scalar_promotion: bool = True,
+    verbose: bool = False,
+    **unknown_options,
 ) -> PhysicalModel:
-    """Lower ``model`` (an ONNX path/bytes/proto or a loaded model) onto ``backend``.
+    """Lower ``model`` (an ONNX path/bytes/proto, a loaded model, or a frontend ``Model`` or
+    block) onto ``backend``.
+
+    - ``shapes`` fixes input dims for this compilation; ``data_keys`` names the inputs fed as data
+      (their gradients are returned); ``constant_keys`` folds initializers into the program;
+      ``trainable_keys`` chooses what is differentiated (default: floating initializers).
+    - ``inference=True`` (or ``static_inference=True``) builds no gradient program.
+    - ``jit``: None takes the backend's default (``backend.jit_by_default``: JAX and MLX jit,
+      Torch runs eagerly unless asked); ``jit_options`` go to the backend's jit
+      (``torch.compile``'s ``backend``/``mode``, ...).
+    - ``static_shapes=True`` refuses a program with a dim left symbolic, naming the inputs whose
+      dims ``shapes`` must fix.
+    - ``auto_scalar_promotion`` (default True): Python scalars and lists given as data take the
+      input's declared dtype; with False they are refused (pass arrays of that dtype).
+    - ``verbose=True`` prints each stage (build, specialize, plan, lower, gradients, jit) with
+      its time, and the inputs and outputs with their shapes.
 
     >>> import mithril as ml, numpy as np
     >>> from onnx import helper, TensorProto
@@ -275,10 +304,20 @@ def compile(
     >>> pm.evaluate({}, {"x": np.array([[-1, 2, 3]] * 2, np.float32)})["y"].tolist()
     [[0.0, 2.0, 3.0], [0.0, 2.0, 3.0]]
     """
+    if unknown_options:
+        raise CompileError(f"unknown compile option(s) {sorted(unknown_options)}; valid options: "
+                           f"{', '.join(_COMPILE_OPTIONS)}")
     if not isinstance(backend, Backend):
+        if isinstance(backend, type) and issubclass(backend, Backend):
+            raise CompileError(f"compile takes a backend instance: {backend.__name__}(), not the class")
         raise CompileError(f"compile takes a backend instance such as ml.NumpyBackend(), not {backend!r}")
+    inference = inference or static_inference
+    if jit is None:
+        jit = backend.jit_by_default
+    stages = _Stages(verbose, backend)
     buffers: set[str] = set()
     loss_key, buffer_outputs = None, {}
+    model = _as_model(model)
     if not isinstance(model, OnnxModel):
         to_onnx = getattr(model, "to_onnx_model", None)
         if to_onnx is not None:
@@ -296,6 +335,7 @@ def compile(
             model = to_onnx(shapes=shapes, dtype=backend.dtype)
         else:
             model = load_onnx(model)
+    stages.done("build" if loss_key is None and not buffers else "build (training graph)")
     opsets = model.opset_imports
     work = _clone(model.ir)
     graph = work.graph
@@ -313,6 +353,7 @@ def compile(
     constants -= {v.name for v in graph.inputs}
     specialize(work, dict(shapes) if shapes else None, constants, opsets)
     graph = work.graph
+    stages.done("specialize")
     param_names = [n for n in graph.initializers if n not in constants]
     for v in graph.inputs:
         if v.name in graph.initializers and v.name not in param_names:
@@ -325,11 +366,22 @@ def compile(
     trainable -= constant_keys
     if trainable_keys is None:
         trainable -= buffers
+    inputs = [v for v in graph.inputs if v.name not in set(param_names)]
+    data_keys = set(data_keys or ())
+    _check_data_keys(data_keys, inputs, param_names)
+    stages.shapes(inputs, graph.outputs)
+    if static_shapes:
+        _check_static_inputs(inputs)
     _check_backend_dtypes(graph, backend, set(param_names))
     plan = build_plan(graph, opsets, backend.name, param_names=set(param_names))
+    if static_shapes:
+        _check_static_plan(plan)
+    stages.done(f"plan ({len(plan.nodes)} nodes)")
     program = backend.lower(plan, file_path=file_path)
-    pm = PhysicalModel(model, backend, work, program, param_names, trainable, set(data_keys or ()), inference)
+    stages.done("lower")
+    pm = PhysicalModel(model, backend, work, program, param_names, trainable, data_keys, inference)
     pm.buffer_keys = buffers & set(param_names)
+    pm.auto_scalar_promotion = auto_scalar_promotion
     if not inference:
         # The names evaluate() differentiates: trainable parameters and floating data_keys.
         diff_names = [k for k in param_names if k in trainable]
@@ -347,15 +399,94 @@ def compile(
             if loss_key is not None or trainable_keys is not None or data_keys:
                 raise
             pm.gradient_error = exc
+        stages.done("gradients")
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
-        jitted = backend.jit(program.forward)
+        jitted = backend.jit(program.forward, dict(jit_options)) if jit_options else backend.jit(program.forward)
         blocking = _jit_blockers(plan) if jitted is not program.forward else []
         if blocking:
             warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=3)
         elif jitted is not program.forward:
             pm._jitted = jitted
+        stages.done("jit (traced at the first evaluate)" if pm._jitted is not None else "jit (eager)")
+    elif jit_options:
+        raise CompileError("jit_options were given with jit=False")
     return pm
+
+
+_COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "inference", "jit",
+                    "file_path", "jit_options", "static_shapes", "static_inference",
+                    "auto_scalar_promotion", "verbose")
+
+
+def _as_model(model):
+    """A bare block (``Linear(dimension=64)``) becomes a one-block Model whose terminals keep
+    their port names (``input``, ``weight``, ``bias``, ``output``)."""
+    from .frontend.model import Model, Primitive
+
+    if isinstance(model, Primitive):
+        wrapper = Model(model.name)
+        wrapper |= model(**{port: port for port in model.port_specs()})
+        return wrapper
+    return model
+
+
+class _Stages:
+    """``compile(verbose=True)``: one line per stage with its wall time, and the program's
+    inputs and outputs with their shapes after specialization."""
+
+    def __init__(self, verbose: bool, backend: Backend):
+        self.verbose = verbose
+        self.start = self.last = time.perf_counter()
+        if verbose:
+            print(f"[mithril.compile] {type(backend).__name__}(dtype={backend.dtype!r}, device={backend.device!r})")
+
+    def done(self, stage: str) -> None:
+        if self.verbose:
+            now = time.perf_counter()
+            print(f"[mithril.compile] {stage:<40} {1e3 * (now - self.last):9.1f} ms")
+            self.last = now
+
+    def shapes(self, inputs, outputs) -> None:
+        if self.verbose:
+            for kind, values in (("input", inputs), ("output", outputs)):
+                for v in values:
+                    print(f"[mithril.compile]   {kind} {v.name}: {_describe(v)}")
+
+
+def _describe(value: ir.Value) -> str:
+    shape = "?" if value.shape is None else "[" + ", ".join(str(d) for d in value.shape) + "]"
+    dtype = str(np_dtype_of_onnx(int(value.dtype))) if value.dtype is not None else "?"
+    return f"{shape} {dtype}"
+
+
+def _check_data_keys(data_keys: set[str], inputs: list[ir.Value], param_names: list[str]) -> None:
+    unknown = sorted(data_keys - {v.name for v in inputs})
+    if not unknown:
+        return
+    params = [k for k in unknown if k in param_names]
+    if params:
+        raise CompileError(f"data_keys names {params}, which are parameters of the model, not inputs; "
+                           f"choose what trains with trainable_keys, or freeze with constant_keys")
+    raise CompileError(f"data_keys names {unknown}, which the model does not take; its inputs are "
+                       f"{[v.name for v in inputs]}")
+
+
+def _check_static_inputs(inputs: list[ir.Value]) -> None:
+    """static_shapes=True: every dim of every input is a number."""
+    loose = {v.name: _describe(v) for v in inputs
+             if isinstance(v.type, ir.TensorType) and (v.shape is None or any(not isinstance(d, int) for d in v.shape))}
+    if loose:
+        listed = "; ".join(f"{k}: {d}" for k, d in loose.items())
+        raise CompileError(f"static_shapes=True needs every input dim fixed; give shapes= for {listed}")
+
+
+def _check_static_plan(plan: Plan) -> None:
+    """static_shapes=True: no node whose output shape depends on input values."""
+    for pn in plan.all_nodes():
+        if pn.spec.data_dependent_shape:
+            raise ShapeError("static_shapes=True, but this node's output shape depends on input values",
+                             node=pn.label, op_type=pn.op_type, opset=pn.opset)
 
 
 def _check_backend_dtypes(graph: ir.Graph, backend: Backend, params: set[str]) -> None:
