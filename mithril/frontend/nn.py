@@ -1,16 +1,17 @@
-"""Layers: MatrixMultiply, Linear, MLP, Convolution1D/2D, MaxPool1D/2D, AvgPool2D, LayerNorm, GroupNorm,
-BatchNorm2D, Embedding."""
+"""Layers: MatrixMultiply, Linear, MLP, Convolution1D/2D (and Conv2d), MaxPool1D/2D (and MaxPool2d),
+AvgPool2D, LayerNorm, GroupNorm, BatchNorm2D, Embedding."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import onnx
 
 from . import shapes as S
-from .block import register
-from .model import In, Model, Out, Param, Primitive, ShapeView, broadcast_dims
+from .block import BLOCKS, register
+from .model import In, IOKey, Model, Out, Param, Primitive, ShapeView, broadcast_dims
 from .shapes import Conflict, ShapeNode, Var
 from ..errors import ModelError
 
@@ -81,29 +82,59 @@ class Linear(Primitive):
 
 @register
 class MLP(Model):
-    """Linear layers of ``dimensions``, each followed by its activation (a block class, a block,
-    or None): terminals ``input`` and ``output``.
+    """Linear layers, each followed by its activation: terminals ``input`` and ``output``.
+
+    Two ways to say which layers:
+
+    - ``MLP(activations, dimensions)``: one output size per layer in ``dimensions`` and its
+      activation (a block class, a block, or None) in ``activations``.
+    - ``MLP(input_size=..., hidden_sizes=[...], output_size=...)``: hidden layers followed by
+      ``activation`` (Relu unless given) and a linear output layer; the input is fixed to
+      ``[..., input_size]``, so every weight's shape is known without ``shapes``.
 
     >>> from mithril.models import MLP, Relu
-    >>> m = MLP(activations=[Relu, None], dimensions=[16, 4])
-    >>> m.shape_of("output")
+    >>> MLP(activations=[Relu, None], dimensions=[16, 4]).shape_of("output")
     '[...v, 4]'
+    >>> m = MLP(input_size=8, hidden_sizes=[16, 16], output_size=4)
+    >>> m.shape_of("input"), m.shape_of("output")
+    ('[...v, 8]', '[...v, 4]')
     """
 
-    def __init__(self, activations, dimensions, use_bias: bool = True, name: str | None = None):
+    def __init__(self, activations=None, dimensions=None, use_bias: bool = True, name: str | None = None, *,
+                 input_size: int | None = None, hidden_sizes=None, output_size: int | None = None,
+                 activation=None):
         super().__init__(name)
+        sized = input_size is not None or hidden_sizes is not None or output_size is not None
+        if sized:
+            if activations is not None or dimensions is not None:
+                raise ModelError("MLP takes either activations and dimensions, or input_size, hidden_sizes and "
+                                 "output_size, not both")
+            if output_size is None:
+                raise ModelError("MLP(input_size=..., hidden_sizes=...) needs output_size, the last layer's size")
+            hidden = [int(h) for h in (hidden_sizes or ())]
+            act = activation if activation is not None else BLOCKS["Relu"]
+            activations, dimensions = [act] * len(hidden) + [None], hidden + [int(output_size)]
+        elif activations is None or dimensions is None:
+            raise ModelError("MLP needs activations and dimensions (MLP([Relu, None], [64, 10])), or "
+                             "input_size, hidden_sizes and output_size")
+        elif activation is not None:
+            raise ModelError("MLP: activation= goes with hidden_sizes; with dimensions, give one activation per "
+                             "layer in activations")
         activations, dimensions = list(activations), list(dimensions)
         if len(activations) != len(dimensions):
             raise ModelError(f"MLP: {len(activations)} activations for {len(dimensions)} dimensions")
-        blocks = []
+        blocks, seen = [], set()
         for act, dim in zip(activations, dimensions):
             blocks.append(Linear(dim, use_bias=use_bias))
             if act is not None:
-                blocks.append(act() if isinstance(act, type) else act)
+                # a block given once per layer (activation=LeakyRelu(0.1)) is copied for each further layer
+                blocks.append(act() if isinstance(act, type) else copy.deepcopy(act) if id(act) in seen else act)
+                seen.add(id(act))
+        source = IOKey("input", shape=["...", int(input_size)]) if input_size is not None else "input"
         for i, block in enumerate(blocks):
             bind = {}
             if i == 0:
-                bind["input"] = "input"
+                bind["input"] = source
             if i == len(blocks) - 1:
                 bind["output"] = "output"
             self.extend(block(**bind), chain=i > 0)
@@ -235,6 +266,29 @@ class Convolution2D(_Convolution):
 
 
 @register
+class Conv2d(Convolution2D):
+    """2-D convolution named as in Keras and torch: ``Conv2d(filters, kernel_size, stride=1,
+    padding=0)``, where ``filters`` is the number of output channels. Same block as
+    :class:`Convolution2D`; ``padding="same"`` keeps H and W at stride 1 (an even kernel pads one
+    more at the bottom and right, as torch), ``"valid"`` pads nothing.
+
+    >>> from mithril.models import Conv2d, IOKey, Model
+    >>> m = Model()
+    >>> m |= Conv2d(filters=16, kernel_size=3, padding="same")(input=IOKey("x", shape=["N", 3, 32, 32]), output="y")
+    >>> m.shape_of("y")
+    '[N, 16, 32, 32]'
+    """
+
+    def __init__(self, filters: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+                 use_bias: bool = True, name: str | None = None):
+        super().__init__(kernel_size, filters, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                         use_bias=use_bias, name=name)
+
+    def attributes(self):
+        return {"filters": self.out_channels, **{k: v for k, v in super().attributes().items() if k != "out_channels"}}
+
+
+@register
 class Convolution1D(_Convolution):
     """1-D convolution: input [N, C, L], weight [out, C/groups, k], bias [out].
 
@@ -272,6 +326,12 @@ class MaxPool2D(_Pool):
     """2-D max pooling over [N, C, H, W]; ``stride`` defaults to the kernel size."""
 
     rank = 2
+
+
+@register
+class MaxPool2d(MaxPool2D):
+    """2-D max pooling named as in torch: ``MaxPool2d(kernel_size, stride=None, padding=0)``; the
+    stride defaults to the kernel size. Same block as :class:`MaxPool2D`."""
 
 
 @register

@@ -1,5 +1,9 @@
 """Mithril's logical models: ``from mithril.models import Model, Linear, Relu, IOKey``.
 
+Every block (``Linear``, ``Conv2d``, ``MaxPool2d``, ``Flatten``, ``Lambda``...) and the zoo's
+ResNets (``resnet18``, ``resnet34``, ``resnet50``, from :mod:`models_zoo.resnet`, loaded when
+first asked for).
+
 >>> from mithril.models import Model, Linear, Relu
 >>> model = Model()
 >>> model |= Linear(dimension=32)(input="input", output="hidden")
@@ -7,6 +11,9 @@
 >>> model += Linear(dimension=16).connect(output="output")
 >>> model.shape_of("output")
 '[...v, 16]'
+>>> from mithril.models import resnet18
+>>> resnet18(num_classes=10).shape_of("output")
+'[N, 10]'
 """
 
 from ..frontend import BLOCKS, Block, Connection, IOKey, Model, Primitive  # noqa: F401
@@ -16,4 +23,17 @@ from ..frontend.train import TrainModel  # noqa: F401  (registers L1, L2)
 
 globals().update(BLOCKS)
 
-__all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "TrainModel", "buffer_updates", *sorted(BLOCKS)]
+# Built from these blocks in the models_zoo package, which imports this module: loaded on first use.
+_ZOO = ("resnet18", "resnet34", "resnet50")
+
+
+def __getattr__(name: str):
+    if name in _ZOO:
+        from models_zoo import resnet
+
+        return getattr(resnet, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "TrainModel", "buffer_updates",
+           *sorted(BLOCKS), *_ZOO]
