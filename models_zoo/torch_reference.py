@@ -1,6 +1,7 @@
 """Reference torch.nn models for tests, benchmarks and the main job: ResNet-18 and MobileNetV2
 (torchvision's architectures, written here because torchvision is not a dependency), a GPT-2 style
-language model (the architecture of ``models_zoo.create_gpt``), small BERT and GPT-2 from
+language model (the architecture of ``models_zoo.create_gpt``), OpenAI CLIP's ModifiedResNet
+(the ResNet image tower of ``examples.clip``), small BERT and GPT-2 from
 transformers configs with random weights, and ONNX export through both torch exporters.
 
 >>> m = resnet18(num_classes=10).eval()
@@ -232,6 +233,100 @@ class GPT(nn.Module):
         for block in self.transformer["h"]:
             x = block(x)
         return self.lm_head(self.transformer["ln_f"](x))
+
+
+# -- CLIP's ModifiedResNet (OpenAI CLIP's ResNet image tower; open_clip.modified_resnet) --------
+class CLIPBottleneck(nn.Module):
+    """1x1, 3x3, 1x1 (x4) convolutions; a stride > 1 is an average pool after the 3x3 convolution
+    and on the shortcut before its 1x1 convolution (anti-aliased downsampling)."""
+
+    expansion = 4
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.avgpool = nn.AvgPool2d(stride) if stride > 1 else nn.Identity()
+        self.conv3 = nn.Conv2d(planes, planes * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.downsample = None
+        if stride > 1 or inplanes != planes * self.expansion:
+            self.downsample = nn.Sequential()
+            self.downsample.add_module("-1", nn.AvgPool2d(stride))
+            self.downsample.add_module("0", nn.Conv2d(inplanes, planes * self.expansion, 1, bias=False))
+            self.downsample.add_module("1", nn.BatchNorm2d(planes * self.expansion))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = torch.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(self.avgpool(out)))
+        identity = x if self.downsample is None else self.downsample(x)
+        return torch.relu(out + identity)
+
+
+class CLIPAttentionPool2d(nn.Module):
+    """The mean of the feature map prepended to its positions, plus positional embeddings,
+    through one multi-head attention; the mean token's output is the pooled feature."""
+
+    def __init__(self, spacial_dim: int, embed_dim: int, num_heads: int, output_dim: int):
+        super().__init__()
+        self.positional_embedding = nn.Parameter(torch.randn(spacial_dim ** 2 + 1, embed_dim) / embed_dim ** 0.5)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.c_proj = nn.Linear(embed_dim, output_dim)
+        self.num_heads = num_heads
+
+    def forward(self, x):
+        x = x.flatten(start_dim=2).permute(2, 0, 1)  # [N, C, H, W] -> [H*W, N, C]
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0) + self.positional_embedding[:, None, :]
+        x, _ = nn.functional.multi_head_attention_forward(
+            query=x, key=x, value=x, embed_dim_to_check=x.shape[-1], num_heads=self.num_heads,
+            q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight,
+            in_proj_weight=None, in_proj_bias=torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0, out_proj_weight=self.c_proj.weight,
+            out_proj_bias=self.c_proj.bias, use_separate_proj_weight=True, training=self.training,
+            need_weights=False)
+        return x[0]
+
+
+class ModifiedResNet(nn.Module):
+    """OpenAI CLIP's ResNet image tower: a stem of three 3x3 convolutions and a 2x2 average pool,
+    four stages of :class:`CLIPBottleneck`, and :class:`CLIPAttentionPool2d`. Module names are
+    OpenAI's (``conv1``..``bn3``, ``layer1.0.downsample.0``, ``attnpool.q_proj``), so its
+    ``state_dict`` is the ``visual.*`` part of a CLIP checkpoint.
+
+    >>> m = ModifiedResNet((1, 1, 1, 1), output_dim=16, heads=4, input_resolution=64, width=8).eval()
+    >>> tuple(m(torch.zeros(2, 3, 64, 64)).shape)
+    (2, 16)
+    """
+
+    def __init__(self, layers, output_dim: int, heads: int, input_resolution: int = 224, width: int = 64):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width // 2, kernel_size=3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width // 2)
+        self.conv2 = nn.Conv2d(width // 2, width // 2, kernel_size=3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width // 2)
+        self.conv3 = nn.Conv2d(width // 2, width, kernel_size=3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(width)
+        self.avgpool = nn.AvgPool2d(2)
+        inplanes = width
+        for i, count in enumerate(layers):
+            planes = width * 2 ** i
+            blocks = [CLIPBottleneck(inplanes, planes, stride=2 if i > 0 else 1)]
+            inplanes = planes * CLIPBottleneck.expansion
+            blocks += [CLIPBottleneck(inplanes, planes) for _ in range(1, count)]
+            self.add_module(f"layer{i + 1}", nn.Sequential(*blocks))
+        self.attnpool = CLIPAttentionPool2d(input_resolution // 32, width * 32, heads, output_dim)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        x = self.avgpool(torch.relu(self.bn3(self.conv3(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.attnpool(x)
 
 
 # -- transformers ----------------------------------------------------------------------------
