@@ -14,6 +14,7 @@ import onnx_ir as ir
 
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
+from .backends.checkpoint import GradientCheckpointingWarning
 from .backends.runner import JitFallbackWarning, Program, node_error
 from .backends.emit_python import LoweredProgram
 from .backends.plan import Plan, build_plan
@@ -73,6 +74,8 @@ class PhysicalModel:
         self.trainable_keys = trainable_keys
         self.data_keys = data_keys
         self.inference = inference
+        # compile(gradient_checkpointing=True) applied: the backward pass recomputes activations.
+        self.gradient_checkpointing = False
         graph = graph_model.graph
         self._inputs = {v.name: v for v in graph.inputs if v.name not in set(param_names)}
         self.input_keys = list(self._inputs)
@@ -189,7 +192,7 @@ class PhysicalModel:
             return self._evaluate(params, data, output_gradients)
 
     def _evaluate(self, params, data, output_gradients):
-        if params is None:
+        if not params:  # None or {}: the model's own parameters
             params = self.get_parameters()
         missing = [k for k in self._param_names if k not in params]
         if missing:
@@ -276,6 +279,7 @@ def compile(
     static_inference: bool = False,
     auto_scalar_promotion: bool = True,
     verbose: bool = False,
+    gradient_checkpointing: bool = False,
     **unknown_options,
 ) -> PhysicalModel:
     """Lower ``model`` (an ONNX path/bytes/proto, a loaded model, or a frontend ``Model`` or
@@ -294,6 +298,10 @@ def compile(
       input's declared dtype; with False they are refused (pass arrays of that dtype).
     - ``verbose=True`` prints each stage (build, specialize, plan, lower, gradients, jit) with
       its time, and the inputs and outputs with their shapes.
+    - ``gradient_checkpointing=True`` recomputes activations in the backward pass instead of
+      keeping them: about sqrt(N) segments of the graph, each run again before its gradients
+      (``jax.checkpoint``, ``torch.utils.checkpoint``, ``mx.checkpoint``; NumPy's gradient
+      program re-runs them). Same gradients, less memory, about one more forward pass of work.
 
     >>> import mithril as ml, numpy as np
     >>> from onnx import helper, TensorProto
@@ -377,11 +385,16 @@ def compile(
     if static_shapes:
         _check_static_plan(plan)
     stages.done(f"plan ({len(plan.nodes)} nodes)")
-    program = backend.lower(plan, file_path=file_path)
+    if gradient_checkpointing and inference:
+        warnings.warn("gradient_checkpointing=True does nothing with inference=True: no gradients are computed",
+                      GradientCheckpointingWarning, stacklevel=3)
+    checkpointing = bool(gradient_checkpointing) and not inference
+    program = backend.lower(plan, file_path=file_path, gradient_checkpointing=checkpointing)
     stages.done("lower")
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, data_keys, inference)
     pm.buffer_keys = buffers & set(param_names)
     pm.auto_scalar_promotion = auto_scalar_promotion
+    pm.gradient_checkpointing = checkpointing
     if not inference:
         # The names evaluate() differentiates: trainable parameters and floating data_keys.
         diff_names = [k for k in param_names if k in trainable]
@@ -390,7 +403,7 @@ def compile(
         try:
             pm.backward = backend.lower_backward(
                 plan, diff_names=diff_names,
-                file_path=file_path + ".vjp.py" if file_path else None,
+                file_path=file_path + ".vjp.py" if file_path else None, gradient_checkpointing=checkpointing,
             )
         except MithrilError as exc:
             # Found at compile either way. A model compiled to train (it has a loss, or the caller
@@ -416,7 +429,7 @@ def compile(
 
 _COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "inference", "jit",
                     "file_path", "jit_options", "static_shapes", "static_inference",
-                    "auto_scalar_promotion", "verbose")
+                    "auto_scalar_promotion", "verbose", "gradient_checkpointing")
 
 
 def _as_model(model):
