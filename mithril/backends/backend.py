@@ -117,15 +117,19 @@ class Backend:
         """Why this backend cannot hold ``dtype`` (a NumPy dtype), or None when it can."""
         return None
 
-    def lower(self, plan, *, file_path: str | None = None):
+    def lower(self, plan, *, file_path: str | None = None, gradient_checkpointing: bool = False):
         """The plan (:class:`~mithril.backends.plan.Plan`) as a program: the generated Python
         ``forward(params, data)`` over :attr:`xp` here (:mod:`mithril.backends.emit_python`). An
         emit-based backend (C, GGML) renders the plan in its own language instead and returns a
         :class:`~mithril.backends.emit_python.LoweredProgram`-like object with ``forward``,
-        ``source`` and ``filename``."""
+        ``source`` and ``filename``. With ``gradient_checkpointing`` and a :attr:`checkpoint`
+        hook, the plan's segments (:mod:`mithril.backends.checkpoint`) run through it."""
+        from .checkpoint import checkpoint_segments
         from .emit_python import emit_python
 
-        return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant)
+        segments = checkpoint_segments(plan) if gradient_checkpointing and self.checkpoint is not None else None
+        return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
+                           checkpointing=segments)
 
     def program_namespace(self) -> dict:
         """What generated Python code reads besides its kernels: the array namespace and the backend."""
@@ -135,18 +139,28 @@ class Backend:
         """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
         return forward
 
-    def lower_backward(self, plan, *, diff_names: list[str], file_path: str | None = None):
+    def lower_backward(self, plan, *, diff_names: list[str], file_path: str | None = None,
+                       gradient_checkpointing: bool = False):
         """Called by ``compile`` (unless ``inference=True``) with the lowering plan
         (:class:`~mithril.backends.plan.Plan`), the names to differentiate and where to write the
         source (or None): a backend without autodiff builds its gradient program here, so a
-        missing rule fails at compile time. What it returns reaches :meth:`vjp` as ``program.backward``;
-        None (the default) leaves autodiff to differentiate ``program.forward``. A backend without
-        ``supports_gradients`` refuses here, so compile reports it."""
+        missing rule fails at compile time; with ``gradient_checkpointing``, one that re-runs
+        forward segments in the backward pass. What it returns reaches :meth:`vjp` as
+        ``program.backward``; None (the default) leaves autodiff to differentiate
+        ``program.forward``. A backend without ``supports_gradients`` refuses here, so compile
+        reports it."""
         if not self.supports_gradients:
             from ..errors import MithrilError
 
             raise MithrilError(f"{type(self).__name__} does not compute gradients")
         return None
+
+    # Gradient checkpointing for a backend whose autodiff differentiates the generated forward:
+    # ``checkpoint(fn, *args)`` returns ``fn(*args)`` (a tuple) and has the backward pass recompute
+    # what ``fn`` computed from the arguments instead of keeping it (jax.checkpoint,
+    # torch.utils.checkpoint, mx.checkpoint). None: no such hook (the forward is printed without
+    # segments; a backend with its own gradient program recomputes in lower_backward).
+    checkpoint = None
 
     def vjp(self, program, params: dict, data: dict, diff_params: list[str], diff_data: list[str],
             output_gradients: dict) -> tuple[dict, dict]:

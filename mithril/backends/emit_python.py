@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import Checkpointing, Segment
 from .plan import Plan, PlanNode, PlanValue, check_outputs, first_output
 from .registry import KernelSpec
 
@@ -152,11 +153,36 @@ class PythonEmitter:
         if dead:
             self.emit(indent, "del " + ", ".join(dict.fromkeys(dead)))
 
-    def emit_body(self, plan: Plan, indent: int, outputs_expr: Callable[[Plan], str]) -> None:
+    def emit_body(self, plan: Plan, indent: int, outputs_expr: Callable[[Plan], str],
+                  checkpointing: Checkpointing | None = None) -> None:
+        """The nodes, each followed by the values it frees, and the return line; with
+        ``checkpointing``, each segment's nodes as a nested function called through the backend."""
+        starts = checkpointing.segment_starting_at() if checkpointing is not None else {}
+        segmented = checkpointing.segment_of() if checkpointing is not None else {}
         for pn in plan.nodes:
-            self.emit_node(pn, indent)
-            self.emit_del(indent, pn.frees)
+            if pn in starts:
+                self.emit_segment(starts[pn], indent)
+            elif pn not in segmented:
+                self.emit_node(pn, indent)
+                self.emit_del(indent, pn.frees)
         self.emit(indent, outputs_expr(plan))
+
+    def emit_segment(self, segment: Segment, indent: int) -> None:
+        """``def s<i>(live-in...)``: the segment's nodes returning its live-out values, then
+        ``live-out... = _backend.checkpoint(s<i>, live-in...)``: the backend's autodiff keeps the
+        arguments and recomputes the rest in the backward pass (:mod:`.checkpoint`)."""
+        name = f"s{segment.index}"
+        args = ", ".join(self.var(v) for v in segment.inputs)
+        self.emit(indent, f"def {name}({args}):  # checkpointed segment: nodes "
+                          f"{segment.nodes[0].label!r} to {segment.nodes[-1].label!r}")
+        for pn in segment.nodes:
+            self.emit_node(pn, indent + 1)
+            self.emit_del(indent + 1, pn.frees)
+        outs = "".join(self.var(v) + ", " for v in segment.outputs)
+        self.emit(indent + 1, f"return ({outs})")
+        call = f"_backend.checkpoint({name}{', ' if args else ''}{args})"
+        self.emit(indent, f"{outs}= {call}" if outs else call)
+        self.emit_del(indent, segment.frees, [name])
 
     def emit_subgraph(self, plan: Plan, indent: int) -> str:
         name = f"g{self._n_graphs}"
@@ -219,11 +245,14 @@ class Source(str):
 
 
 def emit_python(plan: Plan, *, namespace: dict[str, Any], file_path: str | None = None,
-                constant: Callable[[np.ndarray], Any] | None = None) -> LoweredProgram:
-    """Print and exec ``forward(params, data) -> dict`` for ``plan``."""
+                constant: Callable[[np.ndarray], Any] | None = None,
+                checkpointing: Checkpointing | None = None) -> LoweredProgram:
+    """Print and exec ``forward(params, data) -> dict`` for ``plan``; with ``checkpointing``
+    (segments of ``plan``), each segment runs through ``_backend.checkpoint``."""
     em = PythonEmitter(namespace, constant)
     em.emit_header("def forward(params, data):", plan)
-    em.emit_body(plan, 1, lambda p: "return {" + ", ".join(f"{v.name!r}: {em.var(v)}" for v in p.outputs) + "}")
+    em.emit_body(plan, 1, lambda p: "return {" + ", ".join(f"{v.name!r}: {em.var(v)}" for v in p.outputs) + "}",
+                 checkpointing)
     return em.finish(plan.backend, "forward", file_path)
 
 

@@ -309,9 +309,46 @@ class JaxBackend(Backend):
                 return run.jitted(dict(params), dict(data), cot)
             return run(dict(params), dict(data), cot)
 
+    def checkpoint(self, fn, *args):
+        """``jax.checkpoint`` of a segment of the generated forward while the backend
+        differentiates it (vjp); a plain call otherwise, so forward-only programs stay as they
+        were (hoist.py still finds their weight-only work)."""
+        return _checkpointed(fn, args) if _DIFFERENTIATING.get() else fn(*args)
+
+
+# True while _make_vjp's function runs (or is traced): the forward's checkpointed segments remat.
+_DIFFERENTIATING = contextvars.ContextVar("mithril_jax_differentiating", default=False)
+
+
+def _checkpointed(fn, args):
+    """``jax.checkpoint(fn)(*args)`` over the JAX arrays among ``args`` (pytrees: sequences
+    too). Other leaves, NumPy values the program computes on the host (shapes), stay concrete
+    in and out: traced, a later static input could not read them."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    traced = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+    host = {}  # fn's output structure and host leaves, found when jax.checkpoint traces it (once)
+
+    def on_arrays(*arrays):
+        full = list(leaves)
+        for i, x in zip(traced, arrays):
+            full[i] = x
+        out_leaves, host["tree"] = jax.tree_util.tree_flatten(fn(*jax.tree_util.tree_unflatten(tree, full)))
+        host["leaves"] = [None if isinstance(x, jax.Array) else x for x in out_leaves]
+        return [x for x in out_leaves if isinstance(x, jax.Array)]
+
+    arrays = iter(jax.checkpoint(on_arrays)(*(leaves[i] for i in traced)))
+    return jax.tree_util.tree_unflatten(host["tree"], [next(arrays) if x is None else x for x in host["leaves"]])
+
 
 def _make_vjp(forward, diff_params, diff_data, compiler_options):
     def run(params, data, cotangents):
+        token = _DIFFERENTIATING.set(True)
+        try:
+            return _vjp(params, data, cotangents)
+        finally:
+            _DIFFERENTIATING.reset(token)
+
+    def _vjp(params, data, cotangents):
         fixed_p = {k: v for k, v in params.items() if k not in diff_params}
         fixed_d = {k: v for k, v in data.items() if k not in diff_data}
 

@@ -241,6 +241,48 @@ class MlxBackend(Backend):
             (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
         return outputs, dict(zip(names, grads))
 
+    def checkpoint(self, fn, *args):
+        """``mx.checkpoint`` of a segment of the generated forward: ``mx.value_and_grad`` keeps
+        its arguments and calls it again in the backward pass instead of keeping what it computed."""
+        return _checkpointed(fn, args)
+
+
+_SLOT = object()  # where an array sat in a structure handed to mx.checkpoint
+
+
+def _checkpointed(fn, args):
+    """``mx.checkpoint(fn)(*args)`` over the arrays among ``args`` (in sequences too): it
+    differentiates its arguments only, so each array goes in as one. Host values (NumPy arrays
+    of shapes, strings) pass as they are, in and out."""
+    arrays: list = []
+    hollow = _hollow(args, arrays)
+    out = {}
+
+    def on_arrays(*natives):
+        result = fn(*_fill(hollow, iter(natives)))
+        out_arrays: list = []
+        out["hollow"] = _hollow(result, out_arrays)
+        return out_arrays
+
+    natives = mx.checkpoint(on_arrays)(*arrays)
+    return _fill(out["hollow"], iter(natives))
+
+
+def _hollow(tree, arrays: list):
+    """``tree`` with each array replaced by _SLOT, its native appended to ``arrays``."""
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_hollow(v, arrays) for v in tree)
+    if isinstance(tree, (xp.MlxArray, mx.array)):
+        arrays.append(_unwrap(tree))
+        return _SLOT
+    return tree
+
+
+def _fill(tree, natives):
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_fill(v, natives) for v in tree)
+    return xp.MlxArray(next(natives)) if tree is _SLOT else tree
+
 
 def _native_api(name):
     """The base tensor API method ``name`` over mx.arrays (NumPy semantics, through the facade)."""

@@ -48,12 +48,17 @@ class NumpyBackend(Backend):
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
-    def lower_backward(self, plan, *, diff_names, file_path=None):
+    def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
-        :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here."""
+        :mod:`mithril.backends.vjp`), built at compile: an op without a rule raises here. With
+        ``gradient_checkpointing`` it keeps only the segments' boundary values from the forward
+        and re-runs each segment's nodes before its rules (:mod:`mithril.backends.checkpoint`)."""
+        from ..checkpoint import checkpoint_segments
         from ..vjp import lower_vjp
 
-        return lower_vjp(plan, diff_names=diff_names, namespace=self.program_namespace(), file_path=file_path)
+        segments = checkpoint_segments(plan) if gradient_checkpointing else None
+        return lower_vjp(plan, diff_names=diff_names, namespace=self.program_namespace(), file_path=file_path,
+                         checkpointing=segments)
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         if program.backward is None:

@@ -211,6 +211,16 @@ class TorchBackend(Backend):
         return out, {k: g if g is not None else torch.zeros_like(leaf).detach()
                      for (k, leaf), g in zip(leaves.items(), grads)}
 
+    def checkpoint(self, fn, *args):
+        """``torch.utils.checkpoint`` (non-reentrant) of a segment of the generated forward
+        while autograd records (vjp): its saved tensors are dropped and recomputed in the backward
+        pass. Under ``no_grad`` (forward-only calls) a plain call."""
+        if not torch.is_grad_enabled():
+            return fn(*args)
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, *args, use_reentrant=False)
+
     # -- tensor API: natives in and out; NumPy semantics through the facade -------------
     def relu(self, x):
         return torch.relu(_native(x, self._device))
