@@ -4,6 +4,8 @@ array namespace ``xp``."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,45 @@ import numpy as np
 from ..dtypes import DType, as_dtype, float32
 
 
-class Backend:
+# The tensor API a Lambda block traces (mithril/frontend/lambda_block.py). Called with a traced
+# value among its arguments (a type with __mithril_function__, as torch's __torch_function__),
+# a method of these names forwards the call to that value, which emits ONNX nodes, instead of
+# computing; TensorAPI wraps them in every backend class, defined in its body or set later.
+TRACEABLE_API = frozenset({
+    "add", "subtract", "multiply", "divide", "power", "matmul", "maximum", "minimum", "negative", "abs",
+    "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "sin", "cos", "isnan",
+    "sum", "mean", "max", "min", "reshape", "transpose", "concat", "where",
+})
+
+
+def _traceable(name: str, method):
+    @functools.wraps(method)
+    def traceable(self, *args, **kwargs):
+        for arg in (*args, *kwargs.values()):
+            for v in arg if isinstance(arg, (list, tuple)) else (arg,):
+                if hasattr(type(v), "__mithril_function__"):
+                    return v.__mithril_function__(self, name, args, kwargs)
+        return method(self, *args, **kwargs)
+
+    return traceable
+
+
+class TensorAPI(type):
+    """The metaclass of backends: wraps their :data:`TRACEABLE_API` methods for tracing."""
+
+    def __init__(cls, name, bases, namespace, **kwargs):
+        super().__init__(name, bases, namespace, **kwargs)
+        for key in TRACEABLE_API & namespace.keys():
+            if inspect.isfunction(namespace[key]):
+                type.__setattr__(cls, key, _traceable(key, namespace[key]))
+
+    def __setattr__(cls, key, value):
+        if key in TRACEABLE_API and inspect.isfunction(value):
+            value = _traceable(key, value)
+        super().__setattr__(key, value)
+
+
+class Backend(metaclass=TensorAPI):
     """Base of every backend, and the contract ``compile``, ``evaluate`` and the tools rely on.
 
     A backend is one folder, ``mithril/backends/<name>/``, holding ``backend.py`` (the subclass),
