@@ -29,6 +29,40 @@ from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401
 from . import optimizers  # noqa: F401,E402
+from . import models  # noqa: F401,E402  (ml.models.MLP, ml.models.resnet18...)
+# The blocks a model is usually built from, at the top level (ml.Linear); all of them are in ml.models.
+from .models import (  # noqa: F401,E402
+    MLP,
+    LSTM,
+    AvgPool2D,
+    BatchNorm2D,
+    Conv2d,
+    Convolution1D,
+    Convolution2D,
+    Dropout,
+    Embedding,
+    Flatten,
+    Gelu,
+    GroupNorm,
+    IOKey,
+    Lambda,
+    LayerNorm,
+    LeakyRelu,
+    Linear,
+    MaxPool1D,
+    MaxPool2d,
+    MaxPool2D,
+    Model,
+    MultiHeadAttention,
+    Relu,
+    Reshape,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+    TransformerBlock,
+)
 
 bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 

@@ -17,4 +17,6 @@ from .model import (  # noqa: F401
     ShapeView,
 )
 # importing the family modules registers their blocks
-from . import attention, creation, elementwise, losses, nn, onnx_block, reduce, sequence_models, shape_ops  # noqa: F401
+from . import (  # noqa: F401
+    attention, creation, elementwise, lambda_block, losses, nn, onnx_block, reduce, sequence_models, shape_ops,
+)
