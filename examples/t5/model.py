@@ -288,16 +288,16 @@ class T5Block(Model):
     def __init__(self, cfg: T5Settings, decoder: bool, relative_bias: bool, name: str | None = None):
         super().__init__(name)
         layer = Model(name="layer")
-        sublayers = [T5LayerAttention(cfg, causal=decoder, relative_bias=relative_bias, name="0")]
-        if decoder:
-            sublayers.append(T5LayerAttention(cfg, cross=True, name="1"))
-        sublayers.append(T5LayerFF(cfg, name=str(len(sublayers))))
         bias = {"position_bias": IOKey("position_bias", expose=True) if relative_bias else "position_bias"}
-        layer |= sublayers[0](input="input", **bias)
-        for prev, sub in zip(sublayers, sublayers[1:]):
-            extra = {"memory": "memory"} if isinstance(sub, T5LayerAttention) else {"output": "output"}
-            layer |= sub(input=prev.output, **extra)
-        memory = {"memory": "memory"} if decoder else {}
+        prev = T5LayerAttention(cfg, causal=decoder, relative_bias=relative_bias, name="0")
+        layer |= prev(input="input", **bias)
+        memory = {}
+        if decoder:
+            memory = {"memory": "memory"}
+            cross = T5LayerAttention(cfg, cross=True, name="1")
+            layer |= cross(input=prev.output, **memory)
+            prev = cross
+        layer |= T5LayerFF(cfg, name="2" if decoder else "1")(input=prev.output, output="output")
         self |= layer(input="input", **bias, **memory, output="output")
 
 
