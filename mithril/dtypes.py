@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,16 @@ class DType:
 
     def __repr__(self) -> str:
         return f"ml.{self.name}"
+
+    # One element type, one identity: a backend's default dtype (:class:`BackendDType`) equals
+    # the module-level ``ml.float32`` it stands for.
+    def __eq__(self, other) -> bool:
+        if isinstance(other, DType):
+            return self.onnx == other.onnx
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.onnx)
 
 
 float16 = DType("float16", TensorProto.FLOAT16)
@@ -80,24 +91,75 @@ def is_floating_np(dtype) -> bool:
         return False
 
 
+_BY_NAME = {d.name: d for d in ALL}
+_BY_ONNX = {d.onnx: d for d in ALL}
+
+
+def _framework_dtype_name(value) -> str | None:
+    """``torch.float16`` / ``mx.float16`` -> ``"float16"``; None for anything else. Looks at
+    frameworks already imported only (a dtype object of one means it is imported)."""
+    module = type(value).__module__.partition(".")[0]
+    if module == "torch" and "torch" in sys.modules and isinstance(value, sys.modules["torch"].dtype):
+        return str(value).rpartition(".")[2]
+    if module == "mlx" and "mlx.core" in sys.modules and isinstance(value, sys.modules["mlx.core"].Dtype):
+        return str(value).rpartition(".")[2]
+    return None
+
+
 def as_dtype(value) -> DType:
-    """Accept an ``ml`` dtype, a NumPy dtype or a dtype name."""
+    """Mithril's dtype for ``value``: an ``ml`` dtype, a name (``"float16"``), a NumPy dtype or
+    scalar type (``np.float16``), or a framework's dtype object (``jnp.float16``,
+    ``torch.float16``, ``mx.float16``). Always one of the module-level instances.
+
+    >>> import numpy as np
+    >>> as_dtype("bfloat16"), as_dtype(np.float16), as_dtype(np.dtype("int64"))
+    (ml.bfloat16, ml.float16, ml.int64)
+    """
     if isinstance(value, DType):
-        return value
-    if isinstance(value, str):
-        for d in ALL:
-            if d.name == value:
-                return d
+        return _BY_ONNX[value.onnx]
+    name = value if isinstance(value, str) else _framework_dtype_name(value)
+    if name is not None:
+        found = _BY_NAME.get(name)
+        if found is not None:
+            return found
     try:
-        onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(value))
+        found = _BY_ONNX.get(helper.np_dtype_to_tensor_dtype(np.dtype(value)))
     except (KeyError, ValueError, TypeError):
-        onnx_type = None
-    for d in ALL:
-        if d.onnx == onnx_type:
-            return d
+        found = None
+    if found is not None:
+        return found
     from .errors import MithrilError
 
-    raise MithrilError(f"unknown dtype {value!r}; expected one of {[d.name for d in ALL]}")
+    raise MithrilError(f"unknown dtype {value!r}; expected one of {[d.name for d in ALL]} "
+                       "(or the NumPy, JAX, PyTorch or MLX dtype of one)")
+
+
+class BackendDType(DType):
+    """A backend's default dtype that is also a lookup: ``backend.dtype`` is the DType new
+    floating arrays take (it equals ``ml.float32``... and works wherever a DType does), and
+    ``backend.dtype(x)`` is the ``ml`` DType of the array ``x``.
+
+    >>> import mithril as ml, numpy as np
+    >>> b = ml.NumpyBackend(dtype=ml.float64)
+    >>> b.dtype == ml.float64, b.dtype(np.zeros(2, np.int32))
+    (True, ml.int32)
+    """
+
+    def __init__(self, default: DType, dtype_of):
+        object.__setattr__(self, "name", default.name)
+        object.__setattr__(self, "onnx", default.onnx)
+        object.__setattr__(self, "_dtype_of", dtype_of)
+
+    def __call__(self, array) -> DType:
+        found = self._dtype_of(array)
+        if found is None:
+            from .errors import MithrilError
+
+            raise MithrilError(f"{type(array).__name__} has no element dtype (backend.dtype(x) takes an array)")
+        return as_dtype(found)
+
+    def __reduce__(self):  # a copy or a pickle is the plain dtype, not the backend
+        return as_dtype, (self.name,)
 
 
 def tensor_array(tensor) -> np.ndarray:

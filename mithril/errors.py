@@ -212,3 +212,19 @@ def public_api(error: type[MithrilError], what: str):
         return entry
 
     return wrap
+
+
+# -- backend options ---------------------------------------------------------------------------------
+class BackendOptionError(MithrilError, TypeError, ValueError):
+    """A backend constructor (or its ``jit_options``) got an option it does not have, or a value
+    it cannot use; the message lists the valid ones. A TypeError and a ValueError too, as Python
+    raises for an unknown keyword or a bad value."""
+
+
+class BackendOptionWarning(UserWarning):
+    """A backend option that cannot apply on this machine (``cudnn_benchmark`` without CUDA,
+    ``use_ane`` off Apple...): the backend says so in one line and runs without it."""
+
+
+class DeviceFallbackWarning(BackendOptionWarning):
+    """The device asked for is not present here; the backend runs on the CPU instead."""

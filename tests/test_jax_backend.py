@@ -66,10 +66,14 @@ def test_x64_is_scoped_not_global(backend, conv_model):
     assert jax.config.jax_enable_x64 == before
 
 
-def test_missing_device_lists_present_ones():
-    with pytest.raises(BackendUnavailableError, match=r"'tpu:3'.*present devices: .*cpu:0"):
-        ml.JaxBackend(device="tpu:3")
+def test_missing_device_warns_and_runs_on_cpu():
+    # Issue 22: an absent device says so in one warning line (naming what is present) and runs.
+    with pytest.warns(ml.errors.DeviceFallbackWarning, match=r"'tpu:3' is not present \(present devices: .*cpu:0\); running on cpu"):
+        b = ml.JaxBackend(device="tpu:3")
+    assert b.device == "cpu:0" and b.to_numpy(b.ones(2)).tolist() == [1.0, 1.0]
     assert ml.JaxBackend(device="cpu:0").device == "cpu:0"
+    with pytest.raises(ml.errors.BackendOptionError, match="'banana' is not a device.*cpu, gpu, tpu"):
+        ml.JaxBackend(device="banana")
 
 
 # -- whole-graph jit --------------------------------------------------------------------------

@@ -172,12 +172,13 @@ def test_gradients_match_jax(backend):
         np.testing.assert_allclose(results[0][k], results[1][k], rtol=1e-5, atol=1e-6)
 
 
-def test_missing_device_lists_present_ones():
+def test_missing_device_warns_and_runs_on_cpu():
     if mx.is_available(mx.gpu):
         pytest.skip("this machine has an MLX GPU")
-    with pytest.raises(BackendUnavailableError, match="present devices: cpu"):
-        ml.MlxBackend(device="gpu")
-    with pytest.raises(BackendUnavailableError, match="'tpu'"):
+    with pytest.warns(ml.errors.DeviceFallbackWarning, match=r"'gpu' is not present \(present devices: cpu\); running on cpu"):
+        b = ml.MlxBackend(device="gpu")
+    assert b.device == "cpu"
+    with pytest.raises(ml.errors.BackendOptionError, match="'tpu' is not a device"):
         ml.MlxBackend(device="tpu")
 
 

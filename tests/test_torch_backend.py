@@ -287,19 +287,22 @@ def test_gradients_if_and_loop(cond):
 
 
 # -- jit, devices, dtypes, availability ----------------------------------------------------------
-def test_jit_is_identity_without_compile(backend):
+def test_eager_unless_compile_asked(backend):
+    # compile(jit=None) reads jit_by_default: eager unless compile=True or jit=True; backend.jit,
+    # called when the user's jit is True, is torch.compile.
     def forward(params, data):
         return {}
 
-    assert backend.jit(forward) is forward
-    assert ml.TorchBackend(compile=True).jit(forward) is not forward
+    assert not backend.jit_by_default
+    assert ml.TorchBackend(compile=True).jit_by_default and ml.TorchBackend(jit=True).jit_by_default
+    assert backend.jit(forward) is not forward
 
 
-def test_absent_device_lists_present_ones():
-    with pytest.raises(BackendUnavailableError, match=r"present devices: cpu") as info:
-        ml.TorchBackend(device="cuda:7")
-    assert "cuda:7" in str(info.value)
-    with pytest.raises(BackendUnavailableError, match="present devices"):
+def test_absent_device_warns_and_runs_on_cpu():
+    with pytest.warns(ml.errors.DeviceFallbackWarning, match=r"'cuda:7' is not present \(present devices: cpu"):
+        b = ml.TorchBackend(device="cuda:7")
+    assert b.device == "cpu" and b.ones(2).device.type == "cpu"
+    with pytest.raises(ml.errors.BackendOptionError, match="'tpu' is not a device.*cpu, cuda"):
         ml.TorchBackend(device="tpu")
     assert ml.TorchBackend(device="cpu").device == "cpu"
 

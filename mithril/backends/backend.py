@@ -6,11 +6,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
+import re
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType, as_dtype, float32
+from ..dtypes import BackendDType, DType, as_dtype, float32
+from ..errors import BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, MithrilError
 
 
 # The tensor API a Lambda block traces (mithril/frontend/lambda_block.py). Called with a traced
@@ -91,26 +96,59 @@ class Backend(metaclass=TensorAPI):
     name = "base"
     xp: Any = np
     supports_gradients = False
+    # What ml.compile(jit=None) does on this backend: True where jitting the whole program pays.
+    jit_by_default = True
+
+    # The jit_options this backend's jit() takes (name -> what it does); compile passes the user's.
+    jit_option_names: dict[str, str] = {}
 
     def __init__(self, dtype: DType = float32, device: str = "cpu"):
-        self.dtype = as_dtype(dtype)
+        self.dtype = dtype
         self.device = device
         self.set_seed(0)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(dtype={self.dtype!r}, device={self.device!r})"
 
+    @property
+    def dtype(self) -> BackendDType:
+        """The default dtype (``backend.dtype == ml.float32``), and, called with an array, that
+        array's ``ml`` dtype (``backend.dtype(x)``): a :class:`~mithril.dtypes.BackendDType`.
+        Assigning takes anything :func:`~mithril.dtypes.as_dtype` does."""
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, value) -> None:
+        self._dtype = BackendDType(as_dtype(value), self.dtype_of)
+
+    # -- options -------------------------------------------------------------------------
+    @classmethod
+    def options(cls) -> list[str]:
+        """The keyword options the constructor takes."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+    def _refuse_unknown_options(self, unknown: dict) -> None:
+        """An option the constructor does not have is an error listing those it has."""
+        if unknown:
+            raise BackendOptionError(
+                f"{type(self).__name__} has no option{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, sorted(unknown)))}; valid options: {', '.join(self.options())}")
+
+    def check_jit_options(self, options) -> dict:
+        """The user's ``jit_options`` as a dict, each name one this backend's jit takes."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.jit_option_names))
+        if unknown:
+            valid = ", ".join(f"{k} ({v})" for k, v in self.jit_option_names.items()) or "none"
+            raise BackendOptionError(
+                f"{type(self).__name__}'s jit has no option{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))}; valid jit_options: {valid}")
+        return options
+
     # -- dtypes and conversion -------------------------------------------------------
     def backend_dtype(self, dtype: DType | None):
         return (as_dtype(dtype) if dtype is not None else self.dtype).numpy
-
-    def array(self, data, dtype: DType | None = None):
-        if dtype is None and isinstance(data, np.ndarray):
-            return self.from_numpy(data)
-        if dtype is None:
-            arr = np.asarray(data)
-            dtype = self.dtype if np.issubdtype(arr.dtype, np.floating) else as_dtype(arr.dtype)
-        return self.from_numpy(np.asarray(data, dtype=self.backend_dtype(dtype)))
 
     def from_numpy(self, arr: np.ndarray):
         return self.xp.asarray(arr)
@@ -175,8 +213,11 @@ class Backend(metaclass=TensorAPI):
         """What generated Python code reads besides its kernels: the array namespace and the backend."""
         return {"xp": self.xp, "_backend": self}
 
-    def jit(self, forward):
-        """Compile the whole generated ``forward(params, data)`` as one program (identity here)."""
+    def jit(self, forward, options: dict | None = None):
+        """Compile the whole generated ``forward(params, data)`` as one program (identity here).
+        ``options`` are the user's ``jit_options`` (``compile(..., jit_options=...)``), checked
+        against :attr:`jit_option_names`."""
+        self.check_jit_options(options)
         return forward
 
     def lower_backward(self, plan, *, diff_names: list[str], file_path: str | None = None,
@@ -214,34 +255,97 @@ class Backend(metaclass=TensorAPI):
         raise MithrilError(f"{type(self).__name__} does not compute gradients")
 
     # -- creation --------------------------------------------------------------------
+    # Every creation method takes ``dtype`` (default: the backend's) and ``device`` (default: the
+    # backend's; see :meth:`to_device`).
     def set_seed(self, seed: int) -> None:
+        """Seed this backend's draws (``randn``, ``rand``, ``get_random_key``, random kernels and
+        ``randomize_params``): the same seed gives the same values."""
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
-    def zeros(self, *shape, dtype: DType | None = None):
-        return self.from_numpy(np.zeros(_shape(shape), dtype=self.backend_dtype(dtype)))
+    def array(self, data, dtype: DType | None = None, device: str | None = None):
+        """A backend array from a list, a scalar or a NumPy array. Floating Python data takes the
+        backend's dtype; a NumPy array keeps its own unless ``dtype`` is given."""
+        if dtype is None and isinstance(data, np.ndarray):
+            return self._placed(self.from_numpy(data), device)
+        if dtype is None:
+            arr = np.asarray(data)
+            dtype = self.dtype if np.issubdtype(arr.dtype, np.floating) else as_dtype(arr.dtype)
+        return self._placed(self.from_numpy(np.asarray(data, dtype=self.backend_dtype(dtype))), device)
 
-    def ones(self, *shape, dtype: DType | None = None):
-        return self.from_numpy(np.ones(_shape(shape), dtype=self.backend_dtype(dtype)))
+    def zeros(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
+              tensor_split=None):
+        check_device_mesh(self, device_mesh, tensor_split)
+        return self._placed(self.from_numpy(np.zeros(_shape(shape), dtype=self.backend_dtype(dtype))), device)
 
-    def randn(self, *shape, dtype: DType | None = None):
-        return self.from_numpy(self.rng.standard_normal(_shape(shape)).astype(self.backend_dtype(dtype)))
+    def ones(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
+             tensor_split=None):
+        check_device_mesh(self, device_mesh, tensor_split)
+        return self._placed(self.from_numpy(np.ones(_shape(shape), dtype=self.backend_dtype(dtype))), device)
 
-    def rand(self, *shape, dtype: DType | None = None):
-        return self.from_numpy(self.rng.random(_shape(shape)).astype(self.backend_dtype(dtype)))
+    def randn(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
+              tensor_split=None):
+        check_device_mesh(self, device_mesh, tensor_split)
+        values = self.rng.standard_normal(_shape(shape)).astype(self.backend_dtype(dtype))
+        return self._placed(self.from_numpy(values), device)
 
-    def arange(self, *args, dtype: DType | None = None):
+    def rand(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
+             tensor_split=None):
+        check_device_mesh(self, device_mesh, tensor_split)
+        return self._placed(self.from_numpy(self.rng.random(_shape(shape)).astype(self.backend_dtype(dtype))), device)
+
+    def arange(self, *args, dtype: DType | None = None, device: str | None = None):
         if dtype is None:
             dtype = self.dtype if any(isinstance(a, float) for a in args) else as_dtype(np.int64)
-        return self.from_numpy(np.arange(*args).astype(self.backend_dtype(dtype)))
+        return self._placed(self.from_numpy(np.arange(*args).astype(self.backend_dtype(dtype))), device)
 
-    def zeros_like(self, x, dtype: DType | None = None):
+    def zeros_like(self, x, dtype: DType | None = None, device: str | None = None):
         n = self.to_numpy(x)
-        return self.from_numpy(np.zeros(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype)))
+        out = np.zeros(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype))
+        return self._placed(self.from_numpy(out), device)
 
-    def ones_like(self, x, dtype: DType | None = None):
+    def ones_like(self, x, dtype: DType | None = None, device: str | None = None):
         n = self.to_numpy(x)
-        return self.from_numpy(np.ones(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype)))
+        out = np.ones(n.shape, dtype=n.dtype if dtype is None else self.backend_dtype(dtype))
+        return self._placed(self.from_numpy(out), device)
+
+    def _placed(self, x, device):
+        return x if device is None else self.to_device(x, device)
+
+    # -- devices -----------------------------------------------------------------------
+    def to_device(self, x, device):
+        """``x`` on ``device``. A CPU-only backend (NumPy, the base) keeps ``x`` where it is: for
+        ``"cpu"`` silently, for an accelerator (``"cuda"``, ``"gpu:0"``...) with one
+        :class:`~mithril.errors.DeviceFallbackWarning`; a name that is no device is an error."""
+        cpu_device(self, device)
+        return x
+
+    # -- random keys -------------------------------------------------------------------
+    # JAX and MLX use their frameworks' PRNG keys; here a key is a Python int, the seed of a
+    # NumPy Generator, so the same key gives the same draws.
+    def get_random_key(self):
+        """A fresh key drawn from the backend's seeded state (:meth:`set_seed`)."""
+        return int(self.rng.integers(0, 2**63 - 1))
+
+    def split_key(self, key):
+        """Two new keys ``(key, subkey)`` derived from ``key``, the same ones every time."""
+        first, second = np.random.SeedSequence(int(key)).generate_state(2, dtype=np.uint64) >> np.uint64(1)
+        return int(first), int(second)
+
+    def random_normal(self, key, shape=(), dtype: DType | None = None):
+        """Standard-normal values of ``shape`` drawn from ``key`` (the same key, the same values)."""
+        values = np.random.default_rng(int(key)).standard_normal(_shape((shape,) if isinstance(shape, int) else shape))
+        return self.from_numpy(values.astype(self.backend_dtype(dtype)))
+
+    # -- inspection ------------------------------------------------------------------
+    def shape(self, x) -> tuple[int, ...]:
+        """The shape of ``x`` as a tuple of ints."""
+        return tuple(int(d) for d in np.shape(x))
+
+    def get_memory_info(self) -> dict:
+        """Memory in use: ``used`` and ``peak`` in MB, and ``source`` saying what was measured
+        (here the process's resident memory; backends on an accelerator ask their framework)."""
+        return process_memory_info()
 
     # -- arithmetic ------------------------------------------------------------------
     def add(self, a, b):
@@ -259,6 +363,39 @@ class Backend(metaclass=TensorAPI):
     def matmul(self, a, b):
         return self.xp.matmul(a, b)
 
+    def maximum(self, a, b):
+        return self.xp.maximum(a, b)
+
+    def minimum(self, a, b):
+        return self.xp.minimum(a, b)
+
+    def power(self, a, b):
+        return self.xp.power(a, b)
+
+    def negative(self, x):
+        return -x
+
+    def abs(self, x):
+        return self.xp.abs(x)
+
+    def exp(self, x):
+        return self.xp.exp(x)
+
+    def log(self, x):
+        return self.xp.log(x)
+
+    def sqrt(self, x):
+        return self.xp.sqrt(x)
+
+    def sin(self, x):
+        return self.xp.sin(x)
+
+    def cos(self, x):
+        return self.xp.cos(x)
+
+    def where(self, condition, a, b):
+        return self.xp.where(condition, a, b)
+
     def relu(self, x):
         return self.xp.maximum(x, 0)
 
@@ -267,6 +404,10 @@ class Backend(metaclass=TensorAPI):
 
     def tanh(self, x):
         return self.xp.tanh(x)
+
+    def isnan(self, x):
+        """Where ``x`` is NaN, as a boolean backend array (``backend.isnan(x).any()``)."""
+        return self.xp.isnan(x)
 
     def sum(self, x, axis=None, keepdim: bool = False):
         return self.xp.sum(x, axis=axis, keepdims=keepdim)
@@ -277,6 +418,9 @@ class Backend(metaclass=TensorAPI):
     def max(self, x, axis=None, keepdim: bool = False):
         return self.xp.max(x, axis=axis, keepdims=keepdim)
 
+    def min(self, x, axis=None, keepdim: bool = False):
+        return self.xp.min(x, axis=axis, keepdims=keepdim)
+
     def reshape(self, x, shape):
         return self.xp.reshape(x, tuple(shape))
 
@@ -285,6 +429,93 @@ class Backend(metaclass=TensorAPI):
 
     def concat(self, arrays, axis: int = 0):
         return self.xp.concatenate(list(arrays), axis=axis)
+
+
+# Device kinds the backends know; which are present depends on the machine.
+DEVICE_KINDS = ("cpu", "gpu", "cuda", "mps", "tpu")
+_DEVICE_NAME = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_user(message: str, category: type[Warning] = BackendOptionWarning) -> None:
+    """One warning line, attributed to the first caller outside Mithril (the user's line)."""
+    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+def device_kind(backend: Backend, device, kinds=DEVICE_KINDS) -> tuple[str, int | None]:
+    """``"cuda:1"`` -> ``("cuda", 1)``; a name that is no device kind of ``kinds`` is an error
+    listing them."""
+    match = _DEVICE_NAME.match(str(device).strip().lower()) if isinstance(device, str) else None
+    if match is None or match["kind"] not in kinds:
+        raise BackendOptionError(
+            f"{type(backend).__name__}: {device!r} is not a device; devices are named "
+            f"{', '.join(kinds)} (optionally with ':<index>', e.g. '{kinds[1] if len(kinds) > 1 else kinds[0]}:0')")
+    return match["kind"], int(match["index"]) if match["index"] is not None else None
+
+
+def cpu_device(backend: Backend, device) -> str:
+    """For a CPU-only backend: ``"cpu"`` for any real device name, warning once when another
+    was asked for; an error for a name that is no device."""
+    kind, _ = device_kind(backend, device)
+    if kind != "cpu":
+        warn_user(f"{type(backend).__name__} runs on the CPU only; device {device!r} is not used, running on cpu",
+                  DeviceFallbackWarning)
+    return "cpu"
+
+
+def check_device_mesh(backend: Backend, mesh, tensor_split=None):
+    """``device_mesh``: None or a mesh of one device ((1,), (1, 1)) -> the mesh as a tuple (or
+    None). Larger meshes are refused: Mithril does not shard programs or arrays yet."""
+    if mesh is None:
+        if tensor_split is not None:
+            raise BackendOptionError(f"{type(backend).__name__}: tensor_split needs a device_mesh")
+        return None
+    dims = (mesh,) if isinstance(mesh, int) else mesh
+    if not isinstance(dims, (tuple, list)) or not dims or not all(isinstance(d, int) and d >= 1 for d in dims):
+        raise BackendOptionError(f"{type(backend).__name__}: device_mesh must be a tuple of positive ints "
+                                 f"such as (1,) or (2, 2), got {mesh!r}")
+    if int(np.prod(dims)) > 1:
+        raise MithrilError(
+            f"{type(backend).__name__}: device_mesh={tuple(dims)} asks for {int(np.prod(dims))} devices, but "
+            "device meshes (sharding a program or an array over several devices) are not implemented yet "
+            "(issue 20); use device_mesh=None or a one-device mesh such as (1,)")
+    return tuple(dims)
+
+
+def parse_bytes(value, what: str = "memory_limit") -> int:
+    """``4 * 2**30``, ``"4GB"``, ``"512MB"``, ``"1.5GiB"`` -> bytes. KB/MB/GB/TB count in 1024s,
+    as the KiB/MiB/GiB/TiB spellings do (``4 * 1024**3`` is "4GB" in Mithril's documents)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    units = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", value.lower()) if isinstance(value, str) else None
+    if match is None or float(match[1]) <= 0:
+        raise BackendOptionError(f"{what} takes a positive number of bytes or a size such as '4GB' or '512MB', "
+                                 f"got {value!r}")
+    return int(float(match[1]) * units[match[2]])
+
+
+def process_memory_info() -> dict:
+    """The process's resident memory now (``used``) and at most so far (``peak``), in MB."""
+    peak = used = None
+    try:
+        import resource
+
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = maxrss / 2**20 if sys.platform == "darwin" else maxrss / 2**10  # bytes on macOS, KB on Linux
+    except ImportError:  # Windows
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, AttributeError):
+        used = peak
+    if peak is None or (used is not None and used > peak):
+        peak = used  # ru_maxrss is sampled; the current size bounds it from below
+    return {"used": used, "peak": peak, "source": "process resident memory (RSS)"}
 
 
 def _shape(shape) -> tuple[int, ...]:

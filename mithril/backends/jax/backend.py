@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 
 import numpy as np
 
-from ...errors import BackendUnavailableError
-from ..backend import Backend
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
+from ..backend import Backend, check_device_mesh, device_kind, process_memory_info, warn_user
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
 jax = jnp = Hoisted = None
@@ -39,18 +40,76 @@ def _present_devices() -> list[str]:
     return present
 
 
-def _parse_device(device: str):
-    """``"cpu"``, ``"gpu"``, ``"tpu"``, ``"gpu:1"`` -> the jax Device, or BackendUnavailableError."""
-    platform, _, index = device.partition(":")
-    present = _present_devices()
+# Platforms jax names (cuda and rocm are its names for NVIDIA's and AMD's GPUs).
+_JAX_DEVICE_KINDS = ("cpu", "gpu", "tpu", "cuda", "rocm")
+
+
+def _find_device(backend, device: str):
+    """``"cpu"``, ``"gpu"``, ``"tpu"``, ``"gpu:1"`` -> the jax Device, or None when that device is
+    not present; a name that is no jax platform is an error."""
+    platform, index = device_kind(backend, device, _JAX_DEVICE_KINDS)
     try:
-        candidates = jax.devices(platform.lower())
-        chosen = candidates[int(index) if index else 0]
-    except (RuntimeError, ValueError, IndexError) as exc:
-        raise BackendUnavailableError(
-            f"JaxBackend: device {device!r} is not present; present devices: {', '.join(present)}"
-        ) from exc
-    return chosen
+        return jax.devices(platform)[index or 0]
+    except (RuntimeError, IndexError):  # no such platform here, or fewer devices
+        return None
+
+
+def _parse_device(backend, device: str):
+    """The jax Device for ``device``; an absent one warns once and gives the CPU."""
+    found = _find_device(backend, device)
+    if found is None:
+        warn_user(f"JaxBackend: device {device!r} is not present (present devices: "
+                  f"{', '.join(_present_devices())}); running on cpu", DeviceFallbackWarning)
+        found = jax.devices("cpu")[0]
+    return found
+
+
+# precision= values: jax.default_matmul_precision's names. "bfloat16" is one bf16 pass (fastest),
+# "tensorfloat32" three, "float32"/"highest" full float32; "default"/"high" are aliases of the first two.
+_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
+
+
+def _precision_name(precision) -> str | None:
+    """``precision=``: None, one of :data:`_PRECISIONS`, or a ``jax.lax.Precision``."""
+    if precision is None:
+        return None
+    if isinstance(precision, jax.lax.Precision):
+        return precision.name.lower()
+    if isinstance(precision, str) and precision.lower() in _PRECISIONS:
+        return precision.lower()
+    raise BackendOptionError(f"JaxBackend: precision must be one of {', '.join(_PRECISIONS)} or a "
+                             f"jax.lax.Precision, got {precision!r}")
+
+
+_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def _set_pre_allocate(pre_allocate: bool) -> None:
+    """XLA's GPU allocator grabs most of the GPU's memory at start unless XLA_PYTHON_CLIENT_PREALLOCATE
+    is false. It is read once, when jax first starts its backends: set here before that, warned
+    about after it (and where there is no GPU for it to apply to)."""
+    from jax._src import xla_bridge
+
+    started = getattr(xla_bridge, "backends_are_initialized", lambda: True)()
+    wanted = "true" if pre_allocate else "false"
+    if not started:
+        os.environ[_PREALLOCATE] = wanted  # process-wide: read by the GPU client jax starts next
+    in_force = os.environ.get(_PREALLOCATE, "true").lower() not in ("false", "0")
+    has_gpu = any(d.platform == "gpu" for d in jax.devices()) if _has_platform("gpu") else False
+    if not has_gpu:
+        warn_user(f"JaxBackend: pre_allocate={pre_allocate} sets XLA's GPU allocator, and there is no GPU here; "
+                  "ignored")
+    elif in_force != bool(pre_allocate):
+        warn_user(f"JaxBackend: jax has already started its GPU client (preallocation "
+                  f"{'on' if in_force else 'off'}); pre_allocate={pre_allocate} cannot change it in this "
+                  f"process (set {_PREALLOCATE} before jax starts)")
+
+
+def _has_platform(platform: str) -> bool:
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
 
 
 # XLA:CPU sends dots and reductions to YNNPACK fusions by default. Measured against XLA's own
@@ -164,10 +223,11 @@ class _Jitted:
     once per set of parameters, and the rest in another (hoist.py). Host-only inputs
     (strings) run it eagerly."""
 
-    def __init__(self, backend: "JaxBackend", forward):
+    def __init__(self, backend: "JaxBackend", forward, compiler_options: dict | None = None):
         self.backend = backend
         self.forward = forward
-        self._compiled = Hoisted(forward, functools.partial(_jit, compiler_options=backend.compiler_options))
+        options = backend.compiler_options if compiler_options is None else compiler_options
+        self._compiled = Hoisted(forward, functools.partial(_jit, compiler_options=options))
 
     def __call__(self, params, data):
         with self.backend.scope():
@@ -207,29 +267,50 @@ class JaxBackend(Backend):
 
     name = "jax"
     supports_gradients = True
+    jit_option_names = {"compiler_options": "XLA options for this program, over the backend's compiler_options"}
 
-    def __init__(self, dtype=None, device: str = "cpu", compiler_options: dict | None = None):
+    def __init__(self, dtype=None, device: str | None = None, compiler_options: dict | None = None, *,
+                 precision=None, pre_allocate: bool | None = None, jit: bool = True, debug: bool = False,
+                 platform: str | None = None, device_mesh=None, **unknown):
         from ... import dtypes
 
         _import_jax()
+        self._refuse_unknown_options(unknown)
         global _overrides
         from . import overrides as _overrides  # registers the JAX kernels
-        self._device = _parse_device(device)
+        if platform is not None:
+            if device is not None and device != platform:
+                raise BackendOptionError(f"JaxBackend: platform={platform!r} is an alias of device, which is "
+                                         f"{device!r}; give one of them")
+            device = platform
+        if pre_allocate is not None:
+            _set_pre_allocate(pre_allocate)  # before the device lookup starts jax's backends
+        self._device = _parse_device(self, "cpu" if device is None else device)
+        self.precision = _precision_name(precision)
+        self.debug = bool(debug)
+        self.pre_allocate = pre_allocate
+        self.jit_by_default = bool(jit)
+        self.device_mesh = check_device_mesh(self, device_mesh)
         if compiler_options is None:
             # The CPU default, or as much of it as this jaxlib knows.
             defaults = _CPU_COMPILER_OPTIONS if self._device.platform == "cpu" else _OTHER_COMPILER_OPTIONS
             compiler_options = next(o for o in defaults if not o or self._rejected(o) is None)
-        elif compiler_options:
+        else:
+            self._check_compiler_options(compiler_options)
+        self.compiler_options = dict(compiler_options)
+        self._library_convolutions = _library_convolutions(self.compiler_options)
+        self.xp = _HostAwareJnp()
+        self._vjp_cache: dict = {}
+        name = f"{self._device.platform}:{self._device.id}" if device is not None and ":" in device else self._device.platform
+        super().__init__(dtype if dtype is not None else dtypes.float32, name)
+
+    def _check_compiler_options(self, compiler_options) -> None:
+        if compiler_options:
             reason = self._rejected(compiler_options)
             if reason is not None:
                 raise BackendUnavailableError(
                     f"JaxBackend: XLA on {self._device} rejects compiler_options {dict(compiler_options)}: {reason}"
                 )
-        self.compiler_options = dict(compiler_options)
-        self._library_convolutions = _library_convolutions(self.compiler_options)
-        self.xp = _HostAwareJnp()
-        self._vjp_cache: dict = {}
-        super().__init__(dtype if dtype is not None else dtypes.float32, device)
 
     def _rejected(self, options) -> str | None:
         try:
@@ -246,12 +327,19 @@ class JaxBackend(Backend):
         return _present_devices()
 
     def scope(self):
-        """x64 and this backend's device, for the duration of one call."""
+        """x64 and this backend's device, for the duration of one call; and its matmul/conv
+        ``precision`` and ``debug`` checks (NaN and inf raise), which a jitted program takes at
+        trace time: it is traced inside this scope."""
         if _ACTIVE_SCOPE.get() is self:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(jax.enable_x64(True))
         stack.enter_context(jax.default_device(self._device))
+        if self.precision is not None:
+            stack.enter_context(jax.default_matmul_precision(self.precision))
+        if self.debug:
+            stack.enter_context(jax.debug_nans(True))
+            stack.enter_context(jax.debug_infs(True))
         stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
         stack.callback(_ACTIVE_SCOPE.reset, _ACTIVE_SCOPE.set(self))
         return stack
@@ -290,8 +378,62 @@ class JaxBackend(Backend):
         return v
 
     # -- compilation hooks -----------------------------------------------------------
-    def jit(self, forward):
-        return _Jitted(self, forward)
+    def jit(self, forward, options: dict | None = None):
+        """``jax.jit`` of the whole forward (two programs, hoist.py). ``options``:
+        ``compiler_options``, XLA options merged over the backend's for this program."""
+        options = self.check_jit_options(options)
+        compiler_options = None
+        if "compiler_options" in options:
+            compiler_options = {**self.compiler_options, **dict(options["compiler_options"] or {})}
+            self._check_compiler_options(compiler_options)
+        return _Jitted(self, forward, compiler_options)
+
+    # -- devices, random keys, memory ------------------------------------------------------
+    def to_device(self, x, device):
+        """``x`` on ``device`` (``jax.device_put``); an absent device warns and ``x`` stays."""
+        found = _find_device(self, device)
+        if found is None:
+            warn_user(f"JaxBackend: device {device!r} is not present (present devices: "
+                      f"{', '.join(_present_devices())}); the array stays on {self.device}", DeviceFallbackWarning)
+            return x
+        with self.scope():
+            return jax.device_put(x, found)
+
+    def set_seed(self, seed: int) -> None:
+        super().set_seed(seed)
+        with jax.enable_x64(True):
+            self._key = jax.random.key(seed)
+
+    def get_random_key(self):
+        """A fresh JAX PRNG key split off the backend's key (:meth:`set_seed` restarts it)."""
+        with self.scope():
+            self._key, key = jax.random.split(self._key)
+        return key
+
+    def split_key(self, key):
+        """``jax.random.split``: ``(new_key, subkey)``."""
+        with self.scope():
+            new_key, subkey = jax.random.split(key)
+        return new_key, subkey
+
+    def random_normal(self, key, shape=(), dtype=None):
+        """``jax.random.normal(key, shape)`` in ``dtype`` (default: the backend's)."""
+        with self.scope():
+            return jax.random.normal(key, (shape,) if isinstance(shape, int) else tuple(shape),
+                                     dtype=self.backend_dtype(dtype))
+
+    def get_memory_info(self) -> dict:
+        """XLA's allocator statistics of this device where it keeps them (GPU, TPU), in MB;
+        the process's resident memory on the CPU, where it does not."""
+        stats = self._device.memory_stats()
+        if not stats:
+            return process_memory_info()
+        info = {"used": stats.get("bytes_in_use", 0) / 2**20,
+                "peak": stats.get("peak_bytes_in_use", stats.get("bytes_in_use", 0)) / 2**20,
+                "source": f"XLA allocator of {self._device}"}
+        if "bytes_limit" in stats:
+            info["limit"] = stats["bytes_limit"] / 2**20
+        return info
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         # The jitted vector-Jacobian product only where compile jitted the forward (jit=True, no
@@ -391,6 +533,7 @@ def _scoped(fn):
 
 # The tensor API computes inside the scope too: int64 stays int64 (outside x64, jax.numpy truncates).
 for _name in ("array", "zeros", "ones", "randn", "rand", "arange", "zeros_like", "ones_like", "add", "subtract",
-              "multiply", "divide", "matmul", "relu", "sigmoid", "tanh", "sum", "mean", "max", "reshape",
-              "transpose", "concat"):
+              "multiply", "divide", "matmul", "maximum", "minimum", "relu", "sigmoid", "tanh", "isnan", "sum",
+              "mean", "max", "reshape", "transpose", "concat",
+              "power", "negative", "abs", "exp", "log", "sqrt", "sin", "cos", "where", "min"):
     setattr(JaxBackend, _name, _scoped(getattr(Backend, _name)))

@@ -3,12 +3,16 @@ compiled whole with ``mx.compile``; gradients by ``mx.value_and_grad``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import platform
+import sys
 
 import numpy as np
 
-from ...errors import BackendUnavailableError
-from ..backend import Backend
+from ...dtypes import is_floating_np
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
+from ..backend import Backend, check_device_mesh, device_kind, parse_bytes, warn_user
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx.
 mx = xp = None
@@ -31,15 +35,32 @@ def _present_devices() -> list[str]:
     return [name for name, kind in kinds.items() if mx.is_available(mx.Device(kind))]
 
 
-def _parse_device(device: str):
-    """``"cpu"`` or ``"gpu"`` -> the mx.Device, or BackendUnavailableError naming what is present."""
-    kinds = {"cpu": mx.cpu, "gpu": mx.gpu}
-    present = _present_devices()
-    kind = kinds.get(device.lower())
-    if kind is None or device.lower() not in present:
-        raise BackendUnavailableError(
-            f"MlxBackend: device {device!r} is not present; present devices: {', '.join(present)}")
-    return mx.Device(kind)
+def _device_name(backend, device) -> str:
+    """``"cpu"``, ``"gpu"``, ``"gpu:0"``, ``mx.cpu``/``mx.gpu`` or an ``mx.Device`` -> ``"cpu"``
+    or ``"gpu"``; anything else is an error naming the spellings."""
+    if isinstance(device, mx.Device):
+        device = device.type
+    if isinstance(device, mx.DeviceType):
+        return device.name
+    kind, _ = device_kind(backend, device, ("cpu", "gpu"))
+    return kind
+
+
+def _parse_device(backend, device):
+    """The mx.Device for ``device``; an absent GPU warns once and gives the CPU."""
+    name = _device_name(backend, device)
+    if name not in _present_devices():
+        warn_user(f"MlxBackend: device {name!r} is not present (present devices: {', '.join(_present_devices())}); "
+                  "running on cpu", DeviceFallbackWarning)
+        name = "cpu"
+    return mx.Device(mx.cpu if name == "cpu" else mx.gpu)
+
+
+_COMPUTE_PRECISIONS = ("float32", "float16", "bfloat16")
+
+
+def _on_apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
 
 
 def _unwrap(tree):
@@ -71,10 +92,10 @@ class _Compiled:
     inputs (strings) run op by op here, silently. Graphs with random draws never get here:
     compile reads the kernels' ``nondeterministic`` metadata and keeps them eager on every backend."""
 
-    def __init__(self, backend: "MlxBackend", forward):
+    def __init__(self, backend: "MlxBackend", forward, shapeless: bool = False):
         self.backend = backend
         self.forward = forward
-        self._compiled = mx.compile(self._native_forward)
+        self._compiled = mx.compile(self._native_forward, shapeless=shapeless)
 
     def _native_forward(self, params, data):
         return _unwrap(self.forward(_wrap(params), _wrap(data)))
@@ -112,19 +133,62 @@ class MlxBackend(Backend):
 
     name = "mlx"
     supports_gradients = True
+    jit_option_names = {"shapeless": "mx.compile(shapeless=True): one program for every input shape"}
 
-    def __init__(self, dtype=None, device: str = "cpu"):
+    def __init__(self, dtype=None, device=None, *, random_seed: int | None = None, compute_precision=None,
+                 use_graph: bool = True, jit: bool | None = None, memory_limit=None,
+                 auto_free_tensors: bool = False, enable_mps_optimization: bool = False, use_ane: bool = False,
+                 device_mesh=None, **unknown):
         from ... import dtypes
 
         _import_mlx()
+        self._refuse_unknown_options(unknown)
         from . import overrides as _registers_overrides  # noqa: F401
 
-        self._device = _parse_device(device)
+        if jit and use_graph is False:  # use_graph defaults to True: only an explicit False disagrees
+            raise BackendOptionError(f"MlxBackend: jit={jit} and use_graph={use_graph} disagree; give one of them")
+        self.device_mesh = check_device_mesh(self, device_mesh)
+        if enable_mps_optimization and not _on_apple_silicon():
+            warn_user("MlxBackend: enable_mps_optimization=True needs Metal (Apple silicon), which is not here; "
+                      "running on cpu")
+        if use_ane:
+            warn_user("MlxBackend: use_ane=True asks for the Apple Neural Engine, which MLX does not run on"
+                      + ("" if _on_apple_silicon() else " (and this is not Apple silicon)") + "; ignored")
+        if device is None:
+            # MLX's default device: the GPU (Metal) where there is one; enable_mps_optimization asks for it.
+            device = "gpu" if enable_mps_optimization or "gpu" in _present_devices() else "cpu"
+        self._device = _parse_device(self, device)
         self.xp = xp
-        super().__init__(dtype if dtype is not None else dtypes.float32, device)
+        self.jit_by_default = bool(use_graph if jit is None else jit)
+        self.use_graph = self.jit_by_default
+        self.auto_free_tensors = bool(auto_free_tensors)
+        self.memory_limit = None
+        if memory_limit is not None:
+            self.memory_limit = parse_bytes(memory_limit)
+            mx.set_memory_limit(self.memory_limit)  # process-wide: MLX has one allocator
+        super().__init__(dtype if dtype is not None else dtypes.float32, self._device.type.name)
         reason = self.unsupported_dtype_reason(self.dtype.numpy)
         if reason:
             raise BackendUnavailableError(f"MlxBackend cannot use dtype {self.dtype!r}: {reason}")
+        self.compute_precision = self._compute_precision(compute_precision)
+        if random_seed is not None:
+            self.set_seed(random_seed)
+
+    def _compute_precision(self, value):
+        """``compute_precision``: None (compute in the arrays' own dtypes) or a floating dtype
+        MLX computes in ("float32", "float16", "bfloat16", or an ml/mx/NumPy dtype of one)."""
+        if value is None:
+            return None
+        try:
+            from ...dtypes import as_dtype
+
+            found = as_dtype(value)
+        except Exception:
+            found = None
+        if found is None or found.name not in _COMPUTE_PRECISIONS:
+            raise BackendOptionError(f"MlxBackend: compute_precision must be one of {', '.join(_COMPUTE_PRECISIONS)} "
+                                     f"(or the ml, mx or NumPy dtype of one), got {value!r}")
+        return found
 
     @classmethod
     def devices(cls) -> list[str]:
@@ -133,8 +197,14 @@ class MlxBackend(Backend):
         return _present_devices()
 
     def scope(self):
-        """This backend's device as MLX's default stream, for the duration of one call."""
-        return mx.stream(self._device)
+        """This backend's device as MLX's default stream, for the duration of one call; with
+        ``auto_free_tensors``, MLX's buffer cache is released when the call ends."""
+        if not self.auto_free_tensors:
+            return mx.stream(self._device)
+        stack = contextlib.ExitStack()
+        stack.callback(mx.clear_cache)
+        stack.enter_context(mx.stream(self._device))
+        return stack
 
     # -- dtypes and conversion -------------------------------------------------------
     def unsupported_dtype_reason(self, dtype) -> str | None:
@@ -185,6 +255,8 @@ class MlxBackend(Backend):
         # on the host, where the kernels that accept them compute.
         if value.dtype == object or self.unsupported_dtype_reason(value.dtype):
             return value
+        if self.compute_precision is not None and is_floating_np(value.dtype):
+            value = value.astype(self.compute_precision.numpy)  # computed in compute_precision, as the inputs
         return xp.MlxArray(self.from_numpy(value))
 
     def _to_facade(self, v):
@@ -201,7 +273,10 @@ class MlxBackend(Backend):
     def finalize_outputs(self, outputs: dict) -> dict:
         # Users get mx.arrays: facades are unwrapped, values kernels computed on the host (NumPy)
         # become mx.arrays; strings stay NumPy object arrays.
-        return {k: self._to_native(v) for k, v in outputs.items()}
+        out = {k: self._to_native(v) for k, v in outputs.items()}
+        if self.auto_free_tensors:  # computed now, so the cache released after the call held them
+            mx.eval([v for v in out.values() if isinstance(v, mx.array)])
+        return out
 
     def _to_native(self, v):
         if isinstance(v, (list, tuple)):
@@ -213,8 +288,20 @@ class MlxBackend(Backend):
         return v
 
     # -- compilation hooks -----------------------------------------------------------
-    def jit(self, forward):
-        return _Compiled(self, forward)
+    def lower(self, plan, **kwargs):
+        """The generated program; with ``compute_precision``, floating params and inputs are cast
+        to it on the way in and floating outputs back to their declared dtypes on the way out."""
+        program = super().lower(plan, **kwargs)
+        if self.compute_precision is None:
+            return program
+        declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
+                    if v.dtype is not None and xp.is_supported(v.dtype)}
+        return _WithForward(program, _ComputeIn(program.forward, self.compute_precision, declared))
+
+    def jit(self, forward, options: dict | None = None):
+        """``mx.compile`` of the whole forward; ``options``: ``shapeless``."""
+        options = self.check_jit_options(options)
+        return _Compiled(self, forward, shapeless=bool(options.get("shapeless", False)))
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         forward = program.forward  # mx.value_and_grad traces the eager forward
@@ -239,7 +326,60 @@ class MlxBackend(Backend):
         primals = [params[k] for k in diff_params] + [data[k] for k in diff_data]
         with mx.stream(self._device):
             (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
+        if self.auto_free_tensors:
+            mx.eval(list(outputs.values()), grads)
         return outputs, dict(zip(names, grads))
+
+    # -- devices, random keys, memory, interchange -------------------------------------------
+    def to_device(self, x, device):
+        """MLX arrays live in unified memory, not on a device: ``x`` itself; a device that is
+        not present warns."""
+        if _device_name(self, device) not in _present_devices():
+            warn_user(f"MlxBackend: device {str(device)!r} is not present (present devices: "
+                      f"{', '.join(_present_devices())}); the array stays where it is", DeviceFallbackWarning)
+        return self.from_numpy(x) if not isinstance(x, mx.array) else x
+
+    def set_seed(self, seed: int) -> None:
+        super().set_seed(seed)
+        self._key = mx.random.key(seed)
+
+    def get_random_key(self):
+        """A fresh MLX PRNG key (``mx.random.key``) split off the backend's key."""
+        self._key, key = mx.random.split(self._key)
+        return key
+
+    def split_key(self, key):
+        """``mx.random.split``: ``(new_key, subkey)``."""
+        new_key, subkey = mx.random.split(key)
+        return new_key, subkey
+
+    def random_normal(self, key, shape=(), dtype=None):
+        """``mx.random.normal(shape, key=key)`` in ``dtype`` (default: the backend's)."""
+        with mx.stream(self._device):
+            return mx.random.normal((shape,) if isinstance(shape, int) else tuple(shape),
+                                    dtype=xp.mx_dtype(self.backend_dtype(dtype)), key=key)
+
+    def get_memory_info(self) -> dict:
+        """MLX's allocator: ``used`` (active), ``peak``, ``cache`` and ``limit``, in MB."""
+        mb = 2**20
+        return {"used": mx.get_active_memory() / mb, "peak": mx.get_peak_memory() / mb,
+                "cache": mx.get_cache_memory() / mb, "limit": mx.get_memory_limit() / mb, "source": "mlx allocator"}
+
+    def to_mlx(self, x):
+        """``x`` as an ``mx.array`` (an mx.array itself; NumPy and other arrays are converted)."""
+        if isinstance(x, xp.MlxArray):
+            return x.native
+        if isinstance(x, mx.array):
+            return x
+        return self.from_numpy(np.asarray(x))
+
+    def from_mlx(self, x):
+        """The backend array for an ``mx.array``: the array itself (MLX arrays are this backend's)."""
+        if not isinstance(x, (mx.array, xp.MlxArray)):
+            from ...errors import InputError
+
+            raise InputError(f"from_mlx takes an mx.array, got {type(x).__name__}")
+        return self.to_mlx(x)
 
     def checkpoint(self, fn, *args):
         """``mx.checkpoint`` of a segment of the generated forward: ``mx.value_and_grad`` keeps
@@ -296,9 +436,41 @@ def _native_api(name):
     return method
 
 
-for _name in ("add", "subtract", "multiply", "divide", "matmul", "relu", "sigmoid", "tanh", "sum", "mean", "max",
-              "reshape", "transpose", "concat"):
+for _name in ("add", "subtract", "multiply", "divide", "matmul", "maximum", "minimum", "relu", "sigmoid", "tanh",
+              "isnan", "sum", "mean", "max", "reshape", "transpose", "concat",
+              "power", "negative", "abs", "exp", "log", "sqrt", "sin", "cos", "where", "min"):
     setattr(MlxBackend, _name, _native_api(_name))
+
+
+class _WithForward:
+    """A lowered program whose ``forward`` is wrapped; source, line map and the rest are the program's."""
+
+    def __init__(self, program, forward):
+        self._program = program
+        self.forward = forward
+
+    def __getattr__(self, name):
+        return getattr(self._program, name)
+
+
+class _ComputeIn:
+    """compute_precision: floating params and inputs cast to ``dtype`` on the way in, floating
+    outputs back to the dtypes the graph declares on the way out."""
+
+    def __init__(self, forward, dtype, declared: dict):
+        self.forward, self.dtype, self.declared = forward, xp.mx_dtype(dtype.numpy), declared
+
+    def _in(self, values: dict) -> dict:
+        return {k: xp.MlxArray(v.native.astype(self.dtype))
+                if isinstance(v, xp.MlxArray) and mx.issubdtype(v.native.dtype, mx.floating) else v
+                for k, v in values.items()}
+
+    def __call__(self, params, data):
+        out = self.forward(self._in(params), self._in(data))
+        return {k: xp.MlxArray(v.native.astype(self.declared[k]))
+                if isinstance(v, xp.MlxArray) and k in self.declared and mx.issubdtype(v.native.dtype, mx.floating)
+                and v.native.dtype != self.declared[k] else v
+                for k, v in out.items()}
 
 
 MLXBackend = MlxBackend

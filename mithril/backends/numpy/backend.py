@@ -21,20 +21,27 @@ class NumpyBackend(Backend):
     xp = np
     supports_gradients = True  # through the vector-Jacobian rules of mithril.backends.vjp
 
-    def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None):
-        """``num_threads`` caps the BLAS threads while the program runs (like onnxruntime's
-        intra_op_num_threads); None leaves the library default. On a machine whose cores are
-        busy, a cap avoids BLAS threads stalling each other on small matmuls."""
-        from ... import dtypes
+    jit_by_default = False  # nothing to jit: NumPy runs the generated program as it is
 
+    def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *, device_mesh=None,
+                 **unknown):
+        """``dtype``: the default dtype (an ``ml`` dtype, a name, or a NumPy dtype). ``device``:
+        ``"cpu"`` (an accelerator name warns once and runs on the CPU). ``num_threads`` caps the
+        BLAS threads while the program runs (like onnxruntime's intra_op_num_threads); None leaves
+        the library default. On a machine whose cores are busy, a cap avoids BLAS threads stalling
+        each other on small matmuls. ``device_mesh``: None or one device, ``(1,)``."""
+        from ... import dtypes
+        from ..backend import check_device_mesh, cpu_device
+
+        self._refuse_unknown_options(unknown)
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            from ...errors import BackendOptionError
+
+            raise BackendOptionError(f"NumpyBackend: num_threads must be a positive int or None, got {num_threads!r}")
         self.num_threads = num_threads
         self._threadpools = None
-
-        if device != "cpu":
-            from ...errors import BackendUnavailableError
-
-            raise BackendUnavailableError(f"NumpyBackend runs on 'cpu' only; got device {device!r}")
-        super().__init__(dtype if dtype is not None else dtypes.float32, device)
+        self.device_mesh = check_device_mesh(self, device_mesh)
+        super().__init__(dtype if dtype is not None else dtypes.float32, cpu_device(self, device))
 
     def from_numpy(self, arr):
         return np.asarray(arr)

@@ -7,8 +7,8 @@ import functools
 
 import numpy as np
 
-from ...errors import BackendUnavailableError
-from ..backend import Backend
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MithrilError
+from ..backend import Backend, check_device_mesh, process_memory_info, warn_user
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch.
 torch = txp = None
@@ -34,21 +34,46 @@ def _present_devices() -> list[str]:
     return devices
 
 
-def _parse_device(device: str):
-    """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` -> torch.device, or BackendUnavailableError."""
+def _find_device(device):
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` (or a torch.device) -> the torch.device, or
+    None when it is not present; a name torch does not know is an error."""
     present = _present_devices()
     try:
-        dev = torch.device(device)
+        dev = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise BackendUnavailableError(
-            f"TorchBackend: unknown device {device!r}; present devices: {', '.join(present)}") from exc
+        raise BackendOptionError(
+            f"TorchBackend: {device!r} is not a device; devices are named cpu, cuda, cuda:<index>, mps "
+            f"(present here: {', '.join(present)})") from exc
     if dev.type == "cuda" and dev.index is None and len(present) > 1 and present[1].startswith("cuda"):
         dev = torch.device("cuda:0")
     name = dev.type if dev.index is None else f"{dev.type}:{dev.index}"
-    if name not in present:
-        raise BackendUnavailableError(
-            f"TorchBackend: device {device!r} is not present; present devices: {', '.join(present)}")
+    return dev if name in present else None
+
+
+def _parse_device(device) -> "torch.device":
+    """The torch.device for ``device``; an absent one warns once and gives the CPU."""
+    dev = _find_device(device)
+    if dev is None:
+        warn_user(f"TorchBackend: device {str(device)!r} is not present (present devices: "
+                  f"{', '.join(_present_devices())}); running on cpu", DeviceFallbackWarning)
+        dev = torch.device("cpu")
     return dev
+
+
+PARALLEL_STRATEGIES = {
+    "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs",
+    "model_parallel": "place the program on the first of `devices` (splitting one graph is not implemented)",
+}
+
+# torch.compile's keyword arguments, as compile(..., jit_options=...) takes them.
+_TORCH_COMPILE_OPTIONS = {
+    "backend": "torch.compile's backend: 'inductor' (default), 'aot_eager', 'eager', ...",
+    "mode": "'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'",
+    "fullgraph": "refuse graph breaks",
+    "dynamic": "trace shapes symbolically (default False: one program per input shape)",
+    "options": "a dict of backend options",
+    "disable": "run the forward uncompiled",
+}
 
 
 class TorchBackend(Backend):
@@ -79,17 +104,70 @@ class TorchBackend(Backend):
 
     name = "torch"
     supports_gradients = True
+    jit_option_names = _TORCH_COMPILE_OPTIONS
 
-    def __init__(self, dtype=None, device: str = "cpu", compile: bool = False):
+    def __init__(self, dtype=None, device=None, compile: bool = False, *, jit: bool | None = None,
+                 enable_amp: bool = False, cudnn_benchmark: bool = False, parallel_strategy: str | None = None,
+                 devices: list | None = None, device_mesh=None, **unknown):
         from ... import dtypes
 
         _import_torch()
+        self._refuse_unknown_options(unknown)
         from . import overrides as _registers_overrides  # noqa: F401
 
-        self._device = _parse_device(device)
+        if jit is not None and compile and not jit:
+            raise BackendOptionError("TorchBackend: compile=True asks for torch.compile and jit=False refuses it; "
+                                     "give one of them")
+        self.device_mesh = check_device_mesh(self, device_mesh)
+        self._devices = self._parallel_devices(device, parallel_strategy, devices)
+        self.parallel_strategy = parallel_strategy
+        self._device = self._devices[0] if self._devices else _parse_device("cpu" if device is None else device)
         self.xp = txp
-        self.compile = compile
+        self.jit_by_default = bool(compile or jit)
+        self.compile = self.jit_by_default
+        self.enable_amp = bool(enable_amp)
+        # Autocast's lower precision: float16 on CUDA and MPS (tensor cores), bfloat16 on the CPU.
+        self.amp_dtype = torch.bfloat16 if self._device.type == "cpu" else torch.float16
+        self.cudnn_benchmark = bool(cudnn_benchmark)
+        if cudnn_benchmark:
+            if torch.cuda.is_available():
+                torch.backends.cudnn.benchmark = True  # process-wide: torch has one setting
+            else:
+                warn_user("TorchBackend: cudnn_benchmark=True tunes cuDNN's convolutions, and CUDA is not "
+                          "available here; ignored")
         super().__init__(dtype if dtype is not None else dtypes.float32, str(self._device))
+
+    def _parallel_devices(self, device, strategy, devices) -> list:
+        """``devices`` as torch.devices (absent ones warned about once, and replaced by the CPU),
+        checked against ``parallel_strategy``; [] without a strategy."""
+        if strategy is None:
+            if devices is not None:
+                raise BackendOptionError(f"TorchBackend: devices={devices!r} needs a parallel_strategy, one of "
+                                         f"{', '.join(PARALLEL_STRATEGIES)}")
+            return []
+        if strategy not in PARALLEL_STRATEGIES:
+            raise BackendOptionError(
+                f"TorchBackend: unknown parallel_strategy {strategy!r}; valid strategies: "
+                + "; ".join(f"{k} ({v})" for k, v in PARALLEL_STRATEGIES.items()))
+        if devices is None:
+            devices = ["cpu" if device is None else device]
+        if isinstance(devices, str) or not devices:
+            raise BackendOptionError(f"TorchBackend: devices must be a non-empty list such as ['cuda:0', 'cuda:1'], "
+                                     f"got {devices!r}")
+        found = [_find_device(d) for d in devices]
+        absent = [str(d) for d, f in zip(devices, found) if f is None]
+        if absent:
+            warn_user(f"TorchBackend: device{'s' if len(absent) > 1 else ''} {', '.join(map(repr, absent))} "
+                      f"not present (present devices: {', '.join(_present_devices())}); "
+                      f"{'they run' if len(absent) > 1 else 'it runs'} on cpu", DeviceFallbackWarning)
+        found = [f if f is not None else torch.device("cpu") for f in found]
+        if device is not None and _find_device(device) not in (found[0], None):
+            raise BackendOptionError(f"TorchBackend: device={device!r} differs from devices[0]={devices[0]!r}; "
+                                     "with a parallel_strategy the first of devices is the main device")
+        if strategy == "model_parallel" and len(found) > 1:
+            warn_user(f"TorchBackend: model_parallel runs the whole program on {found[0]}: splitting one graph "
+                      f"over several devices is not implemented (it needs more than one accelerator to pay)")
+        return found
 
     @classmethod
     def devices(cls) -> list[str]:
@@ -178,11 +256,61 @@ class TorchBackend(Backend):
         return v
 
     # -- compilation hooks -----------------------------------------------------------
-    def jit(self, forward):
-        """``forward`` itself (eager) unless ``compile=True``: then ``torch.compile`` of it."""
-        if not self.compile:
-            return forward
-        return _Compiled(forward)
+    def lower(self, plan, **kwargs):
+        """The generated program, run under ``torch.autocast`` with ``enable_amp`` (outputs cast
+        back to the dtypes the graph declares), and over ``devices`` with data_parallel (one
+        program per device, its constants on that device)."""
+        program = super().lower(plan, **kwargs)
+        forward = program.forward
+        if self.parallel_strategy == "data_parallel" and len(set(self._devices)) > 1:
+            per_device = {}
+            main = self._device
+            try:
+                for dev in dict.fromkeys(self._devices):
+                    self._device = dev
+                    per_device[dev] = program.forward if dev == main else super().lower(plan, **kwargs).forward
+            finally:
+                self._device = main
+            forward = _DataParallel([per_device[d] for d in self._devices], self._devices, main)
+        elif self.parallel_strategy == "data_parallel" and len(self._devices) > 1:
+            forward = _DataParallel([forward] * len(self._devices), self._devices, self._device)
+        if self.enable_amp:
+            declared = {v.name: txp.TO_TORCH.get(v.dtype) for v in plan.outputs if v.dtype is not None}
+            forward = _Autocast(forward, self._device.type, self.amp_dtype, declared)
+        return program if forward is program.forward else _WithForward(program, forward)
+
+    def jit(self, forward, options: dict | None = None):
+        """``torch.compile`` of the whole forward; ``options`` are torch.compile's keyword
+        arguments (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ``disable``)."""
+        return _Compiled(forward, self.check_jit_options(options))
+
+    # -- devices, memory -----------------------------------------------------------------
+    def to_device(self, x, device):
+        """``x`` (a tensor, or what :meth:`array` takes) on ``device``; an absent device warns
+        and ``x`` stays where it is."""
+        dev = _find_device(device)
+        x = x if isinstance(x, torch.Tensor) else self.from_numpy(self.to_numpy(x))
+        if dev is None:
+            warn_user(f"TorchBackend: device {str(device)!r} is not present (present devices: "
+                      f"{', '.join(_present_devices())}); the tensor stays on {x.device}", DeviceFallbackWarning)
+            return x
+        return x.to(dev)
+
+    def get_memory_info(self) -> dict:
+        """CUDA's allocator statistics on a CUDA device, MPS's on Apple's GPU (MB); the
+        process's resident memory on the CPU."""
+        mb = 2**20
+        if self._device.type == "cuda":
+            return {"used": torch.cuda.memory_allocated(self._device) / mb,
+                    "peak": torch.cuda.max_memory_allocated(self._device) / mb,
+                    "reserved": torch.cuda.memory_reserved(self._device) / mb,
+                    "total": torch.cuda.get_device_properties(self._device).total_memory / mb,
+                    "source": f"torch.cuda allocator of {self._device}"}
+        if self._device.type == "mps":
+            used = torch.mps.current_allocated_memory() / mb
+            return {"used": used, "peak": max(used, torch.mps.driver_allocated_memory() / mb),
+                    "source": "torch.mps allocator"}
+        return process_memory_info()
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         forward = program.jitted or program.forward  # torch.compile's program differentiates too
@@ -252,8 +380,9 @@ def _unwrap(v):
     return v.native if isinstance(v, txp.TorchArray) else v
 
 
-for _name in ("add", "subtract", "multiply", "divide", "matmul", "tanh", "sum", "mean", "max", "reshape",
-              "transpose", "concat"):
+for _name in ("add", "subtract", "multiply", "divide", "matmul", "maximum", "minimum", "tanh", "isnan", "sum",
+              "mean", "max", "reshape", "transpose", "concat",
+              "power", "negative", "abs", "exp", "log", "sqrt", "sin", "cos", "where", "min"):
     setattr(TorchBackend, _name, _native_api(_name))
 
 
@@ -265,10 +394,83 @@ def _native(v, device):
     return txp.tensor_from_numpy(np.asarray(v), device)
 
 
+class _WithForward:
+    """A lowered program whose ``forward`` is wrapped (autocast, data parallel); source, line
+    map and the rest are the program's."""
+
+    def __init__(self, program, forward):
+        self._program = program
+        self.forward = forward
+
+    def __getattr__(self, name):
+        return getattr(self._program, name)
+
+
+class _Autocast:
+    """The forward under ``torch.autocast``: matmuls and convolutions run in ``dtype``; floating
+    outputs come back in the dtype the graph declares (users get the dtypes they declared)."""
+
+    def __init__(self, forward, device_type: str, dtype, declared: dict):
+        self.forward, self.device_type, self.dtype, self.declared = forward, device_type, dtype, declared
+
+    def __call__(self, params, data):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.forward(params, data)
+        return {k: self._declared(v, self.declared.get(k)) for k, v in out.items()}
+
+    @staticmethod
+    def _declared(v, dtype):
+        if isinstance(v, txp.TorchArray) and dtype is not None and v.native.is_floating_point() and v.native.dtype != dtype:
+            return txp.TorchArray(v.native.to(dtype))
+        return v
+
+
+class _DataParallel:
+    """data_parallel: each batch (dim 0 of every data input) split over the devices, each part
+    run by that device's program, the outputs concatenated on the main device."""
+
+    def __init__(self, forwards: list, devices: list, main):
+        self.forwards, self.devices, self.main = forwards, devices, main
+
+    def __call__(self, params, data):
+        sizes = {}
+        for k, v in data.items():
+            if not isinstance(v, txp.TorchArray) or v.native.ndim == 0:
+                raise MithrilError(f"data_parallel splits every data input along dim 0; input {k!r} is "
+                                   f"{'a scalar' if isinstance(v, txp.TorchArray) else type(v).__name__}")
+            sizes[k] = v.native.shape[0]
+        if len(set(sizes.values())) > 1:
+            raise MithrilError(f"data_parallel splits every data input along dim 0 (the batch), and they differ: {sizes}")
+        batch = next(iter(sizes.values()), 0)
+        if batch == 0:  # no data inputs, or an empty batch: nothing to split
+            return self.forwards[0](params, data)
+        bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(batch), len(self.devices))])
+        parts = []
+        for forward, dev, start, stop in zip(self.forwards, self.devices, bounds[:-1], bounds[1:]):
+            if stop == start:
+                continue
+            p = {k: txp.TorchArray(v.native.to(dev)) if isinstance(v, txp.TorchArray) else v for k, v in params.items()}
+            d = {k: txp.TorchArray(v.native[start:stop].to(dev)) for k, v in data.items()}
+            with txp.on_device(dev):
+                parts.append((stop - start, forward(p, d)))
+        out = {}
+        for name in parts[0][1]:
+            pieces = []
+            for rows, result in parts:
+                v = result[name]
+                if not isinstance(v, txp.TorchArray) or v.native.ndim == 0 or v.native.shape[0] != rows:
+                    raise MithrilError(
+                        f"data_parallel concatenates outputs along the batch dim; output {name!r} is not batched "
+                        f"(shape {list(getattr(getattr(v, 'native', v), 'shape', []))} for {rows} rows)")
+                pieces.append(v.native.to(self.main))
+            out[name] = txp.TorchArray(torch.cat(pieces, dim=0))
+        return out
+
+
 class _Compiled:
     """``torch.compile`` over a native-tensor version of the generated forward."""
 
-    def __init__(self, forward):
+    def __init__(self, forward, options: dict | None = None):
         self.forward = forward
 
         def native_forward(params, data):
@@ -277,7 +479,7 @@ class _Compiled:
             out = forward(wrap, wrap_d)
             return {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in out.items()}
 
-        self._compiled = torch.compile(native_forward, dynamic=False)
+        self._compiled = torch.compile(native_forward, **{"dynamic": False, **(options or {})})
 
     def __call__(self, params, data):
         unwrap = lambda d: {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in d.items()}  # noqa: E731
