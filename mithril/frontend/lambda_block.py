@@ -32,7 +32,7 @@ import onnx
 from onnx import helper
 
 from .. import dtypes as _dtypes
-from ..backends.backend import TRACEABLE_API
+from ..backends.backend import TRACEABLE_API, Backend
 from ..backends.table import array_backend
 from ..errors import ModelError
 from . import shapes as S
@@ -139,8 +139,6 @@ class Traced:
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         raise LambdaTraceError(f"torch function {getattr(func, '__name__', func)} was called on a traced value")
 
-    def __jax_array__(self):
-        raise LambdaTraceError("a JAX function was called on a traced value")
 
 
 # -- the tracer ---------------------------------------------------------------------------------
@@ -171,8 +169,8 @@ class Tracer:
                 else arr.dtype
         cast = arr.astype(dtype)
         if dtype.kind in "biu" and not np.array_equal(cast, arr):
-            raise LambdaTraceError(f"the constant {v!r} meets a {dtype} value and is not one; constants take the "
-                                   f"dtype of the value they meet")
+            raise LambdaTraceError(f"the constant {v!r} meets a value of dtype {dtype} and is not one; constants "
+                                   f"take the dtype of the value they meet")
         return self.g.const(cast, dtype=dtype)
 
     def _dtype_of(self, *values) -> np.dtype | None:
@@ -421,17 +419,18 @@ def _failure(label: str, exc: Exception) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__)[1:] if not _internal(f.filename)]
     where = frames[-1] if frames else None
     call = f"`{where.line}` ({os.path.basename(where.filename)}:{where.lineno})" if where and where.line else "its body"
-    reason = str(exc) if isinstance(exc, LambdaTraceError) else f"{type(exc).__name__}: {exc}"
+    reason = (str(exc) if isinstance(exc, LambdaTraceError) else f"{type(exc).__name__}: {exc}").rstrip(".")
     hint = ""
     m = _FRAMEWORK_CALL.search(where.line or "") if where else None
     if m and m.group(2) in TRACEABLE_API:
         hint = f" Write backend.{m.group(2)}(...) instead of {m.group(1)}.{m.group(2)}(...)."
     elif m:
         hint = f" {m.group(1)}.{m.group(2)} is not part of the traced tensor API."
+    api = ", ".join(sorted(n for n in TRACEABLE_API if hasattr(Backend, n)))
     return (f"{label}: cannot trace {call}: {reason}.{hint} A Lambda's function is traced into ONNX nodes so that "
             f"it runs on every backend: compute with Python operators (+ - * / ** @ < > ...) and a Mithril "
-            f"backend's tensor API ({', '.join(sorted(TRACEABLE_API))}); framework functions (mx.*, np.*, jnp.*, "
-            f"torch.*) cannot take traced values")
+            f"backend's tensor API ({api}); framework functions (mx.*, np.*, jnp.*, torch.*) cannot take "
+            f"traced values")
 
 
 def _internal(filename: str) -> bool:
