@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 
 from mithril.errors import ModelError
 from mithril.frontend.model import In, Out, Param
@@ -41,9 +40,6 @@ from mithril.models import (
     ScaledDotProduct,
     Transpose,
 )
-
-_INT32 = int(onnx.TensorProto.INT32)
-
 
 # -- the pieces no Mithril block provides --------------------------------------------------------
 class QuickGelu(Primitive):
@@ -101,9 +97,7 @@ class EotPool(Primitive):
     ports = {"input": In(["M", "L", "D"]), "text": In(["M", "L"], type=int), "output": Out(["M", "D"])}
 
     def lower(self, g, input, text):
-        # ArgMax over int32: onnxruntime's ArgMax has no int64 kernel; token ids fit in 31 bits.
-        ids = g.op("Cast", text, to=_INT32, dtype=np.int32)
-        eot = g.op("ArgMax", ids, axis=-1, keepdims=1, dtype=np.int64)  # [M, 1]
+        eot = g.op("ArgMax", text, axis=-1, keepdims=1, dtype=np.int64)  # [M, 1]
         # GatherElements (it has a gradient rule) reads [M, 1, D] indices: the EOT position on every channel.
         shape = g.op("Concat", g.op("Shape", eot, dtype=np.int64), g.op("Shape", input, start=2, dtype=np.int64),
                      axis=0)
