@@ -340,6 +340,8 @@ class JaxBackend(Backend):
         if self.debug:
             stack.enter_context(jax.debug_nans(True))
             stack.enter_context(jax.debug_infs(True))
+            # What runs on the host (NumPy, for host-only values) raises alike.
+            stack.enter_context(np.errstate(invalid="raise", divide="raise", over="raise"))
         stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
         stack.callback(_ACTIVE_SCOPE.reset, _ACTIVE_SCOPE.set(self))
         return stack

@@ -472,6 +472,7 @@ class _Compiled:
 
     def __init__(self, forward, options: dict | None = None):
         self.forward = forward
+        self.options = dict(options or {})  # the user's jit_options, as torch.compile got them
 
         def native_forward(params, data):
             wrap = {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in params.items()}
