@@ -77,15 +77,22 @@ class T5Settings:
     scale_decoder_outputs: bool = True
 
 
-# Keys of ``T5Config().to_dict()`` (and of a checkpoint's config.json) that do not change the
-# network's forward computation: a dict holding them is accepted and they are ignored.
-_IGNORED_KEYS = frozenset({
-    "_name_or_path", "architectures", "chunk_size_feed_forward", "classifier_dropout", "decoder_start_token_id",
-    "dropout_rate", "dtype", "torch_dtype", "eos_token_id", "id2label", "initializer_factor", "is_decoder",
-    "is_encoder_decoder", "label2id", "model_type", "n_positions", "output_attentions", "output_hidden_states",
-    "pad_token_id", "problem_type", "return_dict", "task_specific_params", "transformers_version", "use_cache",
-    "tie_word_embeddings", "output_past",
-})
+# Keys of ``T5Config().to_dict()`` (transformers 4 and 5) and of checkpoints' config.json files
+# that do not change the network's forward computation (token ids, generation and bookkeeping
+# settings): a dict holding them is accepted and they are ignored.
+_IGNORED_KEYS = frozenset("""
+    _name_or_path add_cross_attention architectures bad_words_ids begin_suppress_tokens bos_token_id
+    chunk_size_feed_forward classifier_dropout cross_attention_hidden_size decoder_start_token_id
+    diversity_penalty do_sample dropout_rate dtype early_stopping encoder_no_repeat_ngram_size eos_token_id
+    exponential_decay_length_penalty finetuning_task forced_bos_token_id forced_eos_token_id
+    gradient_checkpointing id2label initializer_factor is_decoder is_encoder_decoder label2id length_penalty
+    max_length min_length model_type n_positions no_repeat_ngram_size num_beam_groups num_beams
+    num_return_sequences output_attentions output_hidden_states output_past output_scores pad_token_id prefix
+    problem_type pruned_heads remove_invalid_values repetition_penalty return_dict return_dict_in_generate
+    sep_token_id suppress_tokens task_specific_params temperature tf_legacy_loss tie_encoder_decoder
+    tie_word_embeddings tokenizer_class top_k top_p torch_dtype torchscript transformers_version typical_p
+    use_bfloat16 use_cache
+""".split())
 
 
 def t5_settings(config: Any) -> T5Settings:
