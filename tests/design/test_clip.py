@@ -294,3 +294,14 @@ def test_clip_rejects_vision_layers_it_cannot_build():
         clip(image_resolution=100)
     with pytest.raises(ml.errors.InputError, match="'extra.weight' is not a parameter"):
         clip_weights.hf_params({"extra.weight": np.zeros(2)})
+
+
+def test_readme_snippet_runs(capsys):
+    """examples/clip/README.md's "Running it" snippet is code users paste: it runs as written."""
+    from pathlib import Path
+
+    readme = (Path(clip_module.__file__).parent / "README.md").read_text()
+    block = readme.split("## Running it", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(block, "examples/clip/README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.startswith("[[") and np.isfinite(float(printed.strip("[]\n"))), printed
