@@ -86,7 +86,15 @@ class Backend(metaclass=TensorAPI):
     - Gradients: ``supports_gradients``; :meth:`lower_backward` builds a gradient program at
       compile (a backend without autodiff), :meth:`vjp` computes outputs and gradients from a
       :class:`~mithril.backends.runner.Program` (forward, jitted, backward).
-    - Devices: :meth:`devices` lists the devices present, in the spelling ``device=`` takes.
+    - Devices: :meth:`devices` lists the devices present, in the spelling ``device=`` takes; a
+      device that is not present warns once (:func:`warn_user`, ``DeviceFallbackWarning``) and
+      the backend runs on the CPU; :meth:`to_device` moves an array.
+    - Options: keyword arguments of ``__init__``; an unknown one is refused by
+      :meth:`_refuse_unknown_options` listing :meth:`options`; one the machine cannot honour
+      warns once (``BackendOptionWarning``). ``jit_by_default`` is what ``compile(jit=None)``
+      does, and :attr:`jit_option_names` the ``jit_options`` :meth:`jit` takes.
+    - The tensor API (``zeros``, ``add``, ``random_normal``, ``get_memory_info``...) in the
+      framework's own arrays; :attr:`dtype` is the default dtype and, called, an array's dtype.
 
     >>> from mithril.backends.table import BACKENDS
     >>> all(issubclass(entry.load(), Backend) for entry in BACKENDS.values())
