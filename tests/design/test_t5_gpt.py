@@ -345,3 +345,19 @@ def test_benchmark_gpt_jits_on_torch():
     assert tuple(out.shape) == (1, 4, 11)
     fallbacks = [str(w.message) for w in caught if issubclass(w.category, JitFallbackWarning)]
     assert not fallbacks, fallbacks
+
+
+@pytest.mark.parametrize("example", ["t5", "gpt"])
+def test_example_readme_snippet_runs(example, capsys):
+    """examples/t5/README.md and examples/gpt/README.md show code users paste: it runs as written
+    and prints what the README says (T5: the difference from T5Model, GPT: the logits' shape)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "examples" / example / "README.md").read_text()
+    block = readme.split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(block, f"examples/{example}/README.md", "exec"), {})
+    printed = capsys.readouterr().out.strip()
+    if example == "t5":
+        assert float(printed) < 2e-5
+    else:
+        assert printed == "(1, 3, 500)"
