@@ -373,10 +373,34 @@ def test_torch_data_parallel_splits_the_batch():
         got_out, got_grads = ml.compile(model, b).evaluate(None, {"x": x}, output_gradients={"y": torch.ones(7, 32)})
         torch.testing.assert_close(got_out["y"], ref_out["y"])
         torch.testing.assert_close(got_grads["w"], ref_grads["w"])
-    with pytest.raises(ml.MithrilError, match="output 'y' is not batched"):
-        pooled = onnx_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0], keepdims=0)],
-                            [("x", TensorProto.FLOAT, ["N", 3])], [("y", TensorProto.FLOAT, [3])])
-        ml.compile(pooled, two).evaluate({}, {"x": data((4, 3))})
+
+
+
+def test_torch_data_parallel_averages_outputs_that_are_not_per_row():
+    """002 multi-backend deployment, "Multi-Device Deployment" (data-parallel training): an
+    output that is not per-row (a loss reduced over the batch) is averaged over the parts,
+    weighted by their rows, as DDP averages gradients: a batch mean comes out exact, and so do
+    its gradients. Compile's shapes fixing the batch dim draw one warning (the program may hold
+    that size as a constant)."""
+    loss_model = onnx_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                             helper.make_node("ReduceMean", ["r"], ["loss"], keepdims=0)],
+                            [("x", TensorProto.FLOAT, ["N", 64])], [("loss", TensorProto.FLOAT, [])],
+                            [weight("w", [64, 32])])
+    x = data((5, 64))
+    one = ml.compile(loss_model, ml.TorchBackend())
+    two = ml.compile(loss_model, ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu", "cpu"]))
+    cot = {"loss": torch.tensor(1.0)}
+    (ref, ref_grads), (got, got_grads) = one.evaluate(None, {"x": x}, cot), two.evaluate(None, {"x": x}, cot)
+    torch.testing.assert_close(got["loss"], ref["loss"])
+    torch.testing.assert_close(got_grads["w"], ref_grads["w"])
+    pooled = onnx_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0], keepdims=0)],
+                        [("x", TensorProto.FLOAT, ["N", 3])], [("y", TensorProto.FLOAT, [3])])
+    x = data((4, 3))
+    out = ml.compile(pooled, ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu", "cpu"])).evaluate({}, {"x": x})
+    np.testing.assert_allclose(out["y"].numpy(), x.mean(0), rtol=1e-6)
+    with pytest.warns(BackendOptionWarning, match=r"data_parallel runs parts of the batch, and compile's shapes fix the batch "
+                                                  r"dim \(x: 4\).*leave dim 0 symbolic"):
+        ml.compile(pooled, ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu", "cpu"]), shapes={"x": [4, 3]})
 
 
 def test_torch_model_parallel_and_strategy_errors():

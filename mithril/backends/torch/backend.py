@@ -271,9 +271,9 @@ class TorchBackend(Backend):
                     per_device[dev] = program.forward if dev == main else super().lower(plan, **kwargs).forward
             finally:
                 self._device = main
-            forward = _DataParallel([per_device[d] for d in self._devices], self._devices, main)
+            forward = _DataParallel([per_device[d] for d in self._devices], self._devices, main, _batched_outputs(plan))
         elif self.parallel_strategy == "data_parallel" and len(self._devices) > 1:
-            forward = _DataParallel([forward] * len(self._devices), self._devices, self._device)
+            forward = _DataParallel([forward] * len(self._devices), self._devices, self._device, _batched_outputs(plan))
         if self.enable_amp:
             declared = {v.name: txp.TO_TORCH.get(v.dtype) for v in plan.outputs if v.dtype is not None}
             forward = _Autocast(forward, self._device.type, self.amp_dtype, declared)
@@ -425,12 +425,35 @@ class _Autocast:
         return v
 
 
+def _batched_outputs(plan) -> dict:
+    """Per output: True when it is per-row (its dim 0 is the data inputs' batch dim), False when
+    it is not (a scalar loss, running statistics), None when the plan cannot tell. Warns once
+    when compile's ``shapes`` fixed the batch dim, which the program may then hold as a constant."""
+    batch_dims = {v.shape[0] for v in plan.inputs if v.shape}
+    fixed = {v.name: v.shape[0] for v in plan.inputs if v.shape and isinstance(v.shape[0], int)}
+    if fixed:
+        warn_user(f"TorchBackend: data_parallel runs parts of the batch, and compile's shapes fix the batch dim "
+                  f"({', '.join(f'{k}: {n}' for k, n in fixed.items())}): shapes computed from it may be constants "
+                  "of the program; leave dim 0 symbolic (e.g. 'N') for data_parallel")
+    batched = {}
+    for v in plan.outputs:
+        if v.shape is None or (v.shape and v.shape[0] is None):
+            batched[v.name] = None
+        else:
+            batched[v.name] = bool(v.shape) and v.shape[0] in batch_dims
+    return batched
+
+
 class _DataParallel:
     """data_parallel: each batch (dim 0 of every data input) split over the devices, each part
-    run by that device's program, the outputs concatenated on the main device."""
+    run by that device's program. Per-row outputs are concatenated on the main device; outputs
+    that are not per-row (a mean loss, running statistics) are averaged over the parts, weighted
+    by their rows, as DDP averages gradients: a mean over the batch comes out exact, a sum as
+    the mean of the parts' sums. Batch statistics (BatchNorm in training) are per part."""
 
-    def __init__(self, forwards: list, devices: list, main):
+    def __init__(self, forwards: list, devices: list, main, batched: dict | None = None):
         self.forwards, self.devices, self.main = forwards, devices, main
+        self.batched = batched or {}
 
     def __call__(self, params, data):
         sizes = {}
@@ -452,19 +475,35 @@ class _DataParallel:
             p = {k: txp.TorchArray(v.native.to(dev)) if isinstance(v, txp.TorchArray) else v for k, v in params.items()}
             d = {k: txp.TorchArray(v.native[start:stop].to(dev)) for k, v in data.items()}
             with txp.on_device(dev):
-                parts.append((stop - start, forward(p, d)))
-        out = {}
-        for name in parts[0][1]:
-            pieces = []
-            for rows, result in parts:
-                v = result[name]
-                if not isinstance(v, txp.TorchArray) or v.native.ndim == 0 or v.native.shape[0] != rows:
-                    raise MithrilError(
-                        f"data_parallel concatenates outputs along the batch dim; output {name!r} is not batched "
-                        f"(shape {list(getattr(getattr(v, 'native', v), 'shape', []))} for {rows} rows)")
-                pieces.append(v.native.to(self.main))
-            out[name] = txp.TorchArray(torch.cat(pieces, dim=0))
-        return out
+                parts.append((int(stop - start), forward(p, d)))
+        if len(parts) == 1:
+            return parts[0][1]
+        return {name: self._combine(name, [(rows, result[name]) for rows, result in parts], batch)
+                for name in parts[0][1]}
+
+    def _combine(self, name, parts, batch):
+        if not all(isinstance(v, txp.TorchArray) for _, v in parts):
+            raise MithrilError(f"data_parallel combines array outputs; output {name!r} is "
+                               f"{type(next(v for _, v in parts if not isinstance(v, txp.TorchArray))).__name__}")
+        tensors = [(rows, v.native.to(self.main)) for rows, v in parts]
+        per_row = all(t.ndim > 0 and t.shape[0] == rows for rows, t in tensors)
+        batched = self.batched.get(name)
+        if batched is None:
+            batched = per_row
+        if batched:
+            if not per_row:
+                raise MithrilError(f"data_parallel: output {name!r} should have one row per input row, but the parts "
+                                   f"gave shapes {[list(t.shape) for _, t in tensors]} for {[r for r, _ in tensors]} rows")
+            return txp.TorchArray(torch.cat([t for _, t in tensors], dim=0))
+        if len({tuple(t.shape) for _, t in tensors}) > 1:
+            raise MithrilError(f"data_parallel: output {name!r} is not per-row and its parts differ in shape: "
+                               f"{[list(t.shape) for _, t in tensors]}")
+        if not tensors[0][1].is_floating_point():
+            if any(not torch.equal(t, tensors[0][1]) for _, t in tensors[1:]):
+                raise MithrilError(f"data_parallel: output {name!r} (not per-row, {tensors[0][1].dtype}) differs "
+                                   "between the parts and cannot be averaged")
+            return txp.TorchArray(tensors[0][1])
+        return txp.TorchArray(sum(t * (rows / batch) for rows, t in tensors))
 
 
 class _Compiled:
