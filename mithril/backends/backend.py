@@ -448,7 +448,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def warn_user(message: str, category: type[Warning] = BackendOptionWarning) -> None:
     """One warning line, attributed to the first caller outside Mithril (the user's line)."""
     frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
 
