@@ -334,3 +334,18 @@ def test_custom_backend():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     pm = ml.compile(ml.load_onnx(helper.make_model(graph)), backend)
     assert pm.evaluate({}, {"x": np.array([-1.0, 2.0], np.float32)})["y"].tolist() == [0.0, 2.0]
+
+
+def test_sharded_tensors_need_device_meshes():
+    """003 JAX backend, "Sharded Tensors": ``backend.ones(128, 64, device_mesh=(2,))`` and
+    ``(..., device_mesh=(2,), tensor_split=(0,))``. Sharding over several devices is not
+    implemented yet (issue 20): a clear error rather than an unsharded array; a one-device mesh
+    gives the plain array."""
+    backend = ml.JaxBackend()
+    for kwargs in ({"device_mesh": (2,)}, {"device_mesh": (2,), "tensor_split": (0,)}):
+        with pytest.raises(ml.MithrilError, match=r"device_mesh=\(2,\) asks for 2 devices.*not implemented yet \(issue 20\)"):
+            backend.ones(128, 64, **kwargs)
+    sharded_tensor = backend.ones(128, 64, device_mesh=(1,), tensor_split=(0,))
+    assert backend.shape(sharded_tensor) == (128, 64)
+    with pytest.raises(ml.errors.BackendOptionError, match="tensor_split needs a device_mesh"):
+        backend.ones(128, 64, tensor_split=(0,))
