@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 
 import jax
-import jax.numpy as jnp
 import mlx.core as mx
 import numpy as np
 import pytest

@@ -259,6 +259,15 @@ class JaxBackend(Backend):
     on float32). ``compiler_options={}`` restores XLA's defaults, and the Conv kernel then uses
     im2col throughout.
 
+    Options: ``precision`` ("bfloat16", "tensorfloat32", "float32", "default", "high",
+    "highest" or a ``jax.lax.Precision``) is the matmul/conv precision of this backend's
+    programs, in effect in :meth:`scope` and so when they are traced; ``debug=True`` makes a NaN
+    or inf produced raise (``jax.debug_nans``/``debug_infs``, and NumPy's errstate for host
+    work); ``pre_allocate`` sets XLA's GPU allocator flag (process-wide, read when jax starts its
+    GPU client: a warning where there is no GPU, or when it has started); ``platform`` is
+    ``device``'s alias; ``jit`` is what ``compile(jit=None)`` does; ``device_mesh`` takes one
+    device. An absent ``device`` warns once and runs on the CPU.
+
     >>> import mithril as ml
     >>> b = ml.JaxBackend(dtype=ml.float32, device="cpu")
     >>> b.to_numpy(b.add(b.ones(2), b.ones(2))).tolist()

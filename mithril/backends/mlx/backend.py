@@ -125,6 +125,15 @@ class MlxBackend(Backend):
     Torch, strings stay NumPy object arrays on the host, where the string kernels run, and a
     graph fed them runs op by op (mx.compile traces arrays only).
 
+    Options: ``device`` is "cpu", "gpu", ``mx.cpu``/``mx.gpu`` or an ``mx.Device`` (default:
+    the GPU where present; an absent one warns once and runs on the CPU). ``random_seed`` seeds
+    the backend (:meth:`set_seed`). ``use_graph`` (or ``jit``) is what ``compile(jit=None)``
+    does. ``compute_precision`` is the dtype floating work runs in, params, inputs and outputs
+    staying in their own (cast at the program's boundary). ``memory_limit`` (bytes or "4GB")
+    calls ``mx.set_memory_limit``, which is process-wide. ``auto_free_tensors`` clears MLX's
+    buffer cache after each evaluation. ``enable_mps_optimization`` and ``use_ane`` warn where
+    Metal / the Neural Engine are not available (MLX never runs on the Neural Engine).
+
     >>> import mithril as ml
     >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
     >>> b.add(b.ones(2), b.ones(2)).tolist()

@@ -93,6 +93,14 @@ class TorchBackend(Backend):
     224x224) 0.93x of eager's time both with and without it, the small BERT (sequence 128)
     1.57x with it and 0.99x without; and its first call takes 9-70 s. So eager is the default.
 
+    ``enable_amp=True`` runs the forward under ``torch.autocast`` (float16 on CUDA and MPS,
+    bfloat16 on the CPU): matmuls and convolutions compute in the lower precision, and floating
+    outputs are cast back to the dtypes the graph declares, so users get what they declared.
+    ``cudnn_benchmark`` turns on torch's cuDNN autotuner (process-wide). ``parallel_strategy``
+    with ``devices``: "data_parallel" splits each batch over the devices (one program per
+    device, see :class:`_DataParallel`), "model_parallel" runs on ``devices[0]`` and says so.
+    An absent device warns once and runs on the CPU; so does each absent entry of ``devices``.
+
     uint16/uint32/uint64 are reported unsupported (torch has no arithmetic kernels for them);
     strings stay NumPy object arrays and the string kernels run on the host.
 
