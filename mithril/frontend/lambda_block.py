@@ -103,7 +103,9 @@ class Traced:
         return self.tracer.call("transpose", (self,), {})
 
     def reshape(self, *shape):
-        return self.tracer.call("reshape", (self, shape[0] if len(shape) == 1 else shape), {})
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = shape[0]  # x.reshape((2, -1)) as well as x.reshape(2, -1)
+        return self.tracer.call("reshape", (self, shape), {})
 
     def transpose(self, *axes):
         return self.tracer.call("transpose", (self, (axes[0] if len(axes) == 1 else axes) or None), {})

@@ -260,6 +260,22 @@ def test_lambda_beyond_elementwise():
         ml.compile(ints, ml.NumpyBackend(), shapes={"i": [2]})
 
 
+def test_lambda_array_methods_and_identity():
+    """004 MLX backend, "Custom MLX Operations", further: NumPy-style methods of the traced value
+    (``x.reshape(-1)``, ``.T``, ``.sum(axis, keepdims)``) trace like the tensor API, and a
+    function returning its input is an identity."""
+    model = ml.Model()
+    model |= ml.Lambda(lambda x: x)(input=ml.IOKey("x", shape=[2, 3]), output="same")
+    model |= ml.Lambda(lambda x: x.reshape(-1) * 2)(input="x", output="flat")
+    model |= ml.Lambda(lambda x: x.reshape(3, 2).T.sum(0, True))(input="x", output="summed")
+    assert [model.shape_of(k) for k in ("same", "flat", "summed")] == ["[2, 3]", "[6]", "[1, 3]"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = ml.compile(model, ml.TorchBackend()).evaluate({}, {"x": x})
+    np.testing.assert_array_equal(out["same"].numpy(), x)
+    np.testing.assert_array_equal(out["flat"].numpy(), x.reshape(-1) * 2)
+    np.testing.assert_array_equal(out["summed"].numpy(), x.reshape(3, 2).T.sum(0, keepdims=True))
+
+
 # -- 002 "Same Model, Multiple Backends" and 003 MLP ----------------------------------------------
 def test_resnet18_from_mithril_models():
     """002 multi-backend deployment, "Same Model, Multiple Backends": ``from mithril.models
