@@ -224,6 +224,16 @@ def test_shape_blocks(block, shape, ref):
     np.testing.assert_array_equal(got["output"], ref(x))
 
 
+def test_flatten_dims_outside_the_rank_are_refused():
+    """Flatten() keeps dim 0, so a vector has no dim 1 to start from: an error, not a wrap-around."""
+    m = Model()
+    with pytest.raises(ml.errors.ShapeMismatchError, match=r"Flatten\(start_dim=1, end_dim=-1\) does not fit an "
+                                                             r"input of rank 1"):
+        m |= Flatten()(input=IOKey("x", shape=[3]), output="y")
+    with pytest.raises(ml.errors.ShapeMismatchError, match="start_dim 2 comes after end_dim 1"):
+        m |= Flatten(start_dim=2, end_dim=1)(input=IOKey("x", shape=[2, 3, 4]), output="y")
+
+
 def test_concat_and_split():
     inputs = {"input1": f32(2, 3), "input2": f32(2, 5)}
     got = check_against_ort(single(Concat(n=2, axis=1), inputs), inputs)
