@@ -329,10 +329,6 @@ def test_benchmark_transformer_branch_with_token_ids():
         np.testing.assert_allclose(out, results["numpy"], err_msg=name, **GPT_TOL)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="TorchBackend jit=True: torch.compile fails inside the Torch Reshape override on a "
-                          "constant shape (overrides.reshape -> kernels.shape._ints calls numpy.asarray on the "
-                          "ndarray dynamo wraps: 'Expected np.nditer base'), so the GPT forward runs eagerly")
 def test_benchmark_gpt_jits_on_torch():
     """002, "Benchmarking Across Backends": jit=True on ml.TorchBackend should compile the GPT's
     forward with torch.compile rather than fall back to eager."""

@@ -531,7 +531,10 @@ class _Compiled:
 
     def __call__(self, params, data):
         unwrap = lambda d: {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in d.items()}  # noqa: E731
-        out = self._compiled(unwrap(params), unwrap(data))
+        # Kernels read static inputs (shapes, axes) with NumPy on the host; dynamo's NumPy tracing
+        # would turn those reads into tensors (and asserts on np.nditer), so they stay Python.
+        with torch._dynamo.config.patch(trace_numpy=False):
+            out = self._compiled(unwrap(params), unwrap(data))
         return {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
 
