@@ -131,6 +131,10 @@ class ModelError(MithrilError):
     """Composing a logical Model went wrong; the message names the model and the terminal."""
 
 
+class LambdaTraceError(ModelError):
+    """A Lambda's function could not be traced into ONNX nodes (``ml.Lambda``)."""
+
+
 class ShapeMismatchError(ModelError, ShapeError):
     """Two connected terminals (or a block's shape rule) disagree on a shape."""
 

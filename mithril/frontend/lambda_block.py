@@ -34,7 +34,7 @@ from onnx import helper
 from .. import dtypes as _dtypes
 from ..backends.backend import TRACEABLE_API, Backend
 from ..backends.table import array_backend
-from ..errors import ModelError
+from ..errors import LambdaTraceError, ModelError
 from . import shapes as S
 from .block import register
 from .elementwise import broadcast_rule
@@ -42,10 +42,6 @@ from .model import In, Out, Primitive, ShapeView
 from .onnx_export import FALLBACK_OPSET, Emitter
 
 _MITHRIL = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class LambdaTraceError(ModelError):
-    """A Lambda's function could not be traced into ONNX nodes."""
 
 
 # -- traced values ------------------------------------------------------------------------------
