@@ -116,8 +116,9 @@ def _nbytes(v: PlanValue) -> int:
 
 def checkpoint_segments(plan: Plan, count: int | None = None) -> Checkpointing:
     """Cut ``plan``'s top-level nodes into about ``count`` segments (default: sqrt of the nodes
-    that can be recomputed), each cut placed, near its even position, where the fewest bytes are
-    live across it (between ResNet's blocks rather than inside them). Nodes that cannot be
+    that can be recomputed) defining about equal bytes of values, each cut placed, near its even
+    position, where the fewest bytes are live across it (between ResNet's blocks rather than
+    inside them). Nodes that cannot be
     recomputed (:func:`recompute_blocker`) are left out and end a segment; left-out nodes with
     subgraphs or value-dependent shapes are named in one :class:`GradientCheckpointingWarning`."""
     nodes = plan.nodes
@@ -148,20 +149,24 @@ def checkpoint_segments(plan: Plan, count: int | None = None) -> Checkpointing:
         elif start is not None:
             runs.append((start, i))
             start = None
-    total = sum(b - a for a, b in runs)
-    size = total / max(1, count if count is not None else round(math.sqrt(total)))  # nodes per segment
+    # Segments hold about equal bytes of values (not equal node counts): ResNet's first
+    # segments, at 112x112, are short, so recomputing one never holds much more than another.
+    weight = [max(1, sum(_nbytes(o) for o in pn.outputs)) for pn in nodes]
+    before = np.concatenate([[0], np.cumsum(weight)])  # bytes defined by the nodes before index c
+    count = count if count is not None else round(math.sqrt(sum(b - a for a, b in runs)))
+    per_segment = sum(before[b] - before[a] for a, b in runs) / max(1, count)
     bounds = []
     for a, b in runs:
-        k = min(b - a, max(1, round((b - a) / size)))
+        total = before[b] - before[a]
+        k = min(b - a, max(1, round(total / per_segment)))
         cuts = [a]
         for j in range(1, k):
-            ideal, half = a + (b - a) * j / k, (b - a) / (2 * k)
+            ideal, half = before[a] + total * j / k, total / (2 * k)
             # each later segment keeps at least one node
-            lo_bound, hi_bound = cuts[-1] + 1, b - (k - j)
-            lo, hi = max(lo_bound, math.ceil(ideal - half)), min(hi_bound, math.floor(ideal + half))
-            if lo > hi:
-                lo = hi = min(max(round(ideal), lo_bound), hi_bound)
-            cuts.append(min(range(lo, hi + 1), key=lambda c: (crossing[c], abs(c - ideal))))
+            choices = range(cuts[-1] + 1, b - (k - j) + 1)
+            near = [c for c in choices if abs(before[c] - ideal) <= half]
+            cuts.append(min(near, key=lambda c: (crossing[c], abs(before[c] - ideal))) if near else
+                        min(choices, key=lambda c: abs(before[c] - ideal)))
         cuts.append(b)
         bounds += zip(cuts, cuts[1:])
 

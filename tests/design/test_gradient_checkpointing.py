@@ -149,7 +149,7 @@ def test_numpy_gradient_program_reruns_forward_segments():
     convs = len(conv_lines(plain.code))
     assert len(conv_lines(plain.backward.code)) == convs == 8 and "again" not in plain.backward.code
     # A Conv whose output a rule of its segment reads is printed twice: forward, and recomputed.
-    assert convs < len(conv_lines(pm.backward.code)) < 2 * convs
+    assert convs < len(conv_lines(pm.backward.code)) <= 2 * convs
     assert re.search(r"# segment \d+ \('.*' to '.*'\) again: what its rules read", pm.backward.code)
     # The forward program itself is unchanged on NumPy: recomputation lives in the gradient program.
     assert pm.code == plain.code
@@ -180,27 +180,34 @@ def test_numpy_peak_memory_drops():
     assert peaks[True] < 14, peaks
 
 
-def test_jax_vjp_is_traced_with_remat():
+def test_jax_recomputes_segments_after_the_cotangent():
+    """Each segment keeps its arguments and is computed again in the backward pass; XLA's buffer
+    assignment for the gradient program then holds about 2*sqrt of the activations (jax.checkpoint held all of them
+    on XLA:CPU, which erases its optimization barriers before merging common subexpressions)."""
     jax = pytest.importorskip("jax")
     backend = ml.JaxBackend()
-    x = np.ones((4, 8), np.float32)
-    texts = {}
+    model = _mlp(layers=16, width=64, batch=2048, features=64)
+    x = np.random.default_rng(0).standard_normal((2048, 64)).astype(np.float32)
+    cot = {"output": np.ones((2048, 3), np.float32)}
+    texts, temps = {}, {}
     for gc in (False, True):
-        pm = ml.compile(_mlp(), backend, data_keys={"input"}, jit=False, gradient_checkpointing=gc)
+        pm = ml.compile(model, backend, jit=False, gradient_checkpointing=gc)
         params = pm.get_parameters()
 
-        def grads(p):
-            return pm.evaluate(p, {"input": x}, output_gradients={"output": np.ones((4, 3), np.float32)})[1]
+        def grads(p, x):
+            return pm.evaluate(p, {"input": x}, output_gradients=cot)[1]
 
         with backend.scope():
-            texts[gc] = str(jax.make_jaxpr(grads)(params))
-        assert ("_backend.checkpoint(s0, " in pm.code) == gc
-    assert "remat" not in texts[False]
-    assert texts[True].count("remat") >= 2  # one per segment
-    # a forward-only jitted call stays without remat (hoisting still finds the weight-only work)
+            texts[gc] = str(jax.make_jaxpr(grads)(params, x))
+            temps[gc] = jax.jit(grads).lower(params, x).compile().memory_analysis().temp_size_in_bytes / x.nbytes
+        assert ("= _backend.checkpoint(s0, " in pm.code) == gc
+    # the gradient program computes most of the segments' matmuls again
+    matmuls = {gc: len(re.findall(r"= dot_general\[", text)) for gc, text in texts.items()}
+    assert matmuls[False] + 10 < matmuls[True] < 2 * matmuls[False], matmuls
+    assert temps[False] > 30 and temps[True] < 15, temps
+    # a forward-only call runs the segments as plain calls
     pm = ml.compile(_mlp(), backend, gradient_checkpointing=True)
-    out = pm.evaluate(None, {"input": x})["output"]
-    assert out.shape == (4, 3)
+    assert pm.evaluate(None, {"input": np.ones((4, 8), np.float32)})["output"].shape == (4, 3)
 
 
 @pytest.mark.parametrize("name", ["torch", "mlx"])

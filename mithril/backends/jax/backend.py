@@ -463,23 +463,29 @@ class JaxBackend(Backend):
             return run(dict(params), dict(data), cot)
 
     def checkpoint(self, fn, *args):
-        """``jax.checkpoint`` of a segment of the generated forward while the backend
-        differentiates it (vjp); a plain call otherwise, so forward-only programs stay as they
-        were (hoist.py still finds their weight-only work)."""
+        """A segment of the generated forward whose backward pass computes it again (see
+        :func:`_checkpointed`) while the backend differentiates (vjp); a plain call otherwise,
+        so forward-only programs stay as they were (hoist.py still finds their weight-only work)."""
         return _checkpointed(fn, args) if _DIFFERENTIATING.get() else fn(*args)
 
 
-# True while _make_vjp's function runs (or is traced): the forward's checkpointed segments remat.
+# True while _make_vjp's function runs (or is traced): the forward's checkpointed segments recompute.
 _DIFFERENTIATING = contextvars.ContextVar("mithril_jax_differentiating", default=False)
 
 
 def _checkpointed(fn, args):
-    """``jax.checkpoint(fn)(*args)`` over the JAX arrays among ``args`` (pytrees: sequences
-    too). Other leaves, NumPy values the program computes on the host (shapes), stay concrete
-    in and out: traced, a later static input could not read them."""
+    """``fn(*args)`` whose backward pass keeps only the arguments and differentiates ``fn`` again.
+
+    ``jax.checkpoint`` means the same, but XLA:CPU erases its optimization barriers before its
+    last common-subexpression pass, which merges the recomputation back into the forward pass
+    (ResNet-18 training kept as much memory with it as without). Here a ``custom_vjp`` saves the
+    arguments, and its backward rule ties the recomputation's inputs to the cotangent by an exact
+    identity XLA does not fold (:func:`_tie`), so the recomputation happens after the cotangent
+    exists, on every platform. Only JAX arrays are traced; other leaves (NumPy values computed on
+    the host: shapes) stay concrete, in and out."""
     leaves, tree = jax.tree_util.tree_flatten(args)
     traced = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
-    host = {}  # fn's output structure and host leaves, found when jax.checkpoint traces it (once)
+    host = {}  # fn's output structure and host leaves
 
     def on_arrays(*arrays):
         full = list(leaves)
@@ -489,8 +495,31 @@ def _checkpointed(fn, args):
         host["leaves"] = [None if isinstance(x, jax.Array) else x for x in out_leaves]
         return [x for x in out_leaves if isinstance(x, jax.Array)]
 
-    arrays = iter(jax.checkpoint(on_arrays)(*(leaves[i] for i in traced)))
+    @jax.custom_vjp
+    def segment(*arrays):
+        return on_arrays(*arrays)
+
+    def forward(*arrays):
+        return on_arrays(*arrays), arrays
+
+    def backward(arrays, cotangents):
+        anchor = next((jnp.ravel(c)[0] for c in cotangents
+                       if jnp.issubdtype(c.dtype, jnp.floating) and c.size), None)
+        _, pullback = jax.vjp(on_arrays, *(_tie(a, anchor) for a in arrays))
+        return tuple(pullback(list(cotangents)))
+
+    segment.defvjp(forward, backward)
+    arrays = iter(segment(*(leaves[i] for i in traced)))
     return jax.tree_util.tree_unflatten(host["tree"], [next(arrays) if x is None else x for x in host["leaves"]])
+
+
+def _tie(value, anchor):
+    """``value``, made to depend on ``anchor``: ``where(anchor == anchor, value, value rounded to
+    its own precision)`` is ``value`` whatever ``anchor`` is, and XLA folds neither side."""
+    if anchor is None or not jnp.issubdtype(value.dtype, jnp.floating):
+        return value
+    info = jnp.finfo(value.dtype)
+    return jnp.where(anchor == anchor, value, jax.lax.reduce_precision(value, info.nexp, info.nmant))
 
 
 def _make_vjp(forward, diff_params, diff_data, compiler_options):

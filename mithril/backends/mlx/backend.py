@@ -400,9 +400,9 @@ _SLOT = object()  # where an array sat in a structure handed to mx.checkpoint
 
 
 def _checkpointed(fn, args):
-    """``mx.checkpoint(fn)(*args)`` over the arrays among ``args`` (in sequences too): it
-    differentiates its arguments only, so each array goes in as one. Host values (NumPy arrays
-    of shapes, strings) pass as they are, in and out."""
+    """``mx.checkpoint(fn)(*args)`` over the floating arrays among ``args`` (in sequences too):
+    it differentiates its arguments only, so each goes in as one. Other values (integer arrays,
+    NumPy arrays of shapes, strings) pass as they are, in and out."""
     arrays: list = []
     hollow = _hollow(args, arrays)
     out = {}
@@ -418,10 +418,12 @@ def _checkpointed(fn, args):
 
 
 def _hollow(tree, arrays: list):
-    """``tree`` with each array replaced by _SLOT, its native appended to ``arrays``."""
+    """``tree`` with each floating array replaced by _SLOT, its native appended to ``arrays``
+    (integer arrays, indices, pass as they are: MLX refuses a vector-Jacobian product with
+    respect to gather indices)."""
     if isinstance(tree, (list, tuple)):
         return type(tree)(_hollow(v, arrays) for v in tree)
-    if isinstance(tree, (xp.MlxArray, mx.array)):
+    if isinstance(tree, (xp.MlxArray, mx.array)) and mx.issubdtype(_unwrap(tree).dtype, mx.floating):
         arrays.append(_unwrap(tree))
         return _SLOT
     return tree
