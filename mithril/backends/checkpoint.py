@@ -4,15 +4,16 @@ backward pass recomputes instead of keeping.
 ``compile(..., gradient_checkpointing=True)`` keeps, between the forward and the backward pass,
 only the values that cross a segment boundary; each segment's own intermediate values are
 computed again, segment by segment from the last, just before its backward rules read them.
-With about sqrt(N) segments of about sqrt(N) nodes, the activations held at once drop from all
-N to about 2*sqrt(N) (Chen et al., 2016, "Training Deep Nets with Sublinear Memory Cost"), for
-about one more forward pass of compute.
+With about sqrt(N) segments of about sqrt(N) values each, the activations held at once drop
+from all N to about 2*sqrt(N) (Chen et al., 2016, "Training Deep Nets with Sublinear Memory
+Cost"), for about one more forward pass of compute. The cuts are chosen by bytes, not node
+counts (:func:`_cuts`).
 
 The cut is backend-neutral and made here, from the plan's lifetimes; each backend consumes it:
 
 - JAX, Torch and MLX, whose autodiff differentiates the generated forward, get each segment
   printed as a nested function and called through :meth:`Backend.checkpoint
-  <mithril.backends.backend.Backend.checkpoint>` (``jax.checkpoint``,
+  <mithril.backends.backend.Backend.checkpoint>` (a custom_vjp on JAX,
   ``torch.utils.checkpoint.checkpoint``, ``mx.checkpoint``) by :mod:`.emit_python`;
 - NumPy's gradient program (:mod:`.vjp.program`) re-runs a segment's forward nodes before the
   rules of that segment.
@@ -23,15 +24,18 @@ with subgraphs (If, Loop, Scan) and nodes whose output shapes depend on input va
 checkpointed segment is traced as one function, which can branch on no value), and host-only
 kernels (strings). They end the segment before them.
 
->>> import numpy as np, onnx_ir as ir
+>>> import onnx_ir as ir
 >>> from onnx import helper, TensorProto
 >>> from mithril.backends.plan import build_plan
 >>> nodes = [helper.make_node("Relu", [f"x{i}"], [f"x{i + 1}"]) for i in range(9)]
->>> g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [4])],
-...                       [helper.make_tensor_value_info("x9", TensorProto.FLOAT, [4])])
+>>> values = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [4]) for i in range(10)]
+>>> g = helper.make_graph(nodes, "chain", values[:1], values[-1:], value_info=values[1:-1])
 >>> plan = build_plan(ir.from_proto(helper.make_model(g)).graph, {"": 21})
 >>> [[pn.index for pn in s.nodes] for s in checkpoint_segments(plan).segments]
-[[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+[[0, 1, 2, 3], [4, 5, 6], [7, 8]]
+
+(Later segments are shorter: when the backward pass reaches one, the values crossing every
+earlier cut are still kept.)
 """
 
 from __future__ import annotations
@@ -114,13 +118,11 @@ def _nbytes(v: PlanValue) -> int:
     return elements * (v.dtype.itemsize if v.dtype is not None and v.dtype != object else 4)
 
 
-def checkpoint_segments(plan: Plan, count: int | None = None) -> Checkpointing:
-    """Cut ``plan``'s top-level nodes into about ``count`` segments (default: sqrt of the nodes
-    that can be recomputed) defining about equal bytes of values, each cut placed, near its even
-    position, where the fewest bytes are live across it (between ResNet's blocks rather than
-    inside them). Nodes that cannot be
-    recomputed (:func:`recompute_blocker`) are left out and end a segment; left-out nodes with
-    subgraphs or value-dependent shapes are named in one :class:`GradientCheckpointingWarning`."""
+def checkpoint_segments(plan: Plan) -> Checkpointing:
+    """Cut ``plan``'s top-level nodes into the segments that minimize the modelled peak of the
+    backward pass (:func:`_cuts`). Nodes that cannot be recomputed (:func:`recompute_blocker`)
+    are left out and end a segment; left-out nodes with subgraphs or value-dependent shapes are
+    named in one :class:`GradientCheckpointingWarning`."""
     nodes = plan.nodes
     n = len(nodes)
     defined_at: dict[PlanValue, int] = {v: -1 for v in plan.inputs}
@@ -138,37 +140,11 @@ def checkpoint_segments(plan: Plan, count: int | None = None) -> Checkpointing:
         u = last_read.get(v)
         if u is not None and u > d and v.kind not in ("param", "constant"):
             crossing[d + 1:u + 1] += _nbytes(v)
-
     left_out = [(pn, why) for pn in nodes if (why := recompute_blocker(pn)) is not None]
     blocked = {pn for pn, _ in left_out}
-    runs: list[tuple[int, int]] = []  # [start, stop) of consecutive recomputable nodes
-    start = None
-    for i, pn in enumerate(nodes + [None]):
-        if pn is not None and pn not in blocked:
-            start = i if start is None else start
-        elif start is not None:
-            runs.append((start, i))
-            start = None
-    # Segments hold about equal bytes of values (not equal node counts): ResNet's first
-    # segments, at 112x112, are short, so recomputing one never holds much more than another.
-    weight = [max(1, sum(_nbytes(o) for o in pn.outputs)) for pn in nodes]
-    before = np.concatenate([[0], np.cumsum(weight)])  # bytes defined by the nodes before index c
-    count = count if count is not None else round(math.sqrt(sum(b - a for a, b in runs)))
-    per_segment = sum(before[b] - before[a] for a, b in runs) / max(1, count)
-    bounds = []
-    for a, b in runs:
-        total = before[b] - before[a]
-        k = min(b - a, max(1, round(total / per_segment)))
-        cuts = [a]
-        for j in range(1, k):
-            ideal, half = before[a] + total * j / k, total / (2 * k)
-            # each later segment keeps at least one node
-            choices = range(cuts[-1] + 1, b - (k - j) + 1)
-            near = [c for c in choices if abs(before[c] - ideal) <= half]
-            cuts.append(min(near, key=lambda c: (crossing[c], abs(before[c] - ideal))) if near else
-                        min(choices, key=lambda c: abs(before[c] - ideal)))
-        cuts.append(b)
-        bounds += zip(cuts, cuts[1:])
+    # bytes defined by the nodes before index c
+    before = np.concatenate([[0], np.cumsum([sum(_nbytes(o) for o in pn.outputs) for pn in nodes])])
+    bounds = _cuts(crossing, before, np.array([pn in blocked for pn in nodes], dtype=bool))
 
     segments = []
     for a, b in bounds:
@@ -190,6 +166,59 @@ def checkpoint_segments(plan: Plan, count: int | None = None) -> Checkpointing:
         warnings.warn(f"gradient_checkpointing: {len(untraceable)} node(s) keep their activations (not recomputed): "
                       f"{shown}", GradientCheckpointingWarning, stacklevel=4)
     return Checkpointing(plan, segments, left_out)
+
+
+def _cuts(crossing: np.ndarray, before: np.ndarray, blocked: np.ndarray, longest: int = 512) -> list[tuple[int, int]]:
+    """Segments ``[a, b)`` of recomputable nodes minimizing the peak of a simple model of the
+    backward pass: while segment k is recomputed and differentiated, the values crossing every
+    cut before it (``crossing``, kept from the forward pass) and all the values it defines
+    (``before[b] - before[a]``) are alive. No cut holds everything at once (one segment: all the
+    values, as without checkpointing); cuts everywhere keep everything too. The least peak is
+    found by bisection, each budget checked by a dynamic program over the cut positions that
+    keeps the fewest bytes at each (segments of at most ``longest`` nodes); for a chain of N
+    equal values that is about sqrt(N) segments of sqrt(N) values, and cuts land where few bytes
+    cross (between ResNet's blocks, not inside them). A blocked node runs alone, not recomputed."""
+    n = len(blocked)
+    start = np.zeros(n + 1, dtype=int)  # the first index a segment ending before b may start at
+    for b in range(1, n + 1):
+        start[b] = b if blocked[b - 1] else max(start[b - 1], b - longest)
+
+    def solve(budget: float):
+        kept = np.full(n + 1, np.inf)
+        kept[0] = 0.0
+        parent = np.full(n + 1, -1)
+        for b in range(1, n + 1):
+            if blocked[b - 1]:
+                best = b - 1
+            else:
+                a = start[b]
+                heads = kept[a:b] + (before[b] - before[a:b])
+                if not (heads <= budget).any():
+                    continue
+                best = a + int(np.argmin(np.where(heads <= budget, kept[a:b], np.inf)))
+            if np.isfinite(kept[best]):
+                kept[b] = kept[best] + (crossing[b] if b < n else 0.0)
+                parent[b] = best
+        return parent if np.isfinite(kept[n]) else None
+
+    lo, hi = 0.0, float(before[n] + crossing.sum()) + 1.0
+    parent = solve(hi)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        found = solve(mid)
+        if found is None:
+            lo = mid
+        else:
+            hi, parent = mid, found
+        if hi - lo <= 1e-3 * hi:
+            break
+    bounds, b = [], n
+    while b > 0:
+        a = int(parent[b])
+        if not blocked[b - 1]:
+            bounds.append((a, b))
+        b = a
+    return bounds[::-1]
 
 
 __all__ = ["Checkpointing", "GradientCheckpointingWarning", "Segment", "checkpoint_segments", "recompute_blocker"]

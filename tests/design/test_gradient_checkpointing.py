@@ -217,7 +217,8 @@ def test_segments_run_again_in_the_backward_pass(name):
     calls = {}
     for gc in (False, True):
         pm = ml.compile(_mlp(), backend, data_keys={"input"}, jit=False, gradient_checkpointing=gc)
-        assert pm.code.count("= _backend.checkpoint(s") == (5 if gc else 0)
+        segments = pm.code.count("= _backend.checkpoint(s")
+        assert segments >= 3 if gc else segments == 0
         count = _count_calls(pm, "MatMulAdd")
         params = pm.get_parameters()
         pm.evaluate(params, {"input": backend.from_numpy(x)})
@@ -324,23 +325,37 @@ def _chain_plan(widths: list[int]):
                       {"": 17})
 
 
-def test_segments_are_about_sqrt_n_and_read_what_crosses():
-    plan = _chain_plan([4] * 17)  # 16 nodes
+def test_segments_of_a_chain_and_what_crosses_them():
+    plan = _chain_plan([4] * 17)  # 16 nodes, 16 bytes each
     cut = checkpoint_segments(plan)
-    assert [len(s.nodes) for s in cut.segments] == [4, 4, 4, 4]
+    # the modelled peak, the values crossing earlier cuts plus the segment's own, is at its least:
+    # 6 values (5 cannot hold 16: 5 + 4 + 3 + 2 + 1 = 15), against 16 without checkpointing
+    sizes = [len(s.nodes) for s in cut.segments]
+    assert sum(sizes) == 16 and 4 <= len(sizes) <= 6
+    assert max(size + i for i, size in enumerate(sizes)) == 6, sizes
     first, second = cut.segments[:2]
-    assert [v.name for v in first.inputs] == ["x0"] and [v.name for v in first.outputs] == ["x4"]
-    assert [v.name for v in second.inputs] == ["x4"] and [v.name for v in second.frees] == ["x4"]
+    assert [v.name for v in first.inputs] == ["x0"] and [v.name for v in first.outputs] == [f"x{sizes[0]}"]
+    assert [v.name for v in second.inputs] == [f"x{sizes[0]}"] and second.frees == second.inputs
     assert [v.name for v in cut.segments[-1].outputs] == ["x16"]  # the plan's output
-    assert [len(s.nodes) for s in checkpoint_segments(plan, count=2).segments] == [8, 8]
 
 
 def test_cuts_go_where_the_fewest_bytes_are_live():
-    # a narrow value (x3, 2 floats) near the even cut (before node 4) takes the cut
-    widths = [64, 64, 64, 2, 64, 64, 64, 64, 64]
-    cut = checkpoint_segments(_chain_plan(widths), count=2)
+    # x3 (2 floats) is narrow: a cut there keeps almost nothing
+    cut = checkpoint_segments(_chain_plan([64, 64, 64, 2, 64, 64, 64, 64, 64]))
     assert [v.name for v in cut.segments[1].inputs] == ["x3"]
-    assert [len(s.nodes) for s in cut.segments] == [3, 5]
+    # ResNet-18's training graph: every cut falls between blocks (one value crosses it, or two
+    # at a downsampling block's input), and the segments kept are far below all activations
+    from models_zoo import resnet18
+    from mithril.models import CrossEntropy, Mean, TrainModel
+
+    tm = TrainModel(resnet18(num_classes=10))
+    tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    pm = ml.compile(tm, ml.NumpyBackend(), shapes={"input": [2, 3, 64, 64], "target": [2]}, inference=True)
+    plan = build_plan(pm.ir.graph, pm.model.opset_imports, "numpy", param_names=set(pm.parameter_keys))
+    cut = checkpoint_segments(plan)
+    assert 4 <= len(cut.segments) <= 12
+    for segment in cut.segments[1:]:
+        assert len([v for v in segment.inputs if v.kind == "node"]) <= 2, [v.name for v in segment.inputs]
 
 
 def test_doc_jax_optimization_techniques():
