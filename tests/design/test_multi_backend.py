@@ -119,8 +119,9 @@ def test_multi_device_training_call(resnet):
 
     train = TrainModel(resnet18(num_classes=10))
     train.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[ml.models.Mean()])
-    model = ml.compile(train, backend=multi_gpu_backend, data_keys={"input", "target"},
-                       shapes={"input": [2, 3, 32, 32], "target": [2]})
+    with pytest.warns(UserWarning, match="data_parallel runs parts of the batch, and compile's shapes fix the batch dim"):
+        model = ml.compile(train, backend=multi_gpu_backend, data_keys={"input", "target"},
+                           shapes={"input": [2, 3, 32, 32], "target": [2]})
     rng = np.random.default_rng(1)
     outputs, grads = model.evaluate(model.randomize_params(),
                                     {"input": rng.standard_normal((2, 3, 32, 32)).astype(np.float32),
