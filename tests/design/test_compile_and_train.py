@@ -16,6 +16,8 @@ import pytest
 import mithril as ml
 from mithril.models import IOKey, Linear, Model, Relu
 
+from .test_model_building import classification_model
+
 
 def small_model(features: int = 8, hidden: int = 16, classes: int = 4) -> Model:
     """What a reader adds for ``model``: a two-layer perceptron over [N, features]."""
@@ -69,40 +71,36 @@ def test_numpy_float64_backend():
     np.testing.assert_allclose(out, reference_forward(params, x), rtol=1e-12)
 
 
+def migrate(source_backend, target_backend, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The guide's migration: compile on the source, randomize_params there, to_numpy, compile on
+    the target, ``target_backend.array`` of each; both evaluated on one input."""
+    model = small_model()
+    source_model = ml.compile(model, source_backend)
+    source_params = source_model.randomize_params()
+    numpy_params = {k: source_backend.to_numpy(v) for k, v in source_params.items()}
+    target_model = ml.compile(model, target_backend)
+    target_params = {k: target_backend.array(v) for k, v in numpy_params.items()}
+
+    x = np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
+    source_out = source_model.evaluate(source_params, {"input": source_backend.array(x)})["output"]
+    target_out = target_model.evaluate(target_params, {"input": target_backend.array(x)})["output"]
+    expected = reference_forward(numpy_params, x)
+    return source_backend.to_numpy(source_out), target_backend.to_numpy(target_out), expected
+
+
 def test_migration_jax_to_torch():
     """000 backend comparison, "Migration Between Backends / JAX to PyTorch": parameters made
     on JAX, moved through NumPy, give the same outputs on Torch."""
-    model = small_model()
-    jax_backend = ml.JaxBackend(dtype=ml.float32)
-    jax_model = ml.compile(model, jax_backend)
-    jax_params = jax_model.randomize_params()
-    numpy_params = {k: jax_backend.to_numpy(v) for k, v in jax_params.items()}
-    torch_backend = ml.TorchBackend(dtype=ml.float32)
-    torch_model = ml.compile(model, torch_backend)
-    torch_params = {k: torch_backend.array(v) for k, v in numpy_params.items()}
-
-    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
-    jax_out = jax_model.evaluate(jax_params, {"input": jax_backend.array(x)})["output"]
-    torch_out = torch_model.evaluate(torch_params, {"input": torch_backend.array(x)})["output"]
-    np.testing.assert_allclose(torch_backend.to_numpy(torch_out), jax_backend.to_numpy(jax_out), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(torch_backend.to_numpy(torch_out), reference_forward(numpy_params, x), rtol=1e-4, atol=1e-5)
+    jax_out, torch_out, expected = migrate(ml.JaxBackend(dtype=ml.float32), ml.TorchBackend(dtype=ml.float32), 2)
+    np.testing.assert_allclose(torch_out, jax_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(torch_out, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_migration_torch_to_mlx():
     """000 backend comparison, "Migration Between Backends / PyTorch to MLX"."""
-    model = small_model()
-    torch_backend = ml.TorchBackend(dtype=ml.float32)
-    torch_model = ml.compile(model, torch_backend)
-    torch_params = torch_model.randomize_params()
-    numpy_params = {k: torch_backend.to_numpy(v) for k, v in torch_params.items()}
-    mlx_backend = ml.MLXBackend(dtype=ml.float32)
-    mlx_model = ml.compile(model, mlx_backend)
-    mlx_params = {k: mlx_backend.array(v) for k, v in numpy_params.items()}
-
-    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
-    torch_out = torch_model.evaluate(torch_params, {"input": torch_backend.array(x)})["output"]
-    mlx_out = mlx_model.evaluate(mlx_params, {"input": mlx_backend.array(x)})["output"]
-    np.testing.assert_allclose(mlx_backend.to_numpy(mlx_out), torch_backend.to_numpy(torch_out), rtol=1e-5, atol=1e-5)
+    torch_out, mlx_out, expected = migrate(ml.TorchBackend(dtype=ml.float32), ml.MLXBackend(dtype=ml.float32), 3)
+    np.testing.assert_allclose(mlx_out, torch_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mlx_out, expected, rtol=1e-4, atol=1e-5)
 
 
 # -- 003 JAX backend: compile, run, differentiate --------------------------------------------
@@ -389,18 +387,6 @@ def test_pickle_serialization_round_trip(tmp_path):
     x = backend.array(np.ones((2, 8), np.float32))
     np.testing.assert_array_equal(backend.to_numpy(pm.evaluate(loaded, {"input": x})["output"]),
                                   backend.to_numpy(pm.evaluate(params, {"input": x})["output"]))
-
-
-def classification_model() -> Model:
-    """004 MLX backend, "Examples / Basic Classification Model": the model as the guide builds it."""
-    model = ml.Model()
-    model |= ml.Linear(dimension=128)(input="input", output="hidden1")
-    model += ml.Relu()(input="hidden1", output="hidden1_act")
-    model += ml.Linear(dimension=64)(input="hidden1_act", output="hidden2")
-    model += ml.Relu()(input="hidden2", output="hidden2_act")
-    model += ml.Linear(dimension=10)(input="hidden2_act", output="logits")
-    model += ml.Softmax()(input="logits", output="output")
-    return model
 
 
 def test_mlx_classification_example_trains():
