@@ -253,7 +253,8 @@ def test_cross_backend_transfer_learning():
         assert last < first
         return params
 
-    torch_backend = ml.TorchBackend(device="cuda")  # no CUDA here: one warning, then the CPU
+    with pytest.warns(ml.errors.DeviceFallbackWarning, match="'cuda' is not present.*running on cpu"):
+        torch_backend = ml.TorchBackend(device="cuda")  # no CUDA here: one warning, then the CPU
     torch_model = ml.compile(model, backend=torch_backend, data_keys={"input"})
     torch_params = train_model(torch_model, torch_backend, training_data)
     numpy_params = {k: v.cpu().numpy() for k, v in torch_params.items()}
