@@ -11,7 +11,8 @@ The generated function looks like::
         return {'output': v9}
 
 Each value is deleted after its last use (the plan's lifetimes); subgraphs (If/Loop/Scan bodies)
-become nested functions that close over the outer values they read. The source is exec'd under
+become nested functions that close over the outer values they read, and so do the segments of
+gradient checkpointing (:mod:`.checkpoint`), called through ``_backend.checkpoint``. The source is exec'd under
 a filename registered with ``linecache`` so tracebacks show the generated line, and the line ->
 node map lets errors name the node that failed. The emitter reads only the plan (see
 :mod:`.plan`); the gradient program (:mod:`.vjp.program`) prints through the same methods.
