@@ -168,7 +168,8 @@ def checkpoint_segments(plan: Plan) -> Checkpointing:
     return Checkpointing(plan, segments, left_out)
 
 
-def _cuts(crossing: np.ndarray, before: np.ndarray, blocked: np.ndarray, longest: int = 512) -> list[tuple[int, int]]:
+def _cuts(crossing: np.ndarray, before: np.ndarray, blocked: np.ndarray,
+          longest: int = 512) -> list[tuple[int, int]]:
     """Segments ``[a, b)`` of recomputable nodes minimizing the peak of a simple model of the
     backward pass: while segment k is recomputed and differentiated, the values crossing every
     cut before it (``crossing``, kept from the forward pass) and all the values it defines

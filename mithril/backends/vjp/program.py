@@ -100,7 +100,8 @@ class GradientPlan:
 
     @property
     def forward_frees(self) -> list[tuple[PlanValue, ...]]:
-        """Per forward node, what dies after it (replacing ``plan.nodes[i].frees``: a value a rule reads lives longer)."""
+        """Per forward node, what dies after it (instead of ``plan.nodes[i].frees``: a value a rule
+        reads lives longer)."""
         return [step.frees for step in self.steps if step.kind == "forward"]
 
     @property
