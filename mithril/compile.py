@@ -299,9 +299,10 @@ def compile(
     - ``verbose=True`` prints each stage (build, specialize, plan, lower, gradients, jit) with
       its time, and the inputs and outputs with their shapes.
     - ``gradient_checkpointing=True`` recomputes activations in the backward pass instead of
-      keeping them: about sqrt(N) segments of the graph, each run again before its gradients
-      (``jax.checkpoint``, ``torch.utils.checkpoint``, ``mx.checkpoint``; NumPy's gradient
-      program re-runs them). Same gradients, less memory, about one more forward pass of work.
+      keeping them: the graph is cut into segments (:mod:`mithril.backends.checkpoint`), each
+      run again before its gradients (``torch.utils.checkpoint``, ``mx.checkpoint``, a
+      ``custom_vjp`` per segment on JAX; NumPy's gradient program re-runs them). Same gradients,
+      less memory, about one more forward pass of work.
 
     >>> import mithril as ml, numpy as np
     >>> from onnx import helper, TensorProto
@@ -415,7 +416,7 @@ def compile(
         stages.done("gradients")
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
     if jit:
-        jitted = backend.jit(program.forward, dict(jit_options)) if jit_options else backend.jit(program.forward)
+        jitted = backend.jit(program.forward, dict(jit_options or {}))
         blocking = _jit_blockers(plan) if jitted is not program.forward else []
         if blocking:
             warnings.warn(f"running un-jitted because of {'; '.join(blocking)}", JitFallbackWarning, stacklevel=3)
