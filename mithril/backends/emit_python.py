@@ -20,6 +20,7 @@ node map lets errors name the node that failed. The emitter reads only the plan 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import linecache
 import math
@@ -59,10 +60,16 @@ class LoweredProgram:
     namespace: dict[str, Any]
     lines: dict[int, NodeSite] = field(default_factory=dict)
     entry: str = "forward"
+    # A backend's wrapper around the generated entry (autocast, data parallel, a compute dtype).
+    wrapped: Callable | None = None
 
     @property
     def forward(self):
-        return self.namespace[self.entry]
+        return self.wrapped if self.wrapped is not None else self.namespace[self.entry]
+
+    def with_forward(self, forward: Callable) -> "LoweredProgram":
+        """The same program (source, line map) whose ``forward`` is ``forward``, a wrapper of it."""
+        return dataclasses.replace(self, wrapped=forward)
 
 
 def _literal(value: Any) -> str | None:

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from ...dtypes import is_floating_np
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
+from ...dtypes import as_dtype, is_floating_np
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MithrilError
 from ..backend import Backend, check_device_mesh, device_kind, parse_bytes, warn_user
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx.
@@ -189,10 +189,8 @@ class MlxBackend(Backend):
         if value is None:
             return None
         try:
-            from ...dtypes import as_dtype
-
             found = as_dtype(value)
-        except Exception:
+        except MithrilError:
             found = None
         if found is None or found.name not in _COMPUTE_PRECISIONS:
             raise BackendOptionError(f"MlxBackend: compute_precision must be one of {', '.join(_COMPUTE_PRECISIONS)} "
@@ -305,7 +303,7 @@ class MlxBackend(Backend):
             return program
         declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
                     if v.dtype is not None and xp.is_supported(v.dtype)}
-        return _WithForward(program, _ComputeIn(program.forward, self.compute_precision, declared))
+        return program.with_forward(_ComputeIn(program.forward, self.compute_precision, declared))
 
     def jit(self, forward, options: dict | None = None):
         """``mx.compile`` of the whole forward; ``options``: ``shapeless``."""
@@ -451,17 +449,6 @@ for _name in ("add", "subtract", "multiply", "divide", "matmul", "maximum", "min
               "isnan", "sum", "mean", "max", "reshape", "transpose", "concat",
               "power", "negative", "abs", "exp", "log", "sqrt", "sin", "cos", "where", "min"):
     setattr(MlxBackend, _name, _native_api(_name))
-
-
-class _WithForward:
-    """A lowered program whose ``forward`` is wrapped; source, line map and the rest are the program's."""
-
-    def __init__(self, program, forward):
-        self._program = program
-        self.forward = forward
-
-    def __getattr__(self, name):
-        return getattr(self._program, name)
 
 
 class _ComputeIn:

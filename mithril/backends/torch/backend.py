@@ -285,7 +285,7 @@ class TorchBackend(Backend):
         if self.enable_amp:
             declared = {v.name: txp.TO_TORCH.get(v.dtype) for v in plan.outputs if v.dtype is not None}
             forward = _Autocast(forward, self._device.type, self.amp_dtype, declared)
-        return program if forward is program.forward else _WithForward(program, forward)
+        return program if forward is program.forward else program.with_forward(forward)
 
     def jit(self, forward, options: dict | None = None):
         """``torch.compile`` of the whole forward; ``options`` are torch.compile's keyword
@@ -400,18 +400,6 @@ def _native(v, device):
     if isinstance(v, torch.Tensor):
         return v
     return txp.tensor_from_numpy(np.asarray(v), device)
-
-
-class _WithForward:
-    """A lowered program whose ``forward`` is wrapped (autocast, data parallel); source, line
-    map and the rest are the program's."""
-
-    def __init__(self, program, forward):
-        self._program = program
-        self.forward = forward
-
-    def __getattr__(self, name):
-        return getattr(self._program, name)
 
 
 class _Autocast:
