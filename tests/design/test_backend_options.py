@@ -423,6 +423,9 @@ def test_torch_model_parallel_and_strategy_errors():
         ml.TorchBackend(parallel_strategy="pipeline", devices=["cpu"])
     with pytest.raises(BackendOptionError, match="devices=\\['cpu'\\] needs a parallel_strategy, one of data_parallel, model_parallel"):
         ml.TorchBackend(devices=["cpu"])
+    for devices in ([], "cuda:0"):
+        with pytest.raises(BackendOptionError, match=r"devices must be a non-empty list such as \['cuda:0', 'cuda:1'\], got"):
+            ml.TorchBackend(parallel_strategy="data_parallel", devices=devices)
 
 
 def test_torch_jit_options_reach_torch_compile():
