@@ -22,6 +22,7 @@ from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
+from .onnx_bridge.precision import convert_precision
 from .backends.specialize import specialize
 
 
@@ -280,6 +281,7 @@ def compile(
     auto_scalar_promotion: bool = True,
     verbose: bool = False,
     gradient_checkpointing: bool = False,
+    keep_io_types: bool = False,
     **unknown_options,
 ) -> PhysicalModel:
     """Lower ``model`` (an ONNX path/bytes/proto, a loaded model, or a frontend ``Model`` or
@@ -347,6 +349,7 @@ def compile(
     stages.done("build" if loss_key is None and not buffers else "build (training graph)")
     opsets = model.opset_imports
     work = _clone(model.ir)
+    convert_precision(work, backend, keep_io_types=keep_io_types)
     graph = work.graph
     buffers |= _batchnorm_statistics(graph)
     constant_keys = set(constant_keys or ())
@@ -430,7 +433,7 @@ def compile(
 
 _COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "inference", "jit",
                     "file_path", "jit_options", "static_shapes", "static_inference",
-                    "auto_scalar_promotion", "verbose", "gradient_checkpointing")
+                    "auto_scalar_promotion", "verbose", "gradient_checkpointing", "keep_io_types")
 
 
 def _as_model(model):
