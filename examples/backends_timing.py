@@ -30,7 +30,7 @@ def build(name: str, batch: int, image_size: int):
     elif name == "vit":
         model = models_zoo.vit(image_size=image_size, patch_size=image_size // 4)
     else:
-        raise SystemExit(f"unknown model {name!r}")
+        raise SystemExit(f"backends_timing: unknown model {name!r}")
     return model, rng.standard_normal((batch, 3, image_size, image_size)).astype(np.float32)
 
 
@@ -70,8 +70,7 @@ def main() -> int:
         diff = float(np.max(np.abs(y - reference)))
         print(f"{backend.name:8} {compile_s:10.2f} {first_ms:13.1f} {np.median(runs):14.1f} {diff:20.2e}")
         if diff > 1e-3 * max(1.0, float(np.abs(reference).max())):
-            print(f"{backend.name} disagrees with the first backend")
-            return 1
+            raise SystemExit(f"backends_timing: {backend.name} differs from the first backend by {diff:.2e}")
     return 0
 
 
