@@ -28,6 +28,7 @@ from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch o
 from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401
+from .backends.custom_ops import register_op, scoped_ops, unregister_op  # noqa: F401  (custom ops)
 from . import optimizers  # noqa: F401,E402
 from . import models  # noqa: F401,E402  (ml.models.MLP, ml.models.resnet18...)
 # The blocks a model is usually built from, at the top level (ml.Linear); all of them are in ml.models.
@@ -38,6 +39,7 @@ from .models import (  # noqa: F401,E402
     BatchNorm2D,
     Conv2d,
     Convolution1D,
+    CustomOp,
     Convolution2D,
     Dropout,
     Embedding,

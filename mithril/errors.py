@@ -70,27 +70,50 @@ class UnsupportedOpError(NodeError):
     """No kernel for this op at this opset (on this backend)."""
 
 
-class UnsupportedDomainError(MithrilError):
-    """The graph uses operator domains Mithril does not implement."""
+def _node_lines(rows: Iterable[tuple[str, str, int | None]], notes: dict[str, str] | None) -> list[str]:
+    """``  label: op (opset N); note`` per node."""
+    lines = []
+    for label, op, opset in rows:
+        line = f"  {label}: {op}" + (f" (opset {opset})" if opset is not None else "")
+        if notes and notes.get(label):
+            line += f"; {notes[label]}"
+        lines.append(line)
+    return lines
 
-    def __init__(self, nodes: Iterable[tuple[str, str, str]]):
+
+class UnsupportedDomainError(MithrilError):
+    """The graph uses operator domains with no kernel on the backend (none registered, or only
+    for other backends: ``notes`` says which); ``hint`` says how to register one."""
+
+    def __init__(self, nodes: Iterable[tuple[str, str, str]], *, backend: str | None = None,
+                 opsets: dict[str, int] | None = None, notes: dict[str, str] | None = None, hint: str = ""):
         self.nodes = list(nodes)
-        lines = [f"  {label}: {domain}::{op}" for label, domain, op in self.nodes]
+        self.backend = backend
+        lines = _node_lines(((label, f"{domain}::{op}", (opsets or {}).get(domain)) for label, domain, op in self.nodes),
+                            notes)
         domains = sorted({d for _, d, _ in self.nodes})
+        on = f" on backend {backend!r}" if backend and backend != "*" else ""
         super().__init__(
-            f"unsupported domain(s) {', '.join(domains)}; {len(self.nodes)} node(s) use them:\n"
-            + "\n".join(lines)
+            f"unsupported domain(s) {', '.join(domains)}{on}; {len(self.nodes)} node(s) use them:\n"
+            + "\n".join(lines) + (f"\n{hint}" if hint else "")
         )
+
+
+class KernelRegistrationError(MithrilError):
+    """A kernel registered twice by accident (both definitions named), or with a bad name, domain,
+    version or function (``register_op``, ``@kernel``, ``@override``)."""
 
 
 class UnsupportedOpsError(MithrilError):
     """Several ops at once have no kernel: raised listing all of them."""
 
-    def __init__(self, missing: list[tuple[str, str, int]], backend: str):
+    def __init__(self, missing: list[tuple[str, str, int]], backend: str, *, notes: dict[str, str] | None = None,
+                 hint: str = ""):
         self.missing = missing
-        lines = [f"  {label}: {op} (opset {opset})" for label, op, opset in missing]
+        lines = _node_lines(missing, notes)
         super().__init__(
             f"backend {backend!r} has no kernel for {len(missing)} node(s):\n" + "\n".join(lines)
+            + (f"\n{hint}" if hint else "")
         )
 
 

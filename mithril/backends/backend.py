@@ -89,6 +89,8 @@ class Backend(metaclass=TensorAPI):
     - Devices: :meth:`devices` lists the devices present, in the spelling ``device=`` takes; a
       device that is not present warns once (:func:`warn_user`, ``DeviceFallbackWarning``) and
       the backend runs on the CPU; :meth:`to_device` moves an array.
+    - Custom ops: :meth:`register_op` registers a kernel in the framework's own arrays under this
+      backend's ``name`` (an override, :mod:`mithril.backends.registry`).
     - Options: keyword arguments of ``__init__``; an unknown one is refused by
       :meth:`_refuse_unknown_options` listing :meth:`options`; one the machine cannot honour
       warns once (``BackendOptionWarning``). ``jit_by_default`` is what ``compile(jit=None)``
@@ -261,6 +263,49 @@ class Backend(metaclass=TensorAPI):
         from ..errors import MithrilError
 
         raise MithrilError(f"{type(self).__name__} does not compute gradients")
+
+    # -- custom ops ------------------------------------------------------------------
+    @classmethod
+    def register_op(cls, name: str, fn=None, *, domain: str | None = None, since: int = 1, output_shapes=None,
+                    vjp=None, replace: bool = False, **meta):
+        """Register ``fn``, written in this backend's framework (``jnp`` on JAX, ``torch`` on
+        Torch, ``mx`` on MLX, NumPy here), as the kernel of op ``name`` in ``domain``
+        (``mithril.custom`` unless given) for every backend of this kind; a decorator when ``fn``
+        is left out. ``fn`` takes the node's inputs positionally and its attributes as keyword
+        arguments; the other options are :func:`~mithril.backends.custom_ops.register_op`'s. A
+        model uses the op through ``ml.CustomOp(name)``; a loaded file through nodes of that domain.
+
+        >>> import numpy as np, mithril as ml
+        >>> with ml.scoped_ops():
+        ...     @ml.NumpyBackend.register_op("cube")
+        ...     def cube(x):
+        ...         return x ** 3
+        ...     model = ml.Model()
+        ...     model |= ml.CustomOp("cube")(input="input", output="output")
+        ...     pm = ml.compile(model, ml.NumpyBackend(), shapes={"input": [2]})
+        ...     pm.evaluate({}, {"input": np.array([2.0, 3.0], np.float32)})["output"]
+        array([ 8., 27.], dtype=float32)
+        """
+        from .custom_ops import register_op
+        from .registry import CUSTOM_DOMAIN
+
+        return register_op(name, fn, backend=cls.name, domain=CUSTOM_DOMAIN if domain is None else domain,
+                           since=since, output_shapes=output_shapes, vjp=vjp, replace=replace, **meta)
+
+    @classmethod
+    def framework_kernel(cls, fn):
+        """``fn``, written over this framework's arrays, as a kernel of this backend's programs: ``fn``
+        itself where the programs compute on the framework's own arrays; a backend computing on a
+        facade (MLX's ``xp``) hands ``fn`` native arrays and wraps what it returns."""
+        return fn
+
+    @classmethod
+    def unregister_op(cls, name: str, *, domain: str | None = None, since: int | None = None) -> None:
+        """Remove what :meth:`register_op` registered for op ``name`` on this kind of backend."""
+        from .custom_ops import unregister_op
+        from .registry import CUSTOM_DOMAIN
+
+        unregister_op(name, backend=cls.name, domain=CUSTOM_DOMAIN if domain is None else domain, since=since)
 
     # -- creation --------------------------------------------------------------------
     # Every creation method takes ``dtype`` (default: the backend's) and ``device`` (default: the

@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import linecache
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,7 +134,9 @@ class PythonEmitter:
     def kernel_name(self, spec: KernelSpec) -> str:
         key = id(spec)
         if key not in self._kernel_names:
-            name = f"{spec.fn.__name__}_{len(self._kernel_names)}"
+            # A lambda or partial (a user's register_op) has no identifier for a name.
+            base = re.sub(r"\W|^(?=\d)", "_", getattr(spec.fn, "__name__", "") or "kernel")
+            name = f"{base}_{len(self._kernel_names)}"
             self._kernel_names[key] = name
             self.namespace[name] = spec.fn
         return self._kernel_names[key]

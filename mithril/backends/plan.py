@@ -40,7 +40,7 @@ from ..onnx_bridge.schema import (
     is_graph_attribute,
     max_outputs,
 )
-from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo
+from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo, missing_kernel_help
 
 # Keyword arguments a kernel may declare that the runtime supplies (not the node).
 RUNTIME_ARGUMENTS = ("xp", "rng")
@@ -220,14 +220,17 @@ def outer_reads(graph: ir.Graph) -> set[ir.Value]:
     return used - defined
 
 
-def check_domains(graph: ir.Graph, backend: str = "*", registry: KernelRegistry = REGISTRY) -> None:
-    """Nodes of a domain no kernel is registered for are refused together, before any op lookup.
-    Model-local functions are inlined before lowering, so their domains never reach here."""
+def check_domains(graph: ir.Graph, backend: str = "*", registry: KernelRegistry = REGISTRY,
+                  opsets: dict[str, int] | None = None) -> None:
+    """Nodes of a domain no kernel is registered for (on ``backend``) are refused together,
+    before any op lookup, saying how to register one. Model-local functions are inlined before
+    lowering, so their domains never reach here."""
     supported = registry.domains(backend)
     bad = [(node_label(node, i), node.domain, node.op_type) for i, node in enumerate(graph.all_nodes())
            if canonical_domain(node.domain) not in supported]
     if bad:
-        raise UnsupportedDomainError(bad)
+        notes, hint = missing_kernel_help(backend, [(label, canonical_domain(d), op) for label, d, op in bad])
+        raise UnsupportedDomainError(bad, backend=backend, opsets=opsets, notes=notes, hint=hint)
 
 
 class _Builder:
@@ -238,6 +241,7 @@ class _Builder:
         self.strict = strict
         self.values: dict[ir.Value, PlanValue] = {}
         self.missing: list[tuple[str, str, int]] = []
+        self.missing_ops: list[tuple[str, str, str]] = []  # (label, domain, op_type) of each
         self.index = 0
 
     def value(self, v: ir.Value, kind: str = "node") -> PlanValue:
@@ -279,6 +283,7 @@ class _Builder:
         problem = None
         if spec is None:
             self.missing.append((label, node.op_type if not domain else f"{domain}::{node.op_type}", opset))
+            self.missing_ops.append((label, domain, node.op_type))
             problem = "no kernel"
         inputs = tuple(None if v is None else self.value(v) for v in node.inputs)
         outputs = tuple(self.value(o) for o in node.outputs)
@@ -368,11 +373,12 @@ def build_plan(graph: ir.Graph, opsets: dict[str, int], backend: str = "*", *,
     unsupported attributes raise, missing kernels all listed in one error; otherwise each
     problem stays on its node."""
     if strict:
-        check_domains(graph, backend)
+        check_domains(graph, backend, opsets=opsets)
     builder = _Builder(opsets, backend, set(param_names), strict)
     plan = builder.graph(graph, top=True)
     if builder.missing and strict:
-        raise UnsupportedOpsError(builder.missing, backend)
+        notes, hint = missing_kernel_help(backend, builder.missing_ops)
+        raise UnsupportedOpsError(builder.missing, backend, notes=notes, hint=hint)
     return plan
 
 

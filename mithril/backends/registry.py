@@ -53,11 +53,28 @@ Metadata a kernel declares at registration, read by the code named here, never r
 
 ``KernelSpec.location`` is where the function is defined (``mithril/backends/kernels/nn.py:142``),
 for generated code and for ``mithril ops``.
+
+Custom ops (docs/custom_ops.md; :mod:`mithril.backends.custom_ops`). Any domain with a kernel is
+accepted at compile, at the version the model imports it with. A user's op goes in a domain of its
+own (:data:`CUSTOM_DOMAIN`, ``mithril.custom``, unless ``domain=`` says otherwise), registered
+
+- for one backend, in its framework (``jnp``, ``torch``, ``mx``): ``ml.JaxBackend.register_op("gelu",
+  fn)``, also on an instance and as a decorator (``@backend.register_op("gelu")``), or
+  ``ml.register_op("gelu", fn, backend="jax")``: an override under that backend's name; or
+  ``@override("jax", "gelu", domain="mithril.custom")`` as the built-in overrides are;
+- for every backend, over ``xp``: ``ml.register_op("gelu", fn)``, or
+  ``@kernel("gelu", domain="mithril.custom")`` as the built-in kernels are.
+
+A second registration of the same op, domain, ``since`` and backend is a
+:class:`~mithril.errors.KernelRegistrationError` naming both definitions, unless it says
+``replace=True``; ``register_op`` replaces its own earlier registration (a re-run notebook cell).
+``ml.scoped_ops()`` undoes what is registered inside it (tests), ``ml.unregister_op`` one op.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import inspect
 import os
@@ -65,6 +82,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..errors import KernelRegistrationError
+
+# The domain ``register_op`` and ``ml.CustomOp`` use unless given another: user ops, apart from
+# ONNX's domains and from ``ai.mithril`` (the ops Mithril's own passes make).
+CUSTOM_DOMAIN = "mithril.custom"
+# Domains whose ops Mithril implements itself; a missing op of another domain is a custom op
+# nobody registered, and the error says how to register one.
+STANDARD_DOMAINS = frozenset({"", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft", "ai.mithril"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +119,8 @@ class KernelSpec:
     emit_required: bool = False
     # Why a backend override exists: the semantic gap it fills or the speed-up it buys.
     reason: str = ""
+    # Registered through register_op: a later register_op of the same op replaces it.
+    custom: bool = False
     accepts: frozenset[str] = field(default_factory=frozenset)
     accepts_var_keyword: bool = False
 
@@ -154,7 +182,10 @@ def _on_host(fn, takes_xp: bool):
 
 
 def _make_spec(fn, op_type, domain, since, **meta) -> KernelSpec:
-    params = inspect.signature(fn).parameters.values()
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or ufunc (np.tanh): inputs only, no attributes
+        params = ()
     accepts = frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     if meta.get("host_only"):
@@ -176,18 +207,62 @@ class KernelRegistry:
     def __init__(self) -> None:
         # backend name ("*" for shared kernels) -> (domain, op) -> sorted [(since, spec)]
         self._tables: dict[str, dict[tuple[str, str], list[tuple[int, KernelSpec]]]] = {}
+        # Open scoped() blocks: each records (backend, spec, the spec it replaced or None).
+        self._journals: list[list[tuple[str, KernelSpec, KernelSpec | None]]] = []
 
-    def register(self, backend: str, spec: KernelSpec) -> None:
+    def register(self, backend: str, spec: KernelSpec, *, replace: bool = False) -> None:
+        """Add ``spec`` to ``backend``'s table ("*": shared). The same op, domain and ``since``
+        twice is an error naming both definitions, unless ``replace`` (or both came from
+        ``register_op``, ``spec.custom``)."""
         table = self._tables.setdefault(backend, {})
         entries = table.setdefault((spec.domain, spec.op_type), [])
-        for since, _ in entries:
-            if since == spec.since:
-                raise ValueError(f"kernel {spec.name} registered twice for backend {backend!r}")
+        old = next((e for s, e in entries if s == spec.since), None)
+        if old is not None and not replace and not (old.custom and spec.custom):
+            where = "every backend" if backend == "*" else f"backend {backend!r}"
+            raise KernelRegistrationError(
+                f"kernel {spec.name} registered twice for {where}: first {old.function} at {old.location}, "
+                f"again {spec.function} at {spec.location}; pass replace=True to replace it on purpose, "
+                "or register the new op under another name or domain")
+        if old is not None:
+            entries[:] = [(s, e) for s, e in entries if e is not old]
         bisect.insort(entries, (spec.since, spec), key=lambda e: e[0])
+        for journal in self._journals:
+            journal.append((backend, spec, old))
 
     def unregister(self, backend: str, op_type: str, since: int, domain: str = "") -> None:
         entries = self._tables.get(backend, {}).get((domain, op_type), [])
         entries[:] = [(s, spec) for s, spec in entries if s != since]
+
+    def where(self, op_type: str, domain: str = "") -> list[str]:
+        """The tables holding ``op_type`` at any version: "*" (every backend) and backend names."""
+        return sorted(b for b, table in self._tables.items() if table.get((domain, op_type)))
+
+    def shape_rule(self, op_type: str, opset: int, domain: str = "") -> Callable | None:
+        """The ``output_shapes`` rule for an op at ``opset``: the shared kernel's, else the first
+        backend override's that has one (shapes do not depend on the backend)."""
+        for backend in ("*", *self.backends()):
+            spec = self.resolve(op_type, opset, domain, backend)
+            if spec is not None and spec.output_shapes is not None:
+                return spec.output_shapes
+        return None
+
+    @contextlib.contextmanager
+    def scoped(self):
+        """Undo, on exit, the registrations made inside that did not come from Mithril's own
+        modules (a backend's overrides imported meanwhile stay): the replaced kernels come back."""
+        journal: list[tuple[str, KernelSpec, KernelSpec | None]] = []
+        self._journals.append(journal)
+        try:
+            yield self
+        finally:
+            self._journals.remove(journal)
+            for backend, spec, old in reversed(journal):
+                if inspect.unwrap(spec.fn).__module__.startswith("mithril."):
+                    continue
+                entries = self._tables.get(backend, {}).get((spec.domain, spec.op_type), [])
+                entries[:] = [(s, e) for s, e in entries if e is not spec]
+                if old is not None and all(s != old.since for s, _ in entries):
+                    bisect.insort(entries, (old.since, old), key=lambda e: e[0])
 
     def resolve(self, op_type: str, opset: int, domain: str = "", backend: str = "*") -> KernelSpec | None:
         """Newest kernel with since <= opset; a backend override beats the shared kernel
@@ -203,9 +278,9 @@ class KernelRegistry:
         return best
 
     def ops(self, backend: str = "*") -> set[tuple[str, str]]:
-        ops = set(self._tables.get("*", {}))
+        ops = {key for key, entries in self._tables.get("*", {}).items() if entries}
         if backend != "*":
-            ops |= set(self._tables.get(backend, {}))
+            ops |= {key for key, entries in self._tables.get(backend, {}).items() if entries}
         return ops
 
     def domains(self, backend: str = "*") -> set[str]:
@@ -246,26 +321,51 @@ class KernelRegistry:
 REGISTRY = KernelRegistry()
 
 
-def kernel(op_type: str, *, since: int = 1, domain: str = "", **meta):
+def kernel(op_type: str, *, since: int = 1, domain: str = "", replace: bool = False, **meta):
     """Register a shared kernel (used by every backend unless overridden). The function is
-    returned undecorated: other kernels call it directly, over their own ``xp``."""
+    returned undecorated: other kernels call it directly, over their own ``xp``. ``replace=True``
+    replaces a kernel registered for the same op, domain and ``since`` (otherwise an error)."""
 
     def wrap(fn):
-        REGISTRY.register("*", _make_spec(fn, op_type, domain, since, **meta))
+        REGISTRY.register("*", _make_spec(fn, op_type, domain, since, **meta), replace=replace)
         return fn
 
     return wrap
 
 
-def override(backend: str, op_type: str, *, since: int = 1, domain: str = "", reason: str = "", **meta):
+def override(backend: str, op_type: str, *, since: int = 1, domain: str = "", reason: str = "",
+             replace: bool = False, **meta):
     """Register a backend-specific kernel for a real semantic gap or for speed, which ``reason``
     names (``reason="speed: lax.erf is one XLA op"``)."""
 
     def wrap(fn):
-        REGISTRY.register(backend, _make_spec(fn, op_type, domain, since, reason=reason, **meta))
+        REGISTRY.register(backend, _make_spec(fn, op_type, domain, since, reason=reason, **meta), replace=replace)
         return fn
 
     return wrap
+
+
+def missing_kernel_help(backend: str, nodes) -> tuple[dict[str, str], str]:
+    """For nodes ``(label, domain, op_type)`` without a kernel on ``backend``: a note per node
+    registered only for other backends, and a line saying how to register a kernel (empty when
+    all are ops of Mithril's own domains that no backend has)."""
+    notes: dict[str, str] = {}
+    custom: list[tuple[str, str]] = []
+    for label, domain, op_type in nodes:
+        tables = [t for t in REGISTRY.where(op_type, domain) if t != "*"]
+        if tables:
+            notes[label] = f"registered for {', '.join(tables)} only"
+        if tables or domain not in STANDARD_DOMAINS:
+            custom.append((domain, op_type))
+    if not custom:
+        return notes, ""
+    from .table import BACKENDS
+
+    domain, op_type = custom[0]
+    owner = f"ml.{BACKENDS[backend].class_name}" if backend in BACKENDS else "backend"
+    args = f"{op_type!r}, fn" + ("" if domain == CUSTOM_DOMAIN else f", domain={domain!r}")
+    return notes, (f"register a kernel (docs/custom_ops.md): {owner}.register_op({args}) for this backend, "
+                   f"in its framework, or ml.register_op({args}) for every backend, over xp")
 
 
 @dataclass(frozen=True)

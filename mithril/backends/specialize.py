@@ -85,14 +85,14 @@ def _apply_output_shape_rules(model: ir.Model) -> bool:
         if not outputs or all(o.shape is not None for o in outputs):
             continue
         domain = canonical_domain(node.domain)
-        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain)
-        if spec is None or spec.output_shapes is None:
+        rule = REGISTRY.shape_rule(node.op_type, opsets.get(domain, 1), domain)
+        if rule is None:
             continue
         pn = plan_of_node(node, opsets)  # the node's values and attributes, bound as lowering binds them
         inputs = [None if v is None else (v.static_shape, v.dtype) for v in pn.inputs]
         attrs = {**pn.defaults, **pn.attributes}
         try:
-            results = spec.output_shapes(inputs, attrs)
+            results = rule(inputs, attrs)
         except Exception as exc:  # an unusual node: its shapes stay unknown, as before
             logger.debug("no output shapes for %s: %s", node.op_type, exc)
             continue

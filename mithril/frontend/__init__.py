@@ -18,5 +18,6 @@ from .model import (  # noqa: F401
 )
 # importing the family modules registers their blocks
 from . import (  # noqa: F401
-    attention, creation, elementwise, lambda_block, losses, nn, onnx_block, reduce, sequence_models, shape_ops,
+    attention, creation, custom_op, elementwise, lambda_block, losses, nn, onnx_block, reduce, sequence_models,
+    shape_ops,
 )

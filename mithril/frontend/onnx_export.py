@@ -54,9 +54,12 @@ def default_opset() -> int:
     return MIN_OPSET
 
 
-def _make_model(graph, opset: int) -> onnx.ModelProto:
+def _make_model(graph, opset: int, domains: Mapping[str, int] | None = None) -> onnx.ModelProto:
+    """The model of ``graph``, importing ai.onnx at ``opset`` and each custom domain at its version."""
     opsets = [helper.make_opsetid("", opset)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets),
+    ir_version = helper.find_min_ir_version_for(opsets)  # custom domains need none newer
+    opsets += [helper.make_opsetid(d, v) for d, v in sorted((domains or {}).items())]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ir_version,
                              producer_name="mithril")
 
 
@@ -81,6 +84,8 @@ class Emitter:
         self.float_dtype = np.dtype(float_dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.dtypes: dict[str, np.dtype] = {}
+        # Custom domains the nodes use (ml.CustomOp) -> the version the model imports.
+        self.domains: dict[str, int] = {}
         self._count = 0
         self.scope = ""
 
@@ -91,15 +96,20 @@ class Emitter:
     def dtype(self, name: str) -> np.dtype:
         return self.dtypes[name]
 
-    def op(self, op_type: str, *inputs, outputs: int = 1, dtype=None, **attrs):
-        """Emit one node; attributes with value None are left out (the schema default applies)."""
+    def op(self, op_type: str, *inputs, outputs: int = 1, dtype=None, domain: str = "", domain_version: int = 1,
+           **attrs):
+        """Emit one node; attributes with value None are left out (the schema default applies).
+        A node of another ``domain`` than ai.onnx imports it at ``domain_version``."""
         names = [self._fresh(op_type) for _ in range(outputs)]
+        if domain:
+            self.domains[domain] = max(self.domains.get(domain, 1), int(domain_version))
         attrs = {k: v for k, v in attrs.items() if v is not None}
         inputs = list(inputs)
         while inputs and inputs[-1] is None:  # trailing missing optionals are left out (onnxruntime
             inputs.pop()                      # crashes on LayerNormalization(x, scale, ""))
         ins = ["" if i is None else i for i in inputs]
-        self.nodes.append(helper.make_node(op_type, ins, names, name=self._fresh(op_type + "_node"), **attrs))
+        self.nodes.append(helper.make_node(op_type, ins, names, name=self._fresh(op_type + "_node"),
+                                           domain=domain or None, **attrs))
         out_dtype = np.dtype(dtype) if dtype is not None else next(
             (self.dtypes[i] for i in ins if i in self.dtypes), self.float_dtype)
         for n in names:
@@ -356,6 +366,8 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
                       f"({', '.join(random_names[:5])}{'...' if len(random_names) > 5 else ''}); "
                       f"wrote freshly randomized ones (seed 0)", RandomParamsWarning, stacklevel=4)
 
+    value_infos: list[onnx.ValueInfoProto] = []
+    output_ids = {id(w) for w in root_outputs}
     for path, prim, wires in flat.ordered():
         g.scope = path
         ins = {p: flat.name(w) for p, w in wires.items() if prim._ports[p].is_input}
@@ -385,7 +397,12 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
         for node in g.nodes[start:]:
             node.output[:] = [rename.get(o, o) for o in node.output]
             node.input[:] = [rename.get(i, i) for i in node.input]
+        if any(n.domain for n in g.nodes[start:]):
+            # ONNX cannot infer a custom op's outputs: declare what the block's shape rule knows.
+            value_infos.extend(_value_info(flat.name(wires[p]), wires[p], np_dtype_of(wires[p], fdt), dim_names)
+                               for p in outs if p in wires and id(wires[p]) not in output_ids)
 
     outputs = [_value_info(flat.name(w), w, np_dtype_of(w, fdt), dim_names) for w in root_outputs]
-    graph = helper.make_graph(g.nodes, model.name or "model", graph_inputs, outputs, initializer=initializers)
-    return _make_model(graph, opset), random_names
+    graph = helper.make_graph(g.nodes, model.name or "model", graph_inputs, outputs, initializer=initializers,
+                              value_info=value_infos)
+    return _make_model(graph, opset, g.domains), random_names

@@ -294,6 +294,18 @@ class MlxBackend(Backend):
             return xp.native(np.asarray(v))
         return v
 
+    @classmethod
+    def framework_kernel(cls, fn):
+        """A kernel over ``mx.array`` (``register_op``) in programs over the facade: native arrays in,
+        facade arrays out."""
+
+        @functools.wraps(fn)
+        def on_mx_arrays(*inputs, **attributes):
+            _import_mlx()
+            return _wrap(fn(*_unwrap(inputs), **attributes))
+
+        return on_mx_arrays
+
     # -- compilation hooks -----------------------------------------------------------
     def lower(self, plan, **kwargs):
         """The generated program; with ``compute_precision``, floating params and inputs are cast
