@@ -1,9 +1,15 @@
-"""The ``mithril`` command line: ``inspect``, ``validate``, ``conformance``, ``ops``.
+"""The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
+``conformance``, ``ops``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
     mithril conformance --backend numpy
     mithril ops Conv
+
+Every command exits 0 on success and non-zero otherwise (:data:`EXIT_STATUS`); an error is one
+line on stderr, with the traceback only under ``--debug``; nothing is written into the package's
+files unless asked (``conformance --write-docs``). Tables keep every figure when stdout is not a
+terminal; long work reports progress on stderr.
 """
 
 from __future__ import annotations
@@ -20,28 +26,73 @@ from .backends.table import BACKENDS
 from .errors import MithrilError
 
 
+EXIT_STATUS = """exit status:
+  0    success (validate: every output within tolerance; conformance: every case passed or
+       is an expected failure)
+  1    a check failed (an output out of tolerance, a backend that raised, a failing case)
+  2    a usage or input error (unknown backend or input name, bad shape syntax, a missing or
+       unreadable file, a model no backend can run)
+  3    an internal error: a bug in mithril (run again with --debug and report it)
+  130  interrupted
+
+Errors are one line on stderr; --debug (or MITHRIL_DEBUG=1) adds the traceback."""
+
+
 def available_backends() -> dict[str, type]:
     """Backend name -> class, for the rows of the backend table whose framework is installed."""
     return {name: entry.load() for name, entry in BACKENDS.items() if entry.installed()}
 
 
-def make_backends(spec: str) -> list:
-    avail = available_backends()
-    names = list(avail) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+def make_backends(spec: str) -> tuple[list, dict[str, str]]:
+    """The backends ``--backend`` names, and (for ``all``) backend -> why it cannot run here.
+
+    A name that is unknown, not installed or fails to start is an error when named; under ``all``
+    every backend of the table is tried and those that cannot start are listed with the reason."""
+    if spec.strip() == "all":
+        backends, skipped = [], {}
+        for name, entry in BACKENDS.items():
+            if not entry.installed():
+                skipped[name] = f"not installed (no {entry.array_modules[0]} package)"
+                continue
+            try:
+                backends.append(entry.load()())
+            except MithrilError as exc:
+                skipped[name] = str(exc).splitlines()[0]
+        return backends, skipped
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise MithrilError(f"--backend names no backend; choose from {', '.join(BACKENDS)} or 'all'")
     backends = []
     for n in names:
         if n not in BACKENDS:
             raise MithrilError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS)} or 'all'")
-        if n not in avail:
-            raise MithrilError(f"backend {n!r} is not available in this installation")
-        try:
-            backends.append(avail[n]())
-        except MithrilError as exc:
-            if spec == "all":
-                print(f"skipping {n}: {exc}", file=sys.stderr)
-                continue
-            raise
-    return backends
+        if not BACKENDS[n].installed():
+            raise MithrilError(f"backend {n!r} is not available: its framework "
+                               f"({BACKENDS[n].array_modules[0]}) is not installed")
+        backends.append(BACKENDS[n].load()())
+    return backends, {}
+
+
+def console():
+    """A rich console for stdout. On a terminal, tables fit its width (cells fold, never cut);
+    elsewhere (a pipe, a log file) lines are as long as their content, so no figure is lost."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=100_000, soft_wrap=True)
+
+
+def _progress_printer():
+    """Progress lines on stderr, with the seconds since the start."""
+    import time
+
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    return say
 
 
 def _parse_kv(items: list[str], flag: str) -> dict[str, str]:
@@ -55,7 +106,6 @@ def _parse_kv(items: list[str], flag: str) -> dict[str, str]:
 
 
 def cmd_inspect(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     import mithril as ml
@@ -64,28 +114,28 @@ def cmd_inspect(args) -> int:
     from .dtypes import onnx_type_name
 
     model = ml.load_onnx(args.model)
-    console = Console()
-    console.print(f"[bold]{args.model}[/bold]  ir_version {model.ir.ir_version}, producer "
+    out = console()
+    out.print(f"[bold]{args.model}[/bold]  ir_version {model.ir.ir_version}, producer "
                   f"{model.ir.producer_name or '?'} {model.ir.producer_version or ''}")
-    console.print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model.opset_imports.items())))
+    out.print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(model.opset_imports.items())))
     io = Table(title="inputs and outputs")
     for col in ("kind", "name", "dtype", "shape"):
-        io.add_column(col)
+        io.add_column(col, overflow="fold")
     inits = model.graph.initializers
     for kind, values in (("input", [v for v in model.graph.inputs if v.name not in inits]), ("output", model.graph.outputs)):
         for v in values:
             dtype = onnx_type_name(int(v.dtype)) if v.dtype is not None else str(v.type)
             shape = [d if isinstance(d, int) else str(d) for d in v.shape] if v.shape is not None else "?"
             io.add_row(kind, v.name, dtype, str(shape))
-    console.print(io)
+    out.print(io)
     n_params = sum(int(np.prod(v.shape)) for v in inits.values() if v.shape is not None)
-    console.print(f"{len(inits)} initializers, {n_params:,} elements")
+    out.print(f"{len(inits)} initializers, {n_params:,} elements")
     backends = list(BACKENDS)
     ops = Table(title="ops")
-    ops.add_column("op")
-    ops.add_column("count", justify="right")
+    ops.add_column("op", overflow="fold")
+    ops.add_column("count", justify="right", overflow="fold")
     for b in backends:
-        ops.add_column(b, justify="center")
+        ops.add_column(b, justify="center", overflow="fold")
     unsupported: dict[str, list[str]] = {b: [] for b in backends}
     counts = Counter()
     for node in model.graph.all_nodes():
@@ -104,18 +154,20 @@ def cmd_inspect(args) -> int:
             if not ok:
                 unsupported[b].append(f"{label} (opset {opset})")
         ops.add_row(*row)
-    console.print(ops)
+    out.print(ops)
     for b in backends:
         if b in avail:
             missing = unsupported[b]
-            console.print(f"{b}: " + (f"[red]{len(missing)} unsupported op(s):[/red] " + ", ".join(missing)
+            out.print(f"{b}: " + (f"[red]{len(missing)} unsupported op(s):[/red] " + ", ".join(missing)
                                        if missing else "[green]every op supported[/green]"))
     if any(b not in avail for b in backends):
-        console.print("[dim]n/a: backend not available in this installation[/dim]")
+        out.print("[dim]n/a: backend not available in this installation[/dim]")
     return 0
 
 
 def _load_array(name: str, path: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise MithrilError(f"--input {name}={path}: cannot read a .npy array: no such file")
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -124,7 +176,7 @@ def _load_array(name: str, path: str) -> np.ndarray:
 
 def _parse_shape(name: str, text: str) -> list[int]:
     try:
-        dims = [int(d) for d in text.split(",") if d.strip()]
+        dims = [int(d) for d in text.split(",")] if text.strip() else []
     except ValueError:
         raise MithrilError(f"--shape {name}={text}: dims must be integers separated by commas") from None
     if any(d < 0 for d in dims):
@@ -133,24 +185,44 @@ def _parse_shape(name: str, text: str) -> list[int]:
 
 
 def cmd_validate(args) -> int:
-    from rich.console import Console
-
+    """Exit 0 when every output of every backend that ran is within tolerance, 1 when one is not
+    (or a backend raised while running under ``--backend all``), 2 for bad arguments or when no
+    backend could run the model."""
     import mithril as ml
 
-    inputs = {k: _load_array(k, v) for k, v in _parse_kv(args.input, "--input").items()} or None
+    from .errors import ValidationError
+    from .validate import check_input_names, check_inputs
+
     shapes = {k: _parse_shape(k, v) for k, v in _parse_kv(args.shape, "--shape").items()} or None
-    backends = make_backends(args.backend)
-    report = ml.validate(args.model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
-                         rtol=args.rtol, atol=args.atol, seed=args.seed)
-    console = Console()
-    console.print(report.table())
+    input_files = _parse_kv(args.input, "--input")
+    model = ml.load_onnx(args.model)
+    check_input_names(model, input_files, "--input")  # a misspelt name before its file
+    inputs = {k: _load_array(k, v) for k, v in input_files.items()} or None
+    check_inputs(model, inputs, shapes, flags=("--input", "--shape"))
+    backends, skipped = make_backends(args.backend)
+    say = _progress_printer() if not args.no_progress else None
+    report = ml.validate(model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
+                         rtol=args.rtol, atol=args.atol, seed=args.seed,
+                         skip_unsupported=args.backend.strip() == "all", progress=say)
+    report.skipped = {**skipped, **report.skipped}
+    out = console()
+    if report.outputs:
+        out.print(report.table())
     for b, d in report.first_divergence.items():
-        console.print(f"{b}: " + (d.describe() if d else "every node within tolerance"))
-    console.print("[green]all outputs pass[/green]" if report.passed else "[red]validation failed[/red]")
+        out.print(f"{b}: " + (d.describe() if d else "every node within tolerance"))
+    for b, reason in report.errors.items():
+        out.print(f"{b}: [red]FAILED[/red]: {reason}")
+    for b, reason in report.skipped.items():
+        out.print(f"{b}: not run: {reason}")
+    ran = {o.backend for o in report.outputs} | set(report.errors)
+    if not ran:
+        raise ValidationError("no backend could run the model: "
+                              + "; ".join(f"{b}: {r}" for b, r in report.skipped.items()))
+    out.print("[green]all outputs pass[/green]" if report.passed else "[red]validation failed[/red]")
     return 0 if report.passed else 1
 
 
-def cmd_conformance(args, rest: list[str]) -> int:
+def cmd_conformance(rest: list[str]) -> int:
     from .conformance import main as conformance_main
 
     return conformance_main(rest)
@@ -264,26 +336,32 @@ def _list_ops(registry, backends: list[str], missing: dict[str, str], domain: st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mithril", description="Mithril: ONNX-centred model compiler.")
+    p = argparse.ArgumentParser(prog="mithril", description="Mithril: ONNX-centred model compiler.",
+                                epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__import__('mithril').__version__}")
     # Read by main() before parsing, so it works before or after the command.
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
-    i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts and backend support of an ONNX file")
+    i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts and backend support of an ONNX file",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("model")
-    v = sub.add_parser("validate", help="run a model on backends and on onnxruntime and compare outputs")
+    v = sub.add_parser("validate", help="run a model on backends and on onnxruntime and compare outputs",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("model")
     v.add_argument("--backend", default="numpy",
                    help=f"comma-separated backends from {', '.join(BACKENDS)}, or 'all' (default: numpy)")
-    v.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="input data (repeatable)")
+    v.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="input data (repeatable); inputs not given get random data")
     v.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="input shape for random data (repeatable)")
     v.add_argument("--per-node", action="store_true", help="find the first node whose output leaves tolerance")
+    v.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     v.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")
     v.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
     v.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
                    add_help=False)
-    o = sub.add_parser("ops", help="which kernel runs an op on each backend, per opset, and where it is defined")
+    o = sub.add_parser("ops", help="which kernel runs an op on each backend, per opset, and where it is defined",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     o.add_argument("op", nargs="?", help="an op type (Conv); without it, every op with counts per backend")
     o.add_argument("--domain", default=None, help="the op's domain (default: ai.onnx; com.microsoft, ai.onnx.ml...)")
     return p
@@ -304,15 +382,16 @@ def _report(exc: BaseException, debug: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status: 0 success, 1 validation found outputs out of tolerance, 2 an error (bad
-    input, an unsupported model, a usage error), 3 an internal error, 130 interrupted."""
+    """Exit status (:data:`EXIT_STATUS`): 0 success, 1 a check failed (validate: an output out of
+    tolerance; conformance: a case failed that is not an expected failure), 2 an error (bad
+    arguments or input, an unsupported model, a usage error), 3 an internal error, 130 interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("MITHRIL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     try:
         if argv and argv[0] == "conformance":
-            return cmd_conformance(None, argv[1:])
+            return cmd_conformance(argv[1:])
         args = parser.parse_args(argv)
         if args.command == "inspect":
             return cmd_inspect(args)
@@ -321,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "ops":
             return cmd_ops(args)
         parser.error(f"unknown command {args.command}")
+    except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
         print("mithril: interrupted", file=sys.stderr)
         return 130

@@ -1,8 +1,10 @@
 """Run the ONNX backend test suite (node cases and model tests) on a Mithril backend.
 
-``python scripts/conformance.py --backend numpy`` (or ``mithril conformance``) runs every case,
-compares with the expected outputs at each case's own rtol/atol, and writes
-``docs/conformance.json`` (per-case results for each backend) and ``docs/conformance.md``.
+``mithril conformance --backend numpy`` (or ``python scripts/conformance.py``) runs every case,
+compares with the expected outputs at each case's own rtol/atol, prints a summary and every failing
+case not in the expected-failure lists (``tests/expected_failures``), and exits 1 when there is one.
+It writes nothing unless asked: ``--output FILE`` (this run as JSON), ``--write-docs`` (merge into
+``docs/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mithril.backends.table import BACKENDS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
+EXPECTED_DIR = REPO / "tests" / "expected_failures"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 60
 
@@ -235,10 +238,10 @@ def make_backend(name: str):
 
 
 # -- expected failures -----------------------------------------------------------------
-def expected_failures(backend: str) -> dict[str, str]:
+def expected_failures(backend: str, folder: Path = EXPECTED_DIR) -> dict[str, str]:
     """Documented expected failures: ``tests/expected_failures/*.py``, ``BACKEND = {case: reason}``."""
     out: dict[str, str] = {}
-    for path in sorted((REPO / "tests" / "expected_failures").glob("*.py")):
+    for path in sorted(Path(folder).glob("*.py")):
         ns: dict = {}
         exec(compile(path.read_text(), str(path), "exec"), ns)
         out.update(ns.get(backend.upper(), {}))
@@ -251,21 +254,34 @@ def _worker(args):
     return run_case(name, backend)
 
 
-def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_models: bool = True,
-              progress: bool = True, log_progress: bool = False) -> list[CaseResult]:
+def case_names(pattern: str | None = None, include_models: bool = True) -> list[str]:
+    """Node cases (then model tests, ``kind/dir``) whose name matches ``pattern`` (a regex)."""
+    if pattern:
+        try:
+            rx = re.compile(pattern)
+        except re.error as exc:
+            from mithril.errors import InputError
+
+            raise InputError(f"-k {pattern!r} is not a regular expression: {exc}") from None
     names = list(node_cases())
     if include_models:
         names += list(model_test_dirs())
-    if pattern:
-        rx = re.compile(pattern)
-        names = [n for n in names if rx.search(n)]
+    return [n for n in names if rx.search(n)] if pattern else names
+
+
+def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_models: bool = True,
+              progress: bool = True, log_progress: bool = False) -> list[CaseResult]:
+    """Every matching case on ``backend``. ``progress``: a rich bar on stderr; ``log_progress``:
+    a plain line on stderr per tenth of the run (for logs)."""
+    names = case_names(pattern, include_models)
     results: list[CaseResult] = []
     tasks = [(n, backend) for n in names]
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[passed]} passed"), TimeElapsedColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
+    with Progress(*columns, disable=not progress, transient=False, console=Console(stderr=True)) as bar:
         task = bar.add_task(f"{backend} conformance", total=len(tasks), passed=0)
         passed = 0
         every = max(len(tasks) // 10, 1)
@@ -384,12 +400,16 @@ def real_mismatches(entry: dict, backend, root: Path = REAL_DIR) -> list[str]:
     return failures
 
 
-def run_real(backend_name: str, root: Path = REAL_DIR) -> dict[str, dict]:
-    """Every corpus file on one backend: file -> {status, reason}."""
+def run_real(backend_name: str, root: Path = REAL_DIR, progress: bool = False) -> dict[str, dict]:
+    """Every corpus file on one backend: file -> {status, reason}. ``progress``: a line per file
+    on stderr."""
     from mithril.errors import UnsupportedDTypeError, UnsupportedOpsError
 
     results = {}
-    for file, entry in real_manifest(root).items():
+    manifest = real_manifest(root)
+    for i, (file, entry) in enumerate(manifest.items(), 1):
+        if progress:
+            print(f"{backend_name} real models: {i}/{len(manifest)} {file}", file=sys.stderr, flush=True)
         try:
             backend = make_backend(backend_name)
             with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -412,13 +432,19 @@ def load_record() -> dict:
     return {"onnx_version": onnx.__version__, "backends": {}}
 
 
+def _cases_record(results: list[CaseResult]) -> dict[str, dict]:
+    return {r.name: {"status": r.status, "reason": r.reason, "kind": r.kind, "ops": r.ops} for r in results}
+
+
 def save_record(record: dict, backend: str, results: list[CaseResult] | None,
-                real: dict[str, dict] | None = None) -> None:
+                real: dict[str, dict] | None = None, replace: bool = True) -> None:
+    """Write ``record`` with ``backend``'s results into docs/conformance.{json,md}: ``replace``
+    the backend's cases (a full run), or update only those in ``results`` (a filtered run)."""
     record["onnx_version"] = onnx.__version__
     if results is not None:
-        record["backends"][backend] = {
-            "cases": {r.name: {"status": r.status, "reason": r.reason, "kind": r.kind, "ops": r.ops} for r in results},
-        }
+        cases = {} if replace else dict(record["backends"].get(backend, {}).get("cases", {}))
+        cases.update(_cases_record(results))
+        record["backends"][backend] = {"cases": cases}
     if real is not None:
         record.setdefault("real", {})[backend] = real
     DOCS.mkdir(exist_ok=True)
@@ -521,54 +547,171 @@ def render_real(record: dict) -> list[str]:
     return out
 
 
+def _check_backends(spec: str) -> list[str]:
+    """The backends named in ``--backend``, each known, installed and constructible; the first that
+    is not raises before any case runs."""
+    from mithril.errors import BackendUnavailableError, MithrilError
+
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise BackendUnavailableError(f"--backend names no backend; choose from {', '.join(BACKENDS)}")
+    for name in names:
+        entry = BACKENDS.get(name)
+        if entry is None:
+            raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+        if not entry.installed():
+            raise BackendUnavailableError(f"backend {name!r} is not available: its framework "
+                                          f"({entry.array_modules[0]}) is not installed")
+        try:
+            make_backend(name)
+        except MithrilError as exc:
+            raise BackendUnavailableError(f"backend {name!r} cannot start: {exc}") from exc
+    return names
+
+
+def _expected_failure_folder(value: str | None) -> Path | None:
+    """``--expected-failures``: a folder of lists, ``none`` for no list, or the checkout's own."""
+    from mithril.errors import InputError
+
+    if value is None:
+        return EXPECTED_DIR if EXPECTED_DIR.is_dir() else None
+    if value.lower() == "none":
+        return None
+    folder = Path(value)
+    if not folder.is_dir():
+        raise InputError(f"--expected-failures {value}: no such folder (a folder of .py files, each "
+                         "setting NUMPY = {{case: reason}} and the like, or 'none')")
+    return folder
+
+
+def _writable_docs() -> Path:
+    from mithril.errors import InputError
+
+    if not (REPO / "pyproject.toml").exists() or not DOCS.is_dir():
+        raise InputError(f"--write-docs updates the docs/ of a Mithril checkout; {REPO} is not one "
+                         "(this is an installed package): use --output FILE")
+    return DOCS
+
+
+def check_results(results: list[CaseResult], expected: dict[str, str]) -> tuple[list[CaseResult], list[str]]:
+    """The cases that failed (or were unsupported) without an expected-failure entry, and the
+    entries whose case now passes."""
+    unexpected = [r for r in results if r.status != "pass" and r.name not in expected]
+    now_pass = [r.name for r in results if r.status == "pass" and r.name in expected]
+    return unexpected, now_pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="mithril conformance", description=__doc__.splitlines()[0])
+    """``mithril conformance``: exit 0 when every case passes or is an expected failure, 1 when
+    any other case fails, 2 for a usage error (an unknown backend, a filter matching nothing)."""
+    p = argparse.ArgumentParser(
+        prog="mithril conformance", description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 every case passed or is an expected failure, 1 a case failed that is not in\n"
+               "the expected-failure lists (--real: a corpus file failed), 2 a usage error (unknown\n"
+               "backend, a filter matching no case), 3 an internal error, 130 interrupted.\n\n"
+               "Nothing is written unless asked: --output FILE (this run's results as JSON) or\n"
+               "--write-docs (merge into docs/conformance.{json,md} of the checkout).")
     p.add_argument("--backend", default="numpy",
-                   help=f"{', '.join(BACKENDS)} (comma-separated for several)")
-    p.add_argument("-k", "--filter", default=None, help="only cases whose name matches this regex")
+                   help=f"{', '.join(BACKENDS)} (comma-separated for several; default: numpy)")
+    p.add_argument("-k", "--cases", "--filter", dest="filter", default=None, metavar="REGEX",
+                   help="only the cases whose name matches this regular expression")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     p.add_argument("--no-models", action="store_true", help="node cases only")
-    p.add_argument("--write", action=argparse.BooleanOptionalAction, default=None,
-                   help="write docs/conformance.{json,md} (default: yes for a full run, no with -k)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--expected-failures", default=None, metavar="DIR",
+                   help="folder of expected-failure lists (default: the checkout's tests/expected_failures); "
+                        "'none': every failing case counts")
+    p.add_argument("--output", default=None, metavar="FILE", help="write this run's per-case results as JSON")
+    p.add_argument("--write-docs", action="store_true",
+                   help="merge the results into docs/conformance.{json,md} (a full run replaces the backend's "
+                        "column; with -k only the cases that ran are updated)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
                    help="run only the real-model corpus (tests/data/real) and update its table")
     args = p.parse_args(argv)
+    from mithril.errors import InputError
+
+    backends = _check_backends(args.backend)
+    if args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs}: give 1 or more worker processes")
+    docs = _writable_docs() if args.write_docs else None
     if args.real:
-        record = load_record()
-        for backend in args.backend.split(","):
-            real = run_real(backend)
-            counts = Counter(r["status"] for r in real.values())
-            for file, r in real.items():
-                if args.verbose or r["status"] != "pass":
-                    print(f"{r['status'].upper():12s} {file}  {r['reason']}")
-            print(f"{backend} real models: {counts['pass']} passed, {counts['fail']} failed, "
-                  f"{counts['unsupported']} unsupported")
-            if args.write is not False:
-                save_record(record, backend, None, real)
-                print(f"wrote {DOCS / 'conformance.md'}")
-        return 0
-    write = args.write if args.write is not None else args.filter is None
-    record = load_record()
+        return _main_real(args, backends, docs)
+    folder = _expected_failure_folder(args.expected_failures)
+    names = case_names(args.filter, not args.no_models)
+    if not names:
+        raise InputError(f"-k {args.filter!r} matches no case")
+    if folder is None:
+        print("no expected-failure lists: every failing case counts", file=sys.stderr)
+    record = load_record() if docs else None
+    output = {"onnx_version": onnx.__version__, "backends": {}}
     status = 0
-    for backend in args.backend.split(","):
+    for backend in backends:
         tty = sys.stderr.isatty()
         results = run_suite(backend, args.filter, args.jobs, not args.no_models,
                             progress=not args.no_progress and tty, log_progress=not args.no_progress and not tty)
+        expected = expected_failures(backend, folder) if folder else {}
+        unexpected, now_pass = check_results(results, expected)
         counts = Counter(r.status for r in results)
         node_pass = sum(r.status == "pass" for r in results if r.kind == "node")
         node_total = sum(r.kind == "node" for r in results)
         for r in results:
-            if args.verbose or (r.status != "pass" and args.filter):
-                print(f"{r.status.upper():12s} {r.name}  {r.reason}")
+            if args.verbose or r in unexpected:
+                tag = "" if r.status == "pass" or r in unexpected else "  (expected)"
+                print(f"{r.status.upper():12s} {r.name}  {r.reason}{tag}")
+        n_expected = sum(r.status != "pass" for r in results) - len(unexpected)
         print(f"{backend}: {counts['pass']} passed, {counts['fail']} failed, {counts['unsupported']} unsupported "
-              f"(node cases: {node_pass} / {node_total})")
-        if write:
-            save_record(record, backend, results)
-            print(f"wrote {DOCS / 'conformance.md'}")
+              f"(node cases: {node_pass} / {node_total}); {n_expected} expected failure(s), "
+              f"{len(unexpected)} unexpected")
+        if now_pass:
+            print(f"{backend}: {len(now_pass)} expected failure(s) now pass (remove them from {folder}): "
+                  + ", ".join(now_pass))
+        status = max(status, 1 if unexpected else 0)
+        output["backends"][backend] = {
+            "cases": _cases_record(results),
+            "unexpected_failures": [r.name for r in unexpected],
+            "expected_failures_now_passing": now_pass,
+        }
+        if docs:
+            full = args.filter is None and not args.no_models
+            save_record(record, backend, results, replace=full)
+            print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend}: "
+                  + ("every case" if full else f"{len(results)} case(s) updated") + ")")
+    if args.output:
+        _write_output(args.output, output)
     return status
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _main_real(args, backends: list[str], docs: Path | None) -> int:
+    record = load_record() if docs else None
+    output = {"onnx_version": onnx.__version__, "real": {}}
+    status = 0
+    for backend in backends:
+        real = run_real(backend, progress=not args.no_progress)
+        counts = Counter(r["status"] for r in real.values())
+        for file, r in real.items():
+            if args.verbose or r["status"] != "pass":
+                print(f"{r['status'].upper():12s} {file}  {r['reason']}")
+        print(f"{backend} real models: {counts['pass']} passed, {counts['fail']} failed, "
+              f"{counts['unsupported']} unsupported")
+        # A backend that refuses a file with a clear Unsupported* error is honest; wrong values or
+        # any other error are failures.
+        status = max(status, 1 if counts["fail"] else 0)
+        output["real"][backend] = real
+        if docs:
+            save_record(record, backend, None, real)
+            print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend} real models)")
+    if args.output:
+        _write_output(args.output, output)
+    return status
+
+
+def _write_output(path: str, data: dict) -> None:
+    from mithril.errors import InputError
+
+    try:
+        Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise InputError(f"--output {path}: {exc.strerror or exc}") from exc
+    print(f"wrote {path}")

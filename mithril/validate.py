@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,9 @@ import onnx_ir as ir
 
 from .backends.backend import Backend
 from .dtypes import np_dtype_of_onnx
-from .errors import ValidationError, public_api
+from .errors import (BackendUnavailableError, InputError, MithrilError, UnsupportedAttributeError,
+                     UnsupportedDomainError, UnsupportedDTypeError, UnsupportedOpError, UnsupportedOpsError,
+                     ValidationError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
 
 # Per-dtype tolerance: |mithril - ort| <= atol + rtol * |ort| elementwise. float32 allows for the
@@ -30,6 +34,10 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "bfloat16": (5e-2, 5e-2),
 }
 EXACT = (0.0, 0.0)
+# What a backend raises when it cannot run a model at all (not a wrong answer): with
+# ``skip_unsupported`` the backend is listed with the reason and the others still run.
+CANNOT_RUN = (UnsupportedOpsError, UnsupportedOpError, UnsupportedDomainError, UnsupportedAttributeError,
+              UnsupportedDTypeError, BackendUnavailableError)
 
 
 def tolerance_for(dtype) -> tuple[float, float]:
@@ -74,21 +82,29 @@ class NodeReport:
 
 @dataclass
 class ValidationReport:
+    """``outputs``: one row per backend and output. ``skipped``: backend -> why it could not run the
+    model (``skip_unsupported``); ``errors``: backend -> the error it raised while running (a
+    failure). ``passed``: every output of every backend that ran is within tolerance, and none
+    raised."""
+
     model: str
     inputs: dict[str, np.ndarray]
     outputs: list[OutputReport] = field(default_factory=list)
     first_divergence: dict[str, NodeReport | None] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return all(o.passed for o in self.outputs)
+        return all(o.passed for o in self.outputs) and not self.errors
 
     def table(self):
+        """A rich table; cells wrap (``overflow="fold"``) rather than lose digits on a narrow terminal."""
         from rich.table import Table
 
         t = Table(title=f"Validation against onnxruntime: {self.model}")
         for col in ("backend", "output", "shape", "dtype", "max abs err", "max rel err", "tolerance (rtol/atol)", "result"):
-            t.add_column(col, justify="right" if "err" in col else "left")
+            t.add_column(col, justify="right" if "err" in col else "left", overflow="fold")
         for o in self.outputs:
             t.add_row(o.backend, o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_err:.3g}", f"{o.max_rel_err:.3g}",
                       f"{o.rtol:g} / {o.atol:g}", "[green]pass[/green]" if o.passed else f"[red]FAIL[/red] {o.note}")
@@ -101,6 +117,10 @@ class ValidationReport:
                          f"{o.max_rel_err:10.3g}  {'pass' if o.passed else 'FAIL ' + o.note}")
         for b, d in self.first_divergence.items():
             lines.append(f"{b}: " + (d.describe() if d else "no node leaves tolerance"))
+        for b, reason in self.errors.items():
+            lines.append(f"{b}: FAILED: {reason}")
+        for b, reason in self.skipped.items():
+            lines.append(f"{b}: not run: {reason}")
         return "\n".join(lines)
 
 
@@ -148,14 +168,67 @@ def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: 
                         "" if nan_ok else "NaN positions differ")
 
 
-def random_inputs(model: OnnxModel, shapes: dict[str, Any] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of the declared dtype; symbolic dims take ``shapes`` or 1."""
+def model_inputs(model: OnnxModel) -> dict:
+    """The graph inputs a caller feeds (those that are not also initializers), by name."""
+    inits = model.graph.initializers
+    return {v.name: v for v in model.graph.inputs if v.name not in inits}
+
+
+def _declared(v) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else str(d) for d in v.shape) + "]"
+
+
+def check_input_names(model: OnnxModel, names, flag: str = "inputs") -> None:
+    """Refuse a name that is not an input of the model, listing the inputs (and the closest one)."""
+    known = list(model_inputs(model))
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InputError(f"{flag}: the model has no input {name!r}; its inputs: {', '.join(known) or 'none'}{hint}")
+
+
+def check_inputs(model: OnnxModel, inputs: dict[str, Any] | None = None, shapes: dict[str, Any] | None = None,
+                 *, flags: tuple[str, str] = ("inputs", "shapes")) -> None:
+    """Refuse, with :class:`~mithril.errors.InputError`, a name in ``inputs`` or ``shapes`` that is
+    not an input of the model, a shape or array whose rank or fixed dims differ from the declared
+    ones, and an array of another dtype. ``flags`` name the two arguments in messages (the CLI
+    passes ``("--input", "--shape")``)."""
+    declared = model_inputs(model)
+    for flag, given in zip(flags, (inputs or {}, shapes or {})):
+        check_input_names(model, given, flag)
+    for name in set(inputs or {}) & set(shapes or {}):
+        raise InputError(f"{flags[0]} {name} and {flags[1]} {name}: give the array or a shape for random data, not both")
+    for flag, name, shape, arr in ([(flags[0], k, np.shape(v), v) for k, v in (inputs or {}).items()]
+                                   + [(flags[1], k, tuple(v), None) for k, v in (shapes or {}).items()]):
+        v = declared[name]
+        if not isinstance(v.type, ir.TensorType):
+            continue
+        if arr is not None and v.dtype is not None:
+            want = np_dtype_of_onnx(int(v.dtype))
+            got = np.asarray(arr).dtype
+            if want.kind not in "OUS" and got != want:
+                raise InputError(f"{flag} {name}: a {got} array; the model's input {name!r} is {want}")
+        if v.shape is None:
+            continue
+        if len(shape) != len(v.shape):
+            raise InputError(f"{flag} {name}: shape {list(shape)} has rank {len(shape)}; the model's input "
+                             f"{name!r} has rank {len(v.shape)}: {_declared(v)}")
+        for i, (want, got) in enumerate(zip(v.shape, shape)):
+            if isinstance(want, int) and want != got:
+                raise InputError(f"{flag} {name}: shape {list(shape)} has {got} at dim {i}; the model's input "
+                                 f"{name!r} is {_declared(v)}")
+
+
+def random_inputs(model: OnnxModel, shapes: dict[str, Any] | None = None, seed: int = 0,
+                  given: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs of the declared dtype for every input not in ``given``; symbolic dims take
+    ``shapes`` or 1."""
     rng = np.random.default_rng(seed)
     shapes = shapes or {}
     out = {}
-    inits = model.graph.initializers
-    for v in model.graph.inputs:
-        if v.name in inits:
+    for v in model_inputs(model).values():
+        if given and v.name in given:
             continue
         if not isinstance(v.type, ir.TensorType):
             raise ValidationError(f"input {v.name!r} is not a tensor ({v.type}); pass it explicitly")
@@ -282,23 +355,38 @@ def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_value
     return max(errs) if errs else None
 
 
+def _quiet(message: str) -> None:
+    pass
+
+
 def first_divergent_node(model: OnnxModel, backend: Backend, inputs: dict[str, np.ndarray],
-                         rtol: float | None = None, atol: float | None = None) -> NodeReport | None:
-    """Compare every intermediate value in topological order; return the first out of tolerance."""
+                         rtol: float | None = None, atol: float | None = None,
+                         progress: Callable[[str], None] | None = None) -> NodeReport | None:
+    """Compare every intermediate value in topological order; return the first out of tolerance.
+    ``progress`` receives a line per stage and per tenth of the nodes compared."""
+    say = progress or _quiet
     proto = model.to_proto()
     full, order = _with_all_outputs(proto)
+    say(f"{backend.name} per-node: onnxruntime computes all {len(order)} intermediate values")
     sess = _ort_session(full)
     names = [o.name for o in sess.get_outputs()]
     ref_values = dict(zip(names, sess.run(None, inputs)))
     ref_values.update(inputs)
+    say(f"{backend.name} per-node: compiling {len(full.graph.node)} nodes with every value as an output")
     pm = _compile_outputs(load_onnx(full), backend, {k: v.shape for k, v in inputs.items()})
+    say(f"{backend.name} per-node: running")
     got_values = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in inputs.items()})
     node_by_output = {o: n for n in full.graph.node for o in n.output}
-    for out, label, op_type in order:
+    every = max(len(order) // 10, 1)
+    for i, (out, label, op_type) in enumerate(order, 1):
+        if i % every == 0:
+            say(f"{backend.name} per-node: comparing value {i}/{len(order)}, node {label!r} ({op_type})")
         if out not in ref_values or out not in got_values:
             continue
         rep = compare(out, backend.name, backend.to_numpy(got_values[out]), ref_values[out], rtol, atol)
         if not rep.passed:
+            say(f"{backend.name} per-node: node {label!r} ({op_type}) leaves tolerance; running it alone "
+                "on onnxruntime's inputs")
             iso = _isolated_node_error(full, node_by_output[out], ref_values, backend)
             _, iso_atol = tolerance_for(np.asarray(ref_values[out]).dtype)
             iso_rtol, _ = tolerance_for(np.asarray(ref_values[out]).dtype)
@@ -311,20 +399,30 @@ def first_divergent_node(model: OnnxModel, backend: Backend, inputs: dict[str, n
 @public_api(ValidationError, "validate")
 def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | None = None,
              shapes: dict[str, Any] | None = None, per_node: bool = False,
-             rtol: float | None = None, atol: float | None = None, seed: int = 0) -> ValidationReport:
+             rtol: float | None = None, atol: float | None = None, seed: int = 0,
+             skip_unsupported: bool = False, progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Run ``model`` on ``backend`` (or several) and on onnxruntime with the same inputs.
 
-    Inputs default to random data of each input's dtype and shape (``shapes`` fixes symbolic dims).
+    Inputs not given default to random data of each input's dtype and shape (``shapes`` fixes
+    symbolic dims); a name in ``inputs`` or ``shapes`` that is not an input of the model, or a
+    shape that contradicts the declared one, raises :class:`~mithril.errors.InputError`.
     Returns a :class:`ValidationReport`; ``report.passed`` is True when every output is within the
     per-dtype tolerance (``TOLERANCES``), or within ``rtol``/``atol`` when given.
+    ``skip_unsupported``: a backend that cannot run the model (an op, dtype or domain it lacks) is
+    listed in ``report.skipped`` with the reason and one that raises while running in
+    ``report.errors``, and the other backends still run; without it the first error is raised.
+    ``progress`` receives a line per stage (for a command line: per-node validation of a large
+    model takes a while).
     """
+    say = progress or _quiet
     loaded = load_onnx(model)
     backends = backend if isinstance(backend, (list, tuple)) else [backend]
-    if inputs is None:
-        inputs = random_inputs(loaded, shapes, seed)
-    else:
-        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+    check_inputs(loaded, inputs, shapes)
+    given = {k: np.asarray(v) for k, v in (inputs or {}).items()}
+    inputs = {**given, **random_inputs(loaded, shapes, seed, given)}
+    inputs = {name: inputs[name] for name in model_inputs(loaded)}
     proto = loaded.to_proto()
+    say("onnxruntime: running the model")
     try:
         ref = _ort_session(proto).run(None, inputs)
     except Exception as exc:
@@ -332,10 +430,25 @@ def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | N
     ref_by_name = dict(zip(loaded.output_names, ref))
     report = ValidationReport(loaded.source or loaded.graph.name or "model", inputs)
     for b in backends:
-        pm = _compile_outputs(loaded, b, {k: v.shape for k, v in inputs.items()})
-        got = pm.evaluate(None, {k: b.from_numpy(v) for k, v in inputs.items()})
-        for name in loaded.output_names:
-            report.outputs.append(compare(name, b.name, b.to_numpy(got[name]), ref_by_name[name], rtol, atol))
+        label = b.name if isinstance(b, Backend) else repr(b)  # compile refuses a non-backend clearly
+        try:
+            say(f"{label}: compiling and running")
+            pm = _compile_outputs(loaded, b, {k: v.shape for k, v in inputs.items()})
+            got = pm.evaluate(None, {k: b.from_numpy(v) for k, v in inputs.items()})
+            rows = [compare(name, b.name, b.to_numpy(got[name]), ref_by_name[name], rtol, atol)
+                    for name in loaded.output_names]
+            divergence = first_divergent_node(loaded, b, inputs, rtol, atol, progress) if per_node else None
+        except CANNOT_RUN as exc:
+            if not skip_unsupported:
+                raise
+            report.skipped[label] = str(exc).splitlines()[0]
+            continue
+        except MithrilError as exc:
+            if not skip_unsupported:
+                raise
+            report.errors[label] = str(exc).splitlines()[0]
+            continue
+        report.outputs += rows
         if per_node:
-            report.first_divergence[b.name] = first_divergent_node(loaded, b, inputs, rtol, atol)
+            report.first_divergence[b.name] = divergence
     return report

@@ -1,0 +1,7 @@
+"""``python -m mithril``: the ``mithril`` command line (:mod:`mithril.cli`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
