@@ -99,7 +99,8 @@ class ValidationReport:
         return all(o.passed for o in self.outputs) and not self.errors
 
     def table(self):
-        """A rich table; cells wrap (``overflow="fold"``) rather than lose digits on a narrow terminal."""
+        """A rich table; on a narrow terminal a cell folds onto the next line (``overflow="fold"``)
+        instead of losing digits to an ellipsis."""
         from rich.table import Table
 
         t = Table(title=f"Validation against onnxruntime: {self.model}")

@@ -1,7 +1,8 @@
 """The ONNX backend test suite: no case recorded as passing may regress.
 
 NumPy re-runs every case; JAX, Torch and MLX re-run a fixed sample. The record is
-docs/conformance.json, written by `python scripts/conformance.py --backend numpy,jax,torch,mlx`.
+docs/conformance.json, written by `python scripts/conformance.py --backend numpy,jax,torch,mlx --write-docs`
+(no test writes it).
 """
 
 import os
@@ -65,7 +66,8 @@ def _installed(backend: str) -> bool:
 @pytest.mark.parametrize("backend", sorted(TARGETS))
 def test_recorded_count_meets_target(backend):
     record = conformance.load_record()["backends"]
-    assert backend in record, f"docs/conformance.json has no {backend} column: run scripts/conformance.py --backend {backend}"
+    assert backend in record, (f"docs/conformance.json has no {backend} column: "
+                               f"run scripts/conformance.py --backend {backend} --write-docs")
     cases = record[backend]["cases"]
     node_pass = sum(c["status"] == "pass" and c["kind"] == "node" for c in cases.values())
     assert node_pass >= TARGETS[backend], f"{backend}: {node_pass} node cases recorded as passing"
