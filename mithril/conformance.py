@@ -547,9 +547,9 @@ def render_real(record: dict) -> list[str]:
     return out
 
 
-def _check_backends(spec: str) -> list[str]:
-    """The backends named in ``--backend``, each known, installed and constructible; the first that
-    is not raises before any case runs."""
+def _check_backends(spec: str, start: bool) -> list[str]:
+    """The backends named in ``--backend``, each known and installed (and, with ``start``, able to
+    start in this process); the first that is not raises before any case runs."""
     from mithril.errors import BackendUnavailableError, MithrilError
 
     names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -562,6 +562,8 @@ def _check_backends(spec: str) -> list[str]:
         if not entry.installed():
             raise BackendUnavailableError(f"backend {name!r} is not available: its framework "
                                           f"({entry.array_modules[0]}) is not installed")
+        if not start:
+            continue
         try:
             make_backend(name)
         except MithrilError as exc:
@@ -628,14 +630,18 @@ def main(argv: list[str] | None = None) -> int:
                         "column; with -k only the cases that ran are updated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
-                   help="run only the real-model corpus (tests/data/real) and update its table")
+                   help="run only the real-model corpus (tests/data/real); with --write-docs, update its table")
     args = p.parse_args(argv)
     from mithril.errors import InputError
 
-    backends = _check_backends(args.backend)
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: give 1 or more worker processes")
+    # Starting JAX, Torch or MLX here would put their thread pools into the NumPy workers that
+    # run_suite forks; with workers, only NumPy starts in this process (the others in theirs).
+    backends = _check_backends(args.backend, start=args.real or args.jobs == 1)
     docs = _writable_docs() if args.write_docs else None
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        raise InputError(f"--output {args.output}: its folder does not exist")
     if args.real:
         return _main_real(args, backends, docs)
     folder = _expected_failure_folder(args.expected_failures)
@@ -680,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                   + ("every case" if full else f"{len(results)} case(s) updated") + ")")
     if args.output:
         _write_output(args.output, output)
+    elif not docs and args.filter is None and not args.no_models:
+        print("docs/conformance.{json,md} left as they are (--write-docs updates them)", file=sys.stderr)
     return status
 
 
