@@ -262,3 +262,25 @@ def test_validate_table_keeps_every_figure_in_a_pipe(tmp_path):
         assert figure in proc.stdout, (figure, proc.stdout)
     assert "…" not in proc.stdout
     assert "numpy: compiling and running" in proc.stderr
+
+
+def test_validate_all_a_backend_that_raises_fails_and_the_others_still_report(tmp_path, capsys):
+    from mithril.backends.registry import REGISTRY, override
+
+    @override("numpy", "Relu", since=14)
+    def broken_relu(x, *, xp):
+        raise ValueError("broken on purpose")
+
+    path = tmp_path / "relu.onnx"
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", TensorProto.FLOAT, [2, 3])],
+                         [("y", TensorProto.FLOAT, [2, 3])]), path)
+    try:
+        assert main(["validate", str(path), "--backend", "all", "--no-progress"]) == 1
+    finally:
+        REGISTRY.unregister("numpy", "Relu", 14)
+    out = capsys.readouterr().out
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 2]
+    assert rows == [b for b, entry in BACKENDS.items() if entry.installed() and b != "numpy"]
+    (failed,) = [line for line in out.splitlines() if line.startswith("numpy: FAILED: ")]
+    assert "node 'r', op Relu" in failed and "broken on purpose" in failed
+    assert "validation failed" in out
