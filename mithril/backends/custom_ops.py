@@ -9,7 +9,6 @@ of them, remove it, or scope registrations to a block (docs/custom_ops.md).
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable
 
 from ..errors import KernelRegistrationError
@@ -117,7 +116,7 @@ def unregister_op(op_type: str, *, backend=None, domain: str = CUSTOM_DOMAIN, si
         where = "shared" if table == "*" else f"{table!r}"
         raise KernelRegistrationError(f"no {where} kernel of {domain + '::' if domain else ''}{op_type}"
                                       f"{'' if since is None else f'-{since}'} is registered")
-    builtin = [s for s in specs if inspect.unwrap(s.fn).__module__.startswith("mithril.")]
+    builtin = [s for s in specs if s.builtin]
     if builtin:
         raise KernelRegistrationError(f"kernel {builtin[0].name} is Mithril's own ({builtin[0].location}); "
                                       "register a replacement with replace=True instead of removing it")

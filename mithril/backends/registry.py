@@ -149,6 +149,14 @@ class KernelSpec:
         return f"{path.replace(os.sep, '/')}:{code.co_firstlineno if code else 0}"
 
     @property
+    def builtin(self) -> bool:
+        """Whether the function is defined in the mithril package (one of Mithril's own kernels)."""
+        if self.custom:
+            return False
+        code = getattr(inspect.unwrap(self.fn), "__code__", None)
+        return code is not None and os.path.abspath(code.co_filename).startswith(_PACKAGE + os.sep)
+
+    @property
     def function(self) -> str:
         """``module.function`` of the kernel's definition."""
         fn = inspect.unwrap(self.fn)
@@ -157,6 +165,7 @@ class KernelSpec:
 
 # The directory holding the mithril package: KernelSpec.location is relative to it.
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PACKAGE = os.path.join(_ROOT, "mithril")
 
 
 def _to_host(value):
@@ -248,16 +257,16 @@ class KernelRegistry:
 
     @contextlib.contextmanager
     def scoped(self):
-        """Undo, on exit, the registrations made inside that did not come from Mithril's own
-        modules (a backend's overrides imported meanwhile stay): the replaced kernels come back."""
+        """Undo, on exit, the registrations made inside except Mithril's own (``KernelSpec.builtin``:
+        a backend's overrides imported meanwhile stay): the replaced kernels come back."""
         journal: list[tuple[str, KernelSpec, KernelSpec | None]] = []
         self._journals.append(journal)
         try:
             yield self
         finally:
-            self._journals.remove(journal)
+            self._journals[:] = [j for j in self._journals if j is not journal]
             for backend, spec, old in reversed(journal):
-                if inspect.unwrap(spec.fn).__module__.startswith("mithril."):
+                if spec.builtin:
                     continue
                 entries = self._tables.get(backend, {}).get((spec.domain, spec.op_type), [])
                 entries[:] = [(s, e) for s, e in entries if e is not spec]
