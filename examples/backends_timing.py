@@ -13,7 +13,18 @@ import numpy as np
 
 import mithril as ml
 import models_zoo
-from mithril.cli import make_backends
+from mithril.backends.table import BACKENDS
+
+
+def make_backends(spec: str) -> list:
+    """``all`` (every backend whose framework is installed) or comma-separated names from the backend table."""
+    names = [n for n, e in BACKENDS.items() if e.installed()] if spec == "all" else spec.split(",")
+    missing = [n for n in names if n not in BACKENDS or not BACKENDS[n].installed()]
+    if missing:
+        installed = ", ".join(n for n, e in BACKENDS.items() if e.installed())
+        raise SystemExit(f"backends_timing: no backend {', '.join(map(repr, missing))} here; "
+                         f"installed: {installed} (or all)")
+    return [BACKENDS[n].load()() for n in names]
 
 
 def build(name: str, batch: int, image_size: int):

@@ -22,10 +22,21 @@ from pathlib import Path
 import numpy as np
 
 import mithril as ml
-from mithril.cli import make_backends
+from mithril.backends.table import BACKENDS
 from mithril.frontend.onnx_block import OnnxBlock
 from mithril.models import CrossEntropy, IOKey, Linear, Mean, Model
 from mithril.optimizers import Adam
+
+
+def make_backends(spec: str) -> list:
+    """``all`` (every backend whose framework is installed) or comma-separated names from the backend table."""
+    names = [n for n, e in BACKENDS.items() if e.installed()] if spec == "all" else spec.split(",")
+    missing = [n for n in names if n not in BACKENDS or not BACKENDS[n].installed()]
+    if missing:
+        installed = ", ".join(n for n, e in BACKENDS.items() if e.installed())
+        raise SystemExit(f"onnx_backbone: no backend {', '.join(map(repr, missing))} here; "
+                         f"installed: {installed} (or all)")
+    return [BACKENDS[n].load()() for n in names]
 
 
 def export_backbone(path: Path, image_size: int) -> None:
@@ -97,17 +108,18 @@ def run(args, folder: Path) -> int:
         data = {"input": trainer.from_numpy(x), "label": trainer.from_numpy(label)}
         opt = Adam(args.lr)
         state = opt.init({k: p_b[k] for k in head})  # only the new head trains; the backbone stays frozen
-        curve = []
+        first = None
         for _ in range(args.steps):
             out, grads = pm.evaluate(p_b, data, output_gradients={"loss": trainer.from_numpy(np.float32(1.0))})
-            curve.append(float(trainer.to_numpy(out["loss"])))
+            first = float(trainer.to_numpy(out["loss"])) if first is None else first
             new_head, state = opt.update({k: p_b[k] for k in head}, {k: grads[k] for k in head}, state)
             p_b.update(new_head)
+        last = float(trainer.to_numpy(pm.evaluate(p_b, data)["loss"]))  # after the last step
         print(f"trained the head on {trainer.name} for {args.steps} steps (Adam, lr {args.lr:g}): "
-              f"loss {curve[0]:.4f} -> {curve[-1]:.4f}")
-        if not curve[-1] < curve[0]:
+              f"loss {first:.4f} -> {last:.4f}")
+        if not last < first:
             raise SystemExit(f"onnx_backbone: the head's loss did not go down in {args.steps} steps "
-                             f"({curve[0]:.4f} -> {curve[-1]:.4f}, lr {args.lr:g}); try a smaller --lr")
+                             f"({first:.4f} -> {last:.4f}, Adam lr {args.lr:g}); try a smaller --lr")
         params.update({k: trainer.to_numpy(p_b[k]) for k in head})
 
     out_path = folder / "resnet18_with_head.onnx"

@@ -13,7 +13,7 @@ import numpy as np
 
 import mithril as ml
 import models_zoo
-from mithril.cli import make_backends
+from mithril.backends.table import BACKENDS
 
 
 def main() -> int:
@@ -25,7 +25,7 @@ def main() -> int:
     model = models_zoo.lenet(num_classes=10)
     x = np.random.default_rng(0).standard_normal((args.batch, 1, 32, 32)).astype(np.float32)
     shapes = {"input": list(x.shape)}
-    backends = {b.name: b for b in make_backends("all")}
+    backends = {name: e.load()() for name, e in BACKENDS.items() if e.installed()}
     source = backends.get(args.source)
     if source is None:
         raise SystemExit(f"weight_transfer: backend {args.source!r} is not available here ({', '.join(backends)})")

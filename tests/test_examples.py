@@ -1,42 +1,149 @@
-"""Every example in examples/ runs as a script with small sizes and reports success."""
+"""Every command the docs give for an example runs here, with exactly the documented arguments.
+
+The commands are read from the docs themselves (README.md, docs/*.md, examples/**/*.py and
+examples/**/README.md): a documented command without an entry in COMMANDS below fails
+test_documented_commands_are_the_tested_ones, and so does an entry the docs no longer show. Each
+command runs from an empty working folder with an empty TMPDIR; it must exit 0, print what it
+promises, leave only the files its arguments ask for, and change nothing in the repository.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = {
-    "backends_timing.py": (["--model", "lenet", "--batch", "2", "--repeats", "2"], "median run ms"),
-    "weight_transfer.py": (["--batch", "2"], "-> onnx"),
-    "export_validate.py": (["--model", "gpt", "--seq", "8"], "every backend matches onnxruntime"),
-    # two backends keep it quick: whole-ResNet jit compiles on JAX and MLX take ~10 s each
-    "onnx_backbone.py": (["--image-size", "32", "--batch", "4", "--steps", "3", "--backends", "numpy,torch"],
-                         "onnxruntime agrees: True"),
-    "train_lenet_digits.py": (["--backend", "torch", "--epochs", "1"], "onnxruntime agrees: True"),
+
+# "python examples/x.py ...", "python -m examples.x ...", in a code block, a docstring or a `code span`.
+COMMAND = re.compile(r"python (?:-m examples\.[\w.]+|examples/[\w/]+\.py)[^\n`]*")
+
+
+def documented_commands() -> dict[str, set[str]]:
+    """Each documented example command (trailing comments dropped) -> the files that show it."""
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").rglob("*.py"),
+             *(ROOT / "examples").rglob("README.md")]
+    found: dict[str, set[str]] = {}
+    for f in files:
+        for m in COMMAND.finditer(f.read_text()):
+            command = " ".join(m.group(0).split("#", 1)[0].split())
+            found.setdefault(command, set()).add(str(f.relative_to(ROOT)))
+    return found
+
+
+@dataclass
+class Expect:
+    prints: list[str]  # regular expressions the standard output must match
+    keeps: set[str] = field(default_factory=set)  # files the command's own arguments ask to write in the cwd
+    needs: tuple[str, ...] = ()  # modules the example imports beyond the core dependencies
+
+
+COMMANDS = {
+    "python examples/backends_timing.py --model resnet18 --batch 4 --image-size 64 --repeats 5":
+        Expect([r"resnet18: input \[4, 3, 64, 64\]", r"median run ms", r"\nnumpy +\d"]),
+    "python examples/weight_transfer.py --source torch":
+        Expect([r"torch -> numpy +max \|diff\|", r"torch -> onnx +max \|diff\|"], needs=("torch",)),
+    "python examples/export_validate.py --model gpt --out gpt.onnx":
+        Expect([r"wrote gpt\.onnx", r"every backend matches onnxruntime"], keeps={"gpt.onnx"}),
+    "python examples/onnx_backbone.py --image-size 64 --steps 20":
+        Expect([r"trained the head on \w+ for 20 steps", r"onnxruntime agrees: True"], needs=("torch",)),
+    "python examples/train_lenet_digits.py --backend jax --epochs 15":
+        Expect([r"jax: 345 steps", r"onnxruntime agrees: True"], needs=("jax", "sklearn")),
+    "python examples/train_lenet_digits.py --backend torch --epochs 2 --out lenet":
+        Expect([r"torch: 46 steps", r"onnxruntime agrees: True"], keeps={"lenet/lenet.safetensors", "lenet/lenet.onnx"},
+               needs=("torch", "sklearn")),
 }
 
 
-def test_every_example_is_exercised():
-    # examples/__init__.py makes the model packages (examples.gpt, examples.t5) importable; it is no script
-    scripts = [p.name for p in (ROOT / "examples").glob("*.py") if p.name != "__init__.py"]
-    assert sorted(scripts) == sorted(EXAMPLES)
+# Files libraries keep in TMPDIR on purpose, which no example creates or can remove.
+LIBRARY_STATE = {
+    ".ses": "onnxruntime's telemetry session id (its 1DS SDK, written at import on POSIX)",
+    "mlx": "MLX's cache of CPU kernels it compiled (mlx/<version>/cpu/*.so), kept for the next run",
+}
 
 
-@pytest.mark.parametrize("script", list(EXAMPLES))
-def test_example_runs(script):
-    if script == "onnx_backbone.py":
-        pytest.importorskip("torch", reason="the example exports its backbone from a torch.nn ResNet-18")
-    args, expect = EXAMPLES[script]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT, env=env,
+def repo_state() -> set[str]:
+    """`git status` lines: tracked files changed, and untracked files that are not ignored."""
+    return set(subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout.splitlines())
+
+
+def run_documented(command: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run a documented command from an empty folder, with an empty TMPDIR; check what it leaves."""
+    argv = shlex.split(command)
+    assert argv[0] == "python" and argv[1].startswith("examples/"), f"not a script command: {command}"
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    before = repo_state()  # sessions editing this checkout meanwhile show up here too; CI has none
+    proc = subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:]], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert expect in proc.stdout
+    assert proc.returncode == 0, f"{command} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    after = repo_state()
+    assert after == before, f"{command} changed the repository: {sorted(after ^ before)}"
+    left_in_tmp = sorted(p.name for p in tmp.iterdir() if p.name not in LIBRARY_STATE)
+    assert not left_in_tmp, f"{command} left temporary files: {left_in_tmp[:10]}"
+    return proc, cwd
+
+
+def test_documented_commands_are_the_tested_ones():
+    documented = documented_commands()
+    assert set(documented) == set(COMMANDS), (
+        f"documented but not tested: {sorted(set(documented) - set(COMMANDS))}; "
+        f"tested but no longer documented: {sorted(set(COMMANDS) - set(documented))}")
+
+
+def test_every_example_script_has_a_documented_command():
+    # examples/__init__.py makes the model packages (examples.gpt, examples.t5) importable; it is no script
+    scripts = {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py") if p.name != "__init__.py"}
+    assert scripts == {shlex.split(c)[1] for c in COMMANDS}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_documented_command_runs(command, tmp_path):
+    expect = COMMANDS[command]
+    for module in expect.needs:
+        pytest.importorskip(module, reason=f"{command} imports {module}")
+    proc, cwd = run_documented(command, tmp_path)
+    for pattern in expect.prints:
+        assert re.search(pattern, proc.stdout), f"{command}: no {pattern!r} in\n{proc.stdout[-3000:]}"
+    kept = {str(p.relative_to(cwd)) for p in cwd.rglob("*") if p.is_file()}
+    assert kept == expect.keeps, f"{command} left {sorted(kept)} in its working folder, expected {sorted(expect.keeps)}"
+    if "onnx_backbone" in command:
+        first, last = map(float, re.search(r"loss (\d+\.\d+) -> (\d+\.\d+)", proc.stdout).groups())
+        assert last < 0.6 * first, f"the head's loss should fall well below its start: {first} -> {last}"
+    if "--epochs 15" in command:  # the docs promise about 96%
+        accuracy = float(re.search(r"test accuracy (\d+\.\d)%", proc.stdout).group(1))
+        assert accuracy >= 95.0, accuracy
+    for onnx_file in (f for f in expect.keeps if f.endswith(".onnx")):
+        import onnx
+
+        onnx.checker.check_model(onnx.load(cwd / onnx_file))
+
+
+def test_failed_check_exits_with_its_reason(tmp_path):
+    """A check that fails says which and why on stderr, with a non-zero exit, and still cleans up."""
+    pytest.importorskip("torch", reason="the example exports its backbone from a torch.nn ResNet-18")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # a negative rate climbs the loss instead of descending it
+    args = ["--image-size", "32", "--batch", "4", "--steps", "2", "--lr", "-0.01", "--backends", "torch"]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_backbone.py"), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert re.fullmatch(r"onnx_backbone: the head's loss did not go down in 2 steps \(2\.\d+ -> \d+\.\d+, "
+                        r"Adam lr -0\.01\); try a smaller --lr\n", proc.stderr), proc.stderr
+    assert [p.name for p in tmp.iterdir() if p.name not in LIBRARY_STATE] == []
 
 
 def test_readme_training_snippet_runs(tmp_path, monkeypatch):
