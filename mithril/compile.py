@@ -347,9 +347,9 @@ def compile(
         else:
             model = load_onnx(model)
     stages.done("build" if loss_key is None and not buffers else "build (training graph)")
-    opsets = model.opset_imports
     work = _clone(model.ir)
     convert_precision(work, backend, keep_io_types=keep_io_types)
+    opsets = OnnxModel(work).opset_imports  # the precision pass may import the ONNX domain for its Casts
     graph = work.graph
     buffers |= _batchnorm_statistics(graph)
     constant_keys = set(constant_keys or ())
