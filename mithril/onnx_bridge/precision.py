@@ -113,6 +113,10 @@ KEEP_FLOAT32: dict[tuple[str, str], str] = {
     ("", "RoiAlign"): _COORDINATES,
 }
 _TRAINING_BATCHNORM = "batch statistics (training_mode=1): " + _STATISTICS
+_RESCALING = ("an integer accumulator of MatMulInteger/ConvInteger rescaled by a product of quantization "
+              "scales: the sums exceed float16's range and the scale products fall below it")
+# The opset of the Casts the pass inserts into a file that imports no ONNX opset (bfloat16 needs 13).
+_CAST_OPSET = 13
 
 # Ops whose ``dtype`` attribute names a float output type, and its default when absent (None:
 # the output follows an input's type).
@@ -198,6 +202,59 @@ def _allowed_types(schema) -> tuple[list[set[str]], list[set[str]]]:
     constraints = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
     return ([constraints.get(f.type_str, {f.type_str}) for f in schema.inputs],
             [constraints.get(f.type_str, {f.type_str}) for f in schema.outputs])
+
+
+def _integer_rescaling(graphs: list[ir.Graph]) -> set[int]:
+    """Ids of the nodes that turn integer accumulators back into floats (dynamic quantization):
+    the Cast of a MatMulInteger/ConvInteger output, and the Muls that rescale it by quantization
+    scales (DynamicQuantizeLinear's ``y_scale``, constants, and products of those)."""
+    producers = {}
+    for g in graphs:
+        for node in g:
+            for o in node.outputs:
+                producers[id(o)] = node
+    found: set[int] = set()
+    muls = []
+    for g in graphs:
+        for node in g:
+            if canonical_domain(node.domain) != "":
+                continue
+            if node.op_type == "Cast" and node.inputs and node.inputs[0] is not None:
+                source = producers.get(id(node.inputs[0]))
+                if source is not None and source.op_type in ("MatMulInteger", "ConvInteger"):
+                    found.add(id(node))
+            elif node.op_type in ("Mul", "Div"):
+                muls.append(node)
+
+    def scale_like(v: ir.Value) -> bool:
+        """A quantization scale: a constant, DynamicQuantizeLinear's y_scale, a value of the
+        rescaling found so far, or a product of those."""
+        source = producers.get(id(v))
+        if source is None:
+            return v.is_initializer()
+        if id(source) in found or source.op_type == "Constant" or _is_dynamic_scale(v, source):
+            return True
+        return source.op_type in ("Mul", "Div") and all(scale_like(u) for u in source.inputs if u is not None)
+
+    changed = True
+    while changed:
+        changed = False
+        for node in muls:
+            ins = [v for v in node.inputs if v is not None]
+            if id(node) in found or not all(scale_like(v) for v in ins):
+                continue
+            rescales = any(id(producers.get(id(v))) in found or _is_dynamic_scale(v, producers.get(id(v)))
+                           for v in ins)
+            uses = list(node.outputs[0].uses())
+            if rescales or (uses and all(id(use[0]) in found for use in uses)):
+                found.add(id(node))
+                changed = True
+    return found
+
+
+def _is_dynamic_scale(v: ir.Value, source: ir.Node | None) -> bool:
+    return (source is not None and source.op_type == "DynamicQuantizeLinear" and len(source.outputs) > 1
+            and source.outputs[1] is v)
 
 
 def _slot(formals: list, i: int):
@@ -311,9 +368,11 @@ class _Conversion:
     def run(self) -> bool:
         target = self.target
         plan = {}
+        rescaling = _integer_rescaling(self.graphs) if self.half else set()
         for g in self.graphs:
             for node in g:
-                plan[id(node)] = (self._keep_reason(node), *self._fixed_slots(node))
+                reason = _RESCALING if id(node) in rescaling else self._keep_reason(node)
+                plan[id(node)] = (reason, *self._fixed_slots(node))
         originally = {id(v) for g in self.graphs
                       for v in (*g.inputs, *g.initializers.values(), *(o for n in g for o in n.outputs))
                       if _float_dtype(v) == FLOAT}
@@ -323,6 +382,9 @@ class _Conversion:
             return FLOAT if reason is not None or i in fixed_in else target
 
         top = self.model.graph
+        if "" not in self.opsets:
+            # The Casts inserted below are ONNX ops: a file of ai.onnx.ml ops alone imports no ONNX opset.
+            self.model.opset_imports[""] = _CAST_OPSET
         for g in self.graphs:
             for v in g.inputs:
                 if id(v) in originally and not v.is_initializer() and not (g is top and self.keep_io):
