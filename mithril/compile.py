@@ -15,7 +15,7 @@ import onnx_ir as ir
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
 from .backends.checkpoint import GradientCheckpointingWarning
-from .backends.runner import JitFallbackWarning, Program, node_error
+from .backends.runner import JitFallbackWarning, Program, jit_fallback_reason, node_error
 from .backends.emit_python import LoweredProgram
 from .backends.plan import Plan, build_plan
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
@@ -135,7 +135,13 @@ class PhysicalModel:
         return out
 
     # -- evaluation ------------------------------------------------------------------
+    # What evaluate takes, checked before anything runs: names, then per value its kind (arrays of
+    # another framework are refused: ForeignArrayError), dtype (never cast) and shape (never
+    # broadcast). NumPy arrays are taken by every backend, Python scalars and lists take the dtype
+    # declared (auto_scalar_promotion). Output gradients are checked as inputs are, against the
+    # outputs' dtypes and shapes (symbolic dims bound by the inputs given).
     def _check_data(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        _check_mapping("data", data, self.input_keys)
         missing = [k for k in self.input_keys if k not in data]
         if missing:
             raise InputError(f"missing input(s) {missing}; the model takes {self.input_keys}")
@@ -151,13 +157,8 @@ class PhysicalModel:
     def _check_value(self, name: str, declared: ir.Value, value: Any) -> Any:
         if declared.type is None or not isinstance(declared.type, ir.TensorType):
             return value  # sequences and optionals pass as they are
+        value = self._check_kind(f"input {name!r}", value, declared, _consumer_label(declared))
         want = np_dtype_of_onnx(int(declared.dtype))
-        if isinstance(value, (list, tuple, int, float, bool)):
-            if not self.auto_scalar_promotion:
-                raise DTypeError(
-                    f"input {name!r} got a Python {type(value).__name__}; this model was compiled with "
-                    f"auto_scalar_promotion=False: pass an array of dtype {want}", node=_consumer_label(declared))
-            value = np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
         got_dtype = self.backend.dtype_of(value)
         if got_dtype is not None and got_dtype != want:
             raise DTypeError(
@@ -176,6 +177,79 @@ class PhysicalModel:
                 )
         return value
 
+    def _check_kind(self, what: str, value: Any, declared: ir.Value, node: str | None) -> Any:
+        """``value`` as an array the backend takes: a Python literal becomes a NumPy array of the
+        declared dtype (unless auto_scalar_promotion=False); another framework's array is refused."""
+        if isinstance(value, (list, tuple, int, float, bool)):
+            want = np_dtype_of_onnx(int(declared.dtype))
+            if not self.auto_scalar_promotion:
+                raise DTypeError(
+                    f"{what} got a Python {type(value).__name__}; this model was compiled with "
+                    f"auto_scalar_promotion=False: pass an array of dtype {want}", node=node)
+            return np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
+        self.backend.check_array(value, what)
+        if self.backend.dtype_of(value) is None:
+            raise InputError(f"{what} is a {type(value).__name__}, not an array; "
+                             f"{type(self.backend).__name__} takes its arrays or NumPy arrays")
+        return value
+
+    def _check_params(self, params: Mapping[str, Any]) -> None:
+        _check_mapping("params", params, self._param_names)
+        missing = [k for k in self._param_names if k not in params]
+        if missing:
+            raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
+        for name, value in params.items():
+            self.backend.check_array(value, f"parameter {name!r}")
+
+    def _check_output_gradients(self, output_gradients: Mapping[str, Any], data: Mapping[str, Any]):
+        """The cotangents keyed by output name, checked like inputs (a None entry is left out: a
+        zero cotangent), and the outputs whose shape only the run can tell (a dim no input
+        fixes), to check against the outputs computed: ``(cotangents, {name: known dims})``."""
+        _check_mapping("output_gradients", output_gradients, self.output_keys)
+        unknown = [k for k in output_gradients if k not in self.output_keys]
+        if unknown:
+            raise InputError(f"output_gradients names {unknown}, which are not outputs; the outputs are "
+                             f"{self.output_keys}")
+        given = {k: v for k, v in output_gradients.items() if v is not None}
+        if not given:
+            raise InputError(f"output_gradients names no output with a cotangent; give one for at least one of "
+                             f"{self.output_keys} (outputs left out get zero)")
+        outputs = {v.name: v for v in self.ir.graph.outputs}
+        bound = _bound_dims(self._inputs, data)
+        cotangents, unresolved = {}, {}
+        for name, value in given.items():
+            out = outputs[name]
+            what = f"output_gradients[{name!r}]"
+            node = _producer_label(out)
+            if not isinstance(out.type, ir.TensorType):
+                raise InputError(f"{what}: output {name!r} is not a tensor; it takes no cotangent")
+            want = np_dtype_of_onnx(int(out.dtype))
+            if not is_floating_np(want):
+                raise DTypeError(f"{what}: output {name!r} is {want}, which has no gradient; leave it out "
+                                 f"of output_gradients", node=node)
+            value = self._check_kind(what, value, out, node)
+            got = self.backend.dtype_of(value)
+            if got != want:
+                raise DTypeError(f"{what} must have the dtype of output {name!r}, {want}, but got {got}; cast it "
+                                 f"explicitly (Mithril never casts silently)", node=node)
+            expected = _expected_shape(out, bound)
+            shape = tuple(getattr(value, "shape", ()))
+            if expected is not None and (len(expected) != len(shape) or
+                                         any(d is not None and d != s for d, s in zip(expected, shape))):
+                raise _cotangent_shape_error(name, expected, shape, node)
+            if expected is None or None in expected:
+                unresolved[name] = expected
+            cotangents[name] = value
+        return cotangents, unresolved
+
+    def _check_computed_shapes(self, cotangents: Mapping[str, Any], outputs: Mapping[str, Any]) -> None:
+        """Cotangents whose output shape was unknown before the run, against the outputs computed."""
+        for name, value in cotangents.items():
+            want, got = tuple(getattr(outputs.get(name), "shape", ())), tuple(getattr(value, "shape", ()))
+            if want != got:
+                raise _cotangent_shape_error(name, want, got, _producer_label(
+                    next(v for v in self.ir.graph.outputs if v.name == name)))
+
     @public_api(EvaluationError, "evaluate")
     def evaluate(self, params: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None,
                  output_gradients: Mapping[str, Any] | None = None):
@@ -193,27 +267,35 @@ class PhysicalModel:
             return self._evaluate(params, data, output_gradients)
 
     def _evaluate(self, params, data, output_gradients):
-        if not params:  # None or {}: the model's own parameters
+        if params is None or (isinstance(params, Mapping) and not params):  # the model's own parameters
             params = self.get_parameters()
-        missing = [k for k in self._param_names if k not in params]
-        if missing:
-            raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
-        data = self.backend.prepare_inputs(self._check_data(data or {}))
-        params = self.backend.prepare_inputs(dict(params))
+        else:
+            self._check_params(params)
+        checked = self._check_data({} if data is None else data)
         if output_gradients is not None:
-            unknown = [k for k in output_gradients if k not in self.output_keys]
-            if unknown:
-                raise InputError(f"output_gradients names {unknown}, which are not outputs ({self.output_keys})")
             if self.inference:
                 raise MithrilError("this model was compiled with inference=True: it computes no gradients")
+            cotangents, unresolved = self._check_output_gradients(output_gradients, checked)
+        data = self.backend.prepare_inputs(checked)
+        params = self.backend.prepare_inputs(dict(params))
+        if output_gradients is not None:
             if self.gradient_error is not None:
                 raise self.gradient_error
             diff_params = [k for k in self._param_names if k in self.trainable_keys]
             diff_data = [k for k in self.input_keys if k in self.data_keys and
                          is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
             program = Program(self.program.forward, self._jitted if self._gradients_jit else None, self.backward)
-            outputs, grads = self._run("gradients", program, lambda prog: self.backend.vjp(
-                prog, dict(params), data, diff_params, diff_data, dict(output_gradients)))
+            try:
+                outputs, grads = self._run("gradients", program, lambda prog: self.backend.vjp(
+                    prog, dict(params), data, diff_params, diff_data, dict(cotangents)))
+            except MithrilError:
+                if unresolved:  # the failure may be a cotangent of the wrong shape: say so if it is
+                    self._check_computed_shapes({k: cotangents[k] for k in unresolved},
+                                                self._run("forward", dataclasses.replace(program, jitted=None),
+                                                          lambda prog: prog.forward(params, data)))
+                raise
+            if unresolved:
+                self._check_computed_shapes({k: cotangents[k] for k in unresolved}, outputs)
             return self.backend.finalize_outputs(outputs), grads
         program = Program(self.program.forward, self._jitted, self.backward)
         out = self._run("forward", program, lambda prog: (prog.jitted or prog.forward)(params, data))
@@ -238,8 +320,8 @@ class PhysicalModel:
                 return out
             out = self._run(kind, dataclasses.replace(program, jitted=None), call)
             # The eager run worked, so the failure was the trace (a value-dependent shape): stay eager.
-            named = trace_error if isinstance(trace_error, MithrilError) else node_error(self.program, trace_error)
-            warnings.warn(f"running un-jitted: {named}", JitFallbackWarning, stacklevel=5)
+            warnings.warn(f"running un-jitted: {jit_fallback_reason(self.program, trace_error)}", JitFallbackWarning,
+                          stacklevel=5)
             if kind == "forward":
                 self._jitted = None
             else:
@@ -253,6 +335,46 @@ class PhysicalModel:
             raise node_error(self.program, exc) from exc
 
     __call__ = evaluate
+
+
+def _check_mapping(what: str, value: Any, keys: list[str]) -> None:
+    if not isinstance(value, Mapping):
+        raise InputError(f"{what} must be a dict keyed by name ({', '.join(map(repr, keys[:8]))}"
+                         f"{', ...' if len(keys) > 8 else ''}), not a {type(value).__name__}")
+
+
+def _bound_dims(inputs: Mapping[str, ir.Value], data: Mapping[str, Any]) -> dict[str, int]:
+    """Symbolic dim name -> its size in the inputs given (a name bound to two sizes is left out)."""
+    bound: dict[str, int] = {}
+    clash: set[str] = set()
+    for name, value in data.items():
+        declared = inputs[name]
+        if declared.shape is None or not hasattr(value, "shape"):
+            continue
+        for d, s in zip(declared.shape, tuple(value.shape)):
+            if not isinstance(d, int) and d.value is not None:
+                if bound.setdefault(d.value, int(s)) != int(s):
+                    clash.add(d.value)
+    return {k: v for k, v in bound.items() if k not in clash}
+
+
+def _expected_shape(value: ir.Value, bound: Mapping[str, int]) -> tuple[int | None, ...] | None:
+    """``value``'s shape with symbolic dims replaced by their bound sizes (None where unknown);
+    None when not even the rank is known."""
+    if value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else bound.get(d.value) for d in value.shape)
+
+
+def _cotangent_shape_error(name: str, expected, got, node: str | None) -> ShapeError:
+    want = [d if d is not None else "?" for d in expected] if expected is not None else "?"
+    return ShapeError(f"output_gradients[{name!r}] must have the shape of output {name!r}, {want}, but got "
+                      f"{list(got)} (a cotangent is never broadcast)", node=node)
+
+
+def _producer_label(value: ir.Value) -> str | None:
+    node = value.producer()
+    return (node.name or node.op_type) if node is not None else None
 
 
 def _consumer_label(value: ir.Value) -> str | None:

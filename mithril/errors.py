@@ -137,6 +137,12 @@ class InputError(MithrilError):
     """Missing, unexpected, or mis-shaped/mis-typed inputs to ``evaluate``."""
 
 
+class ForeignArrayError(InputError, TypeError):
+    """An array of another framework where a backend takes its own arrays or NumPy's (a
+    ``torch.Tensor`` given to a JaxBackend model or to ``JaxBackend().add``): the message names
+    the kinds it takes and how to convert. A TypeError too, as Python raises for a wrong type."""
+
+
 class KernelError(NodeError):
     """A kernel failed while running; wraps the underlying exception with node context."""
 
@@ -193,6 +199,17 @@ class PassError(CompileError):
 
 class EvaluationError(MithrilError):
     """Running a compiled model failed outside any one kernel (a backend's input conversion...)."""
+
+
+class JitTraceError(EvaluationError):
+    """A backend's jit could not trace or compile the program (torch.compile's dynamo or
+    inductor...); ``evaluate`` then runs it eagerly with one ``JitFallbackWarning``. ``where``
+    lists the ``(filename, line)`` of the generated code being traced, innermost last, so the
+    warning can name the node."""
+
+    def __init__(self, message: str, where: Sequence[tuple[str, int]] = ()):
+        self.where = list(where)
+        super().__init__(message)
 
 
 class ExportError(ModelError):

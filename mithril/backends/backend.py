@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import BackendDType, DType, as_dtype, float32
-from ..errors import BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, MithrilError
+from ..errors import BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, ForeignArrayError, MithrilError
+from .table import BACKENDS, backend_of_array
 
 
 # The tensor API a Lambda block traces (mithril/frontend/lambda_block.py). Called with a traced
@@ -32,10 +33,15 @@ TRACEABLE_API = frozenset({
 def _traceable(name: str, method):
     @functools.wraps(method)
     def traceable(self, *args, **kwargs):
+        foreign = None
         for arg in (*args, *kwargs.values()):
             for v in arg if isinstance(arg, (list, tuple)) else (arg,):
                 if hasattr(type(v), "__mithril_function__"):
                     return v.__mithril_function__(self, name, args, kwargs)
+                if foreign is None and backend_of_array(v).name not in ("numpy", self.name):
+                    foreign = v
+        if foreign is not None:  # another framework's array would compute there, or fail deep inside
+            self.check_array(foreign, f"an argument of {name}()")
         return method(self, *args, **kwargs)
 
     return traceable
@@ -70,7 +76,8 @@ class Backend(metaclass=TensorAPI):
 
     - ``name`` (its table row and override key) and ``xp``, the array namespace the shared
       kernels compute with (the framework's NumPy-compatible module, or a facade over it).
-    - Arrays in and out: :meth:`from_numpy`, :meth:`to_numpy`, :meth:`dtype_of`;
+    - Arrays in and out: :meth:`from_numpy`, :meth:`to_numpy`, :meth:`dtype_of`, :meth:`check_array`
+      (another framework's arrays are refused; NumPy's are taken everywhere);
       :meth:`prepare_inputs` turns the user's params and data into what the generated program
       takes, :meth:`finalize_outputs` its outputs into what users get; :meth:`constant` gives an
       initializer in the array type the program computes on.
@@ -175,6 +182,19 @@ class Backend(metaclass=TensorAPI):
             return np.dtype(dt)
         except TypeError:
             return None
+
+    def check_array(self, value, what: str) -> None:
+        """Refuse an array of another framework (:class:`~mithril.errors.ForeignArrayError`
+        naming what this backend takes and how to convert); NumPy arrays, Python values and this
+        backend's own arrays pass. ``what`` names the value (``"input 'x'"``)."""
+        got = backend_of_array(value)
+        if got.name in ("numpy", self.name):
+            return
+        own = BACKENDS[self.name].array_type if self.name in BACKENDS else "its own arrays"
+        takes = "numpy.ndarray" if own == "numpy.ndarray" else f"{own} or numpy.ndarray"
+        convert = "x.detach().cpu().numpy()" if got.name == "torch" else "np.asarray(x)"
+        raise ForeignArrayError(f"{what}: {type(self).__name__} takes {takes}, got {got.array_type}; convert it "
+                                f"first ({convert}, then backend.array(...) to place it on the backend)")
 
     def prepare_inputs(self, values: dict) -> dict:
         """Params or data as the generated program takes them (a facade backend wraps natives here)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EvaluationError, KernelError
+from ..errors import EvaluationError, JitTraceError, KernelError, MithrilError, describe_node
 
 
 @dataclass(frozen=True)
@@ -60,4 +60,29 @@ def node_error(program, exc: Exception) -> Exception:
     )
 
 
-__all__ = ["JitFallbackWarning", "Program", "node_error"]
+def jit_fallback_reason(program, exc: Exception) -> str:
+    """Why a jitted run of ``program`` failed, in one line (a JitFallbackWarning's): the node
+    whose generated line was being traced or run, when known, and the failure's first line."""
+    if isinstance(exc, JitTraceError):
+        frames, reason = exc.where, str(exc)
+    elif isinstance(exc, MithrilError):
+        return _first_line(str(exc))
+    else:
+        frames, reason = [], f"{type(exc).__name__}: {_first_line(str(exc))}"
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+            tb = tb.tb_next
+    sites = [program.lines[line] for filename, line in frames
+             if filename == program.filename and line in program.lines]
+    if not sites:
+        return reason
+    site = sites[-1]  # the innermost generated line
+    return f"{describe_node(site.label, site.op_type, site.opset)}: {reason}"
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "no message")
+
+
+__all__ = ["JitFallbackWarning", "Program", "jit_fallback_reason", "node_error"]

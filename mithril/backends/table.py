@@ -28,11 +28,13 @@ from typing import Any
 class BackendEntry:
     """One backend: ``name`` (``--backend``, ``Backend.name``, the override key of its kernels),
     the class ``class_name`` in ``mithril.backends.<name>.backend``, and the top-level modules
-    of its framework's array types (``type(array).__module__``'s first part)."""
+    of its framework's array types (``type(array).__module__``'s first part), and the array
+    type as users name it (``array_type``, for messages)."""
 
     name: str
     class_name: str
     array_modules: tuple[str, ...]
+    array_type: str
 
     @property
     def package(self) -> str:
@@ -59,10 +61,10 @@ class BackendEntry:
 
 
 BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
-    BackendEntry("numpy", "NumpyBackend", ("numpy",)),
-    BackendEntry("jax", "JaxBackend", ("jax", "jaxlib")),
-    BackendEntry("torch", "TorchBackend", ("torch",)),
-    BackendEntry("mlx", "MlxBackend", ("mlx",)),
+    BackendEntry("numpy", "NumpyBackend", ("numpy",), "numpy.ndarray"),
+    BackendEntry("jax", "JaxBackend", ("jax", "jaxlib"), "jax.Array"),
+    BackendEntry("torch", "TorchBackend", ("torch",), "torch.Tensor"),
+    BackendEntry("mlx", "MlxBackend", ("mlx",), "mlx.core.array"),
 )}
 
 _BY_MODULE = {module: entry for entry in BACKENDS.values() for module in entry.array_modules}

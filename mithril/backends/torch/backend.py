@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import numpy as np
 
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MithrilError
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MithrilError
 from ..backend import Backend, check_device_mesh, process_memory_info, warn_user
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch.
@@ -342,7 +343,7 @@ class TorchBackend(Backend):
                 if t is None or not t.requires_grad or g is None:
                     continue
                 roots.append(t)
-                cots.append(_native(g, self._device).to(t.dtype).expand(t.shape))
+                cots.append(_native(g, self._device))  # evaluate checked its dtype and shape: no cast, no broadcast
             if roots:
                 grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
             else:
@@ -525,9 +526,39 @@ class _Compiled:
         unwrap = lambda d: {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in d.items()}  # noqa: E731
         # Kernels read static inputs (shapes, axes) with NumPy on the host; dynamo's NumPy tracing
         # would turn those reads into tensors (and asserts on np.nditer), so they stay Python.
-        with torch._dynamo.config.patch(trace_numpy=False):
-            out = self._compiled(unwrap(params), unwrap(data))
+        with torch._dynamo.config.patch(**_DYNAMO_CONFIG), warnings.catch_warnings():
+            # The kernels' lru_cache'd helpers are pure functions of static ints: tracing through
+            # the cache, as dynamo warns it does, computes the same.
+            warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
+            try:
+                out = self._compiled(unwrap(params), unwrap(data))
+            except Exception as exc:
+                if _compile_failure(exc):
+                    raise _trace_error(exc) from exc
+                raise
         return {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+# torch._dynamo settings while a compiled program runs (a test sets trace_numpy=True to see a
+# trace fail as it did before).
+_DYNAMO_CONFIG = {"trace_numpy": False}
+
+
+def _compile_failure(exc: Exception) -> bool:
+    """Whether ``exc`` came out of torch.compile's tracing or compiling (dynamo marks what it
+    raises with the user code's stack) rather than out of the compiled program's run."""
+    return (isinstance(exc, torch._dynamo.exc.TorchDynamoException)
+            or torch._dynamo.exc.get_real_stack(exc) is not None)
+
+
+def _trace_error(exc: Exception) -> JitTraceError:
+    """One line for a torch.compile failure: the error's type and first line (the backend
+    compiler's own error for BackendCompilerFailed), and where in the generated code it was."""
+    inner = getattr(exc, "inner_exception", None) or exc
+    first = next((line.strip() for line in str(inner).splitlines() if line.strip()), "no message")
+    stack = torch._dynamo.exc.get_real_stack(exc) or []
+    return JitTraceError(f"torch.compile failed: {type(inner).__name__}: {first}",
+                         [(frame.filename, frame.lineno) for frame in stack])
 
 
 __all__ = ["TorchBackend"]
