@@ -61,7 +61,8 @@ def accuracy(backend, params, x, y) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="jax", choices=sorted(BACKENDS))
-    p.add_argument("--reload-on", default="numpy", choices=sorted(BACKENDS), help="backend the saved parameters load into")
+    p.add_argument("--reload-on", default="numpy", choices=sorted(BACKENDS),
+                   help="backend the saved parameters load into")
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
