@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Compose an imported ONNX backbone with a new head and a loss: a PyTorch ResNet-18 exported to
 ONNX becomes a block of a Mithril model, gets a fresh 10-class head and a cross-entropy loss,
-trains the head with Adam for a few steps on a backend with gradients, and exports the whole thing.
+trains the head with Adam for a few steps (on JAX or PyTorch when among --backends, else the first one),
+and exports the whole thing.
 
     python examples/onnx_backbone.py --image-size 64 --steps 20
 
@@ -86,7 +87,7 @@ def run(args, folder: Path) -> int:
 
     pretrained = model.backbone.pretrained_params()  # the ONNX file's weights, by parameter name
     backends = make_backends(args.backends)
-    trainer = next((b for b in backends if b.name in ("torch", "jax")), None)
+    trainer = next((b for b in backends if b.name in ("torch", "jax")), backends[0])  # any trains; these fastest
     losses = {}
     params = None
     for backend in backends:
@@ -102,7 +103,7 @@ def run(args, folder: Path) -> int:
     if spread > 1e-4 * max(1.0, abs(min(losses.values()))):
         raise SystemExit(f"onnx_backbone: the backends disagree on the loss by {spread:.2e}: {losses}")
 
-    if trainer is not None and args.steps > 0:
+    if args.steps > 0:
         pm = ml.compile(model, trainer, shapes=shapes, trainable_keys=head)
         p_b = {k: trainer.from_numpy(v) for k, v in params.items()}
         data = {"input": trainer.from_numpy(x), "label": trainer.from_numpy(label)}
