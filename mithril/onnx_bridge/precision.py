@@ -307,11 +307,37 @@ def _fill_types(model: ir.Model) -> None:
             for v in n.outputs:
                 if v.name and v.type is not None:
                     types[v.name] = v.type
+    opsets = {canonical_domain(d): v for d, v in model.opset_imports.items()}
     for g in _graphs(model.graph):
         for n in g:
             for v in n.outputs:
                 if v.name and v.type is None and v.name in types:
                     v.type = types[v.name]
+            _schema_types(n, opsets)
+
+
+def _schema_types(node: ir.Node, opsets: dict[str, int]) -> None:
+    """Types ONNX inference leaves out (ai.onnx.ml's ops have no type inference), from the
+    schema: an output of one fixed type, or of a type variable an input binds."""
+    if all(v.type is not None for v in node.outputs if v.name):
+        return
+    schema = _schema(node, opsets)
+    if schema is None:
+        return
+    bound = {}
+    for i, v in enumerate(node.inputs):
+        formal = _slot(list(schema.inputs), i)
+        if v is not None and formal is not None and isinstance(v.type, ir.TensorType):
+            bound.setdefault(formal.type_str, v.type)
+    fixed = {f"tensor({_onnx_type_name(t)})": t for t in ir.DataType}
+    for i, v in enumerate(node.outputs):
+        formal = _slot(list(schema.outputs), i)
+        if not v.name or v.type is not None or formal is None:
+            continue
+        if formal.type_str in bound:
+            v.type = bound[formal.type_str]
+        elif formal.type_str in fixed:
+            v.type = ir.TensorType(fixed[formal.type_str])
 
 
 class _Conversion:
