@@ -6,6 +6,7 @@
     python scripts/bench.py --backends torch --models bert,gpt2 --no-write
     python scripts/bench.py --profile resnet18     # time per op type on the NumPy backend
     python scripts/bench.py --training-memory      # only the training-memory section (gradient checkpointing)
+    python scripts/bench.py --precision            # only the precision section (float16, bfloat16, float64)
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
@@ -20,6 +21,13 @@ The training-memory section measures one ResNet-18 training step (forward and gr
 cross-entropy loss) with and without ``gradient_checkpointing=True``, each configuration in a
 fresh subprocess; ``--training-memory`` runs only that section and replaces it in
 docs/performance.md, leaving the rest of the file as it is (a full run keeps the section it finds).
+
+The precision section runs ResNet-18, BERT and GPT-2 exports on each backend in each dtype it holds
+(``Backend(dtype=...)``: the precision pass converts the float32 file, docs/precision.md), timing
+the dtypes of one backend in turns and comparing every output with onnxruntime's float32;
+``--precision`` runs only that section and replaces it the same way.
+
+Long sections print one progress line per measurement on stderr.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import mithril as ml  # noqa: E402
 from mithril.compile import JitFallbackWarning  # noqa: E402
+from mithril.dtypes import is_floating_np  # noqa: E402
 
 # name -> (attribute of `mithril` holding the backend class, constructor kwargs); a backend that
 # mithril lacks or whose framework is not installed is skipped with a note.
@@ -174,6 +183,11 @@ LEAD_IN_S = 0.1
 BLOCK_S = 0.2
 # Calls this slow are all timed: a neighbour's leftovers are a small part of them.
 LONG_CALL_S = 0.5
+
+
+def _progress(message: str) -> None:
+    """One line on stderr per measurement of a long section, so a run shows where it is."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _interleaved_times(runners: dict, warmup: int, min_runs: int, max_runs: int, row_seconds: float):
@@ -373,6 +387,7 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                             continue
                         candidates.append((bname, lambda b=backend: _backend_row(b, path, inputs, args.compile_repeats)))
                     for bname, prepare in candidates:
+                        _progress(f"{model} ({input_desc}), {_threads_label(threads)} threads: {bname}")
                         try:
                             compile_s, first_s, call, outs, fallbacks = prepare()
                         except Exception as exc:  # one failing backend must not end the benchmark
@@ -426,6 +441,7 @@ def run_jax_subprocesses(args, model_names, notes) -> dict[str, list[dict]]:
                str(args.min_runs), "--warmup", str(args.warmup), "--row-seconds", str(args.row_seconds),
                "--compile-repeats", str(args.compile_repeats)]
         print(f"JAX subprocess, XLA_FLAGS={flags or '(unset)'}", flush=True)
+        _progress(f"JAX subprocess, XLA_FLAGS={flags or '(unset)'}")
         proc = subprocess.run(cmd, env=env)
         try:
             child = json.loads(Path(out).read_text()) if proc.returncode == 0 else {"rows": [], "notes": []}
@@ -718,6 +734,7 @@ def run_training_memory(backend_names, batch: int, image: int, notes: list[str])
             cmd = [sys.executable, str(Path(__file__).resolve()), "--train-memory-case",
                    f"{name}:{int(checkpointing)}:{batch}:{image}", "--json", out]
             print(f"training memory: {name}, gradient_checkpointing={checkpointing}", flush=True)
+            _progress(f"training memory: {name}, gradient_checkpointing={checkpointing}")
             proc = subprocess.run(cmd, env={**os.environ, **TRAIN_MEMORY_ENV})
             try:
                 if proc.returncode != 0:
@@ -778,6 +795,142 @@ def _render_training_memory(rows: list[dict], notes: list[str], started: str, lo
     return "\n".join(lines) + "\n"
 
 
+# -- precision: the backend's dtype on exported models ----------------------------------------------
+
+PRECISION_HEADING = "## Precision: float16, bfloat16 and float64"
+# The dtypes each backend is measured in: the design's promise (mixed precision on JAX, Torch and
+# MLX; float64 on NumPy, JAX and Torch) beside float32. NumPy also runs float16 and bfloat16, with
+# no BLAS for them (bfloat16 is emulated by ml_dtypes): correct and far slower, so not timed here.
+PRECISION_DTYPES = {"numpy": ("float32", "float64"), "jax": ("float32", "float16", "bfloat16", "float64"),
+                    "torch": ("float32", "float16", "bfloat16", "float64"), "mlx": ("float32", "float16", "bfloat16")}
+PRECISION_MODELS = {
+    "resnet18": Case("resnet18", {"image_size": 112}, 1),
+    "bert": Case("bert", {"seq": 128}, 1),
+    "gpt2": Case("gpt2", {"seq": 128}, 1),
+}
+# tests/test_precision.py's tolerances, on the same measure: 4 eps for the half types, 32 float32
+# eps for float64 (compared with onnxruntime's float32, whose own rounding dominates).
+PRECISION_TOLERANCES = {"float32": 32 * 2.0**-23, "float16": 4 * 2.0**-10, "bfloat16": 4 * 2.0**-7,
+                        "float64": 32 * 2.0**-23}
+
+
+def _scaled_error(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
+    """The largest over outputs of max |out - ref| / max |ref|: the error relative to each
+    output's scale (tests/test_precision.py's measure)."""
+    worst = 0.0
+    for k, r in ref.items():
+        got, want = np.asarray(outs[k], np.float64), np.asarray(r, np.float64)
+        worst = max(worst, float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30)))
+    return worst
+
+
+def run_precision(backend_names: list[str], model_names: list[str], args, notes: list[str]) -> list[dict]:
+    """Per (model, backend): the model compiled in each of the backend's dtypes, checked against
+    onnxruntime's float32 on the first call, then the dtypes timed taking turns."""
+    import onnxruntime as ort
+
+    rows = []
+    cache: dict = {}
+    total = sum(len(PRECISION_DTYPES[b]) for b in backend_names) * len(model_names)
+    done = 0
+    with tempfile.TemporaryDirectory() as workdir:
+        for model in model_names:
+            case = PRECISION_MODELS[model]
+            path, _, inputs = _export(case, workdir, cache)
+            session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            ref = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+            input_desc = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+            for bname in backend_names:
+                attr, kwargs = BACKENDS[bname]
+                runners, found = {}, {}
+                for dtype in PRECISION_DTYPES[bname]:
+                    done += 1
+                    _progress(f"precision [{done}/{total}] {model} ({input_desc}) on {bname} in {dtype}: "
+                              "compile and first call")
+                    try:
+                        backend = getattr(ml, attr)(dtype=getattr(ml, dtype), **kwargs)
+                        t = time.perf_counter()
+                        pm = ml.compile(path, backend, shapes={k: list(v.shape) for k, v in inputs.items()})
+                        compile_s = time.perf_counter() - t
+                        want = backend.dtype.numpy
+                        params = pm.get_parameters()
+                        data = {k: backend.from_numpy(v.astype(want) if v.dtype == np.float32 else v)
+                                for k, v in inputs.items()}
+
+                        def call(backend=backend, pm=pm, params=params, data=data):
+                            return _to_numpy_outputs(backend, pm.evaluate(params, data))
+
+                        t = time.perf_counter()
+                        outs = call()
+                        first_s = time.perf_counter() - t
+                    except Exception as exc:  # one failing dtype must not end the section
+                        notes.append(f"{model} on {bname} in {dtype} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                        print(notes[-1], flush=True)
+                        continue
+                    dtypes = sorted({str(v.dtype) for v in outs.values() if is_floating_np(v.dtype)})
+                    runners[dtype] = call
+                    found[dtype] = dict(model=model, input=input_desc, backend=bname, dtype=dtype,
+                                        compile_s=compile_s, first_s=first_s, error=_scaled_error(outs, ref),
+                                        output_dtypes=dtypes)
+                if not runners:
+                    continue
+                _progress(f"precision: timing {model} on {bname} in {', '.join(runners)} (taking turns)")
+                times, runs = _interleaved_times(runners, args.warmup, args.min_runs, args.runs, args.row_seconds)
+                base = times.get("float32")
+                for dtype, row in found.items():
+                    row.update(ms=times[dtype] * 1e3, runs=runs, vs_float32=times[dtype] / base if base else None)
+                    rows.append(row)
+                    print(f"{model:<9} {bname:<6} {dtype:<9} {row['ms']:8.2f} ms  "
+                          f"{_f(row['vs_float32'], '.2f')}x float32  error {row['error']:.2e}  "
+                          f"(outputs {', '.join(row['output_dtypes'])})", flush=True)
+    return rows
+
+
+def _render_precision(rows: list[dict], notes: list[str], started: str, load, args) -> str:
+    sizes = "; ".join(f"{m} {next(r['input'] for r in rows if r['model'] == m)}"
+                      for m in dict.fromkeys(r["model"] for r in rows))
+    lines = [PRECISION_HEADING, "",
+             f"Generated by `python scripts/bench.py --precision` ({started}; load average {_fmt_load(load)}), "
+             "which rewrites this section only.", "",
+             "The TorchScript exports of ResNet-18, the small BERT and the small GPT-2 (float32 files, random "
+             f"weights, seeded), batch 1: {sizes}. Each backend compiles the file once per dtype with "
+             "`Backend(dtype=...)`: the precision pass (docs/precision.md) converts the float32 graph to that "
+             "dtype (Softmax, LayerNormalization and whole-axis reductions stay float32 in float16 and "
+             "bfloat16), and inputs and outputs take the dtype. A backend's dtypes are timed taking turns in "
+             f"one process (about {args.row_seconds:g} s of calls per model and backend); ms is the median "
+             "steady call, and *vs float32* its ratio to the same backend's float32 row.", "",
+             "*Error* is max |output - onnxruntime| / max |onnxruntime| over the model's outputs, against "
+             "onnxruntime's float32 on the same inputs (the float32 rows show the backend's own float32 "
+             "difference). tests/test_precision.py holds the same measure to 4 eps for the half types "
+             "(float16 3.9e-3, bfloat16 3.1e-2) and to 32 float32 eps (3.8e-6) for float64. On this CPU, "
+             "float16 and bfloat16 halve the weights' memory but rarely save time: the CPU has no "
+             "half-precision arithmetic, so frameworks convert to float32 around each kernel.", "",
+             "| Model | Backend | dtype | ms | vs float32 | Error vs onnxruntime float32 | Within tolerance |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        ok = "yes" if r["error"] <= PRECISION_TOLERANCES[r["dtype"]] else "no"
+        lines.append(f"| {r['model']} | {r['backend']} | {r['dtype']} | {r['ms']:.2f} | {_f(r['vs_float32'], '.2f')} | "
+                     f"{r['error']:.1e} | {ok} |")
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _precision_main(args, backend_names: list[str], model_names: list[str]) -> int:
+    notes: list[str] = []
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
+    load = _load_average()
+    rows = run_precision(backend_names, model_names, args, notes)
+    section = _render_precision(rows, notes, started, load, args)
+    print(section)
+    if not args.no_write:
+        out = Path(args.output)
+        text = out.read_text() if out.exists() else "# Performance\n"
+        out.write_text(_splice_section(text, PRECISION_HEADING, section))
+        print(f"wrote the precision section of {out}")
+    return 0
+
+
 def _splice_section(text: str, heading: str, section: str | None) -> str:
     """``text`` with the section starting at ``heading`` (up to the next ``## ``) replaced by
     ``section``; a missing one goes before "## Threads" (or at the end). None keeps ``text``."""
@@ -836,6 +989,11 @@ def main(argv=None) -> int:
     ap.add_argument("--train-batch", type=int, default=8, help="training-memory batch size")
     ap.add_argument("--train-image", type=int, default=224, help="training-memory image size")
     ap.add_argument("--train-memory-case", help=argparse.SUPPRESS)  # backend:checkpointing:batch:image, a child
+    ap.add_argument("--precision", action="store_true",
+                    help="only the precision section (ResNet-18, BERT and GPT-2 in float16, bfloat16 and float64 "
+                         f"on those of --backends among {', '.join(PRECISION_DTYPES)}; --models among "
+                         f"{', '.join(PRECISION_MODELS)}; 3 s of timing per model and backend unless "
+                         "--row-seconds); replaces that section of --output and leaves the rest")
     args = ap.parse_args(argv)
     args.argv = argv
     if args.quick:
@@ -855,6 +1013,15 @@ def main(argv=None) -> int:
             ap.error(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     if args.training_memory:
         return _training_memory_main(args, [n for n in names if n in TRAIN_MEMORY_BACKENDS])
+    if args.precision:
+        if "--row-seconds" not in argv:
+            args.row_seconds = 3.0
+        models = ([m.strip() for m in args.models.split(",") if m.strip()] if "--models" in argv
+                  else list(PRECISION_MODELS))
+        for m in models:
+            if m not in PRECISION_MODELS:
+                ap.error(f"unknown precision model {m!r}; choose from {', '.join(PRECISION_MODELS)}")
+        return _precision_main(args, [n for n in names if n in PRECISION_DTYPES], models)
     model_names = [args.profile] if args.profile else [m.strip() for m in args.models.split(",") if m.strip()]
     for m in model_names:
         if m not in MODELS:
@@ -891,8 +1058,11 @@ def main(argv=None) -> int:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = _render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started)
-        # The training-memory section is regenerated on its own (--training-memory): kept as found.
-        out.write_text(_splice_section(text, TRAIN_MEMORY_HEADING, _existing_section(out, TRAIN_MEMORY_HEADING)))
+        # The training-memory and precision sections are regenerated on their own (--training-memory,
+        # --precision): kept as found.
+        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING):
+            text = _splice_section(text, heading, _existing_section(out, heading))
+        out.write_text(text)
         print(f"wrote {out}")
     return 0
 
