@@ -427,6 +427,9 @@ def compile(
       run again before its gradients (``torch.utils.checkpoint``, ``mx.checkpoint``, a
       ``custom_vjp`` per segment on JAX; NumPy's gradient program re-runs them). Same gradients,
       less memory, about one more forward pass of work.
+    - A float32 model on a float16, bfloat16 or float64 backend is converted to that dtype
+      (:mod:`mithril.onnx_bridge.precision`; docs/precision.md); ``keep_io_types=True`` keeps its
+      float inputs and outputs in the file's dtype, with Casts at the boundary.
 
     >>> import mithril as ml, numpy as np
     >>> from onnx import helper, TensorProto
