@@ -19,7 +19,7 @@ from .backends.runner import JitFallbackWarning, Program, jit_fallback_reason, n
 from .backends.emit_python import LoweredProgram
 from .backends.plan import Plan, build_plan
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
-from .errors import (CompileError, DTypeError, EvaluationError, InputError, MithrilError, ShapeError,
+from .errors import (CompileError, DTypeError, EvaluationError, InputError, JitTraceError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
 from .onnx_bridge.precision import convert_precision
@@ -322,9 +322,9 @@ class PhysicalModel:
             # The eager run worked, so the failure was the trace (a value-dependent shape): stay eager.
             warnings.warn(f"running un-jitted: {jit_fallback_reason(self.program, trace_error)}", JitFallbackWarning,
                           stacklevel=5)
-            if kind == "forward":
+            if kind == "forward" or isinstance(trace_error, JitTraceError):  # the program itself does not compile
                 self._jitted = None
-            else:
+            if kind == "gradients" or isinstance(trace_error, JitTraceError):
                 self._gradients_jit = False
             return out
         try:

@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .backends.backend import check_backend
 from .backends.table import array_backend
 from .errors import ParamsFileError, public_api
 
@@ -78,6 +79,7 @@ def load_params(path: str | os.PathLike, backend=None) -> dict[str, Any]:
         raise ParamsFileError(f"load_params reads .safetensors or .npz files, not {path!r}")
     if backend is None:
         return arrays
+    check_backend(backend, "load_params", ParamsFileError)
     return {k: backend.from_numpy(v) for k, v in arrays.items()}
 
 

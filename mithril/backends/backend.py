@@ -510,6 +510,16 @@ _DEVICE_NAME = re.compile(r"^(?P<kind>[a-z]+)(?::(?P<index>\d+))?$")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def check_backend(value, what: str, error: type[MithrilError] = MithrilError) -> None:
+    """Refuse what is not a backend instance (a backend class, a name such as ``"torch"``) with
+    ``error`` saying what ``what`` (a function's name) takes."""
+    if isinstance(value, Backend):
+        return
+    if isinstance(value, type) and issubclass(value, Backend):
+        raise error(f"{what} takes a backend instance: {value.__name__}(), not the class")
+    raise error(f"{what} takes a backend instance such as ml.NumpyBackend(), not {value!r}")
+
+
 def warn_user(message: str, category: type[Warning] = BackendOptionWarning) -> None:
     """One warning line, attributed to the first caller outside Mithril (the user's line)."""
     frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import types
 import warnings
 
 import numpy as np
@@ -520,7 +522,7 @@ class _Compiled:
             out = forward(wrap, wrap_d)
             return {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in out.items()}
 
-        self._compiled = torch.compile(native_forward, **{"dynamic": False, **(options or {})})
+        self._compiled = torch.compile(_own_code(native_forward), **{"dynamic": False, **(options or {})})
 
     def __call__(self, params, data):
         unwrap = lambda d: {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in d.items()}  # noqa: E731
@@ -537,6 +539,18 @@ class _Compiled:
                     raise _trace_error(exc) from exc
                 raise
         return {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+_programs = itertools.count()
+
+
+def _own_code(fn):
+    """``fn`` with a code object of its own. Dynamo keeps what it compiled, and its recompile
+    limit (8), per code object: sharing native_forward's, the ninth model compiled in a process
+    ran eagerly without a word."""
+    name = f"{fn.__name__}_{next(_programs)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 # torch._dynamo settings while a compiled program runs (a test sets trace_numpy=True to see a
