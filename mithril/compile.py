@@ -258,7 +258,11 @@ class PhysicalModel:
         With ``output_gradients`` (cotangents keyed by output name) returns ``(outputs, gradients)``:
         gradients of every trainable parameter and of the differentiable ``data_keys``. A compiled
         :class:`~mithril.models.TrainModel` (unless ``inference=True``) does so by default, with
-        the cotangent 1 for its ``loss_key`` output.
+        the cotangent 1 for its ``loss_key`` output. Each cotangent has its output's dtype and
+        shape (nothing is cast or broadcast); outputs left out (or given None) get zero.
+
+        Values are the backend's own arrays or NumPy arrays (Python scalars and lists take the
+        declared dtype); another framework's array is refused (``ForeignArrayError``).
         """
         if output_gradients is None and self.loss_key is not None and not self.inference:
             dtype = np_dtype_of_onnx(int(next(v for v in self.ir.graph.outputs if v.name == self.loss_key).dtype))
