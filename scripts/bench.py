@@ -902,9 +902,10 @@ def _render_precision(rows: list[dict], notes: list[str], started: str, load, ar
              "*Error* is max |output - onnxruntime| / max |onnxruntime| over the model's outputs, against "
              "onnxruntime's float32 on the same inputs (the float32 rows show the backend's own float32 "
              "difference). tests/test_precision.py holds the same measure to 4 eps for the half types "
-             "(float16 3.9e-3, bfloat16 3.1e-2) and to 32 float32 eps (3.8e-6) for float64. On this CPU, "
-             "float16 and bfloat16 halve the weights' memory but rarely save time: the CPU has no "
-             "half-precision arithmetic, so frameworks convert to float32 around each kernel.", "",
+             "(float16 3.9e-3, bfloat16 3.1e-2) and to 32 float32 eps (3.8e-6) for float64.", "",
+             "Times follow the CPU's half-precision instructions, not the bytes saved: this one has "
+             f"{_half_precision_isa()}. Where a framework has no fast kernel for a dtype it converts around "
+             "each op or falls back to a generic loop, and that dtype's rows are slower than float32.", "",
              "| Model | Backend | dtype | ms | vs float32 | Error vs onnxruntime float32 | Within tolerance |",
              "|---|---|---|---:|---:|---:|---|"]
     for r in rows:
@@ -914,6 +915,20 @@ def _render_precision(rows: list[dict], notes: list[str], started: str, load, ar
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _half_precision_isa() -> str:
+    """Which of the x86 half-precision extensions the CPU reports (from /proc/cpuinfo)."""
+    wanted = {"f16c": "F16C (float16 conversions only)", "avx512_bf16": "AVX512-BF16 (bfloat16 dot products)",
+              "amx_bf16": "AMX-BF16", "avx512_fp16": "AVX512-FP16 (float16 arithmetic)", "amx_fp16": "AMX-FP16"}
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return "an instruction set this script cannot read (no /proc/cpuinfo)"
+    have = [v for k, v in wanted.items() if k in flags]
+    lacks = [v.split(" (")[0] for k, v in wanted.items() if k not in flags]
+    return (", ".join(have) or "no half-precision extension") + (f"; no {', '.join(lacks)}" if lacks else "")
 
 
 def _precision_main(args, backend_names: list[str], model_names: list[str]) -> int:
