@@ -143,6 +143,11 @@ class ForeignArrayError(InputError, TypeError):
     the kinds it takes and how to convert. A TypeError too, as Python raises for a wrong type."""
 
 
+class NotABackendError(MithrilError, TypeError):
+    """A backend class or a name where a backend instance is expected (``ml.NumpyBackend.ones(3)``
+    for ``ml.NumpyBackend().ones(3)``); the message says what to write. A TypeError too."""
+
+
 class KernelError(NodeError):
     """A kernel failed while running; wraps the underlying exception with node context."""
 

@@ -227,6 +227,19 @@ def test_a_backend_class_or_name_is_refused(given, said, tmp_path):
     assert str(err.value) == f"load_params takes {said}"
 
 
+@pytest.mark.parametrize("call", ["ones(2, 3)", "add(x, x)", "to_numpy(x)", "array([1.0])", "randn(2)"])
+def test_the_tensor_api_called_on_a_backend_class_says_to_make_one(call):
+    """``backend = ml.NumpyBackend`` (no parentheses), then ``backend.ones(2, 3)``."""
+    name = call.split("(")[0]
+    for cls in [BACKENDS[b].load() for b in INSTALLED]:
+        with pytest.raises(ml.errors.NotABackendError) as err:
+            eval(f"cls.{call}", {"cls": cls, "x": X})
+        assert str(err.value) == (f"{name}() is a method of a backend instance: {cls.__name__}().{name}(...) "
+                                  f"(or the backend you made), not {cls.__name__}.{name}(...) on the class")
+        assert isinstance(err.value, TypeError)
+    np.testing.assert_array_equal(ml.NumpyBackend().ones(2, 3), np.ones((2, 3), np.float32))
+
+
 # -- TorchBackend(compile=True): compiles, or falls back with one warning line ------------------------
 needs_torch = pytest.mark.skipif("torch" not in INSTALLED, reason="torch is not installed")
 

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import BackendDType, DType, as_dtype, float32
-from ..errors import BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, ForeignArrayError, MithrilError
+from ..errors import (BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, ForeignArrayError, MithrilError,
+                      NotABackendError)
 from .table import BACKENDS, backend_of_array
 
 
@@ -47,18 +48,54 @@ def _traceable(name: str, method):
     return traceable
 
 
+# The tensor API users call on a backend: TensorAPI makes each method say so when it is called on
+# a backend class instead of an instance (``backend = ml.NumpyBackend`` then ``backend.ones(3)``).
+INSTANCE_API = TRACEABLE_API | frozenset({
+    "array", "zeros", "ones", "randn", "rand", "arange", "zeros_like", "ones_like", "to_device", "to_numpy",
+    "from_numpy", "get_random_key", "split_key", "random_normal", "shape", "get_memory_info", "set_seed",
+})
+
+
+class _TensorMethod:
+    """A tensor-API method as its class holds it: bound as usual when fetched from an instance;
+    fetched from the class, a function refusing a first argument that is not a backend."""
+
+    def __init__(self, name: str, fn):
+        self.name, self.__func__ = name, fn
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, owner=None):
+        if obj is not None:
+            return self.__func__.__get__(obj, owner)
+        fn, name, cls = self.__func__, self.name, owner.__name__
+
+        @functools.wraps(fn)
+        def on_class(self, *args, **kwargs):
+            if not isinstance(self, Backend):
+                raise NotABackendError(f"{name}() is a method of a backend instance: {cls}().{name}(...) (or the "
+                                       f"backend you made), not {cls}.{name}(...) on the class")
+            return fn(self, *args, **kwargs)
+
+        return on_class
+
+
+def _api_method(key: str, fn):
+    return _TensorMethod(key, _traceable(key, fn) if key in TRACEABLE_API else fn)
+
+
 class TensorAPI(type):
-    """The metaclass of backends: wraps their :data:`TRACEABLE_API` methods for tracing."""
+    """The metaclass of backends: wraps their :data:`TRACEABLE_API` methods for tracing, and
+    every :data:`INSTANCE_API` method so that calling it on the class says what was expected."""
 
     def __init__(cls, name, bases, namespace, **kwargs):
         super().__init__(name, bases, namespace, **kwargs)
-        for key in TRACEABLE_API & namespace.keys():
+        for key in INSTANCE_API & namespace.keys():
             if inspect.isfunction(namespace[key]):
-                type.__setattr__(cls, key, _traceable(key, namespace[key]))
+                type.__setattr__(cls, key, _api_method(key, namespace[key]))
 
     def __setattr__(cls, key, value):
-        if key in TRACEABLE_API and inspect.isfunction(value):
-            value = _traceable(key, value)
+        if key in INSTANCE_API and inspect.isfunction(value):
+            value = _api_method(key, value)
         super().__setattr__(key, value)
 
 
