@@ -441,6 +441,47 @@ def test_torch_amp_and_the_precision_pass_agree(exported, name, dtype):
     assert scaled_error(out.float().numpy(), ref) <= tol
 
 
+def test_mlx_compute_precision_on_a_converted_model(exported):
+    """MlxBackend(dtype=float16, compute_precision="float32"): weights, inputs and outputs in float16
+    (the pass), the arithmetic in float32 (the backend casts on the way in): closer to onnxruntime
+    than float16 throughout."""
+    if not BACKENDS["mlx"].installed():
+        pytest.skip("backend mlx needs the mlx package, which is not installed")
+    ex = exported("gpt2")
+    shapes = {k: list(v.shape) for k, v in ex.inputs.items()}
+    errors = {}
+    for compute in ("float32", None):
+        backend = ml.MlxBackend(dtype=ml.float16, compute_precision=compute)
+        out = ml.compile(ex.path, backend, shapes=shapes).evaluate(None, ex.data(np.float16))["logits"]
+        got = np.asarray(backend.to_numpy(out))
+        assert got.dtype == np.float16
+        errors[compute] = scaled_error(got, ex.reference["logits"])
+    assert errors["float32"] < errors[None] <= TOL["float16"]
+
+
+@pytest.mark.parametrize("backend_name, dtype", [("numpy", "float16"), ("torch", "bfloat16"), ("jax", "float16")])
+def test_gradients_in_the_backend_dtype(exported, backend_name, dtype):
+    """A converted model differentiates in its dtype: every parameter's gradient comes back in it,
+    and the gradient norms are those of float64 within a few eps."""
+    ex = exported("gpt2")
+    shapes = {k: list(v.shape) for k, v in ex.inputs.items()}
+
+    def norms(backend):
+        pm = ml.compile(ex.path, backend, shapes=shapes)
+        data = {k: backend.from_numpy(v) for k, v in ex.data(backend.dtype.numpy).items()}
+        cotangent = np.ones(ex.reference["logits"].shape, backend.dtype.numpy)
+        _, grads = pm.evaluate(None, data, output_gradients={"logits": backend.from_numpy(cotangent)})
+        arrays = {k: np.asarray(backend.to_numpy(v)) for k, v in grads.items()}
+        return {k: float(np.linalg.norm(v.astype(np.float64))) for k, v in arrays.items()}, arrays
+
+    want, _ = norms(ml.NumpyBackend(dtype=ml.float64))
+    got, arrays = norms(_backend(backend_name, dtype))
+    assert set(got) == set(want) and len(got) > 10
+    assert {v.dtype for v in arrays.values()} == {np.dtype(getattr(ml, dtype).numpy)}
+    worst = max(abs(got[k] - want[k]) / max(want[k], 1e-12) for k in want)
+    assert worst <= TOL[dtype], f"gradient norms differ by {worst:.3g}"
+
+
 # -- the documentation -----------------------------------------------------------------------------
 def test_precision_doc_example_runs():
     """docs/precision.md's example, as written."""
