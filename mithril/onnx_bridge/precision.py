@@ -44,7 +44,8 @@ an input or output the op's schema types ``tensor(float)`` only (Resize and Upsa
 NonMaxSuppression's boxes and thresholds, the scales of DynamicQuantizeLinear and QLinearConv,
 the outputs of ai.onnx.ml's Scaler, LinearRegressor, SVM...), and a node of another domain whose
 schema admits no such type for a float32 value (ai.onnx.ml's trees, scalers and encoders take
-float and double, never float16).
+float and double, never float16); and BitCast (:data:`KEEP_FLOAT32_ALWAYS`), which reinterprets
+the float32 bits. A graph input only such readers take stays float32 too.
 
 >>> import mithril as ml, numpy as np
 >>> from onnx import helper, TensorProto
@@ -70,11 +71,13 @@ from ..dtypes import tensor_array
 from .passes import InlineFunctions, _graphs
 from .schema import canonical_domain
 
-__all__ = ["ConvertPrecision", "KEEP_FLOAT32", "convert_precision", "model_float_dtype"]
+__all__ = ["ConvertPrecision", "KEEP_FLOAT32", "KEEP_FLOAT32_ALWAYS", "convert_precision", "model_float_dtype"]
 
 FLOAT = ir.DataType.FLOAT
 _HALVES = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 _TARGETS = (*_HALVES, ir.DataType.DOUBLE)
+# The float types a model computes in (float8 and float4 are storage types of quantized weights).
+_COMPUTE_TYPES = (FLOAT, *_TARGETS)
 _MS = "com.microsoft"
 
 _SOFTMAX = "a row of exponentials summed and divided by its sum"
@@ -113,8 +116,14 @@ KEEP_FLOAT32: dict[tuple[str, str], str] = {
     ("", "RoiAlign"): _COORDINATES,
 }
 _TRAINING_BATCHNORM = "batch statistics (training_mode=1): " + _STATISTICS
+# (domain, op_type) -> why it stays float32 in every dtype.
+KEEP_FLOAT32_ALWAYS: dict[tuple[str, str], str] = {
+    ("", "BitCast"): "it reinterprets the float32 bits: another dtype's bits are other numbers",
+}
 _RESCALING = ("an integer accumulator of MatMulInteger/ConvInteger rescaled by a product of quantization "
               "scales: the sums exceed float16's range and the scale products fall below it")
+# Reasons of numerics: an input read at such a node still takes the backend dtype (and a Cast).
+_NUMERIC_REASONS = frozenset({_SOFTMAX, _STATISTICS, _SUM, _COORDINATES, _TRAINING_BATCHNORM, _RESCALING})
 # The opset of the Casts the pass inserts into a file that imports no ONNX opset (bfloat16 needs 13).
 _CAST_OPSET = 13
 
@@ -154,22 +163,23 @@ def _retyped(t, dtype: ir.DataType):
 
 
 def model_float_dtype(model: ir.Model) -> ir.DataType | None:
-    """The float type a model computes in: the one most float weight elements (initializers
-    and Constant tensors) have; without weights, the one most float graph inputs have."""
+    """The float type a model computes in: the one of float16, bfloat16, float32 and float64 most
+    weight elements (initializers and Constant tensors) have; without weights, the one most graph
+    inputs have. float8 and float4 are storage types of quantized weights, not counted."""
     counts: Counter = Counter()
     for graph in _graphs(model.graph):
         for init in graph.initializers.values():
-            if init.const_value is not None and init.const_value.dtype.is_floating_point():
+            if init.const_value is not None and init.const_value.dtype in _COMPUTE_TYPES:
                 counts[init.const_value.dtype] += max(init.const_value.size, 1)
         for node in graph:
             if node.op_type == "Constant" and canonical_domain(node.domain) == "":
                 attr = node.attributes.get("value")
-                if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.value.dtype.is_floating_point():
+                if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.value.dtype in _COMPUTE_TYPES:
                     counts[attr.value.dtype] += max(attr.value.size, 1)
     if not counts:
         for v in model.graph.inputs:
             dtype = _float_dtype(v)
-            if dtype is not None and dtype.is_floating_point():
+            if dtype in _COMPUTE_TYPES:
                 counts[dtype] += 1
     return counts.most_common(1)[0][0] if counts else None
 
@@ -368,6 +378,8 @@ class _Conversion:
 
     def _keep_reason(self, node: ir.Node) -> str | None:
         domain = canonical_domain(node.domain)
+        if (domain, node.op_type) in KEEP_FLOAT32_ALWAYS:
+            return KEEP_FLOAT32_ALWAYS[(domain, node.op_type)]
         if self.half:
             reason = KEEP_FLOAT32.get((domain, node.op_type))
             if reason is not None:
@@ -407,13 +419,24 @@ class _Conversion:
             reason, fixed_in, _ = plan[id(node)]
             return FLOAT if reason is not None or i in fixed_in else target
 
+        def needs_float32(node: ir.Node, i: int) -> bool:
+            """Whether this slot reads float32 by its type (a schema's tensor(float), BitCast's bits,
+            another domain's float-and-double op), not for numerics a Cast could serve."""
+            reason, fixed_in, _ = plan[id(node)]
+            return i in fixed_in or (reason is not None and reason not in _NUMERIC_REASONS)
+
         top = self.model.graph
         if "" not in self.opsets:
             # The Casts inserted below are ONNX ops: a file of ai.onnx.ml ops alone imports no ONNX opset.
             self.model.opset_imports[""] = _CAST_OPSET
         for g in self.graphs:
             for v in g.inputs:
-                if id(v) in originally and not v.is_initializer() and not (g is top and self.keep_io):
+                if id(v) not in originally or v.is_initializer() or (g is top and self.keep_io):
+                    continue
+                # An input only float32 readers take (BitCast's bits, NonMaxSuppression's boxes)
+                # stays float32: converting it would round what they read.
+                uses = list(v.uses())
+                if g is not top or v.is_graph_output() or not all(needs_float32(n, i) for n, i in uses) or not uses:
                     self._retype(v)
             for v in g.initializers.values():
                 if id(v) not in originally or v.const_value is None:
