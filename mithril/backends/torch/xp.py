@@ -153,6 +153,21 @@ def _device_of(args):
     return _state.device
 
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _result_type(dts: list):
+    """NumPy's result dtype of dtypes and Python scalars, the scalars weak for bfloat16 as for
+    NumPy's own floats: NumPy does not apply its weak-scalar rule to ml_dtypes' bfloat16
+    (``np.result_type(bfloat16, 0.5)`` is float64), which turned a bfloat16 ``x * 0.5`` into float64."""
+    rt = np.result_type(*dts)
+    strong = [d for d in dts if type(d) not in _WEAK]
+    if (rt != _BFLOAT16 and strong and len(strong) < len(dts) and np.result_type(*strong) == _BFLOAT16
+            and not builtins.any(type(d) is complex for d in dts)):
+        return _BFLOAT16
+    return rt
+
+
 def _promote(*args, tensors=False):
     """Operands as natives of NumPy's result dtype; Python scalars stay weak (left as scalars)
     unless ``tensors``. Returns (natives, numpy result dtype)."""
@@ -197,7 +212,7 @@ def _promote(*args, tensors=False):
                 continue
             items.append(tensor_from_numpy(arr, dev))
             dts.append(arr.dtype)
-    rt = np.result_type(*dts)
+    rt = _result_type(dts)
     tt = TO_TORCH[rt]
     out = []
     for it in items:
