@@ -355,7 +355,8 @@ def test_subgraphs_are_converted(dtype):
 
 # -- other domains and quantized models -----------------------------------------------------------
 def test_ml_ops_without_half_types_stay_float32():
-    """ai.onnx.ml's Scaler and SVMClassifier take float and double, never float16."""
+    """ai.onnx.ml's Scaler and SVMClassifier take float and double, never float16: they stay float32,
+    and so does the input only they read; the file's Cast of the probabilities to float gives float16."""
     from mithril.conformance import real_inputs, real_reference
 
     file = "skl_scaler_svc.onnx"
@@ -369,7 +370,8 @@ def test_ml_ops_without_half_types_stay_float32():
     names, ref = real_reference(REAL / file, inputs)
     pm = ml.compile(str(REAL / file), ml.NumpyBackend(dtype=ml.float16),
                     shapes={k: v["shape"] for k, v in entry["inputs"].items()})
-    out = pm.evaluate(None, {k: v.astype(np.float16) for k, v in inputs.items()})
+    assert {pm._inputs[k].dtype for k in pm.input_keys} == {ir.DataType.FLOAT}
+    out = pm.evaluate(None, inputs)
     np.testing.assert_array_equal(out[names[0]], ref[0])  # the labels
     assert out[names[1]].dtype == np.float16 and scaled_error(out[names[1]], ref[1]) <= TOL["float16"]
 
@@ -496,3 +498,42 @@ def test_keep_float32_reasons_are_documented():
     text = (ROOT / "docs" / "precision.md").read_text()
     for _, op in KEEP_FLOAT32:
         assert op in text, f"docs/precision.md does not name {op}, which stays float32"
+
+
+# -- ops whose float32 is their meaning ------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_bitcast_and_box_inputs_stay_float32(dtype):
+    """BitCast reinterprets float32 bits and NonMaxSuppression's boxes are tensor(float) only: an
+    input only they read keeps float32 (converting it would round what they read); an input that
+    also meets converted ops takes the backend dtype."""
+    nodes = [helper.make_node("BitCast", ["bits"], ["as_int"], to=TensorProto.INT32),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "keep"], ["selected"]),
+             helper.make_node("Relu", ["scores"], ["relu"])]
+    proto = make_model(nodes, [("bits", TensorProto.FLOAT, [3]), ("boxes", TensorProto.FLOAT, [1, 2, 4]),
+                               ("scores", TensorProto.FLOAT, [1, 1, 2])],
+                       [("as_int", TensorProto.INT32, [3]), ("selected", TensorProto.INT64, [None, 3]),
+                        ("relu", TensorProto.FLOAT, [1, 1, 2])], {"keep": np.array([1], np.int64)}, opset=26)
+    target = getattr(ml, dtype)
+    pm = ml.compile(proto, ml.NumpyBackend(dtype=target))
+    declared = {k: pm._inputs[k].dtype for k in pm.input_keys}
+    assert declared == {"bits": ir.DataType.FLOAT, "boxes": ir.DataType.FLOAT, "scores": ir.DataType(target.onnx)}
+    bits = np.array([1.0, -2.5, 1e-3], np.float32)
+    boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1]]], np.float32)
+    out = pm.evaluate(None, {"bits": bits, "boxes": boxes, "scores": np.array([[[0.9, 0.8]]], target.numpy)})
+    np.testing.assert_array_equal(out["as_int"], bits.view(np.int32))
+    np.testing.assert_array_equal(out["selected"], [[0, 0, 0]])  # the second box overlaps the first
+    assert out["relu"].dtype == target.numpy
+
+
+def test_torch_bfloat16_scalars_stay_bfloat16():
+    """NumPy's weak-scalar rule skips ml_dtypes' bfloat16 (np.result_type(bfloat16, 0.5) is float64):
+    the Torch facade applies it, so LpPool's `x ** p` and `** (1 / p)` stay bfloat16."""
+    torch = pytest.importorskip("torch")
+    nodes = [helper.make_node("LpPool", ["x"], ["y"], kernel_shape=[2, 2], p=2)]
+    proto = make_model(nodes, [("x", TensorProto.FLOAT, [1, 1, 4, 4])], [("y", TensorProto.FLOAT, [1, 1, 3, 3])])
+    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    want = ml.compile(proto, ml.NumpyBackend()).evaluate(None, {"x": x})["y"]
+    backend = ml.TorchBackend(dtype=ml.bfloat16)
+    out = ml.compile(proto, backend).evaluate(None, {"x": backend.from_numpy(x.astype(backend.dtype.numpy))})["y"]
+    assert out.dtype == torch.bfloat16
+    assert scaled_error(out.float().numpy(), want) <= TOL["bfloat16"]
