@@ -188,15 +188,20 @@ def _narrow(array: np.ndarray, dtype: ir.DataType) -> np.ndarray:
     """``array`` (float32) in ``dtype``; for float16 and bfloat16 finite values stay finite and
     nonzero values nonzero, keeping their sign (clamped to the dtype's range)."""
     np_dtype = dtype.numpy()
-    if dtype not in _HALVES:
-        return array.astype(np_dtype)
-    info = ml_dtypes.finfo(np_dtype)
-    big, tiny = float(info.max), float(info.smallest_subnormal)
     a = np.asarray(array, np.float32)
-    finite = np.isfinite(a)
-    a = np.where(finite & (a > big), big, np.where(finite & (a < -big), -big, a))
-    a = np.where((a > 0) & (a < tiny), tiny, np.where((a < 0) & (a > -tiny), -tiny, a))
-    return a.astype(np_dtype)
+    narrowed = a.astype(np_dtype)
+    if dtype not in _HALVES or not a.size:
+        return narrowed
+    info = ml_dtypes.finfo(np_dtype)
+    big, tiny = np.float32(info.max), np.float32(info.smallest_subnormal)
+    # The cheap checks first: most weights lie well inside the range and round to no new zero.
+    if not (-big <= a.min() and a.max() <= big):
+        overflow = np.isinf(narrowed) & np.isfinite(a)
+        narrowed[overflow] = np.copysign(big, a[overflow]).astype(np_dtype)
+    lost = (narrowed == 0) & (a != 0)
+    if lost.any():
+        narrowed[lost] = np.copysign(tiny, a[lost]).astype(np_dtype)
+    return narrowed
 
 
 def _schema(node: ir.Node, opsets: dict[str, int]):
