@@ -189,7 +189,8 @@ def _narrow(array: np.ndarray, dtype: ir.DataType) -> np.ndarray:
     nonzero values nonzero, keeping their sign (clamped to the dtype's range)."""
     np_dtype = dtype.numpy()
     a = np.asarray(array, np.float32)
-    narrowed = a.astype(np_dtype)
+    with np.errstate(over="ignore"):  # values beyond the range are clamped below
+        narrowed = a.astype(np_dtype)
     if dtype not in _HALVES or not a.size:
         return narrowed
     info = ml_dtypes.finfo(np_dtype)
