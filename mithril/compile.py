@@ -79,6 +79,10 @@ class PhysicalModel:
         self.gradient_checkpointing = False
         graph = graph_model.graph
         self._inputs = {v.name: v for v in graph.inputs if v.name not in set(param_names)}
+        # What each parameter is declared as: its graph input when it is one (it may be overridden
+        # with other dims), else its initializer.
+        declared_inputs = {v.name: v for v in graph.inputs}
+        self._param_values = {n: declared_inputs.get(n) or graph.initializers[n] for n in param_names}
         self.input_keys = list(self._inputs)
         self.output_keys = [v.name for v in graph.outputs]
         # backend.jit's program (set by compile), None when evaluation is eager; a failed trace
@@ -155,26 +159,26 @@ class PhysicalModel:
         return checked
 
     def _check_value(self, name: str, declared: ir.Value, value: Any) -> Any:
+        return self._check_declared(f"input {name!r}", "inputs", declared, value)
+
+    def _check_declared(self, what: str, kind: str, declared: ir.Value, value: Any) -> Any:
+        """``value`` given for ``declared`` (an input or a parameter): its kind, its dtype and its
+        shape (int dims; symbolic ones take any size)."""
         if declared.type is None or not isinstance(declared.type, ir.TensorType):
             return value  # sequences and optionals pass as they are
-        value = self._check_kind(f"input {name!r}", value, declared, _consumer_label(declared))
+        node = _consumer_label(declared)
+        value = self._check_kind(what, value, declared, node)
         want = np_dtype_of_onnx(int(declared.dtype))
         got_dtype = self.backend.dtype_of(value)
         if got_dtype is not None and got_dtype != want:
-            raise DTypeError(
-                f"input {name!r} expects {want} but got {got_dtype}; cast it explicitly "
-                f"(Mithril never casts inputs silently)",
-                node=_consumer_label(declared),
-            )
+            raise DTypeError(f"{what} expects {want} but got {got_dtype}; cast it explicitly "
+                             f"(Mithril never casts {kind} silently)", node=node)
         shape = tuple(getattr(value, "shape", ()))
         if declared.shape is not None:
             dims = tuple(declared.shape)
             if len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
-                raise ShapeError(
-                    f"input {name!r} expects shape {[d if isinstance(d, int) else str(d) for d in dims]} "
-                    f"but got {list(shape)}",
-                    node=_consumer_label(declared),
-                )
+                raise ShapeError(f"{what} expects shape {[d if isinstance(d, int) else str(d) for d in dims]} "
+                                 f"but got {list(shape)}", node=node)
         return value
 
     def _check_kind(self, what: str, value: Any, declared: ir.Value, node: str | None) -> Any:
@@ -198,8 +202,12 @@ class PhysicalModel:
         missing = [k for k in self._param_names if k not in params]
         if missing:
             raise InputError(f"missing parameter(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
+        unknown = [k for k in params if k not in self._param_values]
+        if unknown:
+            raise InputError(f"unknown parameter(s) {unknown[:10]}{'...' if len(unknown) > 10 else ''}; the model's "
+                             f"are {self._param_names[:10]}{'...' if len(self._param_names) > 10 else ''}")
         for name, value in params.items():
-            self.backend.check_array(value, f"parameter {name!r}")
+            self._check_declared(f"parameter {name!r}", "parameters", self._param_values[name], value)
 
     def _check_output_gradients(self, output_gradients: Mapping[str, Any], data: Mapping[str, Any]):
         """The cotangents keyed by output name, checked like inputs (a None entry is left out: a

@@ -203,6 +203,21 @@ def test_parameters_of_another_backends_model_are_refused():
         pm.evaluate(params, {"x": X})
 
 
+@pytest.mark.parametrize("params, error, message", [
+    ({"w": np.ones((2, 3), np.float32)}, ShapeError, "node 'matmul': parameter 'w' expects shape [3, 2] but got [2, 3]"),
+    ({"w": np.ones((3, 2))}, DTypeError,
+     "node 'matmul': parameter 'w' expects float32 but got float64; cast it explicitly (Mithril never casts "
+     "parameters silently)"),
+    ({"w": np.ones((3, 2), np.float32), "v": np.ones(2, np.float32)}, InputError,
+     "unknown parameter(s) ['v']; the model's are ['w']"),
+])
+def test_parameters_are_checked_like_inputs(backend, params, error, message):
+    pm = ml.compile(_model(), backend)
+    with pytest.raises(error) as err:
+        pm.evaluate(params, {"x": X})
+    assert str(err.value) == message
+
+
 def test_a_non_array_input_is_refused():
     pm = ml.compile(_model(), ml.NumpyBackend())
     with pytest.raises(InputError, match=r"^input 'x' is a str, not an array; NumpyBackend takes its arrays"):
@@ -218,9 +233,9 @@ def test_a_backend_class_or_name_is_refused(given, said, tmp_path):
     with pytest.raises(ml.errors.CompileError) as err:
         ml.compile(_model(), given)
     assert str(err.value) == f"compile takes {said}"
-    with pytest.raises(ml.errors.ValidationError) as err:
+    with pytest.raises(ml.errors.CompileError) as err:  # validate compiles the model for each backend
         ml.validate(_model(), given, shapes={"x": [2, 3]})
-    assert str(err.value) == f"validate takes {said}"
+    assert str(err.value) == f"compile takes {said}"
     ml.save_params({"w": np.ones(2, np.float32)}, tmp_path / "p.npz")
     with pytest.raises(ml.errors.ParamsFileError) as err:
         ml.load_params(tmp_path / "p.npz", given)
