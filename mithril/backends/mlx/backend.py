@@ -325,9 +325,8 @@ class MlxBackend(Backend):
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         forward = program.forward  # mx.value_and_grad traces the eager forward
         params, data = _unwrap(dict(params)), _unwrap(dict(data))
-        # Cotangents meet the outputs in float32 (the loss below): a NumPy float64 one is welcome.
-        cot = {k: _unwrap(self.from_numpy(v if isinstance(v, (mx.array, xp.MlxArray)) or np.asarray(v).dtype != np.float64
-                                          else np.asarray(v, np.float32)))
+        # evaluate has checked each cotangent's dtype and shape against its output.
+        cot = {k: _unwrap(self.from_numpy(v))
                for k, v in output_gradients.items()}
         names = list(diff_params) + list(diff_data)
 
