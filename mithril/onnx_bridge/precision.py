@@ -11,7 +11,8 @@ the model computes in float32 (most of its float weights are float32), the pass 
   onnxconverter-common convention); with ``keep_io_types=True`` graph inputs and outputs keep
   their file dtype, and Casts at the boundary convert them;
 - the dtypes ops are told: ``Cast``'s ``to``, ``RandomNormal``/``RandomUniform``/``EyeLike``/
-  ``Bernoulli``/``SequenceEmpty``'s ``dtype``, ``ConstantOfShape``'s value;
+  ``Bernoulli``/``SequenceEmpty``'s ``dtype``, the windows' and ``MelWeightMatrix``'s
+  ``output_datatype``, ``ConstantOfShape``'s value;
 - If/Loop/Scan bodies (and model-local functions, inlined first) the same way.
 
 Integer and boolean tensors (indices, shapes, masks) are never touched, nor are float64 or
@@ -127,10 +128,15 @@ _NUMERIC_REASONS = frozenset({_SOFTMAX, _STATISTICS, _SUM, _COORDINATES, _TRAINI
 # The opset of the Casts the pass inserts into a file that imports no ONNX opset (bfloat16 needs 13).
 _CAST_OPSET = 13
 
-# Ops whose ``dtype`` attribute names a float output type, and its default when absent (None:
-# the output follows an input's type).
-_DTYPE_ATTRIBUTES = {"RandomNormal": FLOAT, "RandomUniform": FLOAT, "SequenceEmpty": FLOAT,
-                     "RandomNormalLike": None, "RandomUniformLike": None, "EyeLike": None, "Bernoulli": None}
+# Ops with an attribute naming their output's type: op -> (attribute, its default when absent;
+# None: the output follows an input's type).
+_DTYPE_ATTRIBUTES = {
+    "RandomNormal": ("dtype", FLOAT), "RandomUniform": ("dtype", FLOAT), "SequenceEmpty": ("dtype", FLOAT),
+    "RandomNormalLike": ("dtype", None), "RandomUniformLike": ("dtype", None), "EyeLike": ("dtype", None),
+    "Bernoulli": ("dtype", None), "MelWeightMatrix": ("output_datatype", FLOAT),
+    "HannWindow": ("output_datatype", FLOAT), "HammingWindow": ("output_datatype", FLOAT),
+    "BlackmanWindow": ("output_datatype", FLOAT), "DequantizeLinear": ("output_dtype", None),
+}
 # Inputs read for their shape or converted whatever their type: a Cast before them is wasted work.
 _ANY_TYPE_INPUTS = {"Cast", "CastLike", "Shape", "Size"}
 
@@ -487,10 +493,10 @@ class _Conversion:
         if domain == "" and node.op_type == "Cast" and attrs["to"].value == FLOAT:
             attrs["to"] = ir.AttrInt64("to", target)
         if domain == "" and node.op_type in _DTYPE_ATTRIBUTES:
-            dtype = attrs.get("dtype")
-            current = dtype.value if dtype is not None else _DTYPE_ATTRIBUTES[node.op_type]
+            name, default = _DTYPE_ATTRIBUTES[node.op_type]
+            current = attrs[name].value if name in attrs else default
             if current == FLOAT:
-                attrs["dtype"] = ir.AttrInt64("dtype", target)
+                attrs[name] = ir.AttrInt64(name, target)
         if domain == "" and node.op_type == "Constant":
             for name in ("value_float", "value_floats"):
                 if name in attrs:
