@@ -157,11 +157,18 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _result_type(dts: list):
-    """NumPy's result dtype of dtypes and Python scalars, the scalars weak for bfloat16 as for
-    NumPy's own floats: NumPy does not apply its weak-scalar rule to ml_dtypes' bfloat16
-    (``np.result_type(bfloat16, 0.5)`` is float64), which turned a bfloat16 ``x * 0.5`` into float64."""
-    rt = np.result_type(*dts)
+    """NumPy's result dtype of dtypes and Python scalars, where NumPy's rules stop at ml_dtypes'
+    bfloat16 taking torch's: Python scalars are weak for bfloat16 as for NumPy's own floats
+    (``np.result_type(bfloat16, 0.5)`` is float64, which turned a bfloat16 ``x * 0.5`` into
+    float64), and bfloat16 meets int64 or float16 as in torch (NumPy has no common type for them)."""
     strong = [d for d in dts if type(d) not in _WEAK]
+    try:
+        rt = np.result_type(*dts)
+    except TypeError:  # DTypePromotionError: bfloat16 with an integer type or float16
+        rt = TO_NUMPY[functools.reduce(torch.promote_types, (TO_TORCH[np.dtype(d)] for d in strong))]
+        if not rt.kind == "f" and rt != _BFLOAT16 and builtins.any(type(d) is float for d in dts):
+            rt = np.dtype(np.float64)
+        return rt
     if (rt != _BFLOAT16 and strong and len(strong) < len(dts) and np.result_type(*strong) == _BFLOAT16
             and not builtins.any(type(d) is complex for d in dts)):
         return _BFLOAT16
