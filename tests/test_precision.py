@@ -537,3 +537,29 @@ def test_torch_bfloat16_scalars_stay_bfloat16():
     out = ml.compile(proto, backend).evaluate(None, {"x": backend.from_numpy(x.astype(backend.dtype.numpy))})["y"]
     assert out.dtype == torch.bfloat16
     assert scaled_error(out.float().numpy(), want) <= TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "torch", "mlx"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_output_type_attributes_and_float_indices(backend_name, dtype):
+    """HannWindow's and MelWeightMatrix's output_datatype names float: the backend dtype now. OneHot
+    with float indices compares them with integer classes (Torch's facade promotes bfloat16 with
+    int64 as torch does; NumPy has no common type for them)."""
+    nodes = [helper.make_node("HannWindow", ["size"], ["window"]),
+             helper.make_node("MelWeightMatrix", ["bins", "dft", "rate", "low", "high"], ["mel"]),
+             helper.make_node("OneHot", ["indices", "depth", "values"], ["hot"], axis=-1)]
+    proto = make_model(
+        nodes, [("indices", TensorProto.FLOAT, [3]), ("values", TensorProto.FLOAT, [2])],
+        [("window", TensorProto.FLOAT, [8]), ("mel", TensorProto.FLOAT, [5, 4]), ("hot", TensorProto.FLOAT, [3, 4])],
+        {"size": np.array(8, np.int64), "bins": np.array(4, np.int64), "dft": np.array(8, np.int64),
+         "rate": np.array(8000, np.int64), "low": np.array(100.0, np.float32), "high": np.array(3000.0, np.float32),
+         "depth": np.array([4], np.int64)}, opset=17)
+    inputs = {"indices": np.array([0, 3, 1], np.float32), "values": np.array([0, 1], np.float32)}
+    want = ml.compile(proto, ml.NumpyBackend()).evaluate(None, inputs)
+    backend = _backend(backend_name, dtype)
+    np_dtype = backend.dtype.numpy
+    out = ml.compile(proto, backend).evaluate(None, {k: backend.from_numpy(v.astype(np_dtype)) for k, v in inputs.items()})
+    for key, ref in want.items():
+        got = np.asarray(backend.to_numpy(out[key]))
+        assert got.dtype == np_dtype, key
+        assert scaled_error(got, ref) <= TOL[dtype], key
