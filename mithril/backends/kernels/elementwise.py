@@ -467,6 +467,9 @@ def clip(x, low=None, high=None, *, xp):
     # clip is min(max(x, low), high): min > max gives max everywhere, as ONNX specifies.
     if low is None and high is None:
         return x
+    if x.dtype.kind == "V":  # bfloat16: NumPy's clip has no bfloat16 loop (it returns float32)
+        y = x if low is None else xp.maximum(x, low.astype(x.dtype))
+        return y if high is None else xp.minimum(y, high.astype(x.dtype))
     low = None if low is None else low.astype(x.dtype)
     high = None if high is None else high.astype(x.dtype)
     return xp.clip(x, low, high)

@@ -326,7 +326,8 @@ def affine_grid(theta, size, *, align_corners, xp):
     base = numpy.stack([*mesh[::-1], numpy.ones(spatial)], axis=-1).reshape(-1, len(spatial) + 1)
     base = xp.asarray(base.astype(theta.dtype))
     grid = xp.matmul(base[None], xp.swapaxes(theta, 1, 2))
-    return grid.reshape((size[0], *spatial, len(spatial)))
+    # NumPy's bfloat16 matmul returns float32: the grid is theta's type.
+    return grid.astype(theta.dtype).reshape((size[0], *spatial, len(spatial)))
 
 
 # ---------------------------------------------------------------------------

@@ -54,6 +54,10 @@ def _lowest(dtype):
     return -numpy.inf if dtype.kind in "fV" else numpy.iinfo(dtype).min
 
 
+def _is_half(dtype) -> bool:
+    return numpy.dtype(dtype) == numpy.float16 or numpy.dtype(dtype).name == "bfloat16"
+
+
 def _matmul(a, b, xp):
     dtype = a.dtype
     if xp is numpy and (dtype == numpy.float16 or dtype.kind == "V"):
@@ -271,6 +275,9 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
 
 @kernel("LpPool", since=1)
 def lp_pool(x, *, auto_pad, kernel_shape, p, pads, strides, ceil_mode=0, dilations=None, xp):
+    if _is_half(x.dtype):  # a sum of powers: in float32 (NumPy's bfloat16 ** 0.5 is float32 anyway)
+        return lp_pool(x.astype(xp.float32), auto_pad=auto_pad, kernel_shape=kernel_shape, p=p, pads=pads,
+                       strides=strides, ceil_mode=ceil_mode, dilations=dilations, xp=xp).astype(x.dtype)
     win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     padded = xp.abs(_pad_spatial(x, win, 0, xp))
     total = None
@@ -296,6 +303,8 @@ def global_max_pool(x, *, xp):
 
 @kernel("GlobalLpPool", since=1)
 def global_lp_pool(x, *, p, xp):
+    if _is_half(x.dtype):  # a sum of powers: in float32
+        return global_lp_pool(x.astype(xp.float32), p=p, xp=xp).astype(x.dtype)
     return xp.sum(xp.abs(x) ** p, axis=_spatial_axes(x), keepdims=True) ** (1.0 / p)
 
 

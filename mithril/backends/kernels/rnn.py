@@ -8,7 +8,12 @@ every direction runs the same forward loop.
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy
+
 from ..registry import kernel
+
+_HALF = (numpy.dtype(numpy.float16), numpy.dtype(ml_dtypes.bfloat16))
 
 
 def _sigmoid(x, xp):
@@ -85,7 +90,16 @@ def _recurrent(
     unclipped=(),
 ):
     """Shared driver: layout, directions, biases, initial states, sequence lengths, outputs.
-    ``clip`` bounds the inputs of every activation except those at positions in ``unclipped``."""
+    ``clip`` bounds the inputs of every activation except those at positions in ``unclipped``.
+    float16/bfloat16 recur in float32 (the error of every step would carry into the next; and
+    NumPy's bfloat16 turns to float32 at the first Python float) and return in their dtype."""
+    if numpy.dtype(X.dtype) in _HALF:
+        half = X.dtype
+        wide = [None if v is None else v.astype(xp.float32) for v in (X, W, R, B)]
+        states = [None if s is None else s.astype(xp.float32) for s in initial_states]
+        outputs = _recurrent(*wide[:3], wide[3], sequence_lens, states, make_cell=make_cell, num_gates=num_gates,
+                             default_activations=default_activations, attrs=attrs, xp=xp, unclipped=unclipped)
+        return tuple(o.astype(half) for o in outputs)
     hidden_size, direction, layout = attrs["hidden_size"], attrs["direction"], attrs["layout"]
     num_directions = 2 if direction == "bidirectional" else 1
     if layout == 1:
