@@ -563,3 +563,37 @@ def test_output_type_attributes_and_float_indices(backend_name, dtype):
         got = np.asarray(backend.to_numpy(out[key]))
         assert got.dtype == np_dtype, key
         assert scaled_error(got, ref) <= TOL[dtype], key
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "jax", "torch", "mlx"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_kernels_keep_half_dtypes(backend_name, dtype):
+    """Clip, LpPool, GRU and AffineGrid return their input's half type (NumPy's bfloat16 clip,
+    matmul and ``** 0.5`` return float32; the recurrences and the sums of powers run in float32
+    and come back in the half type)."""
+    rng = np.random.default_rng(0)
+    hidden = 3
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["clipped"]),
+             helper.make_node("LpPool", ["x"], ["pooled"], kernel_shape=[2, 2], p=3),
+             helper.make_node("Reshape", ["x", "seq_shape"], ["seq"]),
+             helper.make_node("GRU", ["seq", "W", "R"], ["", "h"], hidden_size=hidden),
+             helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=0)]
+    proto = make_model(
+        nodes, [("x", TensorProto.FLOAT, [1, 1, 4, 4]), ("theta", TensorProto.FLOAT, [1, 2, 3])],
+        [("clipped", TensorProto.FLOAT, [1, 1, 4, 4]), ("pooled", TensorProto.FLOAT, [1, 1, 3, 3]),
+         ("h", TensorProto.FLOAT, [1, 4, hidden]), ("grid", TensorProto.FLOAT, [1, 2, 2, 2])],
+        {"lo": np.array(-0.5, np.float32), "hi": np.array(0.5, np.float32),
+         "seq_shape": np.array([4, 4, 1], np.int64), "W": rng.standard_normal((1, 3 * hidden, 1)).astype(np.float32),
+         "R": rng.standard_normal((1, 3 * hidden, hidden)).astype(np.float32), "size": np.array([1, 1, 2, 2], np.int64)},
+        opset=20)
+    inputs = {"x": rng.standard_normal((1, 1, 4, 4)).astype(np.float32),
+              "theta": np.array([[[1.0, 0.2, 0.1], [-0.3, 0.9, 0.0]]], np.float32)}
+    want = ml.compile(proto, ml.NumpyBackend()).evaluate(None, inputs)
+    backend = _backend(backend_name, dtype)
+    np_dtype = backend.dtype.numpy
+    pm = ml.compile(proto, backend, jit=False)
+    out = pm.evaluate(None, {k: backend.from_numpy(v.astype(np_dtype)) for k, v in inputs.items()})
+    for key, ref in want.items():
+        got = np.asarray(backend.to_numpy(out[key]))
+        assert got.dtype == np_dtype, f"{key}: {got.dtype}"
+        assert scaled_error(got, ref) <= TOL[dtype], key
