@@ -22,7 +22,7 @@ from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, JitTraceError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
 from .onnx_bridge.load import OnnxModel, load_onnx
-from .onnx_bridge.precision import convert_precision
+from .backends.precision import convert_precision
 from .backends.specialize import specialize
 
 
@@ -440,7 +440,7 @@ def compile(
       ``custom_vjp`` per segment on JAX; NumPy's gradient program re-runs them). Same gradients,
       less memory, about one more forward pass of work.
     - A float32 model on a float16, bfloat16 or float64 backend is converted to that dtype
-      (:mod:`mithril.onnx_bridge.precision`; docs/precision.md); ``keep_io_types=True`` keeps its
+      (:mod:`mithril.backends.precision`; docs/precision.md); ``keep_io_types=True`` keeps its
       float inputs and outputs in the file's dtype, with Casts at the boundary.
 
     >>> import mithril as ml, numpy as np

@@ -1,4 +1,4 @@
-"""The float-precision pass (mithril/onnx_bridge/precision.py): a backend's dtype applies to loaded
+"""The float-precision pass (mithril/backends/precision.py): a backend's dtype applies to loaded
 ONNX files. Exported ResNet-18, BERT and GPT-2 run in float16 and bfloat16 on JAX, Torch and MLX
 and in float64 on NumPy, JAX and Torch, each against onnxruntime's float32 outputs; the graph
 the pass makes is inspected (what stays float32, keep_io_types, subgraphs, dtype attributes);
@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mithril as ml
 from mithril.backends.table import BACKENDS
 from mithril.errors import BackendUnavailableError, DTypeError
-from mithril.onnx_bridge.precision import KEEP_FLOAT32, KEEP_FLOAT32_ALWAYS, ConvertPrecision, convert_precision
+from mithril.backends.precision import KEEP_FLOAT32, KEEP_FLOAT32_ALWAYS, ConvertPrecision, convert_precision
 
 from .conftest import make_model
 

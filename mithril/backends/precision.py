@@ -69,8 +69,9 @@ import onnx_ir as ir
 from onnx_ir.passes import InPlacePass, PassResult
 
 from ..dtypes import tensor_array
-from .passes import InlineFunctions, _graphs
-from .schema import canonical_domain
+from ..errors import DTypeError
+from ..onnx_bridge.passes import InlineFunctions, _graphs
+from ..onnx_bridge.schema import canonical_domain
 
 __all__ = ["ConvertPrecision", "KEEP_FLOAT32", "KEEP_FLOAT32_ALWAYS", "convert_precision", "model_float_dtype"]
 
@@ -294,7 +295,7 @@ class ConvertPrecision(InPlacePass):
     def __init__(self, dtype: ir.DataType, keep_io_types: bool = False):
         super().__init__()
         if dtype not in _TARGETS:
-            raise ValueError(f"ConvertPrecision converts to float16, bfloat16 or float64, not {dtype}")
+            raise DTypeError(f"ConvertPrecision converts to float16, bfloat16 or float64, not {dtype}")
         self.dtype = dtype
         self.keep_io_types = keep_io_types
         self.kept: list[str] = []
@@ -317,7 +318,7 @@ def convert_precision(model: ir.Model, backend, *, keep_io_types: bool = False) 
 def _fill_types(model: ir.Model) -> None:
     """Element types for values the file leaves untyped, from shape inference on a copy (the
     model keeps its own shapes: compile's specialization infers them once it knows the inputs)."""
-    from ..backends.specialize import InferShapes  # the kernels' rules type ops ONNX does not know
+    from .specialize import InferShapes  # the kernels' rules type ops ONNX does not know
 
     if all(v.type is not None for g in _graphs(model.graph) for n in g for v in n.outputs if v.name):
         return

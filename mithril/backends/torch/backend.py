@@ -287,7 +287,7 @@ class TorchBackend(Backend):
             forward = _DataParallel([forward] * len(self._devices), self._devices, self._device, _batched_outputs(plan))
         if self.enable_amp:
             declared = {v.name: txp.TO_TORCH.get(v.dtype) for v in plan.outputs if v.dtype is not None}
-            # A float16/bfloat16 backend's graph already computes in its dtype (onnx_bridge/precision.py):
+            # A float16/bfloat16 backend's graph already computes in its dtype (backends/precision.py):
             # autocast lowers to that dtype too, so float16 and bfloat16 never meet in one op.
             half = self.dtype.name in ("float16", "bfloat16")
             forward = _Autocast(forward, self._device.type, txp.TO_TORCH[self.dtype.numpy] if half else self.amp_dtype,
