@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -40,8 +41,15 @@ CANNOT_RUN = (UnsupportedOpsError, UnsupportedOpError, UnsupportedDomainError, U
               UnsupportedDTypeError, BackendUnavailableError)
 
 
-def tolerance_for(dtype) -> tuple[float, float]:
-    return TOLERANCES.get(np.dtype(dtype).name, EXACT)
+def tolerance_for(dtype, compute=None) -> tuple[float, float]:
+    """The tolerance for values of ``dtype``; ``compute``, the dtype the backend computed them in
+    (a float16 backend runs a float32 file in float16, its outputs cast back), loosens it to that
+    dtype's when it is the coarser."""
+    rtol, atol = TOLERANCES.get(np.dtype(dtype).name, EXACT)
+    if compute is not None and np.dtype(dtype).kind == "f" and np.dtype(compute).name in TOLERANCES:
+        c_rtol, c_atol = TOLERANCES.get(np.dtype(compute).name, EXACT)
+        rtol, atol = max(rtol, c_rtol), max(atol, c_atol)
+    return rtol, atol
 
 
 @dataclass
@@ -134,7 +142,10 @@ def _as_maps(value) -> list[dict] | None:
     return None
 
 
-def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: float | None = None) -> OutputReport:
+def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: float | None = None,
+            compute=None) -> OutputReport:
+    """One output against onnxruntime's, within ``rtol``/``atol`` or the tolerance of its dtype
+    (and of ``compute``, the dtype the backend computed in: :func:`tolerance_for`)."""
     ref_maps = _as_maps(ref)
     if ref_maps is not None:  # the same keys row by row, then the values as a float32 matrix
         got_maps = _as_maps(got)
@@ -145,7 +156,7 @@ def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: 
         got = np.array([[g[k] for k in m] for g, m in zip(got_maps, ref_maps)], np.float32)
     ref = np.asarray(ref)
     got = np.asarray(got)
-    d_rtol, d_atol = tolerance_for(ref.dtype)
+    d_rtol, d_atol = tolerance_for(ref.dtype, compute)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
     if got.shape != ref.shape or got.dtype != ref.dtype:
@@ -157,6 +168,12 @@ def compare(name: str, backend: str, got, ref, rtol: float | None = None, atol: 
         return OutputReport(name, backend, got.shape, str(got.dtype), err, err, 0.0, 0.0, same)
     g = got.astype(np.float64)
     r = ref.astype(np.float64)
+    if compute is not None and np.dtype(compute).name in TOLERANCES:
+        # A value beyond the computing dtype's range is held to its largest finite value (the
+        # precision pass clamps a float32 -3.4e38 mask to float16's -65504, not -inf).
+        top = float(ml_dtypes.finfo(compute).max)
+        if top < float(np.finfo(ref.dtype).max):
+            r = np.where(np.isfinite(r), np.clip(r, -top, top), r)
     with np.errstate(all="ignore"):
         nan_ok = np.array_equal(np.isnan(g), np.isnan(r))
         diff = np.where(np.isnan(g) & np.isnan(r), 0.0, np.abs(g - r))
@@ -314,9 +331,19 @@ def _with_all_outputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tup
 
 
 def _compile_outputs(model: OnnxModel, backend: Backend, shapes):
+    """The model compiled as the user would, its inputs and outputs kept in the file's dtypes
+    (a float16 backend computes a float32 file in float16 and casts at the boundary), so they
+    meet onnxruntime's."""
     from .compile import compile as ml_compile
 
-    return ml_compile(model, backend, shapes=shapes)
+    return ml_compile(model, backend, shapes=shapes, keep_io_types=True)
+
+
+def _compute_dtype(backend) -> np.dtype | None:
+    """The float dtype ``backend`` computes in when it is not float32 (the tolerance follows it)."""
+    dtype = getattr(backend, "dtype", None)
+    numpy = getattr(dtype, "numpy", None)
+    return np.dtype(numpy) if numpy is not None and np.dtype(numpy).name in TOLERANCES else None
 
 
 def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_values: dict, backend: Backend) -> float | None:
@@ -346,7 +373,7 @@ def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_value
     )
     try:
         ref = _ort_session(single).run(None, feeds)
-        pm = ml_compile(load_onnx(single), backend)
+        pm = ml_compile(load_onnx(single), backend, keep_io_types=True)
         got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in feeds.items()})
     except Exception:
         return None
@@ -384,13 +411,13 @@ def first_divergent_node(model: OnnxModel, backend: Backend, inputs: dict[str, n
             say(f"{backend.name} per-node: comparing value {i}/{len(order)}, node {label!r} ({op_type})")
         if out not in ref_values or out not in got_values:
             continue
-        rep = compare(out, backend.name, backend.to_numpy(got_values[out]), ref_values[out], rtol, atol)
+        rep = compare(out, backend.name, backend.to_numpy(got_values[out]), ref_values[out], rtol, atol,
+                      _compute_dtype(backend))
         if not rep.passed:
             say(f"{backend.name} per-node: node {label!r} ({op_type}) leaves tolerance; running it alone "
                 "on onnxruntime's inputs")
             iso = _isolated_node_error(full, node_by_output[out], ref_values, backend)
-            _, iso_atol = tolerance_for(np.asarray(ref_values[out]).dtype)
-            iso_rtol, _ = tolerance_for(np.asarray(ref_values[out]).dtype)
+            iso_rtol, iso_atol = tolerance_for(np.asarray(ref_values[out]).dtype, _compute_dtype(backend))
             scale = float(np.max(np.abs(ref_values[out]))) if np.asarray(ref_values[out]).size else 0.0
             local = iso is None or iso > (atol if atol is not None else iso_atol) + (rtol if rtol is not None else iso_rtol) * scale
             return NodeReport(label, op_type, out, rep.max_abs_err, rep.max_rel_err, iso, local)
@@ -408,7 +435,10 @@ def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | N
     symbolic dims); a name in ``inputs`` or ``shapes`` that is not an input of the model, or a
     shape that contradicts the declared one, raises :class:`~mithril.errors.InputError`.
     Returns a :class:`ValidationReport`; ``report.passed`` is True when every output is within the
-    per-dtype tolerance (``TOLERANCES``), or within ``rtol``/``atol`` when given.
+    per-dtype tolerance (``TOLERANCES``), or within ``rtol``/``atol`` when given. A backend whose
+    dtype is float16, bfloat16 or float64 computes a float32 file in that dtype (the precision
+    pass), its inputs and outputs kept float32 (``keep_io_types``), and is held to the tolerance
+    of the coarser of the two dtypes.
     ``skip_unsupported``: a backend that cannot run the model (an op, dtype or domain it lacks) is
     listed in ``report.skipped`` with the reason and one that raises while running in
     ``report.errors``, and the other backends still run; without it the first error is raised.
@@ -436,7 +466,7 @@ def validate(model, backend: Backend | list[Backend], inputs: dict[str, Any] | N
             say(f"{label}: compiling and running")
             pm = _compile_outputs(loaded, b, {k: v.shape for k, v in inputs.items()})
             got = pm.evaluate(None, {k: b.from_numpy(v) for k, v in inputs.items()})
-            rows = [compare(name, b.name, b.to_numpy(got[name]), ref_by_name[name], rtol, atol)
+            rows = [compare(name, b.name, b.to_numpy(got[name]), ref_by_name[name], rtol, atol, _compute_dtype(b))
                     for name in loaded.output_names]
             divergence = first_divergent_node(loaded, b, inputs, rtol, atol, progress) if per_node else None
         except CANNOT_RUN as exc:

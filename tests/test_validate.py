@@ -97,3 +97,37 @@ def test_trailing_empty_optional_input_does_not_reach_onnxruntime():
     model = make_model([node], [("x", TensorProto.FLOAT, [2, 4])], [("y", TensorProto.FLOAT, [2, 4])],
                        {"scale": np.ones(4, np.float32)})
     assert ml.validate(model, ml.NumpyBackend()).passed
+
+
+def _masked_model() -> onnx.ModelProto:
+    """x @ w plus a float32-lowest mask: what a half-precision backend must clamp (-3.4e38 -> -65504)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    mask = numpy_helper.from_array(np.where(np.tri(8, dtype=bool), 0, np.finfo(np.float32).min).astype(np.float32),
+                                   "mask")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("Add", ["h", "mask"], ["y"], name="masked")],
+        "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])], initializer=[w, mask])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("backend, compute, rtol", [
+    ("TorchBackend", "bfloat16", 5e-2), ("JaxBackend", "float16", 1e-2), ("NumpyBackend", "float64", 1e-3)])
+def test_validate_holds_a_converted_model_to_its_compute_dtype(backend, compute, rtol):
+    """A float32 file on a float16/bfloat16/float64 backend runs in that dtype (the precision pass),
+    its outputs float32 as onnxruntime's, within the coarser dtype's tolerance; the per-node search
+    compares the clamped mask as the dtype holds it, and finds no divergence."""
+    if backend != "NumpyBackend":
+        pytest.importorskip("torch" if backend == "TorchBackend" else "jax")
+    b = getattr(ml, backend)(dtype=getattr(ml, compute))
+    report = ml.validate(_masked_model(), b, per_node=True)
+    (out,) = report.outputs
+    assert report.passed, str(report)
+    assert (out.dtype, out.rtol) == ("float32", rtol)
+    assert report.first_divergence[b.name] is None
+    if compute != "float64":
+        assert out.max_abs_err > 1e-5  # it did compute in the half type
