@@ -43,11 +43,13 @@ def available_backends() -> dict[str, type]:
     return {name: entry.load() for name, entry in BACKENDS.items() if entry.installed()}
 
 
-def make_backends(spec: str) -> tuple[list, dict[str, str]]:
+def make_backends(spec: str, dtype: str | None = None) -> tuple[list, dict[str, str]]:
     """The backends ``--backend`` names, and (for ``all``) backend -> why it cannot run here.
 
     A name that is unknown, not installed or fails to start is an error when named; under ``all``
-    every backend of the table is tried and those that cannot start are listed with the reason."""
+    every backend of the table is tried and those that cannot start are listed with the reason.
+    ``dtype`` (``--dtype``) is each backend's ``dtype=``: a float32 file then computes in it."""
+    options = {} if dtype is None else {"dtype": _parse_dtype(dtype)}
     if spec.strip() == "all":
         backends, skipped = [], {}
         for name, entry in BACKENDS.items():
@@ -55,7 +57,7 @@ def make_backends(spec: str) -> tuple[list, dict[str, str]]:
                 skipped[name] = f"not installed (no {entry.array_modules[0]} package)"
                 continue
             try:
-                backends.append(entry.load()())
+                backends.append(entry.load()(**options))
             except MithrilError as exc:
                 skipped[name] = str(exc).splitlines()[0]
         return backends, skipped
@@ -69,8 +71,19 @@ def make_backends(spec: str) -> tuple[list, dict[str, str]]:
         if not BACKENDS[n].installed():
             raise MithrilError(f"backend {n!r} is not available: its framework "
                                f"({BACKENDS[n].array_modules[0]}) is not installed")
-        backends.append(BACKENDS[n].load()())
+        backends.append(BACKENDS[n].load()(**options))
     return backends, {}
+
+
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _parse_dtype(text: str):
+    import mithril as ml
+
+    if text not in _DTYPES:
+        raise MithrilError(f"--dtype {text}: choose from {', '.join(_DTYPES)}")
+    return getattr(ml, text)
 
 
 def console():
@@ -199,7 +212,7 @@ def cmd_validate(args) -> int:
     check_input_names(model, input_files, "--input")  # a misspelt name before its file
     inputs = {k: _load_array(k, v) for k, v in input_files.items()} or None
     check_inputs(model, inputs, shapes, flags=("--input", "--shape"))
-    backends, skipped = make_backends(args.backend)
+    backends, skipped = make_backends(args.backend, args.dtype)
     say = _progress_printer() if not args.no_progress else None
     report = ml.validate(model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
                          rtol=args.rtol, atol=args.atol, seed=args.seed,
@@ -353,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="input data (repeatable); inputs not given get random data")
     v.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="input shape for random data (repeatable)")
+    v.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help=f"the backends' dtype ({', '.join(_DTYPES)}): a float32 file computes in it, its inputs "
+                        "and outputs kept float32, held to that dtype's tolerance (default: each backend's own)")
     v.add_argument("--per-node", action="store_true", help="find the first node whose output leaves tolerance")
     v.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     v.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")

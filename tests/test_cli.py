@@ -165,6 +165,7 @@ def relu_file(tmp_path):
     (["--shape", "input=2,3"], "--shape input: shape [2, 3] has rank 2; the model's input 'input' has rank 3: [N, 3, 4]"),
     (["--input", "input=missing.npy"], "--input input=missing.npy: cannot read a .npy array: no such file"),
     (["--backend", "bogus"], "unknown backend 'bogus'; choose from " + ", ".join(BACKENDS) + " or 'all'"),
+    (["--dtype", "half"], "--dtype half: choose from float16, bfloat16, float32, float64"),
 ])
 def test_validate_bad_arguments_are_one_line(relu_file, args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -208,10 +209,22 @@ def test_validate_all_reports_every_backend_that_can_run_float64(tmp_path, capsy
     assert "all outputs pass" in out
 
 
+def test_validate_dtype_runs_a_float32_file_in_that_dtype(tmp_path, capsys):
+    """--dtype float64 converts the float32 file (the precision pass); outputs stay float32 as
+    onnxruntime's and the float32 tolerance (the coarser) applies."""
+    path = tmp_path / "tanh.onnx"
+    onnx.save(make_model([helper.make_node("Tanh", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2, 3])],
+                         [("y", TensorProto.FLOAT, [2, 3])]), path)
+    assert main(["validate", str(path), "--dtype", "float64", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.count("│") > 2 and "numpy" in line)
+    assert "float32" in row and "0.001 / 0.0001" in row and "pass" in row
+
+
 def test_validate_no_backend_can_run_the_model_is_an_error(tmp_path, monkeypatch, capsys):
     import mithril.cli as cli
 
-    monkeypatch.setattr(cli, "make_backends", lambda spec: ([], {"numpy": "switched off for the test"}))
+    monkeypatch.setattr(cli, "make_backends", lambda spec, dtype=None: ([], {"numpy": "switched off for the test"}))
     path = tmp_path / "relu.onnx"
     onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2])],
                          [("y", TensorProto.FLOAT, [2])]), path)
