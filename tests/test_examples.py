@@ -72,17 +72,13 @@ LIBRARY_STATE = {
 
 
 def repo_state() -> dict[str, str]:
-    """Each file `git status` lists (tracked and changed, or untracked and not ignored) -> its content's hash.
-
-    .py and .md files are left out: sessions sharing a checkout edit them while this runs, and no
-    example writes source or prose; what examples write (.onnx, .safetensors, .json, ...) is checked."""
+    """Each file `git status` lists (tracked and changed, or untracked and not ignored) -> its content's hash."""
     listing = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=all"], cwd=ROOT,
                              check=True, capture_output=True).stdout.decode()
     state = {}
     for path in (entry[3:] for entry in listing.split("\0") if len(entry) > 3):
-        if Path(path).suffix not in (".py", ".md"):
-            f = ROOT / path
-            state[path] = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else "absent"
+        f = ROOT / path
+        state[path] = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else "absent"
     return state
 
 
