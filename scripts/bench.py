@@ -937,12 +937,18 @@ def _precision_main(args, backend_names: list[str], model_names: list[str]) -> i
     load = _load_average()
     rows = run_precision(backend_names, model_names, args, notes)
     section = _render_precision(rows, notes, started, load, args)
+    return _print_and_write_section(args, PRECISION_HEADING, section, "precision")
+
+
+def _print_and_write_section(args, heading: str, section: str, label: str) -> int:
+    """Print a section run on its own (--precision, --training-memory) and, unless --no-write,
+    replace only that section of the performance document."""
     print(section)
     if not args.no_write:
         out = Path(args.output)
         text = out.read_text() if out.exists() else "# Performance\n"
-        out.write_text(_splice_section(text, PRECISION_HEADING, section))
-        print(f"wrote the precision section of {out}")
+        out.write_text(_splice_section(text, heading, section))
+        print(f"wrote the {label} section of {out}")
     return 0
 
 
@@ -1088,13 +1094,7 @@ def _training_memory_main(args, backend_names: list[str]) -> int:
     load = _load_average()
     rows = run_training_memory(backend_names, args.train_batch, args.train_image, notes)
     section = _render_training_memory(rows, notes, started, load)
-    print(section)
-    if not args.no_write:
-        out = Path(args.output)
-        text = out.read_text() if out.exists() else "# Performance\n"
-        out.write_text(_splice_section(text, TRAIN_MEMORY_HEADING, section))
-        print(f"wrote the training-memory section of {out}")
-    return 0
+    return _print_and_write_section(args, TRAIN_MEMORY_HEADING, section, "training-memory")
 
 
 def _profile_inputs(model: str):
