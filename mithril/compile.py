@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import dataclasses
@@ -166,30 +166,33 @@ class PhysicalModel:
         shape (int dims; symbolic ones take any size)."""
         if declared.type is None or not isinstance(declared.type, ir.TensorType):
             return value  # sequences and optionals pass as they are
-        node = _consumer_label(declared)
+        def node():  # named only when an error is raised: a walk of the value's uses
+            return _consumer_label(declared)
+
         value = self._check_kind(what, value, declared, node)
         want = np_dtype_of_onnx(int(declared.dtype))
         got_dtype = self.backend.dtype_of(value)
         if got_dtype is not None and got_dtype != want:
             raise DTypeError(f"{what} expects {want} but got {got_dtype}; cast it explicitly "
-                             f"(Mithril never casts {kind} silently)", node=node)
+                             f"(Mithril never casts {kind} silently)", node=node())
         shape = tuple(getattr(value, "shape", ()))
         if declared.shape is not None:
             dims = tuple(declared.shape)
             if len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
                 raise ShapeError(f"{what} expects shape {[d if isinstance(d, int) else str(d) for d in dims]} "
-                                 f"but got {list(shape)}", node=node)
+                                 f"but got {list(shape)}", node=node())
         return value
 
-    def _check_kind(self, what: str, value: Any, declared: ir.Value, node: str | None) -> Any:
+    def _check_kind(self, what: str, value: Any, declared: ir.Value, node: Callable[[], str | None]) -> Any:
         """``value`` as an array the backend takes: a Python literal becomes a NumPy array of the
-        declared dtype (unless auto_scalar_promotion=False); another framework's array is refused."""
+        declared dtype (unless auto_scalar_promotion=False); another framework's array is refused.
+        ``node()`` names the node an error points at."""
         if isinstance(value, (list, tuple, int, float, bool)):
             want = np_dtype_of_onnx(int(declared.dtype))
             if not self.auto_scalar_promotion:
                 raise DTypeError(
                     f"{what} got a Python {type(value).__name__}; this model was compiled with "
-                    f"auto_scalar_promotion=False: pass an array of dtype {want}", node=node)
+                    f"auto_scalar_promotion=False: pass an array of dtype {want}", node=node())
             return np.asarray(value, dtype=want)  # a Python literal has no dtype to lose
         self.backend.check_array(value, what)
         if self.backend.dtype_of(value) is None:
@@ -235,7 +238,7 @@ class PhysicalModel:
             if not is_floating_np(want):
                 raise DTypeError(f"{what}: output {name!r} is {want}, which has no gradient; leave it out "
                                  f"of output_gradients", node=node)
-            value = self._check_kind(what, value, out, node)
+            value = self._check_kind(what, value, out, lambda: node)
             got = self.backend.dtype_of(value)
             if got != want:
                 raise DTypeError(f"{what} must have the dtype of output {name!r}, {want}, but got {got}; cast it "
