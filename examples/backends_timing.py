@@ -13,18 +13,19 @@ import numpy as np
 
 import mithril as ml
 import models_zoo
-from mithril.backends.table import BACKENDS
+from mithril import cli
 
 
 def make_backends(spec: str) -> list:
-    """``all`` (every backend whose framework is installed) or comma-separated names from the backend table."""
-    names = [n for n, e in BACKENDS.items() if e.installed()] if spec == "all" else spec.split(",")
-    missing = [n for n in names if n not in BACKENDS or not BACKENDS[n].installed()]
-    if missing:
-        installed = ", ".join(n for n, e in BACKENDS.items() if e.installed())
-        raise SystemExit(f"backends_timing: no backend {', '.join(map(repr, missing))} here; "
-                         f"installed: {installed} (or all)")
-    return [BACKENDS[n].load()() for n in names]
+    """``all`` (every backend that can start here) or comma-separated names: the command line's own
+    ``--backend`` parsing (``mithril.cli.make_backends``), its errors as one line."""
+    try:
+        backends, skipped = cli.make_backends(spec)
+    except ml.errors.MithrilError as exc:
+        raise SystemExit(f"backends_timing: {exc}") from None
+    for name, reason in skipped.items():
+        print(f"skipping {name}: {reason}")
+    return backends
 
 
 def build(name: str, batch: int, image_size: int):
@@ -53,6 +54,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--backends", default="all", help="comma-separated names, or all")
     args = p.parse_args()
+    backends = make_backends(args.backends)
 
     model, x = build(args.model, args.batch, args.image_size)
     shapes = {"input": list(x.shape)}
@@ -62,7 +64,7 @@ def main() -> int:
     print(f"{args.model}: input {list(x.shape)}, {sum(v.size for v in params.values()):,} parameters")
     print(f"{'backend':8} {'compile s':>10} {'first run ms':>13} {'median run ms':>14} {'max |diff| vs numpy':>20}")
     reference = None
-    for backend in make_backends(args.backends):
+    for backend in backends:
         t0 = time.perf_counter()
         pm = ml.compile(model, backend, shapes=shapes)
         compile_s = time.perf_counter() - t0

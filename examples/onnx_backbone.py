@@ -23,21 +23,22 @@ from pathlib import Path
 import numpy as np
 
 import mithril as ml
-from mithril.backends.table import BACKENDS
+from mithril import cli
 from mithril.frontend.onnx_block import OnnxBlock
 from mithril.models import CrossEntropy, IOKey, Linear, Mean, Model
 from mithril.optimizers import Adam
 
 
 def make_backends(spec: str) -> list:
-    """``all`` (every backend whose framework is installed) or comma-separated names from the backend table."""
-    names = [n for n, e in BACKENDS.items() if e.installed()] if spec == "all" else spec.split(",")
-    missing = [n for n in names if n not in BACKENDS or not BACKENDS[n].installed()]
-    if missing:
-        installed = ", ".join(n for n, e in BACKENDS.items() if e.installed())
-        raise SystemExit(f"onnx_backbone: no backend {', '.join(map(repr, missing))} here; "
-                         f"installed: {installed} (or all)")
-    return [BACKENDS[n].load()() for n in names]
+    """``all`` (every backend that can start here) or comma-separated names: the command line's own
+    ``--backend`` parsing (``mithril.cli.make_backends``), its errors as one line."""
+    try:
+        backends, skipped = cli.make_backends(spec)
+    except ml.errors.MithrilError as exc:
+        raise SystemExit(f"onnx_backbone: {exc}") from None
+    for name, reason in skipped.items():
+        print(f"skipping {name}: {reason}")
+    return backends
 
 
 def export_backbone(path: Path, image_size: int) -> None:
