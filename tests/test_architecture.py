@@ -207,7 +207,7 @@ def _framework_owners() -> dict[str, str]:
     """Top-level module of a framework (torch, jax, jaxlib, mlx) -> the backend folder allowed to import it."""
     from mithril.backends.table import BACKENDS
 
-    return {module: name for name, entry in BACKENDS.items() for module in entry.array_modules if name != "numpy"}
+    return {module: name for name, entry in BACKENDS.items() for module in entry.array_modules if module != "numpy"}
 
 
 def test_frameworks_are_imported_only_in_their_backend_folder():

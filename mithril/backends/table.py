@@ -65,9 +65,14 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("jax", "JaxBackend", ("jax", "jaxlib"), "jax.Array"),
     BackendEntry("torch", "TorchBackend", ("torch",), "torch.Tensor"),
     BackendEntry("mlx", "MlxBackend", ("mlx",), "mlx.core.array"),
+    # Generated C over NumPy buffers: its arrays are NumPy's (it needs a C compiler when compiling).
+    BackendEntry("c", "CBackend", ("numpy",), "numpy.ndarray"),
 )}
 
-_BY_MODULE = {module: entry for entry in BACKENDS.values() for module in entry.array_modules}
+_BY_MODULE: dict[str, BackendEntry] = {}
+for _entry in BACKENDS.values():  # the first row owning a module keeps it (NumPy arrays are numpy's, not c's)
+    for _module in _entry.array_modules:
+        _BY_MODULE.setdefault(_module, _entry)
 
 
 def backend_of_array(value: Any) -> BackendEntry:

@@ -86,6 +86,8 @@ def why_not_c(pn: PlanNode, dtype: np.dtype) -> str | None:
             return f"dtype {v.dtype} (C runs {dtype})"
         if v.static_shape is None:
             return f"shape of {v.name!r} not fixed"
+        if v.kind == "constant" and tuple(np.shape(v.value)) != v.static_shape:
+            return f"constant {v.name!r} holds shape {np.shape(v.value)}, typed {v.static_shape}"
     op, k = pn.op_type, pn.kwargs
     x = pn.inputs[0].static_shape if pn.inputs and pn.inputs[0] is not None else None
     if op in BINARY and len(pn.outputs[0].static_shape) == 0:

@@ -1,0 +1,179 @@
+"""The C backend (issue 18, first slice): zoo models as generated C equal to NumPy, float64,
+the NumPy fallback (warned, or refused), the compiler and its cache, zero-copy buffers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+import models_zoo
+from mithril.backends.c import build
+from mithril.backends.c.backend import CFallbackWarning
+from mithril.errors import CompileError, MithrilError
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler (cc or gcc) on PATH")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    """Built libraries shared by this module's tests, away from the user's cache."""
+    path = tmp_path_factory.mktemp("mithril-c-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MITHRIL_CACHE_DIR", str(path))
+    yield path
+    mp.undo()
+
+
+CASES = {
+    "mlp": (lambda: models_zoo.mlp([16, 8, 4]), (2, 12)),
+    "lenet": (lambda: models_zoo.lenet(num_classes=10), (2, 1, 32, 32)),
+    "resnet18": (lambda: models_zoo.resnet18(num_classes=10), (1, 3, 32, 32)),
+}
+
+
+def _params(pm):
+    params = {k: np.asarray(v) for k, v in pm.randomize_params().items()}
+    for k in params:
+        if k.endswith("running_var"):
+            params[k] = np.abs(params[k]) + 0.5
+    return params
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_zoo_model_in_c_equals_numpy(name):
+    build_model, shape = CASES[name]
+    model = build_model()
+    shapes = {"input": shape}
+    ref = ml.compile(model, ml.NumpyBackend(), shapes=shapes, inference=True)
+    params = _params(ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)  # every node of these models has a C kernel
+        pm = ml.compile(model, ml.CBackend(), shapes=shapes, inference=True, static_shapes=True)
+    assert not pm.program.fallback
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = ref.evaluate(params, {"input": x})["output"]
+    got = pm.evaluate(params, {"input": x})["output"]
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    report = pm.program.memory_report()
+    assert 0 < report["arena_bytes"] < report["naive_bytes"]  # buffers are reused across lifetimes
+
+
+def test_float64_runs_in_double():
+    model = models_zoo.lenet(num_classes=10)
+    shapes = {"input": (1, 1, 32, 32)}
+    ref = ml.compile(model, ml.NumpyBackend(dtype=ml.float64), shapes=shapes, inference=True)
+    params = _params(ref)
+    pm = ml.compile(model, ml.CBackend(dtype=ml.float64), shapes=shapes, inference=True, static_shapes=True)
+    assert "#define T double" in pm.program.source
+    x = np.random.default_rng(1).standard_normal((1, 1, 32, 32))
+    got = pm.evaluate(params, {"input": x})["output"]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, ref.evaluate(params, {"input": x})["output"], rtol=1e-10, atol=1e-12)
+
+
+def _graph_with_unsupported_op():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Cos", ["r"], ["c"], name="cosine"),
+             helper.make_node("Add", ["c", "x"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_fallback_runs_numpy_between_c_segments_with_one_warning():
+    model = _graph_with_unsupported_op()
+    with pytest.warns(CFallbackWarning) as record:
+        pm = ml.compile(model, ml.CBackend(), inference=True)
+    assert len(record) == 1
+    assert str(record[0].message) == "CBackend: 1 node(s) run on NumPy (no C kernel): cosine (Cos: no C kernel)"
+    x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
+    np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], np.cos(np.maximum(x, 0)) + x, rtol=1e-6)
+    assert pm.program.source.count("void seg") == 2  # Relu, then Add: two C segments around NumPy's Cos
+
+
+def test_fallback_none_refuses_naming_each_node():
+    with pytest.raises(CompileError, match=r"CBackend\(fallback=None\): 1 node\(s\) have no C kernel: "
+                                           r"cosine \(Cos: no C kernel\)"):
+        ml.compile(_graph_with_unsupported_op(), ml.CBackend(fallback=None), inference=True)
+
+
+def test_missing_compiler_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("MITHRIL_CACHE_DIR", "/nonexistent-cache-never-created")
+    with pytest.raises(MithrilError, match=r"CBackend needs a C compiler and found none: CC='/nonexistent/cc'"):
+        ml.compile(_graph_with_unsupported_op(), ml.CBackend(), inference=True)
+
+
+def test_second_compile_reuses_the_cached_library():
+    model = models_zoo.mlp([16, 8, 4])
+    ml.compile(model, ml.CBackend(), shapes={"input": (3, 12)}, inference=True)
+    before = build.BUILDS["count"]
+    pm = ml.compile(model, ml.CBackend(), shapes={"input": (3, 12)}, inference=True)
+    assert build.BUILDS["count"] == before
+    assert pm.evaluate(_params(pm), {"input": np.ones((3, 12), np.float32)})["output"].shape == (3, 4)
+
+
+def test_buffers_pass_without_copies(monkeypatch):
+    """The C segment reads the caller's input buffer and writes the output NumPy returns."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])])
+    pm = ml.compile(ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])),
+                    ml.CBackend(), inference=True)
+    program = pm.program
+    seen = []
+    seg = program._segments[0]
+    program._segments[0] = lambda io, arena: (seen.append((io[0], io[1])), seg(io, arena))
+    x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5)
+    y = program.forward({}, {"x": x})["y"]
+    assert seen == [(x.ctypes.data, y.ctypes.data)]
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_a_symbolic_input_shape_is_refused_naming_the_input():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    model = ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(CompileError, match=r"CBackend needs every input shape fixed; .* for: x \['N', 3\]"):
+        ml.compile(model, ml.CBackend(), inference=True)
+
+
+def test_gradients_are_refused_with_the_issue_named():
+    pm = ml.compile(models_zoo.mlp([16, 8, 4]), ml.CBackend(), shapes={"input": (2, 12)})
+    with pytest.raises(MithrilError, match="CBackend does not compute gradients yet"):
+        pm.evaluate(_params(pm), {"input": np.ones((2, 12), np.float32)},
+                    output_gradients={"output": np.ones((2, 4), np.float32)})
+
+
+def test_generated_source_compiles_with_warnings_as_errors():
+    pm = ml.compile(models_zoo.lenet(num_classes=10), ml.CBackend(), shapes={"input": (1, 1, 32, 32)},
+                    inference=True)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    done = subprocess.run([cc, "-fsyntax-only", "-fopenmp", "-Wall", "-Wextra", "-Werror", f"-I{build.LIB_DIR}",
+                           "-x", "c", "-"], input=pm.program.source, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_validate_all_lists_c(tmp_path):
+    model = models_zoo.mlp([16, 8, 4])
+    path = tmp_path / "mlp.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # export writes random parameters, which is what this test wants
+        proto = ml.export_onnx(model, shapes={"input": [2, 12]})
+    onnx.save(proto, path)
+    done = subprocess.run([sys.executable, "-m", "mithril", "validate", str(path), "--backend", "all"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("│ c "))
+    assert "output" in row and "[2, 4]" in row and row.rstrip().endswith("pass   │")
