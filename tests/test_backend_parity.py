@@ -40,7 +40,7 @@ def make_backend(name: str):
 
 def native_types(name: str) -> tuple[type, ...]:
     """What users hold from backend ``name``: its framework's own array type."""
-    if name == "numpy":
+    if name in ("numpy", "c"):  # the C backend computes on NumPy buffers
         return (np.ndarray,)
     if name == "jax":
         import jax

@@ -35,6 +35,9 @@ def _backend(name: str):
 def backend(request):
     if request.param not in INSTALLED:
         pytest.skip(f"{BACKENDS[request.param].array_modules[0]} is not installed")
+    if request.param == "c":
+        pytest.skip("these models leave the batch dim symbolic and ask for gradients: CBackend needs fixed shapes "
+                    "and has no gradients yet (issue 18); tests/test_c_backend.py checks its boundary")
     return _backend(request.param)
 
 
@@ -162,6 +165,8 @@ def test_foreign_arrays_are_refused_naming_what_the_backend_takes(backend_name, 
     for name in (backend_name, framework):
         if name not in INSTALLED:
             pytest.skip(f"{BACKENDS[name].array_modules[0]} is not installed")
+    if backend_name == "c":
+        pytest.skip("the model leaves the batch dim symbolic: CBackend needs fixed shapes (issue 18)")
     backend = _backend(backend_name)
     cls = type(backend).__name__
     foreign = _foreign(framework)

@@ -85,6 +85,9 @@ class CProgram:
         buffers = []
         for v in seg.inputs:
             arr = self._read(v, env)
+            if isinstance(arr, np.ndarray) and arr.shape != v.static_shape and arr.size == max(
+                    int(np.prod(v.static_shape)), 1) and arr.dtype == v.dtype:
+                arr = arr.reshape(v.static_shape)  # a scalar given as [1] (or the reverse): same bytes
             if not isinstance(arr, np.ndarray) or arr.dtype != v.dtype or arr.shape != v.static_shape:
                 got = f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}"
                 raise MithrilError(f"CBackend: {v.name!r} must be a {v.dtype} array of shape {v.static_shape} "
