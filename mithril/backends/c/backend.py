@@ -85,6 +85,8 @@ class CProgram:
         buffers = []
         for v in seg.inputs:
             arr = self._read(v, env)
+            if isinstance(arr, np.generic):
+                arr = np.asarray(arr)  # NumPy kernels return 0-d results as scalars
             if isinstance(arr, np.ndarray) and arr.shape != v.static_shape and arr.size == max(
                     int(np.prod(v.static_shape)), 1) and arr.dtype == v.dtype:
                 arr = arr.reshape(v.static_shape)  # a scalar given as [1] (or the reverse): same bytes
