@@ -1,0 +1,191 @@
+"""C kernels, Python side: for each ONNX op, when it can run in C and the call that runs it.
+
+A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`) registers its ops with
+:func:`c_kernel`. A rule has two parts: ``check(pn)`` says why a node cannot run in C (None
+when it can) beyond what :func:`mithril.backends.c.render.why_not_c` checks for every node
+(static shapes, element types the C library has, folded inputs given as constants), and
+``emit(pn, c)`` prints the node's call through the :class:`Emitter` ``c``::
+
+    @c_kernel("Relu", dtypes=FLOATS)
+    def relu(pn, c):
+        x, y = pn.inputs[0], pn.outputs[0]
+        c.line(f"mt_relu_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {c.numel(y)});")
+
+``folded`` lists input positions read at render time (Reshape's shape, Slice's starts): they
+must be constants, are never passed as buffers, and their values are ``c.const(v)``.
+``alias`` marks ops whose output is their first input's bytes (Reshape, Squeeze, ...): no copy
+is emitted when the renderer can share the buffer. ``scratch(pn)`` gives the bytes of arena
+scratch a node needs (im2col); the node reads it as ``c.scratch`` (a ``char *``).
+
+The kernels themselves are C in ``mithril/backends/c/lib``: one function per op and element
+type, named ``mt_<op>_<sfx>`` (``sfx`` from :data:`SUFFIX`), ``static inline``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from ...plan import PlanNode, PlanValue
+
+# Element types the C library knows: NumPy dtype -> (C type, kernel-name suffix).
+C_TYPES: dict[np.dtype, tuple[str, str]] = {
+    np.dtype(np.float32): ("float", "f32"),
+    np.dtype(np.float64): ("double", "f64"),
+    np.dtype(np.int8): ("int8_t", "i8"),
+    np.dtype(np.int16): ("int16_t", "i16"),
+    np.dtype(np.int32): ("int32_t", "i32"),
+    np.dtype(np.int64): ("int64_t", "i64"),
+    np.dtype(np.uint8): ("uint8_t", "u8"),
+    np.dtype(np.uint16): ("uint16_t", "u16"),
+    np.dtype(np.uint32): ("uint32_t", "u32"),
+    np.dtype(np.uint64): ("uint64_t", "u64"),
+    np.dtype(np.bool_): ("mt_bool", "b8"),
+}
+SUFFIX = {dt: s for dt, (_, s) in C_TYPES.items()}
+FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+SIGNED = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+UNSIGNED = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+INTS = SIGNED | UNSIGNED
+NUMBERS = FLOATS | INTS
+ALL = frozenset(C_TYPES)
+
+
+@dataclass(frozen=True)
+class CKernel:
+    """One op's rule (see the module docstring)."""
+
+    op_type: str
+    domain: str
+    emit: Callable[[PlanNode, Emitter], None]
+    check: Callable[[PlanNode], str | None] | None
+    dtypes: frozenset | None  # element types of the node's first input (None: any C type)
+    folded: tuple[int, ...]
+    alias: bool
+    scratch: Callable[[PlanNode], int] | None
+
+
+KERNELS: dict[tuple[str, str], CKernel] = {}
+
+
+def c_kernel(*op_types: str, domain: str = "", dtypes: Iterable[np.dtype] | None = None,
+             check: Callable[[PlanNode], str | None] | None = None, folded: Iterable[int] = (),
+             alias: bool = False, scratch: Callable[[PlanNode], int] | None = None):
+    """Register ``emit`` as the C rule of each of ``op_types`` (see the module docstring)."""
+
+    def register(emit):
+        for op in op_types:
+            if (domain, op) in KERNELS:
+                raise ValueError(f"C kernel for {domain or 'ai.onnx'}::{op} registered twice")
+            KERNELS[(domain, op)] = CKernel(op, domain, emit, check,
+                                            None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
+                                            tuple(folded), alias, scratch)
+        return emit
+
+    return register
+
+
+class Emitter:
+    """What a rule's ``emit`` prints with: buffers, constant arrays, literals, types."""
+
+    def __init__(self, renderer, buf: Callable[[PlanValue], str], scratch: str | None):
+        self._r = renderer
+        self._buf = buf
+        self.scratch = scratch
+
+    def line(self, text: str) -> None:
+        self._r.lines.append("    " + text)
+
+    def buf(self, v: PlanValue) -> str:
+        """A typed pointer expression to ``v``'s first element."""
+        return self._buf(v)
+
+    def arr(self, values, ctype: str = "mt_i") -> str:
+        """A ``static const`` array of ``values`` in the generated file; its name."""
+        return self._r.arr(values, ctype)
+
+    @staticmethod
+    def ctype(v_or_dtype) -> str:
+        dt = v_or_dtype.dtype if isinstance(v_or_dtype, PlanValue) else np.dtype(v_or_dtype)
+        return C_TYPES[dt][0]
+
+    @staticmethod
+    def sfx(v_or_dtype) -> str:
+        dt = v_or_dtype.dtype if isinstance(v_or_dtype, PlanValue) else np.dtype(v_or_dtype)
+        return C_TYPES[dt][1]
+
+    @staticmethod
+    def literal(x, dtype) -> str:
+        """``x`` as a C constant of ``dtype`` (infinities and NaN included)."""
+        dt = np.dtype(dtype)
+        ctype = C_TYPES[dt][0]
+        if dt.kind == "f":
+            x = float(x)
+            if x != x:
+                return f"({ctype})NAN"
+            if x in (float("inf"), float("-inf")):
+                return f"({ctype})({'-' if x < 0 else ''}INFINITY)"
+            return f"({ctype}){x!r}"
+        if dt.kind == "b":
+            return "1" if x else "0"
+        return f"({ctype}){int(x)}{'ULL' if dt.kind == 'u' else 'LL'}"
+
+    @staticmethod
+    def const(v: PlanValue) -> np.ndarray:
+        """A folded input's value (a constant)."""
+        return np.asarray(v.value)
+
+    @staticmethod
+    def shape(v: PlanValue) -> tuple[int, ...]:
+        return v.static_shape
+
+    @staticmethod
+    def numel(v: PlanValue) -> int:
+        return prod(v.static_shape)
+
+
+def strides(shape) -> list[int]:
+    """Element strides of a C-contiguous array of ``shape``."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return out[::-1]
+
+
+def broadcast_strides(shape, out_shape) -> list[int]:
+    """Element strides of a C-contiguous ``shape`` walked along ``out_shape`` (0 where broadcast)."""
+    shape = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return [0 if d == 1 and o != 1 else s for d, o, s in zip(shape, out_shape, strides(shape))]
+
+
+def ints(value) -> list[int] | None:
+    if value is None:
+        return None
+    return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def same_types(pn: PlanNode) -> str | None:
+    """A ``check`` for ops whose buffers (folded inputs aside) share one element type."""
+    rule = KERNELS.get((pn.domain, pn.op_type))
+    folded = set(rule.folded) if rule is not None else set()
+    dt = pn.outputs[0].dtype
+    for i, v in enumerate(pn.inputs):
+        if v is not None and i not in folded and v.dtype != dt:
+            return f"input {v.name!r} is {v.dtype}, the output {dt}"
+    return None
+
+
+def text(value) -> str | None:
+    """A string attribute (ONNX gives bytes) as str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# The families register their rules on import.
+from . import elementwise, movement, nn  # noqa: E402,F401
+
+__all__ = ["ALL", "C_TYPES", "CKernel", "Emitter", "FLOATS", "INTS", "KERNELS", "NUMBERS", "SIGNED", "SUFFIX",
+           "UNSIGNED", "broadcast_strides", "c_kernel", "ints", "same_types", "strides", "text"]
