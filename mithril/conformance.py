@@ -173,6 +173,7 @@ def _timeout_handler(signum, frame):
 def run_case(name: str, backend_name: str) -> CaseResult:
     """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
     import mithril as ml
+    from mithril.backends.c.backend import CKernelMissingError
     from mithril.errors import (UnsupportedAttributeError, UnsupportedDomainError, UnsupportedDTypeError,
                                 UnsupportedOpsError)
 
@@ -210,7 +211,8 @@ def run_case(name: str, backend_name: str) -> CaseResult:
                         backend.to_numpy(got) if got is not None else None)
                     _compare(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
-    except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError) as exc:
+    except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError,
+            CKernelMissingError) as exc:
         status, reason = "unsupported", _one_line(exc)
     except Exception as exc:  # every failure is recorded with its reason
         status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"
@@ -234,6 +236,9 @@ def make_backend(name: str):
         from mithril.errors import BackendUnavailableError
 
         raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if name == "c":
+        # C is counted strictly: a node without a C kernel fails the case instead of running on NumPy.
+        return entry.load()(fallback=None)
     return entry.load()()
 
 
@@ -297,7 +302,7 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
             # XLA, torch and MLX deadlock in a child forked after the parent started their thread
             # pools, which a test session or an earlier backend may have done: their workers start
             # from a clean forkserver. NumPy workers fork directly (fast, nothing to deadlock).
-            if backend == "numpy":
+            if backend in ("numpy", "c"):
                 ctx, per_child = mp.get_context("fork"), 200
             else:
                 ctx, per_child = mp.get_context("forkserver"), None

@@ -17,6 +17,10 @@ class CFallbackWarning(BackendOptionWarning):
     """Nodes without a C kernel run on NumPy between the C segments (``fallback="numpy"``)."""
 
 
+class CKernelMissingError(CompileError):
+    """``CBackend(fallback=None)`` and nodes without a C kernel: all of them listed, with why."""
+
+
 @dataclass
 class CProgram:
     """A lowered C program: ``forward(params, data)`` runs the steps (C segments through the
@@ -162,7 +166,7 @@ class CBackend(NumpyBackend):
         if rendered.fallback:
             listed = ", ".join(f"{pn.label} ({pn.op_type}: {why_not_c(pn, dtype)})" for pn in rendered.fallback)
             if self.fallback is None:
-                raise CompileError(f"CBackend(fallback=None): {len(rendered.fallback)} node(s) have no C kernel: "
+                raise CKernelMissingError(f"CBackend(fallback=None): {len(rendered.fallback)} node(s) have no C kernel: "
                                    f"{listed}")
             from ..backend import warn_user
 
@@ -183,4 +187,4 @@ class CBackend(NumpyBackend):
         raise MithrilError("CBackend does not compute gradients yet (C gradients are issue 18's Must 5)")
 
 
-__all__ = ["CBackend", "CFallbackWarning"]
+__all__ = ["CBackend", "CFallbackWarning", "CKernelMissingError"]
