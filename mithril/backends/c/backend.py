@@ -35,6 +35,7 @@ class CProgram:
     library: Any
     num_threads: int | None
     plan: Any
+    failures: list = field(default_factory=list)
     lines: dict = field(default_factory=dict)
     namespace: dict = field(default_factory=dict)
     _segments: dict = field(default_factory=dict, repr=False)
@@ -49,7 +50,7 @@ class CProgram:
         for step in self.steps:
             if hasattr(step, "nodes"):
                 fn = getattr(self.library, f"seg{step.index}")
-                fn.restype = None
+                fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 self._segments[step.index] = fn
         # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
@@ -106,7 +107,14 @@ class CProgram:
             env[v] = out
             buffers.append(out)
         io = (ctypes.c_void_p * max(len(buffers), 1))(*[b.ctypes.data for b in buffers])
-        self._segments[seg.index](io, self._arena_ptr)
+        status = self._segments[seg.index](io, self._arena_ptr)
+        if status:
+            from ...errors import NodeError
+
+            pn, problem = self.failures[status - 1]
+            ins = [v for v in pn.inputs if v is not None]
+            raise NodeError(f"CBackend: {problem}", node=pn.label, op_type=pn.op_type, opset=pn.opset,
+                            shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins])
 
 
 class CBackend(NumpyBackend):
@@ -177,7 +185,8 @@ class CBackend(NumpyBackend):
             with open(file_path, "w") as f:
                 f.write(rendered.source)
         return CProgram(rendered.source, file_path or "<mithril-c>", rendered.steps, rendered.arena_bytes,
-                        rendered.naive_bytes, rendered.fallback, load_library(library), self.num_threads, plan)
+                        rendered.naive_bytes, rendered.fallback, load_library(library), self.num_threads, plan,
+                        rendered.failures)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         raise MithrilError("CBackend does not compute gradients yet (C gradients are issue 18's Must 5); "

@@ -3,7 +3,7 @@
 :func:`render` walks the plan once. Each node that has a C kernel (``mithril/backends/c/lib``)
 for the program's element type, with every float value's shape known, joins the current C
 segment; any other node ends it and runs on NumPy (the shared kernels). A segment becomes one
-function ``void seg<k>(void *const *io, char *arena)``: ``io`` holds the segment's inputs and
+function ``int seg<k>(void *const *io, char *arena)``: ``io`` holds the segment's inputs and
 outputs (NumPy buffers, passed without copying), ``arena`` the intermediates, at offsets
 planned from the values' lifetimes (a buffer is reused once its last reader has run).
 
@@ -46,6 +46,8 @@ class CSource:
     arena_bytes: int
     fallback: list[PlanNode]
     naive_bytes: int = 0
+    # A segment's nonzero return k means failures[k - 1]: the node and what went wrong.
+    failures: list[tuple[PlanNode, str]] = field(default_factory=list)
 
 
 def kernel_of(pn: PlanNode) -> CKernel | None:
@@ -86,6 +88,9 @@ class _Renderer:
         self.plan = plan
         self.lines: list[str] = []
         self.consts = 0
+        # What each nonzero return of a segment means: (node label, op type, problem), 1-based.
+        self.problems: list[str] = []
+        self.failures: list[tuple[PlanNode, str]] = []
 
     def arr(self, values, ctype="mt_i") -> str:
         """A static const array of ``values`` in the generated file; its name."""
@@ -97,7 +102,9 @@ class _Renderer:
 
     def node(self, pn: PlanNode, buf, scratch: str | None) -> None:
         self.lines.append(f"    /* {pn.label} ({pn.op_type}) */")
+        before = len(self.problems)
         kernel_of(pn).emit(pn, Emitter(self, buf, scratch))
+        self.failures += [(pn, p) for p in self.problems[before:]]
 
 
 def _scratch_bytes(pn: PlanNode) -> int:
@@ -209,13 +216,13 @@ def render(plan: Plan, dtype=None) -> CSource:
                 return io[key]
             return f"(({C_TYPES[v.dtype][0]} *)(arena + {offsets[key]}))"
 
-        r.lines.append(f"void seg{step.index}(void *const *io, char *arena) {{")
+        r.lines.append(f"int seg{step.index}(void *const *io, char *arena) {{")
         r.lines.append("    (void)io; (void)arena;")
         for j, pn in enumerate(step.nodes):
             scratch = f"(arena + {offsets[('scratch', j)]})" if _scratch_bytes(pn) else None
             r.node(pn, buf, scratch)
-        r.lines += ["}", ""]
-    return CSource("\n".join(r.lines) + "\n", steps, arena_bytes, fallback, naive)
+        r.lines += ["    return 0;", "}", ""]
+    return CSource("\n".join(r.lines) + "\n", steps, arena_bytes, fallback, naive, r.failures)
 
 
 __all__ = ["CSource", "Segment", "kernel_of", "render", "why_not_c"]

@@ -4,7 +4,9 @@ A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`) registers it
 :func:`c_kernel`. A rule has two parts: ``check(pn)`` says why a node cannot run in C (None
 when it can) beyond what :func:`mithril.backends.c.render.why_not_c` checks for every node
 (static shapes, element types the C library has, folded inputs given as constants), and
-``emit(pn, c)`` prints the node's call through the :class:`Emitter` ``c``::
+``emit(pn, c)`` prints the node's call through the :class:`Emitter` ``c`` (a kernel that can
+fail on the data, like Gather on an out-of-range index, returns nonzero and is printed with
+``c.checked(call, problem)``: the segment stops and Python raises an error naming the node)::
 
     @c_kernel("Relu", dtypes=FLOATS)
     def relu(pn, c):
@@ -91,13 +93,20 @@ def c_kernel(*op_types: str, domain: str = "", dtypes: Iterable[np.dtype] | None
 class Emitter:
     """What a rule's ``emit`` prints with: buffers, constant arrays, literals, types."""
 
-    def __init__(self, renderer, buf: Callable[[PlanValue], str], scratch: str | None):
+    def __init__(self, renderer, buf: Callable[[PlanValue], str], scratch: str | None, position: int = 0):
         self._r = renderer
         self._buf = buf
         self.scratch = scratch
+        self._position = position
 
     def line(self, text: str) -> None:
         self._r.lines.append("    " + text)
+
+    def checked(self, call: str, problem: str) -> None:
+        """A kernel call returning an ``int``: nonzero stops the segment, and Python raises a
+        NodeError naming this node and ``problem`` (e.g. "an index is out of range")."""
+        self._r.problems.append(problem)
+        self.line(f"if ({call}) return {len(self._r.problems)};")
 
     def buf(self, v: PlanValue) -> str:
         """A typed pointer expression to ``v``'s first element."""
