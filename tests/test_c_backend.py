@@ -98,7 +98,7 @@ def test_fallback_runs_numpy_between_c_segments_with_one_warning():
     assert str(record[0].message) == "CBackend: 1 node(s) run on NumPy (no C kernel): cosine (Cos: no C kernel)"
     x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
     np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], np.cos(np.maximum(x, 0)) + x, rtol=1e-6)
-    assert pm.program.source.count("void seg") == 2  # Relu, then Add: two C segments around NumPy's Cos
+    assert pm.program.source.count("int seg") == 2  # Relu, then Add: two C segments around NumPy's Cos
 
 
 def test_fallback_none_refuses_naming_each_node():
@@ -133,7 +133,7 @@ def test_buffers_pass_without_copies(monkeypatch):
     program = pm.program
     seen = []
     seg = program._segments[0]
-    program._segments[0] = lambda io, arena: (seen.append((io[0], io[1])), seg(io, arena))
+    program._segments[0] = lambda io, arena: (seen.append((io[0], io[1])), seg(io, arena))[1]
     x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(4, 5)
     y = program.forward({}, {"x": x})["y"]
     assert seen == [(x.ctypes.data, y.ctypes.data)]
