@@ -25,8 +25,10 @@ ort = pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.filterwarnings("ignore::mithril.compile.JitFallbackWarning")
 
 MS = "com.microsoft"
-# Every backend keeps strings as NumPy object arrays on the host, where Tokenizer runs.
-STRING_BACKENDS = AVAILABLE
+# Every backend keeps strings as NumPy object arrays on the host, where Tokenizer runs. C is left
+# out: it compiles only graphs whose every shape is fixed, and a Tokenizer's output width depends
+# on the text (the C refusal of symbolic shapes is tested in tests/test_c_backend.py).
+STRING_BACKENDS = [b for b in AVAILABLE if b != "c"]
 
 
 def _tokenizer_model(rank: int, **attrs):
