@@ -3,6 +3,7 @@
 #define MT_NN_H
 
 #include "mt_base.h"
+#include "mt_gemm.h" /* convolution is im2col + GEMM */
 
 #define T float
 #define MT_SFX f32
