@@ -1,27 +1,88 @@
-"""C rules for data movement: views, Transpose, Concat (kernels: ``lib/mt_movement*.h``)."""
+"""C rules for data movement: views, Transpose, Concat, Split, Slice, Gather/Scatter, Pad,
+Expand, Tile, DepthToSpace, Trilu and the fills (kernels: ``lib/mt_movement*.h``).
+
+Data movement never looks at values, so every rule runs for every C element type. Most ops are
+one strided copy (``mt_strided``): y walks x with per-dim strides, 0 where broadcast, negative
+for a reversed Slice. Inputs that only restate the output's shape (Reshape's shape, Expand's
+shape, Split's sizes, OneHot's depth, ConstantOfShape's shape) are not read: the output's shape is
+static and says it. Inputs whose values matter (Slice's starts, Pad's pads, Trilu's k, Range's
+start) are read at render time when constant and at run time otherwise, where the kernel checks
+them against the static output shape and fails the node cleanly when they disagree.
+"""
 
 from __future__ import annotations
 
 from math import prod
 
-from . import FLOATS, c_kernel, ints, strides
+import numpy as np
+
+from . import c_kernel, ints, same_types, strides, text
+
+# Index tensors' element types and the code mt_index_at reads them with (lib/mt_movement.h).
+INDEX_CODE = {np.dtype(t): i for i, t in enumerate(
+    (np.int32, np.int64, np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64))}
+GATHER_INDEX = frozenset({np.dtype(np.int32), np.dtype(np.int64)})
+OUT_OF_RANGE = "an index is out of range (valid: -dim <= index < dim)"
 
 
-@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True, folded=(1,))
+def _given(pn, i):
+    """Input ``i`` when the node has it (optional inputs may be absent or empty)."""
+    return pn.inputs[i] if i < len(pn.inputs) and pn.inputs[i] is not None else None
+
+
+def _const_ints(pn, i):
+    """Input ``i``'s values when it is a constant (None when absent, False when given at run time)."""
+    v = _given(pn, i)
+    if v is None:
+        return None
+    return ints(v.value) if v.kind == "constant" else False
+
+
+def _strided(c, x, y, shape, sx, off=0):
+    """y (``shape``, C-contiguous) = x read at ``off + sum(i_d * sx[d])``, with adjacent dims
+    that are contiguous in x merged so rows are as long as possible (memcpy when stride 1)."""
+    if prod(shape) == 0:
+        return
+    dims: list[tuple[int, int]] = []
+    for n, s in zip(shape, sx):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == s * n:
+            dims[-1] = (dims[-1][0] * n, s)
+        else:
+            dims.append((n, s))
+    c.line(f"mt_strided_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {len(dims)}, {c.arr([n for n, _ in dims])}, "
+           f"{c.arr([s for _, s in dims])}, {off});")
+
+
+# -- views ------------------------------------------------------------------------------------
+# The second input (shape, axes) is not read: the output's static shape says it all.
+@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True)
 def view(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     if c.buf(x) != c.buf(y):
         c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
 
 
-@c_kernel("Transpose", dtypes=FLOATS)
+def _check_same_data(pn):
+    """Data input and output share the element type."""
+    x, y = pn.inputs[0], pn.outputs[0]
+    return None if x.dtype == y.dtype else f"input {x.name!r} is {x.dtype}, the output {y.dtype}"
+
+
+def _check_transpose(pn):
+    if len(pn.inputs[0].static_shape) != len(pn.outputs[0].static_shape):
+        return "output rank differs from the input's"
+    return _check_same_data(pn)
+
+
+@c_kernel("Transpose", check=_check_transpose)
 def transpose(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     shape = c.shape(x)
     perm = ints(pn.kwargs.get("perm")) or list(range(len(shape)))[::-1]
     sx = strides(shape)
-    c.line(f"mt_transpose_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {len(shape)}, {c.arr(c.shape(y))}, "
-           f"{c.arr([sx[p] for p in perm])});")
+    _strided(c, x, y, c.shape(y), [sx[p % len(shape)] for p in perm])
 
 
 def _check_concat(pn):
@@ -30,13 +91,486 @@ def _check_concat(pn):
     return None
 
 
-@c_kernel("Concat", dtypes=FLOATS, check=_check_concat)
+@c_kernel("Concat", check=_check_concat)
 def concat(pn, c):
     y = pn.outputs[0]
     out_shape = c.shape(y)
     axis = pn.kwargs["axis"] % len(out_shape)
     outer, total, offset = prod(out_shape[:axis]), prod(out_shape[axis:]), 0
     for v in pn.inputs:
+        if v is None:
+            continue
         chunk = prod(c.shape(v)[axis:])
-        c.line(f"mt_concat_part_{c.sfx(y)}({c.buf(v)}, {c.buf(y)}, {outer}, {chunk}, {total}, {offset});")
+        if chunk and outer:
+            c.line(f"mt_concat_part_{c.sfx(y)}({c.buf(v)}, {c.buf(y)}, {outer}, {chunk}, {total}, {offset});")
         offset += chunk
+
+
+def _check_split(pn):
+    x = pn.inputs[0].static_shape
+    axis = pn.kwargs.get("axis", 0) % max(len(x), 1)
+    if not x:
+        return "a scalar input"
+    if sum(o.static_shape[axis] for o in pn.outputs) != x[axis]:
+        return "output sizes do not add up to the input's"
+    if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs):
+        return "outputs of another element type"
+    return None
+
+
+# The sizes (attribute, input or num_outputs) are the outputs' static shapes along the axis.
+@c_kernel("Split", check=_check_split)
+def split(pn, c):
+    x = pn.inputs[0]
+    shape = c.shape(x)
+    axis = pn.kwargs.get("axis", 0) % len(shape)
+    outer, total, offset = prod(shape[:axis]), prod(shape[axis:]), 0
+    for y in pn.outputs:
+        chunk = prod(c.shape(y)[axis:])
+        if chunk and outer:
+            c.line(f"mt_split_part_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {outer}, {chunk}, {total}, {offset});")
+        offset += chunk
+
+
+# -- Slice --------------------------------------------------------------------------------------
+def _slice_args(pn):
+    """(starts, ends, axes, steps) as input positions or attribute lists (opset < 10)."""
+    if pn.opset < 10:
+        k = pn.kwargs
+        return k.get("starts"), k.get("ends"), k.get("axes"), None
+    return 1, 2, 3, 4
+
+
+def _static_slice(xshape, starts, ends, axes, steps):
+    """ONNX Slice on a static shape: per-axis (begin, step, length)."""
+    rank = len(xshape)
+    begin, step, length = [0] * rank, [1] * rank, list(xshape)
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = a + rank if a < 0 else a
+        if not 0 <= a < rank or st == 0:
+            return None
+        dim = xshape[a]
+        s = s + dim if s < 0 else s
+        e = e + dim if e < 0 else e
+        if dim == 0:
+            s, n = 0, 0
+        elif st > 0:
+            s, e = min(max(s, 0), dim), min(max(e, 0), dim)
+            n = max(0, -(-(e - s) // st))
+        else:
+            s, e = min(max(s, 0), dim - 1), min(max(e, -1), dim - 1)
+            n = max(0, -(-(s - e) // -st))
+        begin[a], step[a], length[a] = s, st, n
+    return begin, step, length
+
+
+def _slice_values(pn):
+    """The node's slice as constants: (starts, ends, axes, steps) lists, or False when one is
+    given at run time."""
+    args = _slice_args(pn)
+    if pn.opset < 10:
+        return [ints(a) for a in args[:3]] + [None]
+    vals = [_const_ints(pn, i) for i in args]
+    return False if any(v is False for v in vals) else vals
+
+
+def _check_slice(pn):
+    x, y = pn.inputs[0], pn.outputs[0]
+    if len(x.static_shape) > 16:
+        return "rank above 16"
+    vals = _slice_values(pn)
+    if vals:
+        got = _static_slice(x.static_shape, *vals)
+        if got is None:
+            return "a zero step or an axis out of range"
+        if tuple(got[2]) != y.static_shape:
+            return f"slice of shape {got[2]} but the output is typed {y.static_shape}"
+    elif vals is False:
+        for i in range(1, 5):
+            v = _given(pn, i)
+            if v is not None and v.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+                return f"input {v.name!r} is {v.dtype} (Slice takes int32 or int64)"
+    return _check_same_data(pn)
+
+
+@c_kernel("Slice", check=_check_slice)
+def slice_(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xshape, yshape = c.shape(x), c.shape(y)
+    vals = _slice_values(pn)
+    if vals:
+        begin, step, _ = _static_slice(xshape, *vals)
+        sx = strides(xshape)
+        _strided(c, x, y, yshape, [s * st for s, st in zip(sx, step)], sum(b * s for b, s in zip(begin, sx)))
+        return
+    if prod(yshape) == 0:
+        return
+    rank = len(xshape)
+    starts, ends, axes, steps = (_given(pn, i) for i in range(1, 5))
+
+    def ptr(v):
+        return (c.buf(v), INDEX_CODE[v.dtype]) if v is not None else ("0", 0)
+
+    c.line("{")
+    c.line(f"    mt_i off, sy[{max(rank, 1)}];")
+    (ps, cs), (pe, _), (pa, ca), (pt, ct) = ptr(starts), ptr(ends), ptr(axes), ptr(steps)
+    c.checked(f"mt_slice_setup({rank}, {c.arr(xshape)}, {c.arr(yshape)}, {c.numel(starts)}, {ps}, {pe}, {cs}, "
+              f"{pa}, {ca}, {pt}, {ct}, &off, sy)",
+              f"starts/ends/axes/steps do not give the output's shape {yshape} from {xshape}, "
+              "or a step is 0 or an axis out of range")
+    c.line(f"    mt_strided_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(yshape)}, sy, off);")
+    c.line("}")
+
+
+# -- Expand, Tile, DepthToSpace, SpaceToDepth --------------------------------------------------
+def _check_expand(pn):
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(x) > len(y):
+        return "output rank below the input's"
+    padded = (1,) * (len(y) - len(x)) + tuple(x)
+    if any(a != b and a != 1 for a, b in zip(padded, y)):
+        return f"input shape {x} does not broadcast to {y}"
+    return _check_same_data(pn)
+
+
+# The shape input is not read: y's static shape is the broadcast result.
+@c_kernel("Expand", check=_check_expand)
+def expand(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    yshape = c.shape(y)
+    xshape = (1,) * (len(yshape) - len(c.shape(x))) + tuple(c.shape(x))
+    sx = strides(xshape)
+    _strided(c, x, y, yshape, [0 if a == 1 and b != 1 else s for a, b, s in zip(xshape, yshape, sx)])
+
+
+def _check_tile(pn):
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(x) != len(y) or any((a == 0 and b != 0) or (a and b % a) for a, b in zip(x, y)):
+        return f"output shape {y} is not a tiling of {x}"
+    reps = _const_ints(pn, 1)
+    if reps and any(a * r != b for a, r, b in zip(x, reps, y)):
+        return f"repeats {reps} do not give the output shape {y}"
+    return _check_same_data(pn)
+
+
+# Repeats are the output's shape over the input's; y is x viewed as (r0, n0, r1, n1, ...).
+@c_kernel("Tile", check=_check_tile)
+def tile(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xshape, yshape = c.shape(x), c.shape(y)
+    if prod(yshape) == 0:
+        return
+    shape, sx = [], []
+    for n, m, s in zip(xshape, yshape, strides(xshape)):
+        shape += [m // n, n]
+        sx += [0, s]
+    _strided(c, x, y, shape, sx)
+
+
+def _check_depth(pn):
+    x = pn.inputs[0].static_shape
+    b = pn.kwargs.get("blocksize")
+    if len(x) != 4 or not b:
+        return "input not 4-D"
+    if pn.op_type == "DepthToSpace" and x[1] % (b * b):
+        return "channels not a multiple of blocksize**2"
+    if pn.op_type == "SpaceToDepth" and (x[2] % b or x[3] % b):
+        return "height or width not a multiple of blocksize"
+    return _check_same_data(pn)
+
+
+@c_kernel("DepthToSpace", "SpaceToDepth", check=_check_depth)
+def depth_space(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    n, ch, h, w = c.shape(x)
+    b = pn.kwargs["blocksize"]
+    if pn.op_type == "SpaceToDepth":
+        view, perm, out = (n, ch, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, b, b, ch, h // b, w // b)
+    elif text(pn.kwargs.get("mode", "DCR")) == "CRD":
+        view, perm, out = (n, ch // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3), (n, ch // (b * b), h, b, w, b)
+    else:
+        view, perm, out = (n, b, b, ch // (b * b), h, w), (0, 3, 4, 1, 5, 2), (n, ch // (b * b), h, b, w, b)
+    sv = strides(view)
+    _strided(c, x, y, out, [sv[p] for p in perm])
+
+
+# -- Gather and Scatter -------------------------------------------------------------------------
+def _check_gather(pn):
+    if pn.inputs[1].dtype not in GATHER_INDEX:
+        return f"indices of {pn.inputs[1].dtype} (int32 or int64)"
+    if not pn.inputs[0].static_shape:
+        return "a scalar input"
+    return _check_same_data(pn)
+
+
+@c_kernel("Gather", check=_check_gather)
+def gather(pn, c):
+    x, idx, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    shape = c.shape(x)
+    axis = pn.kwargs.get("axis", 0) % len(shape)
+    outer, dim, inner = prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
+    c.checked(f"mt_gather_{c.sfx(y)}({c.buf(x)}, {c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(y)}, {outer}, {dim}, "
+              f"{c.numel(idx)}, {inner})", OUT_OF_RANGE)
+
+
+def _check_gather_elements(pn):
+    x, idx, y = pn.inputs[0].static_shape, pn.inputs[1].static_shape, pn.outputs[0].static_shape
+    if not x or len(x) != len(idx) or tuple(idx) != tuple(y):
+        return "indices and output shapes differ, or a scalar input"
+    return _check_gather(pn)
+
+
+@c_kernel("GatherElements", check=_check_gather_elements)
+def gather_elements(pn, c):
+    x, idx, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    shape = c.shape(x)
+    axis = pn.kwargs.get("axis", 0) % len(shape)
+    c.checked(f"mt_gather_elements_{c.sfx(y)}({c.buf(x)}, {c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(y)}, "
+              f"{len(shape)}, {c.arr(c.shape(y))}, {c.arr(strides(shape))}, {axis}, {shape[axis]})", OUT_OF_RANGE)
+
+
+def _nd(pn, data, idx):
+    b = pn.kwargs.get("batch_dims", 0) if pn.op_type == "GatherND" else 0
+    k = idx[-1]
+    return b, k
+
+
+def _check_gathernd(pn):
+    data, idx = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if not idx:
+        return "scalar indices"
+    b, k = _nd(pn, data, idx)
+    if b + k > len(data) or tuple(data[:b]) != tuple(idx[:b]):
+        return "indices do not fit the data's shape"
+    if pn.inputs[1].dtype not in GATHER_INDEX:
+        return f"indices of {pn.inputs[1].dtype} (int32 or int64)"
+    return _check_same_data(pn)
+
+
+@c_kernel("GatherND", check=_check_gathernd)
+def gathernd(pn, c):
+    x, idx, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    data, q = c.shape(x), c.shape(idx)
+    b, k = _nd(pn, data, q)
+    nb, m = prod(data[:b]), prod(q[b:-1])
+    c.checked(f"mt_gathernd_{c.sfx(y)}({c.buf(x)}, {c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(y)}, {nb}, "
+              f"{prod(data[b:])}, {m}, {k}, {c.arr(data[b:b + k])}, {c.arr(strides(data)[b:b + k])}, "
+              f"{prod(data[b + k:])})", OUT_OF_RANGE)
+
+
+REDUCTION = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
+
+
+def _check_scatter(pn):
+    data, idx, upd = (v.static_shape for v in pn.inputs[:3])
+    red = text(pn.kwargs.get("reduction", "none")) or "none"
+    if red not in REDUCTION:
+        return f"reduction {red!r} (C has {', '.join(REDUCTION)})"
+    if red != "none" and pn.inputs[0].dtype == np.dtype(np.bool_):
+        return f"reduction {red!r} on bool"
+    if pn.inputs[1].dtype not in GATHER_INDEX:
+        return f"indices of {pn.inputs[1].dtype} (int32 or int64)"
+    if pn.inputs[2].dtype != pn.inputs[0].dtype:
+        return "updates of another element type than data"
+    if pn.op_type == "ScatterND":
+        if not idx or idx[-1] > len(data) or tuple(upd) != tuple(idx[:-1]) + tuple(data[idx[-1]:]):
+            return "indices and updates do not fit the data's shape"
+    elif not data or len(idx) != len(data) or tuple(idx) != tuple(upd):
+        return "indices and updates shapes differ, or a scalar input"
+    return _check_same_data(pn)
+
+
+@c_kernel("ScatterElements", "Scatter", "ScatterND", check=_check_scatter)
+def scatter(pn, c):
+    x, idx, upd, y = pn.inputs[0], pn.inputs[1], pn.inputs[2], pn.outputs[0]
+    data = c.shape(x)
+    red = REDUCTION[text(pn.kwargs.get("reduction", "none")) or "none"]
+    c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
+    code = INDEX_CODE[idx.dtype]
+    if pn.op_type == "ScatterND":
+        k = c.shape(idx)[-1]
+        c.checked(f"mt_scatternd_{c.sfx(y)}({c.buf(y)}, {c.buf(idx)}, {code}, {c.buf(upd)}, "
+                  f"{prod(c.shape(idx)[:-1])}, {k}, {c.arr(data[:k])}, {c.arr(strides(data)[:k])}, "
+                  f"{prod(data[k:])}, {red})", OUT_OF_RANGE)
+    else:
+        axis = pn.kwargs.get("axis", 0) % len(data)
+        c.checked(f"mt_scatter_elements_{c.sfx(y)}({c.buf(y)}, {c.buf(idx)}, {code}, {c.buf(upd)}, {len(data)}, "
+                  f"{c.arr(c.shape(idx))}, {c.arr(strides(data))}, {axis}, {data[axis]}, {red})", OUT_OF_RANGE)
+
+
+# -- Pad ----------------------------------------------------------------------------------------
+PAD_MODE = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
+
+
+def _pad_begin(pn):
+    """Leading pads per axis when the pads are known at render time (None: given at run time),
+    and the trailing ones."""
+    rank = len(pn.inputs[0].static_shape)
+    if pn.opset < 11:
+        pads, axes = ints(pn.kwargs.get("pads")), None
+    else:
+        pads, axes = _const_ints(pn, 1), _const_ints(pn, 3)
+        if pads is False or axes is False:
+            return None
+    axes = list(range(rank)) if axes is None else [a % rank for a in axes]
+    begin, end = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        begin[a], end[a] = pads[i], pads[i + len(axes)]
+    return begin, end
+
+
+def _check_pad(pn):
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    mode = text(pn.kwargs.get("mode", "constant"))
+    if mode not in PAD_MODE:
+        return f"mode {mode!r} (C has {', '.join(PAD_MODE)})"
+    if len(x) > 16 or len(x) != len(y):
+        return "rank above 16 or output rank differs"
+    if mode != "constant" and any(a == 0 and b for a, b in zip(x, y)):
+        return f"{mode} padding of an empty axis"
+    got = _pad_begin(pn)
+    if got is not None and any(a + b + e != o for a, b, e, o in zip(x, *got, y)):
+        return f"pads do not give the output shape {y}"
+    if pn.opset >= 11:
+        for i in (1, 3):
+            v = _given(pn, i)
+            if v is not None and v.dtype not in INDEX_CODE:
+                return f"input {v.name!r} is {v.dtype}"
+        v = _given(pn, 2)
+        if v is not None and (v.dtype != pn.inputs[0].dtype or not prod(v.static_shape)):
+            return "constant_value of another element type or empty"
+    return _check_same_data(pn)
+
+
+@c_kernel("Pad", check=_check_pad)
+def pad(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xshape, yshape = c.shape(x), c.shape(y)
+    if prod(yshape) == 0:
+        return
+    mode = PAD_MODE[text(pn.kwargs.get("mode", "constant"))]
+    if pn.opset < 11:
+        value = c.literal(pn.kwargs.get("value", 0.0) or 0, y.dtype)
+    else:
+        v = _given(pn, 2)
+        value = f"{c.buf(v)}[0]" if v is not None else c.literal(0, y.dtype)
+    rank = len(xshape)
+    got = _pad_begin(pn)
+    if got is not None:
+        c.line(f"mt_pad_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(xshape)}, {c.arr(yshape)}, "
+               f"{c.arr(got[0])}, {mode}, {value});")
+        return
+    pads, axes = pn.inputs[1], _given(pn, 3)
+    pa, ca = (c.buf(axes), INDEX_CODE[axes.dtype]) if axes is not None else ("0", 0)
+    c.line("{")
+    c.line(f"    mt_i begin[{max(rank, 1)}];")
+    c.checked(f"mt_pad_setup({rank}, {c.arr(xshape)}, {c.arr(yshape)}, {c.buf(pads)}, {INDEX_CODE[pads.dtype]}, "
+              f"{c.numel(pads)}, {pa}, {ca}, begin)",
+              f"pads do not give the output's shape {yshape} from {xshape}, or an axis is out of range")
+    c.line(f"    mt_pad_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(xshape)}, {c.arr(yshape)}, begin, "
+           f"{mode}, {value});")
+    c.line("}")
+
+
+# -- Trilu, EyeLike, ConstantOfShape, Range, OneHot, ReverseSequence ---------------------------
+def _check_trilu(pn):
+    if len(pn.inputs[0].static_shape) < 2:
+        return "input of rank < 2"
+    k = _given(pn, 1)
+    if k is not None and (k.dtype != np.dtype(np.int64) or prod(k.static_shape) != 1):
+        return "k not one int64"
+    return _check_same_data(pn)
+
+
+@c_kernel("Trilu", check=_check_trilu)
+def trilu(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    shape = c.shape(x)
+    k = _given(pn, 1)
+    kv = f"(mt_i){c.buf(k)}[0]" if k is not None else "0"
+    if prod(shape):
+        c.line(f"mt_trilu_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {prod(shape[:-2])}, {shape[-2]}, {shape[-1]}, {kv}, "
+               f"{int(pn.kwargs.get('upper', 1))});")
+
+
+def _check_eyelike(pn):
+    return None if len(pn.outputs[0].static_shape) == 2 else "output not 2-D"
+
+
+@c_kernel("EyeLike", check=_check_eyelike)
+def eyelike(pn, c):
+    y = pn.outputs[0]
+    rows, cols = c.shape(y)
+    c.line(f"mt_eye_{c.sfx(y)}({c.buf(y)}, {rows}, {cols}, {int(pn.kwargs.get('k', 0))});")
+
+
+# The shape input is not read: y's static shape is it.
+@c_kernel("ConstantOfShape")
+def constant_of_shape(pn, c):
+    y = pn.outputs[0]
+    value = pn.kwargs.get("value")
+    fill = 0 if value is None else np.asarray(value).reshape(-1)[0]
+    c.line(f"mt_fill_{c.sfx(y)}({c.buf(y)}, {c.numel(y)}, {c.literal(fill, y.dtype)});")
+
+
+def _check_range(pn):
+    if any(prod(v.static_shape) != 1 for v in pn.inputs):
+        return "start, limit and delta must be scalars"
+    if pn.outputs[0].dtype == np.dtype(np.bool_):
+        return "a bool range"
+    return same_types(pn)
+
+
+# y's static length already says how many steps; y[i] = start + i * delta as onnx's reference.
+@c_kernel("Range", check=_check_range)
+def range_(pn, c):
+    start, delta, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
+    c.line(f"mt_range_{c.sfx(y)}({c.buf(y)}, {c.numel(y)}, {c.buf(start)}[0], {c.buf(delta)}[0]);")
+
+
+def _onehot_axis(pn):
+    return pn.kwargs.get("axis", -1) % len(pn.outputs[0].static_shape)
+
+
+def _check_onehot(pn):
+    idx, vals, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
+    if idx.dtype not in INDEX_CODE:
+        return f"indices of {idx.dtype} (C reads integer indices)"
+    if vals.dtype != y.dtype or prod(vals.static_shape) != 2:
+        return "values not two of the output's type"
+    axis = _onehot_axis(pn)
+    ys = y.static_shape
+    if tuple(ys[:axis]) + tuple(ys[axis + 1:]) != tuple(idx.static_shape):
+        return "output shape is not the indices' with depth inserted"
+    return None
+
+
+# The depth input is not read: it is the output's static size on the axis.
+@c_kernel("OneHot", check=_check_onehot)
+def onehot(pn, c):
+    idx, vals, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
+    axis, ys = _onehot_axis(pn), c.shape(y)
+    c.line(f"mt_onehot_{c.sfx(y)}({c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(vals)}, {c.buf(y)}, "
+           f"{prod(ys[:axis])}, {ys[axis]}, {prod(ys[axis + 1:])});")
+
+
+def _check_reverse_sequence(pn):
+    x, lens = pn.inputs[0], pn.inputs[1]
+    k = pn.kwargs
+    if len(x.static_shape) < 2 or {k.get("batch_axis", 1), k.get("time_axis", 0)} != {0, 1}:
+        return "batch and time axes other than 0 and 1"
+    if lens.dtype not in INDEX_CODE:
+        return f"sequence_lens of {lens.dtype}"
+    return _check_same_data(pn)
+
+
+@c_kernel("ReverseSequence", check=_check_reverse_sequence)
+def reverse_sequence(pn, c):
+    x, lens, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    shape = c.shape(x)
+    if prod(shape):
+        c.checked(f"mt_reverse_sequence_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {c.buf(lens)}, {INDEX_CODE[lens.dtype]}, "
+                  f"{c.arr(shape[:2])}, {prod(shape[2:])}, {pn.kwargs.get('time_axis', 0)})",
+                  "a sequence length is out of range (valid: 0 <= length <= the time axis' size)")
