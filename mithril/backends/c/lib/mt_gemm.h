@@ -1,19 +1,55 @@
-/* GEMM, per float type: Y = alpha * op(A) @ op(B) + beta * C (see mt_gemm_t.h). */
+/* GEMM, per float type: Y = alpha * op(A) @ op(B) + beta * C (see mt_gemm_t.h).
+ *
+ * Blocked and packed (the BLIS/GotoBLAS structure): op(A) is copied in MC x KC blocks and op(B) in
+ * KC x NC panels into aligned per-thread scratch, laid out so an MR x NR register tile of Y is
+ * updated by plain loops the compiler vectorizes (-O3 -march=native). Every stride of A and B goes
+ * through the packing, so transposed and strided operands run on the same micro-kernel. Threads
+ * (OpenMP) take MC x NC tiles of Y. With MT_BLAS defined (build.py links scipy-openblas32 when it
+ * is installed), large products call cblas_?gemm instead.
+ */
 #ifndef MT_GEMM_H
 #define MT_GEMM_H
 
 #include "mt_base.h"
 
+/* Register tile: NR is two vectors of the widest unit the target has, MR rows fill the registers
+ * with accumulators (AVX-512: 8 x 2 of 32 zmm; AVX2: 6 x 2 of 16 ymm). */
+#if defined(__AVX512F__)
+#define MT_GEMM_VBYTES 64
+#define MT_GEMM_MR 8
+#elif defined(__AVX__)
+#define MT_GEMM_VBYTES 32
+#define MT_GEMM_MR 6
+#else
+#define MT_GEMM_VBYTES 16
+#define MT_GEMM_MR 4
+#endif
+#define MT_GEMM_KC 256                 /* depth of a packed block: one B micro-panel stays in L1 */
+#define MT_GEMM_MC (MT_GEMM_MR * 12)   /* rows of a packed A block (L2) */
+#define MT_GEMM_NBLK 8                 /* micro-panels per packed B panel (NC = 8 * NR) */
+#define MT_GEMM_SMALL (32 * 32 * 32)   /* M*N*K below which the plain loops win over packing */
+
+#ifdef MT_BLAS
+#include <cblas.h> /* scipy-openblas32 prefixes its symbols: scipy_cblas_sgemm */
+#ifndef MT_BLAS_MIN
+#define MT_BLAS_MIN (64L * 64 * 64) /* M*N*K from which the BLAS call pays for itself */
+#endif
+#endif
+
 #define T float
 #define MT_SFX f32
+#define MT_CBLAS_GEMM scipy_cblas_sgemm
 #include "mt_gemm_t.h"
 #undef T
 #undef MT_SFX
+#undef MT_CBLAS_GEMM
 
 #define T double
 #define MT_SFX f64
+#define MT_CBLAS_GEMM scipy_cblas_dgemm
 #include "mt_gemm_t.h"
 #undef T
 #undef MT_SFX
+#undef MT_CBLAS_GEMM
 
 #endif /* MT_GEMM_H */

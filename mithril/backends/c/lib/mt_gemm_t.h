@@ -1,31 +1,37 @@
-/* Template: GEMM over element type T (see mt_base.h). Included once per float type by mt_gemm.h; no guard. */
+/* Template: GEMM over element type T (see mt_base.h and mt_gemm.h). Included once per float type
+ * by mt_gemm.h; no guard.
+ *
+ * Y[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] (+ beta * C broadcast). A(i,k) = A[i*ar + k*ac],
+ * B(k,j) = B[k*br + j*bc], C (may be NULL) C(i,j) = C[i*cr + j*cc]; Y is C-contiguous and shares
+ * no memory with A or B (C may be Y itself: each element is read before it is written). */
 
-/* ---- GEMM: Y[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] (+ beta * C broadcast) ------------------
- * A(i,k) = A[i*ar + k*ac], B(k,j) = B[k*br + j*bc]. When B's rows are contiguous (bc == 1) the
- * i-k-j order vectorizes over j; otherwise each Y(i,j) is a dot product over k. Rows run in
- * parallel. C (may be NULL): C(i,j) = C[i*cr + j*cc]. */
-static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
-                           mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
-    _Pragma("omp parallel for if(M * N * K > MT_PAR_MIN)")
+#define MT_GEMM_NR ((mt_i)(2 * MT_GEMM_VBYTES / sizeof(T))) /* two vectors of T */
+#define MT_GEMM_NC (MT_GEMM_NR * MT_GEMM_NBLK)
+
+/* y += a * b as one fused multiply-add where the target has one (-std=c11 turns off contraction). */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define MT_GEMM_MAC(y, a, b) ((y) = fma((a), (b), (y)))
+#else
+#define MT_GEMM_MAC(y, a, b) ((y) += (a) * (b))
+#endif
+
+/* The plain loops: small products, where packing costs more than it saves. */
+static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
     for (mt_i i = 0; i < M; i++) {
         T *restrict y = Y + i * N;
         if (bc == 1) {
             for (mt_i j = 0; j < N; j++) y[j] = 0;
-            const mt_i KB = 256; /* a block of B's rows stays in cache while y is updated */
-            for (mt_i k0 = 0; k0 < K; k0 += KB) {
-                mt_i k1 = k0 + KB < K ? k0 + KB : K;
-                for (mt_i k = k0; k < k1; k++) {
-                    T s = A[i * ar + k * ac];
-                    const T *restrict b = B + k * br;
-                    _Pragma("omp simd")
-                    for (mt_i j = 0; j < N; j++) y[j] += s * b[j];
-                }
+            for (mt_i k = 0; k < K; k++) {
+                T s = A[i * ar + k * ac];
+                const T *restrict b = B + k * br;
+                _Pragma("omp simd")
+                for (mt_i j = 0; j < N; j++) MT_GEMM_MAC(y[j], s, b[j]);
             }
         } else {
             for (mt_i j = 0; j < N; j++) {
                 T acc = 0;
-                _Pragma("omp simd reduction(+:acc)")
-                for (mt_i k = 0; k < K; k++) acc += A[i * ar + k * ac] * B[k * br + j * bc];
+                for (mt_i k = 0; k < K; k++) MT_GEMM_MAC(acc, A[i * ar + k * ac], B[k * br + j * bc]);
                 y[j] = acc;
             }
         }
@@ -35,3 +41,137 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
             for (mt_i j = 0; j < N; j++) y[j] += beta * C[i * cr + j * cc];
     }
 }
+
+/* Packs rows [0, mc) x depth [0, kc) of op(A) (already offset to the block) in panels of MR rows:
+ * pa[(p * kc + k) * MR + r] = A(p*MR + r, k), rows past mc zero. */
+static inline void MT_FN(mt_gemm_pack_a)(const T *A, T *restrict pa, mt_i mc, mt_i kc, mt_i ar, mt_i ac) {
+    for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
+        mt_i rows = mc - p * MT_GEMM_MR < MT_GEMM_MR ? mc - p * MT_GEMM_MR : MT_GEMM_MR;
+        const T *a = A + p * MT_GEMM_MR * ar;
+        T *restrict dst = pa + p * kc * MT_GEMM_MR;
+        for (mt_i k = 0; k < kc; k++)
+            for (mt_i r = 0; r < MT_GEMM_MR; r++) dst[k * MT_GEMM_MR + r] = r < rows ? a[r * ar + k * ac] : (T)0;
+    }
+}
+
+/* Packs depth [0, kc) x columns [0, nc) of op(B) in micro-panels of NR columns:
+ * pb[(q * kc + k) * NR + c] = B(k, q*NR + c), columns past nc zero. */
+static inline void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt_i nc, mt_i br, mt_i bc) {
+    for (mt_i q = 0; q * MT_GEMM_NR < nc; q++) {
+        mt_i cols = nc - q * MT_GEMM_NR < MT_GEMM_NR ? nc - q * MT_GEMM_NR : MT_GEMM_NR;
+        const T *b = B + q * MT_GEMM_NR * bc;
+        T *restrict dst = pb + q * kc * MT_GEMM_NR;
+        if (bc == 1 && cols == MT_GEMM_NR) {
+            for (mt_i k = 0; k < kc; k++) {
+                _Pragma("omp simd")
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) dst[k * MT_GEMM_NR + c] = b[k * br + c];
+            }
+        } else {
+            for (mt_i k = 0; k < kc; k++)
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) dst[k * MT_GEMM_NR + c] = c < cols ? b[k * br + c * bc] : (T)0;
+        }
+    }
+}
+
+/* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + pa-panel @ pb-panel. The
+ * accumulators are a fixed-size array the compiler keeps in vector registers. */
+static inline void MT_FN(mt_gemm_micro)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
+                                        mt_i ldy, mt_i mr, mt_i nr, int add) {
+    T acc[MT_GEMM_MR][2 * MT_GEMM_VBYTES / sizeof(T)];
+    const T *a = __builtin_assume_aligned(pa, 64), *b = __builtin_assume_aligned(pb, 64);
+    for (mt_i r = 0; r < MT_GEMM_MR; r++)
+        for (mt_i c = 0; c < MT_GEMM_NR; c++) acc[r][c] = 0;
+    for (mt_i k = 0; k < kc; k++) {
+        const T *bk = b + k * MT_GEMM_NR, *ak = a + k * MT_GEMM_MR;
+        for (mt_i r = 0; r < MT_GEMM_MR; r++) {
+            T ar = ak[r];
+            _Pragma("omp simd")
+            for (mt_i c = 0; c < MT_GEMM_NR; c++) MT_GEMM_MAC(acc[r][c], ar, bk[c]);
+        }
+    }
+    if (mr == MT_GEMM_MR && nr == MT_GEMM_NR) {
+        for (mt_i r = 0; r < MT_GEMM_MR; r++) {
+            T *yr = y + r * ldy;
+            if (add) {
+                _Pragma("omp simd")
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] += acc[r][c];
+            } else {
+                _Pragma("omp simd")
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] = acc[r][c];
+            }
+        }
+    } else {
+        for (mt_i r = 0; r < mr; r++)
+            for (mt_i c = 0; c < nr; c++) y[r * ldy + c] = add ? y[r * ldy + c] + acc[r][c] : acc[r][c];
+    }
+}
+
+/* One MC x NC tile of Y: over K in KC steps, pack the A block and the B panel into this thread's
+ * scratch, run the register tiles, then apply alpha and beta * C while the tile is in cache.
+ * The scratch is static thread-local (allocated once per thread, never per call), so threads of
+ * one GEMM and GEMMs running in different threads never share it. */
+static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *restrict Y, mt_i N, mt_i K,
+                                       mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
+                                       mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
+    static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
+    static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * 2 * MT_GEMM_VBYTES / sizeof(T) * MT_GEMM_NBLK];
+    for (mt_i k0 = 0; k0 < K; k0 += MT_GEMM_KC) {
+        mt_i kc = K - k0 < MT_GEMM_KC ? K - k0 : MT_GEMM_KC;
+        MT_FN(mt_gemm_pack_b)(B + k0 * br + j0 * bc, pb, kc, nc, br, bc);
+        MT_FN(mt_gemm_pack_a)(A + i0 * ar + k0 * ac, pa, mc, kc, ar, ac);
+        for (mt_i q = 0; q * MT_GEMM_NR < nc; q++) {
+            mt_i nr = nc - q * MT_GEMM_NR < MT_GEMM_NR ? nc - q * MT_GEMM_NR : MT_GEMM_NR;
+            for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
+                mt_i mr = mc - p * MT_GEMM_MR < MT_GEMM_MR ? mc - p * MT_GEMM_MR : MT_GEMM_MR;
+                MT_FN(mt_gemm_micro)(kc, pa + p * kc * MT_GEMM_MR, pb + q * kc * MT_GEMM_NR,
+                                     Y + (i0 + p * MT_GEMM_MR) * N + j0 + q * MT_GEMM_NR, N, mr, nr, k0 > 0);
+            }
+        }
+    }
+    if (alpha != (T)1 || C)
+        for (mt_i i = i0; i < i0 + mc; i++) {
+            T *restrict y = Y + i * N;
+            if (alpha != (T)1)
+                for (mt_i j = j0; j < j0 + nc; j++) y[j] *= alpha;
+            if (C)
+                for (mt_i j = j0; j < j0 + nc; j++) y[j] += beta * C[i * cr + j * cc];
+        }
+}
+
+static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+                                  mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
+    if (M <= 0 || N <= 0) return;
+#ifdef MT_BLAS
+    /* cblas needs one unit stride per operand; Y is row-major contiguous. C is added after. */
+    if (M * N * K >= MT_BLAS_MIN && M < 0x7fffffff && N < 0x7fffffff && K < 0x7fffffff) {
+        int ta = ac != 1, tb = bc != 1; /* op(A) stored transposed: A(i,k) = A[i + k*lda] */
+        mt_i lda = ta ? ac : ar, ldb = tb ? bc : br;
+        if ((!ta || ar == 1) && (!tb || br == 1) && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && lda >= 1 &&
+            ldb >= 1 && lda < 0x7fffffff && ldb < 0x7fffffff) {
+            MT_CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                          (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, (T)0, Y, (int)N);
+            if (C)
+                for (mt_i i = 0; i < M; i++)
+                    for (mt_i j = 0; j < N; j++) Y[i * N + j] += beta * C[i * cr + j * cc];
+            return;
+        }
+    }
+#endif
+    /* A few rows over contiguous B rows: streaming B once beats padding the register tile. */
+    if (K == 0 || M * N * K < MT_GEMM_SMALL || (M < MT_GEMM_MR / 2 && bc == 1)) {
+        MT_FN(mt_gemm_plain)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta);
+        return;
+    }
+    mt_i mt = (M + MT_GEMM_MC - 1) / MT_GEMM_MC, nt = (N + MT_GEMM_NC - 1) / MT_GEMM_NC;
+    _Pragma("omp parallel for collapse(2) schedule(dynamic) if(mt * nt > 1 && M * N * K > 8 * MT_GEMM_SMALL)")
+    for (mt_i ib = 0; ib < mt; ib++)
+        for (mt_i jb = 0; jb < nt; jb++) {
+            mt_i i0 = ib * MT_GEMM_MC, j0 = jb * MT_GEMM_NC;
+            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, i0,
+                                M - i0 < MT_GEMM_MC ? M - i0 : MT_GEMM_MC, j0, N - j0 < MT_GEMM_NC ? N - j0 : MT_GEMM_NC);
+        }
+}
+
+#undef MT_GEMM_NR
+#undef MT_GEMM_NC
+#undef MT_GEMM_MAC
