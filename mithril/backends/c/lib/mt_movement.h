@@ -27,6 +27,17 @@ static inline mt_i mt_index_at(const void *p, int code, mt_i k) {
     }
 }
 
+/* Element k of a numeric tensor of type `code` (MT_IDX_*, or MT_VAL_F32/F64), as double: OneHot
+ * compares float indices in their own type, so a fractional one matches no class. */
+enum { MT_VAL_F32 = 8, MT_VAL_F64 = 9 };
+static inline double mt_value_at(const void *p, int code, mt_i k) {
+    switch (code) {
+    case MT_VAL_F32: return (double)((const float *)p)[k];
+    case MT_VAL_F64: return ((const double *)p)[k];
+    default: return (double)mt_index_at(p, code, k);
+    }
+}
+
 /* n indices in [-dim, dim)? */
 static inline int mt_indices_ok(const void *p, int code, mt_i n, mt_i dim) {
     for (mt_i k = 0; k < n; k++) {

@@ -188,9 +188,9 @@ static inline void MT_FN(mt_onehot)(const void *Ix, int code, const T *values, T
     T off = values[0], on = values[1];
     for (mt_i o = 0; o < outer; o++)
         for (mt_i i = 0; i < inner; i++) {
-            mt_i v = mt_index_at(Ix, code, o * inner + i);
-            if (v < 0) v += depth;
-            for (mt_i d = 0; d < depth; d++) Y[(o * depth + d) * inner + i] = d == v ? on : off;
+            double v = mt_value_at(Ix, code, o * inner + i);
+            if (v < 0) v += (double)depth;
+            for (mt_i d = 0; d < depth; d++) Y[(o * depth + d) * inner + i] = (double)d == v ? on : off;
         }
 }
 

@@ -22,6 +22,7 @@ from . import c_kernel, ints, same_types, strides, text
 INDEX_CODE = {np.dtype(t): i for i, t in enumerate(
     (np.int32, np.int64, np.int8, np.int16, np.uint8, np.uint16, np.uint32, np.uint64))}
 GATHER_INDEX = frozenset({np.dtype(np.int32), np.dtype(np.int64)})
+VALUE_CODE = {**INDEX_CODE, np.dtype(np.float32): 8, np.dtype(np.float64): 9}
 OUT_OF_RANGE = "an index is out of range (valid: -dim <= index < dim)"
 
 
@@ -286,9 +287,12 @@ def depth_space(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     n, ch, h, w = c.shape(x)
     b = pn.kwargs["blocksize"]
+    crd = text(pn.kwargs.get("mode")) == "CRD"
     if pn.op_type == "SpaceToDepth":
-        view, perm, out = (n, ch, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4), (n, b, b, ch, h // b, w // b)
-    elif text(pn.kwargs.get("mode", "DCR")) == "CRD":
+        view = (n, ch, h // b, b, w // b, b)
+        perm = (0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4)
+        out = tuple(view[p] for p in perm)
+    elif crd:
         view, perm, out = (n, ch // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3), (n, ch // (b * b), h, b, w, b)
     else:
         view, perm, out = (n, b, b, ch // (b * b), h, w), (0, 3, 4, 1, 5, 2), (n, ch // (b * b), h, b, w, b)
@@ -536,8 +540,8 @@ def _onehot_axis(pn):
 
 def _check_onehot(pn):
     idx, vals, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
-    if idx.dtype not in INDEX_CODE:
-        return f"indices of {idx.dtype} (C reads integer indices)"
+    if idx.dtype not in VALUE_CODE:
+        return f"indices of {idx.dtype} (C reads integer, float32 and float64 indices)"
     if vals.dtype != y.dtype or prod(vals.static_shape) != 2:
         return "values not two of the output's type"
     axis = _onehot_axis(pn)
@@ -552,7 +556,7 @@ def _check_onehot(pn):
 def onehot(pn, c):
     idx, vals, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
     axis, ys = _onehot_axis(pn), c.shape(y)
-    c.line(f"mt_onehot_{c.sfx(y)}({c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(vals)}, {c.buf(y)}, "
+    c.line(f"mt_onehot_{c.sfx(y)}({c.buf(idx)}, {VALUE_CODE[idx.dtype]}, {c.buf(vals)}, {c.buf(y)}, "
            f"{prod(ys[:axis])}, {ys[axis]}, {prod(ys[axis + 1:])});")
 
 
