@@ -165,7 +165,8 @@ class CBackend(NumpyBackend):
         from .render import render, why_not_c
 
         loose = [f"{v.name} {list(v.shape) if v.shape is not None else '(rank unknown)'}"
-                 for v in plan.inputs if v.kind == "input" and v.static_shape is None]
+                 for v in plan.inputs if v.kind == "input" and v.static_shape is None
+                 and v.dtype is not None and v.dtype.kind != "O"]  # maps, sequences, strings: NumPy's
         if loose:
             raise CompileError("CBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
                                f"for: {', '.join(loose)}")
