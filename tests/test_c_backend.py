@@ -74,7 +74,7 @@ def test_float64_runs_in_double():
     ref = ml.compile(model, ml.NumpyBackend(dtype=ml.float64), shapes=shapes, inference=True)
     params = _params(ref)
     pm = ml.compile(model, ml.CBackend(dtype=ml.float64), shapes=shapes, inference=True, static_shapes=True)
-    assert "mt_conv2d_f64(" in pm.program.source and "float" not in pm.program.source.split("mithril_kernels.h")[1]
+    assert "mt_conv_f64(" in pm.program.source and "float" not in pm.program.source.split("mithril_kernels.h")[1]
     x = np.random.default_rng(1).standard_normal((1, 1, 32, 32))
     got = pm.evaluate(params, {"input": x})["output"]
     assert got.dtype == np.float64

@@ -1,9 +1,39 @@
-/* Neural-network kernels, per float type. */
+/* Neural-network kernels, per float type (mt_nn_t.h), and MaxPool per element type (mt_nn_pool_t.h).
+ *
+ * Window ops (Conv, ConvTranspose, the pools) take up to three spatial axes: 1-D and 2-D inputs
+ * are rendered as 3-D with unit leading axes, so one kernel serves every rank. Their geometry is
+ * one `const mt_i *g` of 21 numbers, computed at render time from the static shapes:
+ *
+ *     g[0..2] input size   g[3..5] output size   g[6..8] kernel     g[9..11] strides
+ *     g[12..14] padding before (the output's first window starts there)
+ *     g[15..17] dilations  g[18..20] padding after (as declared; AveragePool's count_include_pad)
+ */
 #ifndef MT_NN_H
 #define MT_NN_H
 
 #include "mt_base.h"
 #include "mt_gemm.h" /* convolution is im2col + GEMM */
+
+/* [*lo, *hi): the positions o in [0, count) for which o * s + off lies in [0, limit), s >= 1. */
+static inline void mt_window_range(mt_i count, mt_i limit, mt_i s, mt_i off, mt_i *lo, mt_i *hi) {
+    mt_i a = off >= 0 ? 0 : (-off + s - 1) / s;
+    mt_i t = limit - off, b = t <= 0 ? 0 : (t + s - 1) / s;
+    if (b > count) b = count;
+    if (a > b) a = b;
+    *lo = a;
+    *hi = b;
+}
+
+/* Groups of a reduction over arbitrary axes (MeanVarianceNormalization): element i of a
+ * C-contiguous array of `shape` belongs to group sum(index[d] * gstr[d]). */
+static inline mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *gstr) {
+    mt_i o = 0;
+    for (int d = rank - 1; d >= 0; d--) {
+        o += (i % shape[d]) * gstr[d];
+        i /= shape[d];
+    }
+    return o;
+}
 
 #define T float
 #define MT_SFX f32
@@ -16,5 +46,46 @@
 #include "mt_nn_t.h"
 #undef T
 #undef MT_SFX
+
+/* MaxPool also takes 8-bit integers (ONNX MaxPool-12). */
+#define T float
+#define MT_SFX f32
+#define MT_LOWEST (-INFINITY)
+#define MT_ISNAN(v) ((v) != (v))
+#include "mt_nn_pool_t.h"
+#undef T
+#undef MT_SFX
+#undef MT_LOWEST
+#undef MT_ISNAN
+
+#define T double
+#define MT_SFX f64
+#define MT_LOWEST (-INFINITY)
+#define MT_ISNAN(v) ((v) != (v))
+#include "mt_nn_pool_t.h"
+#undef T
+#undef MT_SFX
+#undef MT_LOWEST
+#undef MT_ISNAN
+
+#define T int8_t
+#define MT_SFX i8
+#define MT_LOWEST INT8_MIN
+#define MT_ISNAN(v) 0
+#include "mt_nn_pool_t.h"
+#undef T
+#undef MT_SFX
+#undef MT_LOWEST
+#undef MT_ISNAN
+
+#define T uint8_t
+#define MT_SFX u8
+#define MT_LOWEST 0
+#define MT_ISNAN(v) 0
+#include "mt_nn_pool_t.h"
+#undef T
+#undef MT_SFX
+#undef MT_LOWEST
+#undef MT_ISNAN
 
 #endif /* MT_NN_H */

@@ -1,19 +1,55 @@
 """C rules for MatMul/Gemm, convolution, pooling, normalization and Softmax
-(kernels: ``lib/mt_nn*.h``)."""
+(kernels: ``lib/mt_nn*.h``).
+
+Window ops (Conv, ConvTranspose, the pools) take their geometry from the shared
+:mod:`mithril.backends.kernels.geometry` at render time (auto_pad, ceil_mode, output_padding and
+output_shape mean what they mean on every backend) and pass it as one constant array of 21
+numbers, 1-D and 2-D windows padded to 3-D with unit leading axes (see ``lib/mt_nn.h``).
+"""
 
 from __future__ import annotations
 
 from math import prod
 
-from . import FLOATS, same_types, broadcast_strides, c_kernel, ints, text
+import numpy as np
+
+from ...kernels.geometry import transposed_window, window
+from . import FLOATS, broadcast_strides, c_kernel, ints, same_types, text
+
+MAX_SPATIAL = 3  # the window kernels take up to three spatial axes
+
+
+def _has(pn, i: int) -> bool:
+    return len(pn.inputs) > i and pn.inputs[i] is not None
+
+
+def _bias(pn, c, i: int = 2) -> str:
+    return c.buf(pn.inputs[i]) if _has(pn, i) else "0"
+
+
+# ---------------------------------------------------------------------------------------------
+# MatMul / Gemm
+
+
+def _matmul_shapes(pn):
+    """(A as [..., M, K], B as [..., K, N], broadcast batch shape) with 1-D operands promoted."""
+    sa, sb = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    a = (1, sa[0]) if len(sa) == 1 else tuple(sa)
+    b = (sb[0], 1) if len(sb) == 1 else tuple(sb)
+    batch = tuple(np.broadcast_shapes(a[:-2], b[:-2]))
+    return a, b, batch
 
 
 def _check_matmul(pn):
-    a, b = pn.inputs[0].static_shape, pn.inputs[1].static_shape
-    if len(a) < 2 or len(b) < 2:
-        return "1-D MatMul operand"
-    if len(b) > 2 and a[:-2] != b[:-2]:
-        return "broadcast batch dims"
+    sa, sb = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if not sa or not sb:
+        return "0-d MatMul operand"
+    try:
+        a, b, _ = _matmul_shapes(pn)
+    except ValueError:
+        return f"batch dims of {sa} and {sb} do not broadcast"
+    if a[-1] != b[-2]:
+        return f"inner dims of {sa} and {sb} differ"
     if pn.op_type == "MatMulAdd" and prod(pn.inputs[2].static_shape) != b[-1]:
         return "bias is not one row"
     return same_types(pn)
@@ -23,21 +59,36 @@ def _check_matmul(pn):
 @c_kernel("MatMulAdd", domain="ai.mithril", dtypes=FLOATS, check=_check_matmul)
 def matmul(pn, c):
     a, b, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
-    sa, sb = c.shape(a), c.shape(b)
+    sa, sb, batch = _matmul_shapes(pn)
     M, K, N = sa[-2], sa[-1], sb[-1]
-    bias = c.buf(pn.inputs[2]) if pn.op_type == "MatMulAdd" else "0"
-    one = c.literal(1, y.dtype)
-    if len(sb) == 2:
-        c.line(f"mt_gemm_{c.sfx(y)}({c.buf(a)}, {c.buf(b)}, {bias}, {c.buf(y)}, {prod(sa[:-1])}, {N}, {K}, {K}, 1, "
-               f"{N}, 1, 0, 1, {one}, {one});")
-    else:
-        c.line(f"for (mt_i q = 0; q < {prod(sa[:-2])}; q++) mt_gemm_{c.sfx(y)}({c.buf(a)} + q * {M * K}, "
-               f"{c.buf(b)} + q * {K * N}, {bias}, {c.buf(y)} + q * {M * N}, {M}, {N}, {K}, {K}, 1, {N}, 1, 0, 1, "
-               f"{one}, {one});")
+    bias = _bias(pn, c) if pn.op_type == "MatMulAdd" else "0"
+    one, sfx = c.literal(1, y.dtype), c.sfx(y)
+    # A 1-D B is a [K, 1] column: its rows are one element apart either way.
+    tail = f"{K}, 1, {N}, 1, 0, 1, {one}, {one});"
+    if prod(sb[:-2]) == 1:  # B is one matrix: every row of A in one GEMM
+        c.line(f"mt_gemm_{sfx}({c.buf(a)}, {c.buf(b)}, {bias}, {c.buf(y)}, {prod(sa[:-1])}, {N}, {K}, " + tail)
+        return
+    Q = prod(batch)
+    if tuple(sa[:-2]) == batch and tuple(sb[:-2]) == batch:
+        qa, qb = "q", "q"
+    else:  # broadcast batch dims: each product's matrix index in A and in B
+        qa = f"{c.arr(_batch_index(sa[:-2], batch))}[q]"
+        qb = f"{c.arr(_batch_index(sb[:-2], batch))}[q]"
+    c.line(f"for (mt_i q = 0; q < {Q}; q++) mt_gemm_{sfx}({c.buf(a)} + {qa} * {M * K}, {c.buf(b)} + {qb} * {K * N}, "
+           f"{bias}, {c.buf(y)} + q * {M * N}, {M}, {N}, {K}, " + tail)
+
+
+def _batch_index(shape, batch) -> list[int]:
+    """For each position of ``batch`` (row-major), the matrix it reads in an operand of batch ``shape``."""
+    if not batch:
+        return [0]
+    st = broadcast_strides(shape, batch)
+    grid = np.indices(batch).reshape(len(batch), -1)
+    return [int(v) for v in (grid * np.asarray(st)[:, None]).sum(axis=0)]
 
 
 def _check_gemm(pn):
-    if len(pn.inputs) > 2 and pn.inputs[2] is not None and len(pn.inputs[2].static_shape) > 2:
+    if _has(pn, 2) and len(pn.inputs[2].static_shape) > 2:
         return "bias of rank > 2"
     return same_types(pn)
 
@@ -52,84 +103,223 @@ def gemm(pn, c):
     ar, ac = (1, M) if ta else (K, 1)
     br, bc = (1, K) if tb else (N, 1)
     bias, cr, cc = "0", 0, 0
-    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+    beta = k.get("beta", 1.0)
+    if _has(pn, 2) and beta != 0:
         bias = c.buf(pn.inputs[2])
         cr, cc = broadcast_strides(c.shape(pn.inputs[2]), (M, N))
     c.line(f"mt_gemm_{c.sfx(y)}({c.buf(a)}, {c.buf(b)}, {bias}, {c.buf(y)}, {M}, {N}, {K}, {ar}, {ac}, {br}, {bc}, "
-           f"{cr}, {cc}, {c.literal(k.get('alpha', 1.0), y.dtype)}, {c.literal(k.get('beta', 1.0), y.dtype)});")
+           f"{cr}, {cc}, {c.literal(k.get('alpha', 1.0), y.dtype)}, {c.literal(beta, y.dtype)});")
 
 
-def _no_auto_pad(pn) -> bool:
-    return text(pn.kwargs.get("auto_pad", "NOTSET")) in ("NOTSET", None, "")
+# ---------------------------------------------------------------------------------------------
+# Window geometry
 
 
-def _check_window(pn):
-    x = pn.inputs[0].static_shape
+def _pad3(values, fill) -> list[int]:
+    return [fill] * (MAX_SPATIAL - len(values)) + [int(v) for v in values]
+
+
+def _geometry(size, out, kernel, strides, begin, dilations, end=None) -> list[int]:
+    """The 21 numbers a window kernel reads (``lib/mt_nn.h``), padded to three spatial axes."""
+    end = end if end is not None else [0] * len(size)
+    return (_pad3(size, 1) + _pad3(out, 1) + _pad3(kernel, 1) + _pad3(strides, 1) + _pad3(begin, 0)
+            + _pad3(dilations, 1) + _pad3(end, 0))
+
+
+def _window(pn, kernel):
     k = pn.kwargs
-    if len(x) != 4:
-        return f"{len(x) - 2}-D window (C has 2-D)"
-    if not _no_auto_pad(pn):
-        return "auto_pad"
-    if pn.op_type == "Conv" and pn.inputs[1].static_shape[1] * k.get("group", 1) != x[1]:
-        return "group does not divide channels"
-    if pn.op_type == "MaxPool" and (len(pn.outputs) > 1 or k.get("num_outputs", 1) > 1):
-        return "Indices output"
-    if pn.op_type == "AveragePool" and any(d != 1 for d in (k.get("dilations") or [])):
-        return "dilated AveragePool"
-    return same_types(pn)
+    return window(pn.inputs[0].static_shape[2:], kernel, ints(k.get("strides")) or None,
+                  ints(k.get("dilations")) or None, ints(k.get("pads")) or None,
+                  text(k.get("auto_pad")) or "NOTSET", int(k.get("ceil_mode") or 0))
+
+
+def _check_spatial(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    if len(x) < 3 or len(x) - 2 > MAX_SPATIAL:
+        return f"{len(x) - 2}-D window (C has 1-D to {MAX_SPATIAL}-D)"
+    return None
+
+
+def _check_out(pn, out) -> str | None:
+    want = tuple(pn.outputs[0].static_shape[2:])
+    if tuple(out) != want:
+        return f"the window gives spatial output {tuple(out)}, the graph says {want}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Conv / ConvTranspose
+
+
+def _conv_kind(pn) -> tuple[str, object]:
+    """How a Conv runs: ("pointwise" | "depthwise" | "im2col", its window)."""
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    group = int(pn.kwargs.get("group") or 1)
+    win = _window(pn, w[2:])
+    if w[1] == 1 and group == x[1] and group > 1:
+        return "depthwise", win
+    if (all(v == 1 for v in (*win.kernel, *win.strides)) and not any(win.begin) and not any(win.end)):
+        return "pointwise", win
+    return "im2col", win
+
+
+def _check_conv(pn):
+    why = _check_spatial(pn)
+    if why:
+        return why
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    group = int(pn.kwargs.get("group") or 1)
+    if len(w) != len(x) or w[1] * group != x[1] or w[0] % group:
+        return f"W {w} does not fit X {x} with group={group}"
+    if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[0]:
+        return "bias is not one value per output channel"
+    return _check_out(pn, _conv_kind(pn)[1].out) or same_types(pn)
 
 
 def _conv_scratch(pn) -> int:
-    w, y = pn.inputs[1].static_shape, pn.outputs[0].static_shape
-    return w[1] * w[2] * w[3] * y[2] * y[3] * pn.outputs[0].dtype.itemsize
+    kind, win = _conv_kind(pn)
+    if kind != "im2col":
+        return 0
+    w = pn.inputs[1].static_shape
+    return prod(w[1:]) * prod(win.out) * pn.outputs[0].dtype.itemsize
 
 
-@c_kernel("Conv", dtypes=FLOATS, check=_check_window, scratch=_conv_scratch)
+@c_kernel("Conv", dtypes=FLOATS, check=_check_conv, scratch=_conv_scratch)
 def conv(pn, c):
     x, w, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
-    N, C, H, W = c.shape(x)
-    M, _, KH, KW = c.shape(w)
-    OH, OW = c.shape(y)[2:]
+    N, C = c.shape(x)[:2]
+    M = c.shape(w)[0]
+    kind, win = _conv_kind(pn)
+    g = c.arr(_geometry(c.shape(x)[2:], win.out, win.kernel, win.strides, win.begin, win.dilations))
+    sfx, bias = c.sfx(y), _bias(pn, c)
+    if kind == "depthwise":
+        c.line(f"mt_conv_depthwise_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {N}, {C}, {M}, {g});")
+        return
+    col = f"({c.ctype(y)} *){c.scratch}" if kind == "im2col" else "0"
+    c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
+           f"{int(pn.kwargs.get('group') or 1)}, {g});")
+
+
+def _transposed(pn):
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     k = pn.kwargs
-    pads = ints(k.get("pads")) or [0, 0, 0, 0]
-    st = ints(k.get("strides")) or [1, 1]
-    dl = ints(k.get("dilations")) or [1, 1]
-    bias = c.buf(pn.inputs[2]) if len(pn.inputs) > 2 and pn.inputs[2] is not None else "0"
-    c.line(f"mt_conv2d_{c.sfx(y)}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, ({c.ctype(y)} *){c.scratch}, "
-           f"{N}, {C}, {H}, {W}, {M}, {KH}, {KW}, {OH}, {OW}, {k.get('group', 1)}, {st[0]}, {st[1]}, "
-           f"{pads[0]}, {pads[1]}, {dl[0]}, {dl[1]});")
+    return transposed_window(x[2:], w[2:], ints(k.get("strides")) or None, ints(k.get("dilations")) or None,
+                             ints(k.get("pads")) or None, text(k.get("auto_pad")) or "NOTSET",
+                             ints(k.get("output_padding")) or None, ints(k.get("output_shape")) or None)
 
 
-@c_kernel("MaxPool", "AveragePool", dtypes=FLOATS, check=_check_window)
-def pool(pn, c):
+def _check_conv_transpose(pn):
+    why = _check_spatial(pn)
+    if why:
+        return why
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    group = int(pn.kwargs.get("group") or 1)
+    if len(w) != len(x) or w[0] != x[1] or x[1] % group:
+        return f"W {w} does not fit X {x} with group={group}"
+    if pn.outputs[0].static_shape[1] != w[1] * group:
+        return "output channels differ from W's"
+    if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[1] * group:
+        return "bias is not one value per output channel"
+    return _check_out(pn, _transposed(pn).out) or same_types(pn)
+
+
+def _conv_transpose_scratch(pn) -> int:
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    return prod(w[1:]) * prod(x[2:]) * pn.outputs[0].dtype.itemsize
+
+
+@c_kernel("ConvTranspose", dtypes=FLOATS, check=_check_conv_transpose, scratch=_conv_transpose_scratch)
+def conv_transpose(pn, c):
+    x, w, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    N, C = c.shape(x)[:2]
+    geo = _transposed(pn)
+    g = c.arr(_geometry(c.shape(x)[2:], geo.out, geo.kernel, geo.strides, geo.begin, geo.dilations))
+    c.line(f"mt_conv_transpose_{c.sfx(y)}({c.buf(x)}, {c.buf(w)}, {_bias(pn, c)}, {c.buf(y)}, "
+           f"({c.ctype(y)} *){c.scratch}, {N}, {C}, {c.shape(y)[1]}, {int(pn.kwargs.get('group') or 1)}, {g});")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling
+
+
+def _check_pool(pn):
+    why = _check_spatial(pn)
+    if why:
+        return why
+    kernel = ints(pn.kwargs.get("kernel_shape")) or []
+    if len(kernel) != len(pn.inputs[0].static_shape) - 2:
+        return f"kernel_shape {kernel} does not fit the input's spatial rank"
+    if len(pn.outputs) > 1 and pn.outputs[1].dtype != np.dtype(np.int64):
+        return "Indices output is not int64"
+    if len(pn.outputs) > 1 and pn.outputs[1].static_shape != pn.outputs[0].static_shape:
+        return "Indices shape differs from Y's"
+    if pn.outputs[0].dtype != pn.inputs[0].dtype:
+        return "output dtype differs from the input's"
+    return _check_out(pn, _window(pn, kernel).out)
+
+
+@c_kernel("MaxPool", dtypes=FLOATS | {np.dtype(np.int8), np.dtype(np.uint8)}, check=_check_pool)
+def max_pool(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
-    N, C, H, W = c.shape(x)
-    OH, OW = c.shape(y)[2:]
-    k = pn.kwargs
-    KH, KW = ints(k["kernel_shape"])
-    pads = ints(k.get("pads")) or [0, 0, 0, 0]
-    st = ints(k.get("strides")) or [1, 1]
-    if pn.op_type == "MaxPool":
-        dl = ints(k.get("dilations")) or [1, 1]
-        c.line(f"mt_maxpool2d_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {N * C}, {H}, {W}, {OH}, {OW}, {KH}, {KW}, "
-               f"{st[0]}, {st[1]}, {pads[0]}, {pads[1]}, {dl[0]}, {dl[1]});")
+    shape = c.shape(x)
+    win = _window(pn, ints(pn.kwargs["kernel_shape"]))
+    g = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    indices, istr = "0", "0"
+    if len(pn.outputs) > 1:
+        size = shape[2:]
+        # Flat positions: spatial axes row-major, or column-major with storage_order=1.
+        order = range(len(size)) if pn.kwargs.get("storage_order") else range(len(size) - 1, -1, -1)
+        steps, step = [0] * len(size), 1
+        for i in order:
+            steps[i] = step
+            step *= size[i]
+        indices, istr = f"(int64_t *){c.buf(pn.outputs[1])}", c.arr(_pad3(steps, 0))
+    c.line(f"mt_maxpool_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {indices}, {shape[0] * shape[1]}, {g}, {istr});")
+
+
+@c_kernel("AveragePool", "LpPool", dtypes=FLOATS, check=_check_pool)
+def average_pool(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    shape, k = c.shape(x), pn.kwargs
+    win = _window(pn, ints(k["kernel_shape"]))
+    g = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    if pn.op_type == "LpPool":
+        mode, p = 2, k.get("p", 2)
     else:
-        c.line(f"mt_avgpool2d_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {N * C}, {H}, {W}, {OH}, {OW}, {KH}, {KW}, "
-               f"{st[0]}, {st[1]}, {pads[0]}, {pads[1]}, {pads[2]}, {pads[3]}, "
-               f"{int(bool(k.get('count_include_pad', 0)))});")
+        mode, p = int(bool(k.get("count_include_pad"))), 1
+    c.line(f"mt_pool_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {shape[0] * shape[1]}, {g}, {mode}, "
+           f"{c.literal(p, y.dtype)});")
 
 
-@c_kernel("GlobalAveragePool", dtypes=FLOATS, check=same_types)
-def global_avgpool(pn, c):
+GLOBAL_POOLS = {"GlobalAveragePool": 0, "GlobalMaxPool": 1, "GlobalLpPool": 2}
+
+
+def _check_global_pool(pn):
+    if len(pn.inputs[0].static_shape) < 2:
+        return "input of rank < 2"
+    return same_types(pn)
+
+
+@c_kernel(*GLOBAL_POOLS, dtypes=FLOATS, check=_check_global_pool)
+def global_pool(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     s = c.shape(x)
-    c.line(f"mt_global_avgpool_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {s[0] * s[1]}, {prod(s[2:])});")
+    p = pn.kwargs.get("p", 2) if pn.op_type == "GlobalLpPool" else 1
+    c.line(f"mt_global_pool_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {s[0] * s[1]}, {prod(s[2:])}, "
+           f"{GLOBAL_POOLS[pn.op_type]}, {c.literal(p, y.dtype)});")
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization
 
 
 def _check_batchnorm(pn):
     k = pn.kwargs
     if len(pn.outputs) > 1 or k.get("training_mode") or (k.get("is_test") == 0 and "is_test" in pn.attributes):
         return "training mode"
+    C = pn.inputs[0].static_shape[1] if len(pn.inputs[0].static_shape) > 1 else 1
+    if any(prod(v.static_shape) != C for v in pn.inputs[1:5]):
+        return "parameters are not one value per channel (spatial=0)"
     return same_types(pn)
 
 
@@ -142,14 +332,166 @@ def batchnorm(pn, c):
            f"{c.literal(pn.kwargs.get('epsilon', 1e-5), y.dtype)});")
 
 
-@c_kernel("Softmax", "LogSoftmax", dtypes=FLOATS, check=same_types)
+def _layernorm_axis(pn) -> int:
+    rank = len(pn.inputs[0].static_shape)
+    return int(pn.kwargs.get("axis", -1)) % max(rank, 1)
+
+
+def _row_step(shape, inner_shape) -> int | None:
+    """1 when a parameter of ``shape`` covers the normalized dims ``inner_shape`` element for
+    element, 0 when it is one value, None otherwise (a partial broadcast C does not take)."""
+    n = prod(shape)
+    if n == 1:
+        return 0
+    if len(shape) <= len(inner_shape) and n == prod(inner_shape) and \
+            tuple(shape) == tuple(inner_shape[len(inner_shape) - len(shape):]):
+        return 1
+    return None
+
+
+def _check_layernorm(pn):
+    x = pn.inputs[0].static_shape
+    if not x:
+        return "0-d input"
+    inner = x[_layernorm_axis(pn):]
+    for i in (1, 2):
+        if _has(pn, i) and _row_step(pn.inputs[i].static_shape, inner) is None:
+            return f"{pn.inputs[i].name!r} {pn.inputs[i].static_shape} broadcasts partly over {tuple(inner)}"
+    if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs):
+        return "Mean/InvStdDev in another dtype than X"
+    return same_types(pn)
+
+
+@c_kernel("LayerNormalization", dtypes=FLOATS, check=_check_layernorm)
+def layernorm(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    s = c.shape(x)
+    axis = _layernorm_axis(pn)
+    inner = s[axis:]
+    ss = _row_step(c.shape(pn.inputs[1]), inner)
+    bs = _row_step(c.shape(pn.inputs[2]), inner) if _has(pn, 2) else 0
+    stats = [c.buf(o) if o.name else "0" for o in pn.outputs[1:3]] + ["0"] * (3 - len(pn.outputs))
+    c.line(f"mt_layernorm_{c.sfx(y)}({c.buf(x)}, {c.buf(pn.inputs[1])}, {_bias(pn, c)}, {c.buf(y)}, {stats[0]}, "
+           f"{stats[1]}, {prod(s[:axis])}, {prod(inner)}, {ss}, {bs}, {float(pn.kwargs.get('epsilon', 1e-5))!r});")
+
+
+def _check_channel_norm(pn):
+    x = pn.inputs[0].static_shape
+    if len(x) < 2:
+        return "input of rank < 2"
+    if pn.op_type == "GroupNormalization":
+        G = int(pn.kwargs["num_groups"])
+        if G < 1 or x[1] % G:
+            return f"num_groups={G} does not divide {x[1]} channels"
+        want = x[1] if pn.opset >= 21 else G
+    else:
+        want = x[1]
+    if any(prod(v.static_shape) != want for v in pn.inputs[1:3]):
+        return f"scale and bias are not {want} values"
+    return same_types(pn)
+
+
+@c_kernel("InstanceNormalization", "GroupNormalization", dtypes=FLOATS, check=_check_channel_norm)
+def channel_norm(pn, c):
+    x, scale, bias = pn.inputs[:3]
+    y, s = pn.outputs[0], c.shape(x)
+    G = int(pn.kwargs["num_groups"]) if pn.op_type == "GroupNormalization" else s[1]
+    per_group = int(pn.op_type == "GroupNormalization" and pn.opset < 21)
+    c.line(f"mt_groupnorm_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, {c.buf(bias)}, {c.buf(y)}, {s[0]}, {G}, "
+           f"{s[1] // G}, {prod(s[2:])}, {per_group}, {float(pn.kwargs.get('epsilon', 1e-5))!r});")
+
+
+def _check_lrn(pn):
+    if len(pn.inputs[0].static_shape) < 2:
+        return "input of rank < 2"
+    return same_types(pn)
+
+
+@c_kernel("LRN", dtypes=FLOATS, check=_check_lrn)
+def lrn(pn, c):
+    x, y, k = pn.inputs[0], pn.outputs[0], pn.kwargs
+    s = c.shape(x)
+    c.line(f"mt_lrn_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {s[0]}, {s[1]}, {prod(s[2:])}, {int(k['size'])}, "
+           f"{float(k.get('alpha', 1e-4))!r}, {float(k.get('beta', 0.75))!r}, {float(k.get('bias', 1.0))!r});")
+
+
+def _mvn_axes(pn) -> list[int]:
+    rank = len(pn.inputs[0].static_shape)
+    axes = ints(pn.kwargs.get("axes"))
+    return sorted({a % rank for a in (axes if axes is not None else [0, 2, 3])})
+
+
+def _check_mvn(pn):
+    rank = len(pn.inputs[0].static_shape)
+    axes = ints(pn.kwargs.get("axes"))
+    if rank == 0 or any(not -rank <= a < rank for a in (axes if axes is not None else [0, 2, 3])):
+        return f"axes out of range for rank {rank}"
+    return same_types(pn)
+
+
+def _mvn_scratch(pn) -> int:
+    shape = pn.inputs[0].static_shape
+    return 2 * 8 * prod(d for i, d in enumerate(shape) if i not in _mvn_axes(pn))
+
+
+@c_kernel("MeanVarianceNormalization", dtypes=FLOATS, check=_check_mvn, scratch=_mvn_scratch)
+def mvn(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    shape, axes = c.shape(x), _mvn_axes(pn)
+    kept = [d if i not in axes else 1 for i, d in enumerate(shape)]
+    gstr = [0 if i in axes else st for i, st in enumerate(_contiguous(kept))]
+    c.line(f"mt_mvn_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, (double *){c.scratch}, {len(shape)}, {c.arr(shape)}, "
+           f"{c.arr(gstr)}, {prod(kept)}, {prod(shape[i] for i in axes)});")
+
+
+def _contiguous(shape) -> list[int]:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return out[::-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax family, Dropout
+
+SOFTMAX_MODES = {"Softmax": 0, "LogSoftmax": 1, "Hardmax": 2}
+
+
+@c_kernel(*SOFTMAX_MODES, dtypes=FLOATS, check=same_types)
 def softmax(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     s = c.shape(x)
     axis = pn.kwargs.get("axis", -1 if pn.opset >= 13 else 1) % max(len(s), 1)
     if pn.opset >= 13:
         outer, mid, inner = prod(s[:axis]), s[axis] if s else 1, prod(s[axis + 1:])
-    else:
+    else:  # before 13 the input is coerced to 2-D [prod(shape[:axis]), prod(shape[axis:])]
         outer, mid, inner = prod(s[:axis]), prod(s[axis:]), 1
-    c.line(f"mt_softmax_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {outer}, {mid}, {inner}, "
-           f"{int(pn.op_type == 'LogSoftmax')});")
+    c.line(f"mt_softmax_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {outer}, {mid}, {inner}, {SOFTMAX_MODES[pn.op_type]});")
+
+
+def _check_dropout(pn):
+    k = pn.kwargs
+    if pn.opset < 7 and not k.get("is_test"):
+        return "training mode (is_test=0)"
+    if _has(pn, 2) and bool(np.asarray(pn.inputs[2].value).reshape(-1)[0]):
+        return "training mode"
+    if pn.outputs[0].dtype != pn.inputs[0].dtype:
+        return "output dtype differs from the input's"
+    if len(pn.outputs) > 1 and pn.outputs[1].dtype not in FLOATS | {np.dtype(np.bool_)}:
+        return f"mask of dtype {pn.outputs[1].dtype}"
+    return None
+
+
+# In inference Dropout is the identity and its mask all true (ones before opset 10).
+@c_kernel("Dropout", check=_check_dropout, folded=(2,), alias=True)
+def dropout(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    if c.buf(x) != c.buf(y):
+        c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
+    if len(pn.outputs) > 1 and pn.outputs[1].name:
+        mask = pn.outputs[1]
+        if mask.dtype == np.dtype(np.bool_):
+            c.line(f"memset({c.buf(mask)}, 1, {c.numel(mask)});")
+        else:
+            c.line(f"mt_fill_one_{c.sfx(mask)}({c.buf(mask)}, {c.numel(mask)});")
