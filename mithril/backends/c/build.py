@@ -1,6 +1,12 @@
 """Building generated C: the system compiler (``CC``, default ``cc``), a shared library cached
 on disk by a hash of the source, the kernel library, the compiler's version and the flags
-(``MITHRIL_CACHE_DIR``, else the user cache dir), loaded with ctypes."""
+(``MITHRIL_CACHE_DIR``, else the user cache dir), loaded with ctypes.
+
+BLAS is optional: when the ``scipy-openblas32`` wheel is installed (``pip install
+'mithril[blas]'``), libraries are linked against it and built with ``MT_BLAS``, so large GEMMs
+call ``cblas_?gemm`` (lib/mt_gemm.h); without it the kernel library's own blocked GEMM runs.
+``MITHRIL_C_BLAS=0`` turns it off, ``MITHRIL_C_BLAS=1`` requires it (``build_library(blas=...)``
+overrides the variable)."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ...errors import MithrilError
+from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
 
 LIB_DIR = Path(__file__).parent / "lib"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-Wall", "-Wextra")
@@ -51,6 +57,43 @@ def cache_dir() -> Path:
     return Path(base) / "mithril" / "c"
 
 
+_BLAS_OFF = ("0", "off", "false", "no")
+_BLAS_ON = ("1", "on", "true", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def _openblas() -> tuple[tuple[str, ...], tuple[str, ...], str] | None:
+    try:
+        import scipy_openblas32 as ob
+    except ImportError:
+        return None
+    lib_dir = ob.get_lib_dir()
+    cflags = ("-DMT_BLAS", f"-I{ob.get_include_dir()}")
+    ldflags = (f"-L{lib_dir}", f"-l{ob.get_library()}", f"-Wl,-rpath,{lib_dir}")
+    return cflags, ldflags, f"scipy-openblas32 {getattr(ob, '__version__', '?')}"
+
+
+def blas_flags(blas: bool | None = None) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """(compile flags, link flags, label) for BLAS: ``((), (), "")`` when it is not used.
+    ``blas``: True requires scipy-openblas32, False never links it, None (the default) reads
+    ``MITHRIL_C_BLAS`` and links it when installed."""
+    if blas is None:
+        env = os.environ.get("MITHRIL_C_BLAS", "").strip().lower()
+        if env and env not in _BLAS_OFF + _BLAS_ON + ("auto",):
+            raise BackendOptionError(f"MITHRIL_C_BLAS={env!r}: expected one of 0, 1, auto (unset means auto)")
+        blas = False if env in _BLAS_OFF else True if env in _BLAS_ON else None
+    if blas is False:
+        return (), (), ""
+    found = _openblas()
+    if found is None:
+        if blas:
+            raise BackendUnavailableError("CBackend: BLAS was asked for (blas=True or MITHRIL_C_BLAS=1) and scipy-openblas32 "
+                               "is not installed: pip install scipy-openblas32 (or \"mithril[blas]\"), or leave BLAS "
+                               "off (the kernel library's own GEMM)")
+        return (), (), ""
+    return found
+
+
 def library_key(source: str, cc: tuple[str, ...], flags: tuple[str, ...]) -> str:
     """The cache key: source, every kernel-library file, compiler version and flags."""
     h = hashlib.sha256()
@@ -67,10 +110,11 @@ def library_key(source: str, cc: tuple[str, ...], flags: tuple[str, ...]) -> str
 BUILDS = {"count": 0}
 
 
-def build_library(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
-    """The shared library of ``source``, from the cache or built now."""
+def build_library(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None = None) -> Path:
+    """The shared library of ``source``, from the cache or built now; ``blas`` as in :func:`blas_flags`."""
     cc = tuple(compiler())
-    key = library_key(source, cc, flags)
+    cflags, ldflags, blas_label = blas_flags(blas)
+    key = library_key(source, cc, (*flags, *cflags, *ldflags, blas_label))
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"mithril_{key}.so"
@@ -81,7 +125,7 @@ def build_library(source: str, flags: tuple[str, ...] = FLAGS) -> Path:
         src.write_text(source)
         out = Path(tmp) / target.name
         BUILDS["count"] += 1
-        done = subprocess.run([*cc, *flags, f"-I{LIB_DIR}", "-o", str(out), str(src), "-lm"],
+        done = subprocess.run([*cc, *flags, *cflags, f"-I{LIB_DIR}", "-o", str(out), str(src), *ldflags, "-lm"],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise CCompilerError(f"CBackend: the C compiler refused the generated source "
@@ -94,4 +138,4 @@ def load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-__all__ = ["BUILDS", "CCompilerError", "build_library", "cache_dir", "compiler", "load_library"]
+__all__ = ["BUILDS", "CCompilerError", "blas_flags", "build_library", "cache_dir", "compiler", "load_library"]

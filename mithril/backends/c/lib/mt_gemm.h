@@ -31,6 +31,20 @@
 
 #ifdef MT_BLAS
 #include <cblas.h> /* scipy-openblas32 prefixes its symbols: scipy_cblas_sgemm */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* OpenBLAS keeps its own thread pool: give it the OpenMP thread count the model runs with. */
+static inline void mt_blas_threads(void) {
+#ifdef _OPENMP
+    static _Thread_local int set = 0;
+    int n = omp_get_max_threads();
+    if (n != set) {
+        scipy_openblas_set_num_threads(n);
+        set = n;
+    }
+#endif
+}
 #ifndef MT_BLAS_MIN
 #define MT_BLAS_MIN (64L * 64 * 64) /* M*N*K from which the BLAS call pays for itself */
 #endif

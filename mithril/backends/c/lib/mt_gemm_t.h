@@ -3,7 +3,7 @@
  *
  * Y[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] (+ beta * C broadcast). A(i,k) = A[i*ar + k*ac],
  * B(k,j) = B[k*br + j*bc], C (may be NULL) C(i,j) = C[i*cr + j*cc]; Y is C-contiguous and shares
- * no memory with A or B (C may be Y itself: each element is read before it is written). */
+ * no memory with A, B or C. */
 
 #define MT_GEMM_NR ((mt_i)(2 * MT_GEMM_VBYTES / sizeof(T))) /* two vectors of T */
 #define MT_GEMM_NC (MT_GEMM_NR * MT_GEMM_NBLK)
@@ -148,6 +148,7 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
         mt_i lda = ta ? ac : ar, ldb = tb ? bc : br;
         if ((!ta || ar == 1) && (!tb || br == 1) && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && lda >= 1 &&
             ldb >= 1 && lda < 0x7fffffff && ldb < 0x7fffffff) {
+            mt_blas_threads();
             MT_CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                           (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, (T)0, Y, (int)N);
             if (C)
