@@ -177,3 +177,27 @@ def test_validate_all_lists_c(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("│ c "))
     assert "output" in row and "[2, 4]" in row and row.rstrip().endswith("pass   │")
+
+
+def test_a_0d_constant_reaches_a_numpy_node_as_0d():
+    """A scalar initializer read by a node NumPy runs keeps its shape () (a 0-d constant once
+    came through as [1], and a Loop's trip count then grew every loop-carried value a dim)."""
+    seen = []
+
+    def rank_probe(x, c):
+        seen.append(np.shape(c))
+        return x + c
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("rank_probe", ["r", "c"], ["y"], domain="mithril.custom")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                          initializer=[onnx.numpy_helper.from_array(np.array(2.0, np.float32), "c")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mithril.custom", 1)])
+    with ml.scoped_ops():
+        ml.register_op("rank_probe", rank_probe)
+        with pytest.warns(CFallbackWarning, match="rank_probe"):
+            pm = ml.compile(ml.load_onnx(model), ml.CBackend(), inference=True, constant_keys=["c"])
+        y = pm.evaluate({}, {"x": np.array([-1.0, 0.0, 1.0], np.float32)})["y"]
+    assert seen == [()]
+    np.testing.assert_array_equal(y, [2.0, 2.0, 3.0])

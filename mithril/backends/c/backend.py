@@ -54,7 +54,8 @@ class CProgram:
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 self._segments[step.index] = fn
         # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
-        self._constants = {v: np.ascontiguousarray(v.value) for v in self.plan.constants}
+        # (np.ascontiguousarray would make a 0-d constant 1-d: np.require keeps the shape.)
+        self._constants = {v: np.require(v.value, requirements="C") for v in self.plan.constants}
 
     @property
     def forward(self):
@@ -100,7 +101,7 @@ class CProgram:
                 raise MithrilError(f"CBackend: {v.name!r} must be a {v.dtype} array of shape {v.static_shape} "
                                    f"(the shape it was compiled for), got {got}")
             if not arr.flags.c_contiguous:
-                arr = np.ascontiguousarray(arr)  # a NumPy fallback node's strided view
+                arr = np.require(arr, requirements="C")  # a NumPy fallback node's strided view
             buffers.append(arr)
         for v in seg.outputs:
             out = np.empty(v.static_shape, dtype=v.dtype)
