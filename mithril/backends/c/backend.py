@@ -131,7 +131,7 @@ class CBackend(NumpyBackend):
     """
 
     name = "c"
-    supports_gradients = False
+    supports_gradients = True  # the gradient program rendered as C (grad.py)
     jit_by_default = False
 
     def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *,
@@ -191,11 +191,20 @@ class CBackend(NumpyBackend):
                         rendered.failures)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
-        raise MithrilError("CBackend does not compute gradients yet (C gradients are issue 18's Must 5); "
-                           "compile with inference=True, or train on NumpyBackend")
+        """The gradient program in C (:mod:`.grad`): the forward nodes, then each node's backward
+        as C kernel calls, cotangents in the arena too; backward rules without a C kernel run on
+        NumPy's (warned once, refused with ``fallback=None``). Every forward value a rule reads
+        is kept, so ``gradient_checkpointing`` recomputes nothing here."""
+        from .grad import lower_gradients
+
+        return lower_gradients(plan, diff_names, fallback=self.fallback, num_threads=self.num_threads,
+                               file_path=file_path)
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
-        raise MithrilError("CBackend does not compute gradients yet (C gradients are issue 18's Must 5)")
+        if program.backward is None:
+            raise MithrilError("CBackend computes gradients with the program compile builds; "
+                               "this model has none (compiled with inference=True?)")
+        return program.backward.for_names(list(diff_params) + list(diff_data)).run(params, data, output_gradients)
 
 
 __all__ = ["CBackend", "CFallbackWarning", "CKernelMissingError"]

@@ -1,0 +1,755 @@
+"""C gradients: the gradient program of a lowering plan, rendered as C.
+
+:func:`lower_gradients` takes the same plan :func:`~mithril.backends.c.render.render` prints and
+the schedule NumPy's gradient program runs (:func:`~mithril.backends.vjp.plan_gradients`: the
+forward nodes, then each node's vector-Jacobian rule, newest first) and flattens it into items:
+
+- ``forward``: a forward node, printed by its C rule (:mod:`.ops`);
+- ``rule``: a node's backward, printed by its rule here (:data:`GRAD_KERNELS`, registered with
+  :func:`grad_kernel`), writing the gradient of each wanted input into a buffer of its own;
+- ``sum``: two gradients of one value added (a value read by several nodes).
+
+Every value, cotangents included, is written once, so the items partition into C segments and
+share one arena exactly like the forward program: a forward value lives until its last reader,
+forward or backward, and a gradient until the rule (or sum) that reads it. Items without a C
+rule run on NumPy between segments (the forward kernels, NumPy's vjp rules), warned once with
+``fallback="numpy"``, refused at compile with ``fallback=None``. The C kernels are in
+``lib/mt_grad.h``.
+
+    >>> import mithril as ml
+    >>> from mithril.models import Linear
+    >>> pm = ml.compile(Linear(2), ml.CBackend(), shapes={"input": [4, 3]}, trainable_keys={"weight"})
+    >>> out, grads = pm.evaluate(data={"input": ml.CBackend().ones(4, 3)},
+    ...                          output_gradients={"output": ml.CBackend().ones(4, 2)})
+    >>> grads["weight"].shape
+    (3, 2)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ...errors import MithrilError, NodeError
+from ..plan import Plan, PlanNode, PlanValue
+from ..vjp.program import RuleStep, plan_gradients
+from .backend import CKernelMissingError, CProgram
+from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides, text
+from .render import Segment, _plan_arena, _Renderer, _scratch_bytes, _tensor_inputs, why_not_c
+
+# ---------------------------------------------------------------------------------------------
+# Items of the gradient program
+
+
+@dataclass(eq=False)
+class Item:
+    """One step of the flattened gradient program (see the module docstring)."""
+
+    kind: str  # "forward" | "rule" | "sum"
+    node: PlanNode | None = None
+    rule: RuleStep | None = None
+    cot: tuple = ()  # rule: the cotangent value of each node output (None: none reaches it)
+    grads: tuple = ()  # rule: the gradient value written for each node input (None: not wanted)
+    reads: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "sum":
+            return f"sum of gradients ({self.writes[0].name})"
+        return self.node.label + (" (backward)" if self.kind == "rule" else "")
+
+    # What a rule's emit reads: the cotangent of output 0, input k, its gradient.
+    @property
+    def g(self) -> PlanValue:
+        return self.cot[0]
+
+    def x(self, k: int) -> PlanValue | None:
+        ins = self.node.inputs
+        return ins[k] if k < len(ins) else None
+
+    def dx(self, k: int) -> PlanValue | None:
+        return self.grads[k] if k < len(self.grads) else None
+
+    @property
+    def kwargs(self) -> dict:
+        return self.node.kwargs
+
+
+@dataclass(frozen=True)
+class GradKernel:
+    """One op's backward in C: ``emit(item, c)`` prints the calls, ``check(item)`` says why an
+    item cannot run in C (None when it can), ``scratch(item)`` the arena bytes it borrows."""
+
+    op_type: str
+    domain: str
+    emit: Callable[[Item, Emitter], None]
+    check: Callable[[Item], str | None] | None
+    scratch: Callable[[Item], int] | None
+
+
+GRAD_KERNELS: dict[tuple[str, str], GradKernel] = {}
+
+
+def grad_kernel(*op_types: str, domain: str = "", check=None, scratch=None):
+    """Register ``emit`` as the C backward of each of ``op_types``."""
+
+    def register(emit):
+        for op in op_types:
+            if (domain, op) in GRAD_KERNELS:
+                raise ValueError(f"C backward kernel for {domain or 'ai.onnx'}::{op} registered twice")
+            GRAD_KERNELS[(domain, op)] = GradKernel(op, domain, emit, check, scratch)
+        return emit
+
+    return register
+
+
+def why_not_c_item(item: Item) -> str | None:
+    """Why ``item`` cannot run in C; None when it can."""
+    if item.kind == "forward":
+        return why_not_c(item.node)
+    if item.kind == "sum":
+        return None if item.writes[0].dtype in FLOATS else f"dtype {item.writes[0].dtype}"
+    pn = item.node
+    rule = GRAD_KERNELS.get((pn.domain, pn.op_type))
+    if rule is None or pn.subgraphs:
+        return "no C backward kernel"
+    if any(c is not None for c in item.cot[1:]):
+        return "a cotangent reaches an output other than the first"
+    if item.cot[0] is None:
+        return "no cotangent reaches the first output"
+    wanted = [v for v, d in zip(pn.inputs, item.grads) if d is not None]
+    if len(set(wanted)) != len(wanted) or any(
+            v is not None and v in wanted and d is None and item.rule.needs[k]
+            for k, (v, d) in enumerate(zip(pn.inputs, item.grads))):
+        return "one value at several wanted inputs"
+    for v in list(item.rule.reads) + list(item.cot[:1]):
+        if v.static_shape is None:
+            return f"shape of {v.name!r} not fixed"
+        if v.dtype not in C_TYPES:
+            return f"dtype {v.dtype} of {v.name!r}"
+    if item.g.dtype not in FLOATS:
+        return f"dtype {item.g.dtype} (the C backward kernels are float32 and float64)"
+    return rule.check(item) if rule.check is not None else None
+
+
+def _item_scratch(item: Item) -> int:
+    if item.kind == "forward":
+        return _scratch_bytes(item.node)
+    if item.kind == "rule":
+        rule = GRAD_KERNELS[(item.node.domain, item.node.op_type)]
+        return rule.scratch(item) if rule.scratch is not None else 0
+    return 0
+
+
+def _items(gp) -> tuple[list[Item], dict[PlanValue, PlanValue], dict[PlanValue, PlanValue]]:
+    """The flattened program, the cotangent value of each differentiated plan output, and the
+    final gradient value of each value that has one."""
+    ids = itertools.count(-1, -1)  # gradient values: ids no plan value has
+
+    def new(v: PlanValue, what: str) -> PlanValue:
+        return PlanValue(next(ids), f"{what}({v.name})", v.shape, v.dtype, "node")
+
+    items: list[Item] = []
+    grad_of: dict[PlanValue, PlanValue] = {}
+    cotangents: dict[PlanValue, PlanValue] = {}
+    for step in gp.steps:
+        if step.kind == "forward":
+            pn = step.node
+            reads = _tensor_inputs(pn) if why_not_c(pn) is None else [v for v in pn.inputs if v is not None]
+            items.append(Item("forward", node=pn, reads=reads, writes=list(pn.outputs)))
+        elif step.kind == "cotangents":
+            for v in gp.plan.outputs:
+                if v in gp.useful and v not in grad_of:
+                    grad_of[v] = cotangents[v] = new(v, "cotangent")
+        elif step.kind == "rule":
+            pn, rule = step.node, step.rule
+            cot = tuple(grad_of.get(o) for o in pn.outputs)
+            grads, seen = [], set()
+            for k, v in enumerate(pn.inputs):
+                if v is not None and rule.needs[k] and v not in seen:
+                    grads.append(new(v, "grad"))
+                    seen.add(v)
+                else:
+                    grads.append(None)
+            item = Item("rule", node=pn, rule=rule, cot=cot, grads=tuple(grads),
+                        reads=list(dict.fromkeys([c for c in cot if c is not None] + list(rule.reads))),
+                        writes=[d for d in grads if d is not None])
+            items.append(item)
+            for v, d in zip(pn.inputs, grads):
+                if d is None:
+                    continue
+                if v in grad_of:
+                    total = new(v, "grad")
+                    items.append(Item("sum", reads=[grad_of[v], d], writes=[total]))
+                    grad_of[v] = total
+                else:
+                    grad_of[v] = d
+        elif step.kind == "recompute":
+            raise MithrilError("CBackend keeps every forward value for the gradients (no gradient checkpointing)")
+    return items, cotangents, grad_of
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+class _GradRenderer(_Renderer):
+    def item(self, item: Item, buf, scratch: str | None) -> None:
+        if item.kind == "forward":
+            self.node(item.node, buf, scratch)
+            return
+        c = Emitter(self, buf, scratch)
+        if item.kind == "sum":
+            a, b = item.reads
+            y = item.writes[0]
+            self.lines.append(f"    /* {item.label} */")
+            c.line(f"mt_grad_add_{c.sfx(y)}({c.buf(a)}, {c.buf(b)}, {c.buf(y)}, {c.numel(y)});")
+            return
+        pn = item.node
+        self.lines.append(f"    /* {pn.label} ({pn.op_type} backward) */")
+        before = len(self.problems)
+        GRAD_KERNELS[(pn.domain, pn.op_type)].emit(item, c)
+        self.failures += [(pn, f"{p} (backward)") for p in self.problems[before:]]
+
+
+@dataclass
+class GradientSource:
+    source: str
+    steps: list
+    arena_bytes: int
+    naive_bytes: int
+    fallback: list[Item]
+    failures: list
+
+
+def render_gradients(plan: Plan, items: list[Item], final: list[PlanValue]) -> GradientSource:
+    """The items as C segments ``seg<k>`` (C-able runs) and NumPy steps; ``final`` are the values
+    returned to Python (outputs, gradients)."""
+    r = _GradRenderer(plan)
+    steps: list = []
+    fallback: list[Item] = []
+    for item in items:
+        if why_not_c_item(item) is None:
+            if not steps or not isinstance(steps[-1], Segment):
+                steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), []))
+            steps[-1].nodes.append(item)
+        else:
+            steps.append(item)
+            if item.kind == "rule":
+                fallback.append(item)
+    readers: dict[PlanValue, list[int]] = {}
+    for i, step in enumerate(steps):
+        for item in step.nodes if isinstance(step, Segment) else [step]:
+            for v in item.reads:
+                readers.setdefault(v, []).append(i)
+    kept = set(final)
+    r.lines += ["/* Generated by Mithril's C backend: a training step's forward and backward, one function per C "
+                "segment. */", '#include "mithril_kernels.h"', '#include "mt_grad.h"', "",
+                "#ifdef _OPENMP", "#include <omp.h>",
+                "void mt_set_threads(int n) { omp_set_num_threads(n); }",
+                "#else", "void mt_set_threads(int n) { (void)n; }", "#endif", ""]
+    arena_bytes, naive = 0, 0
+    for si, step in enumerate(steps):
+        if not isinstance(step, Segment):
+            continue
+        produced = {w for item in step.nodes for w in item.writes}
+        seen: set[PlanValue] = set()
+        for item in step.nodes:
+            for v in item.reads:
+                if v not in produced and v not in seen:
+                    seen.add(v)
+                    step.inputs.append(v)
+        for item in step.nodes:
+            for w in item.writes:
+                if w in kept or any(i > si for i in readers.get(w, [])):
+                    step.outputs.append(w)
+        io = {v: f"(({C_TYPES[v.dtype][0]} *)io[{i}])" for i, v in enumerate(step.inputs + step.outputs)}
+        life: dict[object, list[int]] = {}
+        sizes: dict[object, int] = {}
+        for j, item in enumerate(step.nodes):
+            for v in item.reads:
+                if v in life:
+                    life[v][1] = j
+            for w in item.writes:
+                if w not in io and w not in life:
+                    life[w] = [j, j]
+                    sizes[w] = prod(w.static_shape) * w.dtype.itemsize
+            if _item_scratch(item):
+                life[("scratch", j)] = [j, j]
+                sizes[("scratch", j)] = _item_scratch(item)
+        offsets, size = _plan_arena([(key, sizes[key], f, l) for key, (f, l) in life.items()])
+        arena_bytes = max(arena_bytes, size)
+        naive += sum(sizes.values())
+
+        def buf(v, io=io, offsets=offsets):
+            if v in io:
+                return io[v]
+            return f"(({C_TYPES[v.dtype][0]} *)(arena + {offsets[v]}))"
+
+        r.lines.append(f"int seg{step.index}(void *const *io, char *arena) {{")
+        r.lines.append("    (void)io; (void)arena;")
+        for j, item in enumerate(step.nodes):
+            scratch = f"(arena + {offsets[('scratch', j)]})" if _item_scratch(item) else None
+            r.item(item, buf, scratch)
+        r.lines += ["    return 0;", "}", ""]
+    return GradientSource("\n".join(r.lines) + "\n", steps, arena_bytes, naive, fallback, r.failures)
+
+
+# ---------------------------------------------------------------------------------------------
+# The program
+
+
+@dataclass
+class CGradientProgram(CProgram):
+    """``run(params, data, cotangents) -> (outputs, gradients)``: a training step's forward and
+    backward, as C segments and NumPy steps. ``for_names`` lowers (and caches) the program of
+    another set of differentiated names from the same plan."""
+
+    diff_names: tuple = ()
+    cotangent_values: dict = field(default_factory=dict)
+    grad_values: dict = field(default_factory=dict)  # differentiated name -> its gradient value
+    relower: Any = None
+    _others: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def code(self) -> str:
+        return self.source
+
+    def for_names(self, names) -> CGradientProgram:
+        names = tuple(names)
+        if set(names) == set(self.diff_names):
+            return self
+        key = tuple(sorted(names))
+        if key not in self._others:
+            self._others[key] = self.relower(names)
+        return self._others[key]
+
+    def run(self, params: dict, data: dict, cotangents: dict | None = None):  # type: ignore[override]
+        if self.num_threads is not None:
+            self.library.mt_set_threads(self.num_threads)
+        cotangents = cotangents or {}
+        env: dict = {}
+        for v in self.plan.inputs:
+            env[v] = params[v.name] if v.kind == "param" else data[v.name]
+        for v in self.plan.params:
+            env.setdefault(v, params[v.name])
+        for v, cv in self.cotangent_values.items():
+            g = cotangents.get(v.name)
+            g = np.zeros(cv.static_shape, cv.dtype) if g is None else np.asarray(g, dtype=cv.dtype)
+            env[cv] = np.ascontiguousarray(np.broadcast_to(g, cv.static_shape))
+        for step in self.steps:
+            if hasattr(step, "nodes"):
+                self._run_segment(step, env)
+            else:
+                self._run_numpy(step, env)
+        outputs = {v.name: self._read(v, env) for v in self.plan.outputs}
+        grads = {}
+        for name in self.diff_names:
+            gv = self.grad_values.get(name)
+            if gv is not None:
+                grads[name] = env[gv]
+            else:
+                grads[name] = np.zeros_like(np.asarray(params[name] if name in params else data[name]))
+        return outputs, grads
+
+    def _run_numpy(self, item: Item, env: dict) -> None:
+        pn = item.node
+        try:
+            if item.kind == "sum":
+                a, b = item.reads
+                env[item.writes[0]] = env[a] + env[b]
+            elif item.kind == "forward":
+                args = [None if v is None else self._read(v, env) for v in pn.inputs]
+                for o, r in zip(pn.outputs, self._interpreter.run_node(pn, args, env)):
+                    env[o] = r
+            else:
+                rule = item.rule
+                g = (tuple(None if c is None else env[c] for c in item.cot) if pn.multi_output
+                     else env[item.cot[0]])
+                kwargs = dict(rule.kwargs)
+                if "y" in rule.spec.accepts:
+                    kwargs["y"] = self._read(pn.outputs[0], env)
+                if "outputs" in rule.spec.accepts:
+                    kwargs["outputs"] = tuple(self._read(o, env) for o in pn.outputs)
+                args = [None if v is None else self._read(v, env) for v in pn.inputs]
+                result = rule.spec.fn(g, *args, **kwargs)
+                for k, d in enumerate(item.grads):
+                    if d is None:
+                        continue
+                    parts = [result[j] for j in range(k, len(pn.inputs))
+                             if pn.inputs[j] is pn.inputs[k] and rule.needs[j] and result[j] is not None]
+                    total = sum(parts[1:], parts[0]) if parts else np.zeros(d.static_shape or np.shape(args[k]), d.dtype)
+                    env[d] = np.asarray(total, dtype=d.dtype)
+        except MithrilError:
+            raise
+        except Exception as exc:
+            ins = [v for v in pn.inputs if v is not None] if pn is not None else item.reads
+            raise NodeError(f"CBackend gradients: {item.label} failed on NumPy: {type(exc).__name__}: {exc}",
+                            node=pn.label if pn else None, op_type=pn.op_type if pn else None,
+                            opset=pn.opset if pn else None, shapes=[v.shape for v in ins],
+                            dtypes=[str(v.dtype) for v in ins]) from exc
+
+
+def lower_gradients(plan: Plan, diff_names, *, fallback: str | None = "numpy", num_threads: int | None = None,
+                    file_path: str | None = None, warn: bool = True) -> CGradientProgram:
+    """The gradient program of ``plan`` for ``diff_names`` as C (see the module docstring)."""
+    from .backend import CFallbackWarning
+    from .build import build_library, load_library
+
+    gp = plan_gradients(plan, diff_names)
+    items, cotangents, grad_of = _items(gp)
+    grad_values = {name: grad_of[v] for name, v in gp.sources.items() if v in grad_of}
+    final = list(plan.outputs) + list(grad_values.values())
+    rendered = render_gradients(plan, items, final)
+    if rendered.fallback:
+        listed = ", ".join(f"{it.node.label} ({it.node.op_type}: {why_not_c_item(it)})" for it in rendered.fallback)
+        if fallback is None:
+            raise CKernelMissingError(f"CBackend(fallback=None): {len(rendered.fallback)} node(s) have no C backward "
+                                      f"kernel: {listed}")
+        if warn:
+            from ..backend import warn_user
+
+            warn_user(f"CBackend: the backward of {len(rendered.fallback)} node(s) runs on NumPy (no C backward "
+                      f"kernel): {listed}", CFallbackWarning)
+    library = build_library(rendered.source)
+    if file_path:
+        path = file_path[:-3] + ".c" if file_path.endswith(".py") else file_path
+        with open(path, "w") as f:
+            f.write(rendered.source)
+    return CGradientProgram(
+        rendered.source, file_path or "<mithril-c-gradients>", rendered.steps, rendered.arena_bytes,
+        rendered.naive_bytes, [it.node for it in rendered.fallback], load_library(library), num_threads, plan,
+        rendered.failures, diff_names=gp.diff_names, cotangent_values=cotangents, grad_values=grad_values,
+        relower=lambda names: lower_gradients(plan, names, fallback=fallback, num_threads=num_threads, warn=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward kernels, per op family
+
+
+def _floats_only(item: Item) -> str | None:
+    for k, d in enumerate(item.grads):
+        if d is not None and item.x(k).dtype != item.g.dtype:
+            return f"input {item.x(k).name!r} is {item.x(k).dtype}, the cotangent {item.g.dtype}"
+    return None
+
+
+def _only_first(item: Item) -> str | None:
+    if any(d is not None for d in item.grads[1:]):
+        return "a gradient wanted for an input other than the first"
+    return _floats_only(item)
+
+
+@grad_kernel("Relu", check=_only_first)
+def relu_grad(item, c):
+    g, x, dx = item.g, item.x(0), item.dx(0)
+    c.line(f"mt_grad_relu_{c.sfx(g)}({c.buf(g)}, {c.buf(x)}, {c.buf(dx)}, {c.numel(dx)});")
+
+
+@grad_kernel("Tanh", "Sigmoid", "Exp", check=_only_first)
+def from_output_grad(item, c):
+    g, y, dx = item.g, item.node.outputs[0], item.dx(0)
+    name = {"Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp"}[item.node.op_type]
+    c.line(f"mt_grad_{name}_{c.sfx(g)}({c.buf(g)}, {c.buf(y)}, {c.buf(dx)}, {c.numel(dx)});")
+
+
+@grad_kernel("Neg", "Identity", check=_only_first)
+def scale_grad(item, c):
+    g, dx = item.g, item.dx(0)
+    s = -1 if item.node.op_type == "Neg" else 1
+    c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(s, g.dtype)});")
+
+
+@grad_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_only_first)
+def view_grad(item, c):
+    g, dx = item.g, item.dx(0)
+    c.line(f"mt_copy_bytes({c.buf(g)}, {c.buf(dx)}, {c.numel(dx) * dx.dtype.itemsize});")
+
+
+@grad_kernel("Transpose", check=_only_first)
+def transpose_grad(item, c):
+    g, x, dx = item.g, item.x(0), item.dx(0)
+    xs = c.shape(x)
+    perm = ints(item.kwargs.get("perm")) or list(range(len(xs)))[::-1]
+    st = strides(xs)
+    sx = [st[p] for p in perm]
+    shape = c.shape(g)
+    c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
+           f"{c.arr(shape)}, {c.arr([0] * len(shape))}, {c.arr(sx)}, {c.literal(1, g.dtype)});")
+
+
+def _check_binary(item):
+    y = item.node.outputs[0].static_shape
+    if tuple(item.g.static_shape) != tuple(y):
+        return "cotangent shape differs from the output's"
+    for k in (0, 1):
+        if len(item.x(k).static_shape) > len(y):
+            return "input of higher rank than the output"
+    return _floats_only(item)
+
+
+@grad_kernel("Add", "Sub", "Mul", check=_check_binary)
+def binary_grad(item, c):
+    g = item.g
+    shape = c.shape(g)
+    op = item.node.op_type
+    for k in (0, 1):
+        dx = item.dx(k)
+        if dx is None:
+            continue
+        x, other = item.x(k), item.x(1 - k)
+        s = -1 if (op == "Sub" and k == 1) else 1
+        if op != "Mul" and tuple(c.shape(x)) == tuple(shape):
+            c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(s, g.dtype)});")
+            continue
+        oth = c.buf(other) if op == "Mul" else "0"
+        so = broadcast_strides(c.shape(other), shape) if op == "Mul" else [0] * len(shape)
+        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {oth}, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
+               f"{c.arr(shape)}, {c.arr(so)}, {c.arr(broadcast_strides(c.shape(x), shape))}, "
+               f"{c.literal(s, g.dtype)});")
+
+
+# MatMul / MatMulAdd / Gemm: products of the cotangent with the other operand, through mt_gemm with
+# transposed strides (A(i,k) = A[i*ar + k*ac], B(k,j) = B[k*br + j*bc]).
+
+
+def _check_matmul(item):
+    a, b = item.x(0).static_shape, item.x(1).static_shape
+    if len(a) != 2 or len(b) != 2:
+        return f"MatMul of ranks {len(a)} and {len(b)} (the C backward takes 2-D operands)"
+    if item.node.op_type == "MatMulAdd" and prod(item.x(2).static_shape) != b[1]:
+        return "bias is not one row"
+    return _floats_only(item)
+
+
+def _gemm(c, t, A, B, Y, M, N, K, ar, ac, br, bc, alpha=1):
+    c.line(f"mt_gemm_{c.sfx(t)}({A}, {B}, 0, {Y}, {M}, {N}, {K}, {ar}, {ac}, {br}, {bc}, 0, 0, "
+           f"{c.literal(alpha, t)}, {c.literal(0, t)});")
+
+
+@grad_kernel("MatMul", check=_check_matmul)
+@grad_kernel("MatMulAdd", domain="ai.mithril", check=_check_matmul)
+def matmul_grad(item, c):
+    g, a, b = item.g, item.x(0), item.x(1)
+    (M, K), (_, N) = c.shape(a), c.shape(b)
+    t = g.dtype
+    if item.dx(0) is not None:  # dA[M,K] = G[M,N] @ B^T
+        _gemm(c, t, c.buf(g), c.buf(b), c.buf(item.dx(0)), M, K, N, N, 1, 1, N)
+    if item.dx(1) is not None:  # dB[K,N] = A^T @ G
+        _gemm(c, t, c.buf(a), c.buf(g), c.buf(item.dx(1)), K, N, M, 1, K, N, 1)
+    if item.dx(2) is not None:
+        c.line(f"mt_grad_colsum_{c.sfx(g)}({c.buf(g)}, {c.buf(item.dx(2))}, {M}, {N});")
+
+
+def _check_gemm(item):
+    if len(item.x(0).static_shape) != 2 or len(item.x(1).static_shape) != 2:
+        return "Gemm operands are not 2-D"
+    return _floats_only(item)
+
+
+@grad_kernel("Gemm", check=_check_gemm)
+def gemm_grad(item, c):
+    g, a, b = item.g, item.x(0), item.x(1)
+    k = item.kwargs
+    ta, tb = int(k.get("transA") or 0), int(k.get("transB") or 0)
+    alpha, beta = float(k.get("alpha", 1.0)), float(k.get("beta", 1.0))
+    M, N = c.shape(g)
+    K = c.shape(a)[0] if ta else c.shape(a)[1]
+    t = g.dtype
+    # op(B)(k, n) = B[k*obr + n*obc]
+    obr, obc = (1, K) if tb else (N, 1)
+    oar, oac = (1, M) if ta else (K, 1)  # op(A)(m, k) = A[m*oar + k*oac]
+    if item.dx(0) is not None:
+        if not ta:  # dA[M,K] = alpha G @ op(B)^T: B'(n, k) = op(B)(k, n)
+            _gemm(c, t, c.buf(g), c.buf(b), c.buf(item.dx(0)), M, K, N, N, 1, obc, obr, alpha)
+        else:  # dA[K,M] = alpha op(B) @ G^T
+            _gemm(c, t, c.buf(b), c.buf(g), c.buf(item.dx(0)), K, M, N, obr, obc, 1, N, alpha)
+    if item.dx(1) is not None:
+        if not tb:  # dB[K,N] = alpha op(A)^T @ G
+            _gemm(c, t, c.buf(a), c.buf(g), c.buf(item.dx(1)), K, N, M, oac, oar, N, 1, alpha)
+        else:  # dB[N,K] = alpha G^T @ op(A)
+            _gemm(c, t, c.buf(g), c.buf(a), c.buf(item.dx(1)), N, K, M, 1, N, oar, oac, alpha)
+    dc = item.dx(2)
+    if dc is not None:
+        shape = c.shape(g)
+        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, {c.buf(dc)}, {c.numel(dc)}, 2, {c.arr(shape)}, "
+               f"{c.arr([0, 0])}, {c.arr(broadcast_strides(c.shape(item.x(2)), shape))}, {c.literal(beta, t)});")
+
+
+def _softmax_split(item):
+    shape = item.x(0).static_shape
+    rank = len(shape)
+    axis = item.kwargs.get("axis")
+    if item.node.opset < 13:
+        axis = (1 if axis is None else int(axis)) % max(rank, 1)
+        return prod(shape[:axis]), prod(shape[axis:]), 1
+    axis = (-1 if axis is None else int(axis)) % max(rank, 1)
+    return prod(shape[:axis]), shape[axis] if rank else 1, prod(shape[axis + 1:])
+
+
+@grad_kernel("Softmax", "LogSoftmax", check=_only_first)
+def softmax_grad(item, c):
+    g, y, dx = item.g, item.node.outputs[0], item.dx(0)
+    outer, n, inner = _softmax_split(item)
+    c.line(f"mt_grad_softmax_{c.sfx(g)}({c.buf(g)}, {c.buf(y)}, {c.buf(dx)}, {outer}, {n}, {inner}, "
+           f"{int(item.node.op_type == 'LogSoftmax')});")
+
+
+def _reduce_axes(item) -> list[int] | None:
+    """The reduced axes (None: not known at render time)."""
+    pn, rank = item.node, len(item.x(0).static_shape)
+    axes = None
+    if len(pn.inputs) > 1 and pn.inputs[1] is not None:
+        if pn.inputs[1].kind != "constant":
+            return None
+        axes = ints(pn.inputs[1].value)
+    elif pn.kwargs.get("axes") is not None:
+        axes = ints(pn.kwargs["axes"])
+    if not axes:
+        return [] if pn.kwargs.get("noop_with_empty_axes") else list(range(rank))
+    return sorted(a % rank for a in axes)
+
+
+def _check_reduce(item):
+    if _reduce_axes(item) is None:
+        return "axes given at run time"
+    return _only_first(item)
+
+
+@grad_kernel("ReduceMean", "ReduceSum", check=_check_reduce)
+def reduce_grad(item, c):
+    g, x, dx = item.g, item.x(0), item.dx(0)
+    xs = c.shape(x)
+    axes = _reduce_axes(item)
+    keep = [1 if i in axes else d for i, d in enumerate(xs)]
+    count = prod(xs[i] for i in axes) if axes else 1
+    s = 1.0 / count if item.node.op_type == "ReduceMean" and count else 1.0
+    c.line(f"mt_grad_expand_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {len(xs)}, {c.arr(xs)}, "
+           f"{c.arr(broadcast_strides(keep, xs))}, {c.literal(s, g.dtype)});")
+
+
+@grad_kernel("GlobalAveragePool", check=_only_first)
+def global_average_pool_grad(item, c):
+    g, x, dx = item.g, item.x(0), item.dx(0)
+    xs = c.shape(x)
+    keep = list(xs[:2]) + [1] * (len(xs) - 2)
+    c.line(f"mt_grad_expand_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {len(xs)}, {c.arr(xs)}, "
+           f"{c.arr(broadcast_strides(keep, xs))}, {c.literal(1.0 / max(prod(xs[2:]), 1), g.dtype)});")
+
+
+def _check_gather_elements(item):
+    if item.x(1).dtype != np.dtype(np.int64):
+        return f"indices are {item.x(1).dtype} (the C backward takes int64)"
+    return _only_first(item)
+
+
+@grad_kernel("GatherElements", check=_check_gather_elements)
+def gather_elements_grad(item, c):
+    g, idx, dx = item.g, item.x(1), item.dx(0)
+    xs = c.shape(item.x(0))
+    axis = int(item.kwargs.get("axis") or 0) % max(len(xs), 1)
+    c.checked(f"mt_grad_gather_elements_{c.sfx(g)}({c.buf(g)}, (const int64_t *){c.buf(idx)}, {c.buf(dx)}, "
+              f"{len(xs)}, {c.arr(c.shape(idx))}, {c.arr(xs)}, {axis})", "an index is out of range")
+
+
+# Convolution and pools: the forward rule's window geometry (ops/nn.py).
+
+
+def _conv_parts(item):
+    from .ops.nn import _conv_kind, _geometry
+
+    x, w = item.x(0).static_shape, item.x(1).static_shape
+    kind, win = _conv_kind(item.node)
+    return kind, win, _geometry(x[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
+
+
+def _check_conv(item):
+    from .ops.nn import _check_conv as forward_check
+
+    why = forward_check(item.node)
+    return why or _floats_only(item)
+
+
+def _conv_scratch(item) -> int:
+    kind, win, _ = _conv_parts(item)
+    w = item.x(1).static_shape
+    itemsize = item.g.dtype.itemsize
+    col = prod(w[1:]) * prod(win.out) * itemsize if kind != "pointwise" else 0
+    return -(-col // 64) * 64 + prod(w) * itemsize
+
+
+@grad_kernel("Conv", check=_check_conv, scratch=_conv_scratch)
+def conv_grad(item, c):
+    g, x, w = item.g, item.x(0), item.x(1)
+    N, C = c.shape(x)[:2]
+    M = c.shape(w)[0]
+    kind, win, geo = _conv_parts(item)
+    t = c.ctype(g)
+    itemsize = g.dtype.itemsize
+    col_bytes = prod(c.shape(w)[1:]) * prod(win.out) * itemsize if kind != "pointwise" else 0
+    col = f"({t} *){c.scratch}" if kind != "pointwise" else "0"
+    tmp = f"({t} *)({c.scratch} + {-(-col_bytes // 64) * 64})"
+    bufs = [c.buf(d) if d is not None else "0" for d in (item.dx(0), item.dx(1), item.dx(2))]
+    c.line(f"mt_grad_conv_{c.sfx(g)}({c.buf(x)}, {c.buf(w)}, {c.buf(g)}, {bufs[0]}, {bufs[1]}, {bufs[2]}, {col}, "
+           f"{tmp}, {N}, {C}, {M}, {int(item.kwargs.get('group') or 1)}, {c.arr(geo)});")
+
+
+def _check_pool(item):
+    from .ops.nn import _check_pool as forward_check
+
+    if len(item.node.outputs) > 1:
+        return "MaxPool with its Indices output"
+    if item.node.op_type == "AveragePool" and item.x(0).dtype not in FLOATS:
+        return f"dtype {item.x(0).dtype}"
+    return forward_check(item.node) or _only_first(item)
+
+
+@grad_kernel("MaxPool", "AveragePool", check=_check_pool)
+def pool_grad(item, c):
+    from .ops.nn import _geometry, _window
+
+    g, x, dx = item.g, item.x(0), item.dx(0)
+    shape = c.shape(x)
+    win = _window(item.node, ints(item.kwargs["kernel_shape"]))
+    geo = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    if item.node.op_type == "MaxPool":
+        c.line(f"mt_grad_maxpool_{c.sfx(g)}({c.buf(x)}, {c.buf(g)}, {c.buf(dx)}, {shape[0] * shape[1]}, {geo});")
+    else:
+        mode = int(bool(item.kwargs.get("count_include_pad")))
+        c.line(f"mt_grad_avgpool_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {shape[0] * shape[1]}, {geo}, {mode});")
+
+
+def _check_batchnorm(item):
+    pn, k = item.node, item.kwargs
+    training = bool(k.get("training_mode")) if pn.opset >= 14 else len(pn.outputs) > 1
+    if training or len(pn.outputs) > 1:
+        return "training mode (the C backward takes running statistics)"
+    if item.dx(3) is not None or item.dx(4) is not None:
+        return "gradients of the running statistics wanted"
+    if not k.get("spatial", 1):
+        return "spatial=0"
+    s = item.x(0).static_shape
+    C = s[1] if len(s) > 1 else 1
+    if any(prod(v.static_shape) != C for v in pn.inputs[1:5]):
+        return "parameters are not one value per channel"
+    return _floats_only(item)
+
+
+@grad_kernel("BatchNormalization", check=_check_batchnorm)
+def batchnorm_grad(item, c):
+    g, x, scale, mean, var = item.g, item.x(0), item.x(1), item.x(3), item.x(4)
+    s = c.shape(x)
+    bufs = [c.buf(d) if d is not None else "0" for d in (item.dx(0), item.dx(1), item.dx(2))]
+    c.line(f"mt_grad_batchnorm_{c.sfx(g)}({c.buf(x)}, {c.buf(g)}, {c.buf(scale)}, {c.buf(mean)}, {c.buf(var)}, "
+           f"{bufs[0]}, {bufs[1]}, {bufs[2]}, {s[0]}, {s[1] if len(s) > 1 else 1}, {prod(s[2:])}, "
+           f"{c.literal(item.kwargs.get('epsilon', 1e-5), g.dtype)});")
+
+
+__all__ = ["GRAD_KERNELS", "CGradientProgram", "GradKernel", "Item", "grad_kernel", "lower_gradients",
+           "render_gradients", "why_not_c_item"]

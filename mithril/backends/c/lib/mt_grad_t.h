@@ -1,0 +1,285 @@
+/* Template: backward kernels over float type T (see mt_grad.h). Included once per type; no guard. */
+
+/* ---- elementwise: dx from the cotangent g and the forward value a (x or y) ------------------- */
+static inline void MT_FN(mt_grad_add)(const T *a, const T *b, T *restrict y, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static inline void MT_FN(mt_grad_scale)(const T *g, T *restrict dx, mt_i n, T s) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = s * g[i];
+}
+
+static inline void MT_FN(mt_grad_relu)(const T *g, const T *x, T *restrict dx, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = x[i] > 0 ? g[i] : (T)0;
+}
+
+static inline void MT_FN(mt_grad_tanh)(const T *g, const T *y, T *restrict dx, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * ((T)1 - y[i] * y[i]);
+}
+
+static inline void MT_FN(mt_grad_sigmoid)(const T *g, const T *y, T *restrict dx, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i] * ((T)1 - y[i]);
+}
+
+static inline void MT_FN(mt_grad_exp)(const T *g, const T *y, T *restrict dx, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i];
+}
+
+/* ---- broadcasting: dx[nx] = sum over the broadcast dims of s * g * other --------------------
+ * g and other (NULL: 1) walk `shape` (g's, C-contiguous); `so` and `sx` are other's and dx's
+ * strides along it (0 where broadcast). Also a Transpose's inverse (sx: the permuted strides). */
+static inline void MT_FN(mt_grad_unbroadcast)(const T *g, const T *other, T *restrict dx, mt_i nx, int rank,
+                                              const mt_i *shape, const mt_i *so, const mt_i *sx, T s) {
+    mt_i n = 1;
+    for (int d = 0; d < rank; d++) n *= shape[d];
+    for (mt_i i = 0; i < nx; i++) dx[i] = 0;
+    for (mt_i i = 0; i < n; i++) {
+        T v = s * g[i];
+        if (other) v *= other[mt_grad_offset(i, rank, shape, so)];
+        dx[mt_grad_offset(i, rank, shape, sx)] += v;
+    }
+}
+
+/* dx (C-contiguous, `shape`) = s * g read with strides `sg` along shape (ReduceMean/ReduceSum). */
+static inline void MT_FN(mt_grad_expand)(const T *g, T *restrict dx, int rank, const mt_i *shape, const mt_i *sg,
+                                         T s) {
+    mt_i n = 1;
+    for (int d = 0; d < rank; d++) n *= shape[d];
+    _Pragma("omp parallel for if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = s * g[mt_grad_offset(i, rank, shape, sg)];
+}
+
+/* db[N] = column sums of g[M, N] (MatMulAdd's bias). */
+static inline void MT_FN(mt_grad_colsum)(const T *g, T *restrict db, mt_i M, mt_i N) {
+    for (mt_i j = 0; j < N; j++) db[j] = 0;
+    for (mt_i i = 0; i < M; i++)
+        for (mt_i j = 0; j < N; j++) db[j] += g[i * N + j];
+}
+
+/* ---- Softmax (log = 0) and LogSoftmax (log = 1) over the middle axis of (outer, n, inner) ---- */
+static inline void MT_FN(mt_grad_softmax)(const T *g, const T *y, T *restrict dx, mt_i outer, mt_i n, mt_i inner,
+                                          int log) {
+    _Pragma("omp parallel for if(outer * n * inner > MT_PAR_MIN)")
+    for (mt_i o = 0; o < outer; o++)
+        for (mt_i j = 0; j < inner; j++) {
+            const mt_i base = o * n * inner + j;
+            T s = 0;
+            for (mt_i k = 0; k < n; k++) s += log ? g[base + k * inner] : g[base + k * inner] * y[base + k * inner];
+            for (mt_i k = 0; k < n; k++) {
+                mt_i at = base + k * inner;
+                dx[at] = log ? g[at] - exp(y[at]) * s : y[at] * (g[at] - s);
+            }
+        }
+}
+
+/* ---- GatherElements: dx (xshape) = 0, then g added at the gathered places; 1 when an index is
+ * out of range. g and idx have `ishape`. */
+static inline int MT_FN(mt_grad_gather_elements)(const T *g, const int64_t *idx, T *restrict dx, int rank,
+                                                 const mt_i *ishape, const mt_i *xshape, int axis) {
+    mt_i n = 1, nx = 1;
+    for (int d = 0; d < rank; d++) {
+        n *= ishape[d];
+        nx *= xshape[d];
+    }
+    for (mt_i i = 0; i < nx; i++) dx[i] = 0;
+    for (mt_i i = 0; i < n; i++) {
+        mt_i rest = i, o = 0, step = 1;
+        for (int d = rank - 1; d >= 0; d--) {
+            mt_i c = rest % ishape[d];
+            rest /= ishape[d];
+            if (d == axis) {
+                int64_t k = idx[i];
+                if (k < 0) k += xshape[d];
+                if (k < 0 || k >= xshape[d]) return 1;
+                c = (mt_i)k;
+            }
+            o += c * step;
+            step *= xshape[d];
+        }
+        dx[o] += g[i];
+    }
+    return 0;
+}
+
+/* ---- convolution (groups of Cg input and Mg output channels) --------------------------------
+ * col2im: the columns (Cg*K x P) added back into x (Cg planes), the inverse of mt_im2col. */
+static inline void MT_FN(mt_col2im)(const T *col, T *restrict x, const mt_i *g, mt_i Cg) {
+    const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
+    const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
+    const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
+    const mt_i K = KD * KH * KW, P = OD * OH * OW;
+    /* Rows of one channel write only that channel's plane: channels in parallel. */
+    _Pragma("omp parallel for if(Cg * K * P > MT_PAR_MIN)")
+    for (mt_i c = 0; c < Cg; c++)
+        for (mt_i k = 0; k < K; k++) {
+            mt_i r = c * K + k, kd = (k / (KH * KW)) % KD, kh = (k / KW) % KH, kw = k % KW;
+            for (mt_i od = 0; od < OD; od++) {
+                mt_i id = od * sd - pd + kd * dd;
+                if (id < 0 || id >= ID) continue;
+                for (mt_i oh = 0; oh < OH; oh++) {
+                    mt_i ih = oh * sh - ph + kh * dh;
+                    if (ih < 0 || ih >= IH) continue;
+                    const T *src = col + r * P + (od * OH + oh) * OW;
+                    T *dst = x + ((c * ID + id) * IH + ih) * IW;
+                    for (mt_i ow = 0; ow < OW; ow++) {
+                        mt_i iw = ow * sw - pw + kw * dw;
+                        if (iw >= 0 && iw < IW) dst[iw] += src[ow];
+                    }
+                }
+            }
+        }
+}
+
+/* dX, dW, dB (each NULL when not wanted) of Y = Conv(X, W, B). `col` (Cg*K x P, arena scratch)
+ * is NULL for a pointwise convolution (1x1, stride 1, no padding: the columns are X itself);
+ * `tmp` (Mg*R, scratch) holds one image's weight gradient before it is added (the BLAS GEMM
+ * cannot accumulate into its own output). */
+static inline void MT_FN(mt_grad_conv)(const T *X, const T *W, const T *G, T *restrict dX, T *restrict dW,
+                                       T *restrict dB, T *restrict col, T *restrict tmp, mt_i N, mt_i C, mt_i M,
+                                       mt_i groups, const mt_i *g) {
+    const mt_i Cg = C / groups, Mg = M / groups, S = g[0] * g[1] * g[2], P = g[3] * g[4] * g[5];
+    const mt_i R = Cg * g[6] * g[7] * g[8];
+    if (dB) {
+        for (mt_i m = 0; m < M; m++) dB[m] = 0;
+        for (mt_i n = 0; n < N; n++)
+            for (mt_i m = 0; m < M; m++) {
+                const T *gp = G + (n * M + m) * P;
+                T s = 0;
+                for (mt_i p = 0; p < P; p++) s += gp[p];
+                dB[m] += s;
+            }
+    }
+    for (mt_i n = 0; n < N; n++)
+        for (mt_i grp = 0; grp < groups; grp++) {
+            const T *x = X + (n * C + grp * Cg) * S;
+            const T *gn = G + (n * M + grp * Mg) * P;
+            if (dW) {
+                /* dW_g[Mg, R] += G_n[Mg, P] @ col[R, P]^T */
+                if (col) MT_FN(mt_im2col)(x, col, g, Cg);
+                T *dw = dW + grp * Mg * R;
+                MT_FN(mt_gemm)(gn, col ? col : x, 0, n ? tmp : dw, Mg, R, P, P, 1, 1, P, 0, 0, (T)1, (T)0);
+                if (n)
+                    for (mt_i i = 0; i < Mg * R; i++) dw[i] += tmp[i];
+            }
+            if (dX) {
+                /* col[R, P] = W_g[Mg, R]^T @ G_n[Mg, P], added back into dX_n */
+                T *dx = dX + (n * C + grp * Cg) * S;
+                if (col) {
+                    MT_FN(mt_gemm)(W + grp * Mg * R, gn, 0, col, R, P, Mg, 1, R, P, 1, 0, 0, (T)1, (T)0);
+                    for (mt_i i = 0; i < Cg * S; i++) dx[i] = 0;
+                    MT_FN(mt_col2im)(col, dx, g, Cg);
+                } else {
+                    MT_FN(mt_gemm)(W + grp * Mg * R, gn, 0, dx, R, P, Mg, 1, R, P, 1, 0, 0, (T)1, (T)0);
+                }
+            }
+        }
+}
+
+/* ---- pools over NC planes: the cotangent of each window goes back to its taps ---------------- */
+/* AveragePool (mode 0: divided by the input pixels in the window, 1: count_include_pad). */
+static inline void MT_FN(mt_grad_avgpool)(const T *G, T *restrict dX, mt_i NC, const mt_i *g, int mode) {
+    const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
+    const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
+    const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
+    const mt_i ed = g[18], eh = g[19], ew = g[20];
+    const mt_i S = ID * IH * IW, P = OD * OH * OW;
+    _Pragma("omp parallel for if(NC * P * KD * KH * KW > MT_PAR_MIN)")
+    for (mt_i c = 0; c < NC; c++) {
+        T *dx = dX + c * S;
+        for (mt_i i = 0; i < S; i++) dx[i] = 0;
+        for (mt_i od = 0; od < OD; od++)
+            for (mt_i oh = 0; oh < OH; oh++)
+                for (mt_i ow = 0; ow < OW; ow++) {
+                    mt_i cnt = 0, cnt_pad = 0;
+                    for (int pass = 0; pass < 2; pass++) {
+                        T share = pass ? G[c * P + (od * OH + oh) * OW + ow] / (T)(mode ? cnt_pad : cnt) : 0;
+                        for (mt_i kd = 0; kd < KD; kd++) {
+                            mt_i id = od * sd - pd + kd * dd;
+                            if (id < -pd || id >= ID + ed) continue;
+                            for (mt_i kh = 0; kh < KH; kh++) {
+                                mt_i ih = oh * sh - ph + kh * dh;
+                                if (ih < -ph || ih >= IH + eh) continue;
+                                for (mt_i kw = 0; kw < KW; kw++) {
+                                    mt_i iw = ow * sw - pw + kw * dw;
+                                    if (iw < -pw || iw >= IW + ew) continue;
+                                    if (!pass) cnt_pad++;
+                                    if (id < 0 || id >= ID || ih < 0 || ih >= IH || iw < 0 || iw >= IW) continue;
+                                    if (pass) dx[(id * IH + ih) * IW + iw] += share;
+                                    else cnt++;
+                                }
+                            }
+                        }
+                        if (!pass && (mode ? cnt_pad : cnt) == 0) break;
+                    }
+                }
+    }
+}
+
+/* MaxPool: each window's cotangent goes to its first maximum (taps in row-major order). */
+static inline void MT_FN(mt_grad_maxpool)(const T *X, const T *G, T *restrict dX, mt_i NC, const mt_i *g) {
+    const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
+    const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
+    const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
+    const mt_i S = ID * IH * IW, P = OD * OH * OW;
+    _Pragma("omp parallel for if(NC * P * KD * KH * KW > MT_PAR_MIN)")
+    for (mt_i c = 0; c < NC; c++) {
+        const T *x = X + c * S;
+        T *dx = dX + c * S;
+        for (mt_i i = 0; i < S; i++) dx[i] = 0;
+        for (mt_i od = 0; od < OD; od++)
+            for (mt_i oh = 0; oh < OH; oh++)
+                for (mt_i ow = 0; ow < OW; ow++) {
+                    mt_i best = -1;
+                    T m = 0;
+                    for (mt_i kd = 0; kd < KD; kd++) {
+                        mt_i id = od * sd - pd + kd * dd;
+                        if (id < 0 || id >= ID) continue;
+                        for (mt_i kh = 0; kh < KH; kh++) {
+                            mt_i ih = oh * sh - ph + kh * dh;
+                            if (ih < 0 || ih >= IH) continue;
+                            for (mt_i kw = 0; kw < KW; kw++) {
+                                mt_i iw = ow * sw - pw + kw * dw;
+                                if (iw < 0 || iw >= IW) continue;
+                                mt_i at = (id * IH + ih) * IW + iw;
+                                if (best < 0 || x[at] > m) {
+                                    best = at;
+                                    m = x[at];
+                                }
+                            }
+                        }
+                    }
+                    if (best >= 0) dx[best] += G[c * P + (od * OH + oh) * OW + ow];
+                }
+    }
+}
+
+/* ---- BatchNormalization over (N, C, S), inference statistics (mean, var given) ---------------
+ * dX = G * scale / sqrt(var + eps); dscale = sum G * xhat; dbias = sum G (per channel). */
+static inline void MT_FN(mt_grad_batchnorm)(const T *X, const T *G, const T *scale, const T *mean, const T *var,
+                                            T *restrict dX, T *restrict dscale, T *restrict dbias, mt_i N, mt_i C,
+                                            mt_i S, T eps) {
+    _Pragma("omp parallel for if(N * C * S > MT_PAR_MIN)")
+    for (mt_i c = 0; c < C; c++) {
+        T inv = (T)1 / sqrt(var[c] + eps), a = scale[c] * inv;
+        T sg = 0, sgx = 0;
+        for (mt_i n = 0; n < N; n++) {
+            const T *x = X + (n * C + c) * S, *gy = G + (n * C + c) * S;
+            for (mt_i i = 0; i < S; i++) {
+                sg += gy[i];
+                sgx += gy[i] * (x[i] - mean[c]) * inv;
+            }
+            if (dX) {
+                T *dx = dX + (n * C + c) * S;
+                for (mt_i i = 0; i < S; i++) dx[i] = gy[i] * a;
+            }
+        }
+        if (dscale) dscale[c] = sgx;
+        if (dbias) dbias[c] = sg;
+    }
+}
