@@ -124,6 +124,8 @@ static inline mt_i mt_pad_source(mt_i c, mt_i n, int mode) {
     }
 }
 
+#include "mt_movement_resize.h"
+
 #define T float
 #define MT_SFX f32
 #include "mt_movement_t.h"

@@ -212,3 +212,48 @@ static inline int MT_FN(mt_reverse_sequence)(const T *X, T *restrict Y, const vo
         }
     return 0;
 }
+
+/* ---- Resize: y[o] = sum over the taps of every axis of prod(w) * x[idx] (tables from
+ * mt_resize_setup); a row outside tf_crop_and_resize's box is `extrapolation`. One tap on every
+ * axis (nearest) copies the element as is. */
+static inline void MT_FN(mt_resize)(const T *X, T *restrict Y, int rank, const mt_i *yshape, const mt_i *sx,
+                                    const mt_i *nt, const mt_i *ntmax, const mt_i *tbase, const mt_i *obase,
+                                    const mt_i *idx, const double *w, const mt_bool *outside, double extrapolation) {
+    mt_i n = 1;
+    int act[16], na = 0;
+    for (int d = 0; d < rank; d++) {
+        n *= yshape[d];
+        if (nt[d] > 1) act[na++] = d;
+    }
+    _Pragma("omp parallel for if(n > MT_PAR_MIN / 4)")
+    for (mt_i i = 0; i < n; i++) {
+        mt_i o[16], base = 0, r = i;
+        int out = 0;
+        for (int d = rank - 1; d >= 0; d--) {
+            o[d] = r % yshape[d];
+            r /= yshape[d];
+            out |= outside[obase[d] + o[d]];
+            base += idx[tbase[d] + o[d] * ntmax[d]] * sx[d]; /* tap 0 of every axis */
+        }
+        if (out) { Y[i] = (T)extrapolation; continue; }
+        if (na == 0) { Y[i] = X[base]; continue; }
+        /* walk the taps of the active axes like an odometer */
+        mt_i k[16] = {0};
+        double acc = 0.0;
+        for (;;) {
+            mt_i p = base;
+            double wt = 1.0;
+            for (int j = 0; j < na; j++) {
+                int d = act[j];
+                mt_i at = tbase[d] + o[d] * ntmax[d];
+                p += (idx[at + k[j]] - idx[at]) * sx[d];
+                wt *= w[at + k[j]];
+            }
+            acc += wt * (double)X[p];
+            int j = 0;
+            while (j < na && ++k[j] == nt[act[j]]) k[j++] = 0;
+            if (j == na) break;
+        }
+        Y[i] = (T)acc;
+    }
+}

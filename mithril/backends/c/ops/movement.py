@@ -578,3 +578,118 @@ def reverse_sequence(pn, c):
         c.checked(f"mt_reverse_sequence_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {c.buf(lens)}, {INDEX_CODE[lens.dtype]}, "
                   f"{c.arr(shape[:2])}, {prod(shape[2:])}, {pn.kwargs.get('time_axis', 0)})",
                   "a sequence length is out of range (valid: 0 <= length <= the time axis' size)")
+
+
+# -- Resize / Upsample ----------------------------------------------------------------------------
+RESIZE_MODE = {"nearest": 0, "linear": 1, "bilinear": 1, "cubic": 2}
+COORD_MODE = {"half_pixel": 0, "half_pixel_symmetric": 1, "pytorch_half_pixel": 2, "align_corners": 3,
+              "asymmetric": 4, "tf_half_pixel_for_nn": 5, "tf_crop_and_resize": 6}
+NEAREST_MODE = {"round_prefer_floor": 0, "round_prefer_ceil": 1, "floor": 2, "ceil": 3}
+ASPECT_POLICY = {"stretch": 0, "not_larger": 1, "not_smaller": 2}
+
+
+def _nonempty(v):
+    return v if v is not None and prod(v.static_shape) else None
+
+
+def _resize_spec(pn):
+    """The node's Resize settings; Upsample and Resize-10 are Resize with asymmetric coordinates
+    and onnxruntime's legacy nearest rounding."""
+    k, rank = pn.kwargs, len(pn.inputs[0].static_shape)
+    legacy = pn.op_type == "Upsample" or pn.opset < 11
+    spec = {"mode": text(k.get("mode", "nearest")), "roi": None, "scales": None, "sizes": None, "attr_scales": None,
+            "ctm": "asymmetric" if legacy else text(k.get("coordinate_transformation_mode", "half_pixel")),
+            "nearest": "legacy" if legacy else text(k.get("nearest_mode", "round_prefer_floor")),
+            "policy": text(k.get("keep_aspect_ratio_policy", "stretch")) or "stretch",
+            "cubic_a": float(k.get("cubic_coeff_a", -0.75)), "antialias": int(k.get("antialias", 0) or 0),
+            "exclude": int(k.get("exclude_outside", 0) or 0), "extrapolation": float(k.get("extrapolation_value", 0.0)),
+            "axes": [a % rank for a in (ints(k.get("axes")) or range(rank))]}
+    if pn.op_type == "Upsample" and pn.opset < 9:
+        spec["attr_scales"] = [float(s) for s in k.get("scales")]
+    elif legacy:
+        spec["scales"] = _nonempty(_given(pn, 1))
+    else:
+        spec["roi"], spec["scales"], spec["sizes"] = (_nonempty(_given(pn, i)) for i in (1, 2, 3))
+    return spec
+
+
+def _resize_tables(pn, spec):
+    """Taps per axis (an upper bound when antialiasing depends on the run-time scale)."""
+    xs, ys = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    reach = {"nearest": 0, "linear": 1, "bilinear": 1, "cubic": 2}[spec["mode"]]
+    ntmax = []
+    for d, (i, o) in enumerate(zip(xs, ys)):
+        if d not in spec["axes"] or reach == 0:
+            ntmax.append(1)
+            continue
+        s = min(max(o - 0.5, 0.5) / max(i, 1), 1.0) if spec["antialias"] else 1.0
+        ntmax.append(2 * int(np.ceil(reach / s)) + 2)
+    tbase = [sum(ys[e] * ntmax[e] for e in range(d)) for d in range(len(ys))]
+    obase = [sum(ys[:d]) for d in range(len(ys))]
+    total = sum(y * t for y, t in zip(ys, ntmax))
+    return ntmax, tbase, obase, total
+
+
+def _resize_scratch(pn) -> int:
+    _, _, _, total = _resize_tables(pn, _resize_spec(pn))
+    return 16 * total + sum(pn.outputs[0].static_shape) + 8
+
+
+def _check_resize(pn):
+    x = pn.inputs[0]
+    spec = _resize_spec(pn)
+    if spec["mode"] not in RESIZE_MODE:
+        return f"mode {spec['mode']!r} (C has {', '.join(RESIZE_MODE)})"
+    if spec["mode"] != "nearest" and x.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return f"{spec['mode']} interpolation of {x.dtype} (C interpolates float32 and float64)"
+    if spec["ctm"] not in COORD_MODE:
+        return f"coordinate_transformation_mode {spec['ctm']!r}"
+    if spec["nearest"] != "legacy" and spec["nearest"] not in NEAREST_MODE:
+        return f"nearest_mode {spec['nearest']!r}"
+    if spec["policy"] not in ASPECT_POLICY:
+        return f"keep_aspect_ratio_policy {spec['policy']!r}"
+    if len(x.static_shape) > 16 or len(x.static_shape) != len(pn.outputs[0].static_shape):
+        return "rank above 16 or output rank differs"
+    if spec["attr_scales"] is None and spec["scales"] is None and spec["sizes"] is None:
+        return "neither scales nor sizes given"
+    n = len(spec["axes"])
+    for key, dtypes, count in (("scales", (np.float32,), n), ("sizes", (np.int64,), n),
+                               ("roi", (np.float32, np.float64), 2 * n)):
+        v = spec[key]
+        if v is not None and (v.dtype not in [np.dtype(t) for t in dtypes] or prod(v.static_shape) != count):
+            return f"{key} {v.name!r} is {v.dtype} of shape {v.static_shape} (C reads {count} of {dtypes[0].__name__})"
+    return _check_same_data(pn)
+
+
+@c_kernel("Resize", "Upsample", check=_check_resize, scratch=_resize_scratch)
+def resize(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xs, ys = c.shape(x), c.shape(y)
+    if prod(ys) == 0:
+        return
+    spec = _resize_spec(pn)
+    ntmax, tbase, obase, total = _resize_tables(pn, spec)
+    rank = len(xs)
+    roi = spec["roi"]
+    nearest = -1 if spec["nearest"] == "legacy" else NEAREST_MODE[spec["nearest"]]
+    c.line("{")
+    c.line(f"    mt_i nt[{rank}];")
+    c.line(f"    double *rw = (double *){c.scratch};")
+    c.line(f"    mt_i *ri = (mt_i *)({c.scratch} + {8 * total});")
+    c.line(f"    mt_bool *ro = (mt_bool *)({c.scratch} + {16 * total});")
+    if spec["attr_scales"] is not None:
+        c.line(f"    static const float attr_scales[] = {{{', '.join(repr(s) + 'f' for s in spec['attr_scales'])}}};")
+        scales = "attr_scales"
+    else:
+        scales = c.buf(spec["scales"]) if spec["scales"] is not None else "0"
+    sizes = c.buf(spec["sizes"]) if spec["sizes"] is not None and scales == "0" else "0"
+    nt_arr, tb_arr, ob_arr = c.arr(ntmax), c.arr(tbase), c.arr(obase)
+    c.checked(f"mt_resize_setup({rank}, {c.arr(xs)}, {c.arr(ys)}, {len(spec['axes'])}, {c.arr(spec['axes'])}, "
+              f"{scales}, {sizes}, {c.buf(roi) if roi is not None else '0'}, "
+              f"{int(roi is not None and roi.dtype == np.dtype(np.float64))}, {ASPECT_POLICY[spec['policy']]}, "
+              f"{RESIZE_MODE[spec['mode']]}, {COORD_MODE[spec['ctm']]}, {nearest}, {spec['cubic_a']!r}, "
+              f"{spec['antialias']}, {spec['exclude']}, {nt_arr}, {tb_arr}, {ob_arr}, nt, ri, rw, ro)",
+              f"scales/sizes do not give the output's shape {ys} from {xs}")
+    c.line(f"    mt_resize_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(ys)}, {c.arr(strides(xs))}, nt, {nt_arr}, "
+           f"{tb_arr}, {ob_arr}, ri, rw, ro, {spec['extrapolation']!r});")
+    c.line("}")
