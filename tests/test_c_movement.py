@@ -197,6 +197,23 @@ def test_run_time_shape_inputs_need_no_constant():
     np.testing.assert_array_equal(out["e"], np.broadcast_to(b, (3, 4)))
 
 
+def test_resize_nearest_on_ints_and_linear_on_float64():
+    nodes = [helper.make_node("Resize", ["img", "", "scales"], ["near"], mode="nearest",
+                              coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil"),
+             helper.make_node("Resize", ["xf", "", "", "sizes"], ["lin"], mode="linear",
+                              coordinate_transformation_mode="align_corners")]
+    consts = {"scales": np.array([1, 1, 2, 1.5], np.float32), "sizes": np.array([1, 1, 5, 7], np.int64)}
+    model = make_model(nodes, [("img", TensorProto.UINT8, [1, 1, 3, 4]), ("xf", TensorProto.DOUBLE, [1, 1, 3, 4])],
+                       [("near", TensorProto.UINT8, [1, 1, 6, 6]), ("lin", TensorProto.DOUBLE, [1, 1, 5, 7])], consts)
+    rng = np.random.default_rng(3)
+    img, xf = rng.integers(0, 255, (1, 1, 3, 4)).astype(np.uint8), rng.standard_normal((1, 1, 3, 4))
+    got, want = _run_both(model, {"img": img, "xf": xf})
+    np.testing.assert_array_equal(got["near"], want["near"])
+    np.testing.assert_allclose(got["lin"], want["lin"], rtol=1e-12)
+    # align_corners keeps the corners exactly
+    np.testing.assert_allclose(got["lin"][0, 0, [0, -1]][:, [0, -1]], xf[0, 0, [0, -1]][:, [0, -1]], rtol=1e-12)
+
+
 # Node-suite cases these kernels must pass strictly (CBackend(fallback=None)), one per op and mode.
 NODE_CASES = [
     "test_transpose_all_permutations_3", "test_concat_3d_axis_negative_2", "test_reshape_negative_extended_dims",
@@ -208,6 +225,8 @@ NODE_CASES = [
     "test_tile_precomputed", "test_depthtospace_crd_mode_example", "test_spacetodepth_crd_mode_example",
     "test_tril_neg", "test_triu_square_neg", "test_eyelike_populate_off_main_diagonal", "test_onehot_with_axis",
     "test_reversesequence_batch", "test_range_int32_type_negative_delta", "test_constantofshape_float_ones",
+    "test_resize_downsample_scales_cubic_antialias", "test_resize_tf_crop_and_resize_extrapolation_value",
+    "test_resize_upsample_sizes_nearest_not_larger", "test_upsample_nearest",
 ]
 
 
