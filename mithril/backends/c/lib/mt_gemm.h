@@ -24,9 +24,15 @@
 #define MT_GEMM_VBYTES 16
 #define MT_GEMM_MR 4
 #endif
+#ifndef MT_GEMM_KC
 #define MT_GEMM_KC 256                 /* depth of a packed block: one B micro-panel stays in L1 */
+#endif
+#ifndef MT_GEMM_MC
 #define MT_GEMM_MC (MT_GEMM_MR * 12)   /* rows of a packed A block (L2) */
-#define MT_GEMM_NBLK 8                 /* micro-panels per packed B panel (NC = 8 * NR) */
+#endif
+#ifndef MT_GEMM_NBLK
+#define MT_GEMM_NBLK 8                 /* micro-panels per packed B panel (NC = NBLK * NR) */
+#endif
 #define MT_GEMM_SMALL (32 * 32 * 32)   /* M*N*K below which the plain loops win over packing */
 
 #ifdef MT_BLAS

@@ -49,62 +49,97 @@ static inline void MT_FN(mt_gemm_pack_a)(const T *A, T *restrict pa, mt_i mc, mt
         mt_i rows = mc - p * MT_GEMM_MR < MT_GEMM_MR ? mc - p * MT_GEMM_MR : MT_GEMM_MR;
         const T *a = A + p * MT_GEMM_MR * ar;
         T *restrict dst = pa + p * kc * MT_GEMM_MR;
-        for (mt_i k = 0; k < kc; k++)
-            for (mt_i r = 0; r < MT_GEMM_MR; r++) dst[k * MT_GEMM_MR + r] = r < rows ? a[r * ar + k * ac] : (T)0;
+        if (ac == 1) { /* row by row: one read stream (rows a power-of-two apart would share cache sets) */
+            for (mt_i r = 0; r < MT_GEMM_MR; r++) {
+                const T *ar_ = a + r * ar;
+                if (r < rows)
+                    for (mt_i k = 0; k < kc; k++) dst[k * MT_GEMM_MR + r] = ar_[k];
+                else
+                    for (mt_i k = 0; k < kc; k++) dst[k * MT_GEMM_MR + r] = 0;
+            }
+        } else {
+            for (mt_i k = 0; k < kc; k++)
+                for (mt_i r = 0; r < MT_GEMM_MR; r++) dst[k * MT_GEMM_MR + r] = r < rows ? a[r * ar + k * ac] : (T)0;
+        }
     }
 }
 
 /* Packs depth [0, kc) x columns [0, nc) of op(B) in micro-panels of NR columns:
  * pb[(q * kc + k) * NR + c] = B(k, q*NR + c), columns past nc zero. */
 static inline void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt_i nc, mt_i br, mt_i bc) {
-    for (mt_i q = 0; q * MT_GEMM_NR < nc; q++) {
-        mt_i cols = nc - q * MT_GEMM_NR < MT_GEMM_NR ? nc - q * MT_GEMM_NR : MT_GEMM_NR;
-        const T *b = B + q * MT_GEMM_NR * bc;
-        T *restrict dst = pb + q * kc * MT_GEMM_NR;
-        if (bc == 1 && cols == MT_GEMM_NR) {
-            for (mt_i k = 0; k < kc; k++) {
-                _Pragma("omp simd")
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) dst[k * MT_GEMM_NR + c] = b[k * br + c];
-            }
-        } else {
-            for (mt_i k = 0; k < kc; k++)
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) dst[k * MT_GEMM_NR + c] = c < cols ? b[k * br + c * bc] : (T)0;
+    mt_i whole = nc / MT_GEMM_NR; /* full micro-panels */
+    if (bc == 1) { /* row by row: B's rows are read contiguously, whatever their stride */
+        for (mt_i k = 0; k < kc; k++) {
+            const T *b = B + k * br;
+            for (mt_i q = 0; q < whole; q++) /* a constant size: inlined as vector moves, not a call */
+                memcpy(pb + (q * kc + k) * MT_GEMM_NR, b + q * MT_GEMM_NR, sizeof(T) * MT_GEMM_NR);
         }
+    } else {
+        for (mt_i q = 0; q < whole; q++)
+            for (mt_i k = 0; k < kc; k++)
+                for (mt_i c = 0; c < MT_GEMM_NR; c++)
+                    pb[(q * kc + k) * MT_GEMM_NR + c] = B[k * br + (q * MT_GEMM_NR + c) * bc];
+    }
+    if (whole * MT_GEMM_NR < nc) { /* the ragged last micro-panel, zero past nc */
+        mt_i cols = nc - whole * MT_GEMM_NR;
+        for (mt_i k = 0; k < kc; k++)
+            for (mt_i c = 0; c < MT_GEMM_NR; c++)
+                pb[(whole * kc + k) * MT_GEMM_NR + c] = c < cols ? B[k * br + (whole * MT_GEMM_NR + c) * bc] : (T)0;
     }
 }
 
-/* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + pa-panel @ pb-panel. The
- * accumulators are a fixed-size array the compiler keeps in vector registers. */
-static inline void MT_FN(mt_gemm_micro)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
-                                        mt_i ldy, mt_i mr, mt_i nr, int add) {
-    T acc[MT_GEMM_MR][2 * MT_GEMM_VBYTES / sizeof(T)];
-    const T *a = __builtin_assume_aligned(pa, 64), *b = __builtin_assume_aligned(pb, 64);
-    for (mt_i r = 0; r < MT_GEMM_MR; r++)
-        for (mt_i c = 0; c < MT_GEMM_NR; c++) acc[r][c] = 0;
-    for (mt_i k = 0; k < kc; k++) {
-        const T *bk = b + k * MT_GEMM_NR, *ak = a + k * MT_GEMM_MR;
-        for (mt_i r = 0; r < MT_GEMM_MR; r++) {
-            T ar = ak[r];
-            _Pragma("omp simd")
-            for (mt_i c = 0; c < MT_GEMM_NR; c++) MT_GEMM_MAC(acc[r][c], ar, bk[c]);
-        }
-    }
+/* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + A-panel @ pb-panel, where
+ * A(r, k) = a[r*rs + k*ks]: a packed panel (rs 1, ks MR) or rows of A read in place (rs ar, ks 1).
+ * The accumulators are a fixed-size array the compiler keeps in vector registers; the two layouts
+ * are separate functions so each gets constant strides. */
+#define MT_GEMM_MICRO_BODY(RS, KS)                                                                     \
+    T acc[MT_GEMM_MR][2 * MT_GEMM_VBYTES / sizeof(T)];                                                 \
+    const T *b = __builtin_assume_aligned(pb, 64);                                                     \
+    for (mt_i r = 0; r < MT_GEMM_MR; r++)                                                              \
+        for (mt_i c = 0; c < MT_GEMM_NR; c++) acc[r][c] = 0;                                           \
+    for (mt_i k = 0; k < kc; k++) {                                                                    \
+        const T *bk = b + k * MT_GEMM_NR;                                                              \
+        for (mt_i r = 0; r < MT_GEMM_MR; r++) {                                                        \
+            T ark = a[r * (RS) + k * (KS)];                                                            \
+            _Pragma("omp simd")                                                                        \
+            for (mt_i c = 0; c < MT_GEMM_NR; c++) MT_GEMM_MAC(acc[r][c], ark, bk[c]);                  \
+        }                                                                                              \
+    }                                                                                                  \
+    MT_FN(mt_gemm_store)(&acc[0][0], y, ldy, mr, nr, add);
+
+static inline void MT_FN(mt_gemm_store)(const T *restrict acc, T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add) {
     if (mr == MT_GEMM_MR && nr == MT_GEMM_NR) {
         for (mt_i r = 0; r < MT_GEMM_MR; r++) {
             T *yr = y + r * ldy;
+            const T *ar = acc + r * MT_GEMM_NR;
             if (add) {
                 _Pragma("omp simd")
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] += acc[r][c];
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] += ar[c];
             } else {
                 _Pragma("omp simd")
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] = acc[r][c];
+                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] = ar[c];
             }
         }
     } else {
         for (mt_i r = 0; r < mr; r++)
-            for (mt_i c = 0; c < nr; c++) y[r * ldy + c] = add ? y[r * ldy + c] + acc[r][c] : acc[r][c];
+            for (mt_i c = 0; c < nr; c++)
+                y[r * ldy + c] = add ? y[r * ldy + c] + acc[r * MT_GEMM_NR + c] : acc[r * MT_GEMM_NR + c];
     }
 }
+
+static inline void MT_FN(mt_gemm_micro)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
+                                        mt_i ldy, mt_i mr, mt_i nr, int add) {
+    const T *a = __builtin_assume_aligned(pa, 64);
+    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR)
+}
+
+/* A's rows in place (row stride lda, unit column stride; all MR rows exist). */
+static inline void MT_FN(mt_gemm_micro_rows)(mt_i kc, const T *restrict a, mt_i lda, const T *restrict pb,
+                                             T *restrict y, mt_i ldy, mt_i nr, int add) {
+    const mt_i mr = MT_GEMM_MR;
+    MT_GEMM_MICRO_BODY(lda, 1)
+}
+#undef MT_GEMM_MICRO_BODY
 
 /* One MC x NC tile of Y: over K in KC steps, pack the A block and the B panel into this thread's
  * scratch, run the register tiles, then apply alpha and beta * C while the tile is in cache.
@@ -115,16 +150,27 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
                                        mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
     static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * 2 * MT_GEMM_VBYTES / sizeof(T) * MT_GEMM_NBLK];
+    /* A tile has at most NBLK B micro-panels, so each A element is used a few times only: packing
+     * A costs more than it saves (measured: 512x49x4608 float 26 -> 78 GFLOP/s, ResNet-18's conv
+     * GEMMs 47 -> 43 ms on one thread), and full row panels of a row-major A are read in place;
+     * unless its rows are a multiple of 2 KiB apart (the MR rows would share a few cache sets:
+     * 1024^3 float 35 GFLOP/s in place) and the tile is wide enough to repay the packing. */
+    int direct = ac == 1 && (nc <= 2 * MT_GEMM_NR || (ar * (mt_i)sizeof(T)) % 2048 != 0);
+    mt_i full = direct ? mc / MT_GEMM_MR * MT_GEMM_MR : 0; /* rows read in place; the rest is packed */
     for (mt_i k0 = 0; k0 < K; k0 += MT_GEMM_KC) {
         mt_i kc = K - k0 < MT_GEMM_KC ? K - k0 : MT_GEMM_KC;
         MT_FN(mt_gemm_pack_b)(B + k0 * br + j0 * bc, pb, kc, nc, br, bc);
-        MT_FN(mt_gemm_pack_a)(A + i0 * ar + k0 * ac, pa, mc, kc, ar, ac);
+        if (full < mc) MT_FN(mt_gemm_pack_a)(A + (i0 + full) * ar + k0 * ac, pa, mc - full, kc, ar, ac);
         for (mt_i q = 0; q * MT_GEMM_NR < nc; q++) {
             mt_i nr = nc - q * MT_GEMM_NR < MT_GEMM_NR ? nc - q * MT_GEMM_NR : MT_GEMM_NR;
             for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
-                mt_i mr = mc - p * MT_GEMM_MR < MT_GEMM_MR ? mc - p * MT_GEMM_MR : MT_GEMM_MR;
-                MT_FN(mt_gemm_micro)(kc, pa + p * kc * MT_GEMM_MR, pb + q * kc * MT_GEMM_NR,
-                                     Y + (i0 + p * MT_GEMM_MR) * N + j0 + q * MT_GEMM_NR, N, mr, nr, k0 > 0);
+                mt_i row = p * MT_GEMM_MR, mr = mc - row < MT_GEMM_MR ? mc - row : MT_GEMM_MR;
+                T *y = Y + (i0 + row) * N + j0 + q * MT_GEMM_NR;
+                if (row < full)
+                    MT_FN(mt_gemm_micro_rows)(kc, A + (i0 + row) * ar + k0, ar, pb + q * kc * MT_GEMM_NR, y, N, nr,
+                                              k0 > 0);
+                else
+                    MT_FN(mt_gemm_micro)(kc, pa + (row - full) * kc, pb + q * kc * MT_GEMM_NR, y, N, mr, nr, k0 > 0);
             }
         }
     }
