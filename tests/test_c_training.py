@@ -1,0 +1,198 @@
+"""Gradients in C (issue 18, Must 5): TrainModel and fit run forward and backward as generated C.
+Gradients of the zoo's MLP, LeNet and ResNet-18 and of an imported (torch-exported) ResNet-18
+equal NumPy's; LeNet trained with fit on scikit-learn's digits passes 95 %; a backward without
+a C kernel runs on NumPy's rule with one warning, or is refused with fallback=None."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+import models_zoo
+from mithril.backends.c import build
+from mithril.backends.c.backend import CFallbackWarning, CKernelMissingError
+from mithril.models import CrossEntropy, Mean, TrainModel
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler (cc or gcc) on PATH")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    """Built libraries shared by this module's tests, away from the user's cache."""
+    path = tmp_path_factory.mktemp("mithril-c-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MITHRIL_CACHE_DIR", str(path))
+    yield path
+    mp.undo()
+
+
+def _trainer(model, backend, shapes):
+    tm = TrainModel(model)
+    tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    return ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"})
+
+
+ZOO = {
+    "mlp": (lambda: models_zoo.mlp(), [8, 16]),
+    "lenet": (lambda: models_zoo.lenet(num_classes=10), [4, 1, 32, 32]),
+    "resnet18": (lambda: models_zoo.resnet18(num_classes=10), [2, 3, 32, 32]),
+}
+
+
+def _compare_gradients(want: dict, got: dict, rtol: float) -> float:
+    """The largest error relative to each gradient's largest entry; asserts it is within rtol."""
+    assert set(got) == set(want)
+    worst = 0.0
+    for name, ref in want.items():
+        ref, out = np.asarray(ref), np.asarray(got[name])
+        assert out.shape == ref.shape and out.dtype == ref.dtype, name
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        assert err <= rtol, f"{name}: gradient differs from NumPy's by {err:.2e} (relative to its largest entry)"
+        worst = max(worst, err)
+    return worst
+
+
+@pytest.mark.parametrize("dtype", [ml.float32, ml.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_training_gradients_in_c_equal_numpy(name, dtype):
+    build_model, shape = ZOO[name]
+    shapes = {"input": shape, "target": shape[:1]}
+    ref = _trainer(build_model(), ml.NumpyBackend(dtype=dtype), shapes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)  # every forward node and every backward is C
+        pm = _trainer(build_model(), ml.CBackend(dtype=dtype), shapes)
+    assert not pm.backward.fallback
+    assert "mt_grad_" in pm.backward.source and pm.backward.source.count("int seg") == 1
+    params = {k: np.asarray(v) for k, v in ref.randomize_params().items()}
+    rng = np.random.default_rng(0)
+    data = {"input": rng.standard_normal(shape).astype(dtype.numpy),
+            "target": rng.integers(0, 10, shape[:1]).astype(np.int64)}
+    one = {"loss": np.ones((), dtype.numpy)}
+    want_out, want = ref.evaluate(params, data, output_gradients=one)
+    got_out, got = pm.evaluate(params, data, output_gradients=one)
+    np.testing.assert_allclose(got_out["loss"], want_out["loss"], rtol=1e-5 if dtype == ml.float32 else 1e-12)
+    _compare_gradients(want, got, 1e-4 if dtype == ml.float32 else 1e-10)
+    report = pm.backward.memory_report()
+    assert 0 < report["arena_bytes"] < report["naive_bytes"]  # forward values and gradients share the arena
+
+
+def test_gradient_source_compiles_with_warnings_as_errors():
+    pm = _trainer(models_zoo.lenet(num_classes=10), ml.CBackend(), {"input": [2, 1, 32, 32], "target": [2]})
+    cc = shutil.which("cc") or shutil.which("gcc")
+    done = subprocess.run([cc, "-fsyntax-only", "-fopenmp", "-Wall", "-Wextra", "-Werror", f"-I{build.LIB_DIR}",
+                           "-x", "c", "-"], input=pm.backward.source, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_imported_resnet18_gradients_in_c_equal_numpy(tmp_path):
+    """torchvision's ResNet-18 (models_zoo.torch_reference, random weights) exported by torch.onnx."""
+    pytest.importorskip("torch")
+    from models_zoo import torch_reference
+
+    spec = torch_reference.build("resnet18", image_size=32)
+    path = tmp_path / "resnet18.onnx"
+    torch_reference.export_onnx(spec, "torchscript", str(path))
+    model = ml.load_onnx(path)
+    data = spec.numpy_inputs(2)
+    shapes = {k: list(v.shape) for k, v in data.items()}
+    ref = ml.compile(model, ml.NumpyBackend(), shapes=shapes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)
+        pm = ml.compile(model, ml.CBackend(), shapes=shapes, static_shapes=True)
+    ops = {pn.op_type for pn in pm.backward.plan.nodes}
+    assert {"Conv", "Relu", "Add", "MaxPool", "GlobalAveragePool", "Gemm"} <= ops
+    params = ref.get_parameters()
+    out = ref.output_keys[0]
+    cot = {out: np.random.default_rng(1).standard_normal((2, 1000)).astype(np.float32)}
+    want_out, want = ref.evaluate(params, data, output_gradients=cot)
+    got_out, got = pm.evaluate(params, data, output_gradients=cot)
+    assert len(want) == 42  # 20 convolutions (weights and biases, batch norms folded) and fc
+    np.testing.assert_allclose(got_out[out], want_out[out], rtol=1e-4, atol=1e-5)
+    _compare_gradients(want, got, 1e-4)
+
+
+# -- fit on the digits ---------------------------------------------------------------------------
+BATCH, N_TRAIN, EPOCHS, LR = 64, 1500, 15, 3e-3
+
+
+def _digits():
+    """load_digits as [N, 1, 32, 32] (each pixel repeated 4x4), standardized with the training
+    set's statistics: the first 1,500 train, the other 297 test (as tests/test_training.py)."""
+    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the test extra")
+    d = sklearn.load_digits()
+    x = (d.images / 16.0).repeat(4, axis=1).repeat(4, axis=2)[:, None]
+    x = ((x - x[:N_TRAIN].mean()) / x[:N_TRAIN].std()).astype(np.float32)
+    y = d.target.astype(np.int64)
+    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+
+
+@pytest.mark.slow
+def test_fit_lenet_on_digits_in_c_passes_95_percent():
+    from mithril.optimizers import Adam, fit
+
+    xtr, ytr, xte, yte = _digits()
+    # One thread: OpenMP threads spinning against each other on shared cores cost more than they give.
+    backend = ml.CBackend(num_threads=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)
+        pm = _trainer(models_zoo.lenet(num_classes=10), backend, {"input": [BATCH, 1, 32, 32], "target": [BATCH]})
+
+    def batches(epoch, shift=2):
+        rng = np.random.default_rng(epoch)
+        perm = rng.permutation(N_TRAIN)
+        for i in range(0, N_TRAIN - BATCH + 1, BATCH):
+            idx = perm[i:i + BATCH]
+            pad = np.pad(xtr[idx], ((0, 0), (0, 0), (shift, shift), (shift, shift)))
+            at = rng.integers(0, 2 * shift + 1, (BATCH, 2))
+            x = np.stack([pad[j, :, a:a + 32, b:b + 32] for j, (a, b) in enumerate(at)])
+            yield {"input": x, "target": ytr[idx]}
+
+    steps = EPOCHS * (N_TRAIN // BATCH)
+    opt = Adam(lambda step: LR * (1 - step / steps))
+    params, _, losses = fit(pm, pm.randomize_params(), batches, opt, EPOCHS, progress=False)
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
+    test = ml.compile(models_zoo.lenet(num_classes=10), backend, shapes={"input": list(xte.shape)}, inference=True)
+    out = test.evaluate({k: params[k] for k in test.parameter_keys}, {"input": xte})["output"]
+    acc = float((np.asarray(out).argmax(axis=1) == yte).mean())
+    assert acc >= 0.95, f"LeNet in C: test accuracy {acc:.3f} after {EPOCHS} epochs"
+
+
+# -- a backward without a C kernel ----------------------------------------------------------------
+
+
+def _sine_model():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Sin", ["r"], ["s"], name="sine"),
+             helper.make_node("Mul", ["s", "x"], ["y"], name="times")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_backward_without_c_kernel_runs_numpys_rule_with_one_warning():
+    with pytest.warns(CFallbackWarning) as record:
+        pm = ml.compile(_sine_model(), ml.CBackend(), data_keys={"x"})
+    assert [str(r.message) for r in record] == [
+        "CBackend: the backward of 1 node(s) runs on NumPy (no C backward kernel): sine (Sin: no C backward kernel)"]
+    x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.25]], np.float32)
+    g = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out, grads = pm.evaluate({}, {"x": x}, output_gradients={"y": g})
+    r = np.maximum(x, 0)
+    np.testing.assert_allclose(out["y"], np.sin(r) * x, rtol=1e-6)
+    # d/dx sin(relu(x)) * x = sin(relu(x)) + x cos(relu(x)) [x > 0]
+    np.testing.assert_allclose(grads["x"], g * (np.sin(r) + x * np.cos(r) * (x > 0)), rtol=1e-5, atol=1e-6)
+    assert pm.backward.source.count("int seg") == 2  # C, NumPy's Sin rule, C
+
+
+def test_fallback_none_refuses_a_backward_without_c_kernel():
+    with pytest.raises(CKernelMissingError, match=r"^CBackend\(fallback=None\): 1 node\(s\) have no C backward "
+                                                  r"kernel: sine \(Sin: no C backward kernel\)$"):
+        ml.compile(_sine_model(), ml.CBackend(fallback=None), data_keys={"x"})
