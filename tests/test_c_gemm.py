@@ -41,15 +41,20 @@ HAS_BLAS = importlib.util.find_spec("scipy_openblas32") is not None
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
-    """The wrapper built without BLAS, and with it where installed (-Werror: the header is warning-free)."""
+    """The wrapper built without BLAS, and with it where installed (-Werror: the header is
+    warning-free): name -> (loaded library, path)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("MITHRIL_CACHE_DIR", str(tmp_path_factory.mktemp("c_cache")))
-    flags = (*build.FLAGS, "-Werror")
-    out = {"own": build.load_library(build.build_library(SOURCE, flags, blas=False))}
-    if HAS_BLAS:
-        out["blas"] = build.load_library(build.build_library(SOURCE, flags, blas=True))
+    out = {}
+    for name, blas in (("own", False), ("blas", True))[:2 if HAS_BLAS else 1]:
+        path = build.build_library(SOURCE, FLAGS, blas=blas)
+        out[name] = build.load_library(path)
+        out[name + "_path"] = path
     yield out
     mp.undo()
+
+
+FLAGS = (*build.FLAGS, "-Werror")
 
 
 def _view(rng, shape, dtype, layout):
@@ -158,13 +163,16 @@ def test_blas_path_equals_numpy(libs, M, N, K, la, lb):
 
 
 @pytest.mark.skipif(not HAS_BLAS, reason="scipy-openblas32 is not installed (pip install scipy-openblas32)")
-def test_blas_is_linked_only_when_asked(tmp_path, monkeypatch):
-    monkeypatch.setenv("MITHRIL_CACHE_DIR", str(tmp_path))
-    with_blas = build.build_library(SOURCE, blas=True).read_bytes()
-    monkeypatch.setenv("MITHRIL_C_BLAS", "0")
-    without = build.build_library(SOURCE).read_bytes()
-    assert b"scipy_cblas_sgemm" in with_blas and b"scipy_cblas_dgemm" in with_blas
-    assert b"scipy_cblas_sgemm" not in without
+def test_blas_is_linked_only_when_asked(libs, monkeypatch):
+    assert b"scipy_cblas_sgemm" in libs["blas_path"].read_bytes()
+    assert b"scipy_cblas_dgemm" in libs["blas_path"].read_bytes()
+    assert b"scipy_cblas_sgemm" not in libs["own_path"].read_bytes()
+    count = build.BUILDS["count"]
+    monkeypatch.setenv("MITHRIL_C_BLAS", "0")  # the variable picks the cached library without BLAS
+    assert build.build_library(SOURCE, FLAGS) == libs["own_path"]
+    monkeypatch.setenv("MITHRIL_C_BLAS", "auto")  # installed: linked
+    assert build.build_library(SOURCE, FLAGS) == libs["blas_path"]
+    assert build.BUILDS["count"] == count
 
 
 def test_blas_setting_errors(monkeypatch):

@@ -40,15 +40,19 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-/* OpenBLAS keeps its own thread pool: give it the OpenMP thread count the model runs with. */
-static inline void mt_blas_threads(void) {
-#ifdef _OPENMP
-    static _Thread_local int set = 0;
-    int n = omp_get_max_threads();
-    if (n != set) {
-        scipy_openblas_set_num_threads(n);
-        set = n;
+/* OpenBLAS keeps its own thread pool: mt_gemm calls it single-threaded from OpenMP's threads. */
+static inline void mt_blas_single_thread(void) {
+    static _Thread_local int done = 0; /* OpenBLAS's setting is global; a flag per thread never races */
+    if (!done) {
+        scipy_openblas_set_num_threads(1);
+        done = 1;
     }
+}
+static inline mt_i mt_threads(void) {
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
 #endif
 }
 #ifndef MT_BLAS_MIN

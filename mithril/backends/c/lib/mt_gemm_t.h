@@ -194,12 +194,23 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
         mt_i lda = ta ? ac : ar, ldb = tb ? bc : br;
         if ((!ta || ar == 1) && (!tb || br == 1) && lda >= (ta ? M : K) && ldb >= (tb ? K : N) && lda >= 1 &&
             ldb >= 1 && lda < 0x7fffffff && ldb < 0x7fffffff) {
-            mt_blas_threads();
-            MT_CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                          (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, (T)0, Y, (int)N);
-            if (C)
-                for (mt_i i = 0; i < M; i++)
-                    for (mt_i j = 0; j < N; j++) Y[i * N + j] += beta * C[i * cr + j * cc];
+            /* OpenBLAS runs single-threaded inside OpenMP's threads, each on a slab of Y: its own
+             * pool beside OpenMP's spinning workers oversubscribed the CPUs (ResNet-18 12x slower). */
+            mt_blas_single_thread();
+            mt_i parts = M * N * K >= 8 * MT_GEMM_SMALL ? mt_threads() : 1, by_rows = M >= N;
+            mt_i len = by_rows ? M : N, step = (len + parts - 1) / parts;
+            _Pragma("omp parallel for if(parts > 1)")
+            for (mt_i part = 0; part < parts; part++) {
+                mt_i s0 = part * step, s1 = s0 + step < len ? s0 + step : len;
+                if (s0 >= s1) continue;
+                mt_i i0 = by_rows ? s0 : 0, m = by_rows ? s1 - s0 : M, j0 = by_rows ? 0 : s0, n = by_rows ? N : s1 - s0;
+                MT_CBLAS_GEMM(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                              (int)m, (int)n, (int)K, alpha, A + i0 * ar, (int)lda, B + j0 * bc, (int)ldb, (T)0,
+                              Y + i0 * N + j0, (int)N);
+                if (C)
+                    for (mt_i i = i0; i < i0 + m; i++)
+                        for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] += beta * C[i * cr + j * cc];
+            }
             return;
         }
     }
