@@ -35,11 +35,21 @@
 #endif
 #define MT_GEMM_SMALL (32 * 32 * 32)   /* M*N*K below which the plain loops win over packing */
 
-#ifdef MT_BLAS
-#include <cblas.h> /* scipy-openblas32 prefixes its symbols: scipy_cblas_sgemm */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* The threads a parallel region started here would get. */
+static inline mt_i mt_threads(void) {
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+#ifdef MT_BLAS
+#include <cblas.h> /* scipy-openblas32 prefixes its symbols: scipy_cblas_sgemm */
 /* OpenBLAS keeps its own thread pool: mt_gemm calls it single-threaded from OpenMP's threads. */
 static inline void mt_blas_single_thread(void) {
     static _Thread_local int done = 0; /* OpenBLAS's setting is global; a flag per thread never races */
@@ -47,13 +57,6 @@ static inline void mt_blas_single_thread(void) {
         scipy_openblas_set_num_threads(1);
         done = 1;
     }
-}
-static inline mt_i mt_threads(void) {
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
 }
 #ifndef MT_BLAS_MIN
 #define MT_BLAS_MIN (64L * 64 * 64) /* M*N*K from which the BLAS call pays for itself */
