@@ -49,6 +49,47 @@ static inline int mt_indices_ok(const void *p, int code, mt_i n, mt_i dim) {
 
 static inline mt_i mt_clamp_i(mt_i v, mt_i lo, mt_i hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
+/* ---- Shape arguments read at run time (Reshape's shape, Expand's shape, Tile's repeats, ...):
+ * the kernels take the output's static shape, so these return 1 when the values ask for another. */
+static inline int mt_check_dims(const void *s, int code, mt_i n, const mt_i *want) {
+    for (mt_i i = 0; i < n; i++)
+        if (mt_value_at(s, code, i) != (double)want[i]) return 1;
+    return 0;
+}
+
+/* Range: how many elements start, limit, delta give (-1 for a zero delta or an absurd count). */
+static inline mt_i mt_range_len(double start, double limit, double delta) {
+    if (delta == 0) return -1;
+    double c = ceil((limit - start) / delta);
+    if (!(c < 1e18)) return c > 0 ? -1 : 0; /* NaN or huge */
+    return c > 0 ? (mt_i)c : 0;
+}
+
+/* Reshape: -1 is inferred, 0 copies x's dim unless allowzero. */
+static inline int mt_check_reshape(const void *s, int code, mt_i n, int xrank, const mt_i *xs, const mt_i *ys,
+                                   int allowzero) {
+    for (mt_i i = 0; i < n; i++) {
+        mt_i v = mt_index_at(s, code, i);
+        if (v == -1) continue;
+        if (v == 0 && !allowzero) {
+            if (i >= xrank) return 1;
+            v = xs[i];
+        }
+        if (v != ys[i]) return 1;
+    }
+    return 0;
+}
+
+/* Expand: x's shape (padded to y's rank) broadcast with the n trailing dims of s gives y. */
+static inline int mt_check_expand(const void *s, int code, mt_i n, int rank, const mt_i *xs, const mt_i *ys) {
+    for (mt_i i = 0; i < n; i++) {
+        mt_i j = rank - n + i, v = mt_index_at(s, code, i), x = xs[j];
+        mt_i got = v == 1 ? x : (x == 1 || x == v ? v : -1);
+        if (got != ys[j]) return 1;
+    }
+    return 0;
+}
+
 /* ---- Slice, with starts/ends/axes/steps read at run time: fills the element offset `off` and
  * the strides `sy` (x's stride times the step, per axis) for mt_strided over y's shape. Returns
  * 1 on a zero step or an axis out of range, 2 when the slice's length differs from y's shape. */

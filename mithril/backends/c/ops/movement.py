@@ -56,11 +56,97 @@ def _strided(c, x, y, shape, sx, off=0):
            f"{c.arr([s for _, s in dims])}, {off});")
 
 
+# -- shape arguments ---------------------------------------------------------------------------
+# Inputs that restate the output's shape are not needed to move the data: a constant one is
+# checked here against the static output shape, a run-time one by the generated code, where a
+# value asking for another shape stops the node (the C kernels only know the compiled shape).
+SHAPE_MISMATCH = "its shape argument asks for another shape than the compiled {shape}"
+
+
+def _reshape_target(vals, xs, ys, allowzero):
+    if len(vals) != len(ys):
+        return False
+    return all(v == -1 or (xs[i] if v == 0 and not allowzero and i < len(xs) else v) == ys[i]
+               for i, v in enumerate(vals))
+
+
+def _expand_target(vals, xs, ys):
+    if len(vals) > len(ys):
+        return False
+    xs = (1,) * (len(ys) - len(xs)) + tuple(xs)
+    off = len(ys) - len(vals)
+    return all((xs[off + i] if v == 1 else (v if xs[off + i] in (1, v) else -1)) == ys[off + i]
+               for i, v in enumerate(vals))
+
+
+def _shape_arg(pn):
+    """(position, expected values or None, kind) of the node's shape argument; None when it has none."""
+    x, y = pn.inputs[0], pn.outputs[0]
+    ys = y.static_shape
+    if pn.op_type == "Reshape" and _given(pn, 1) is not None:
+        return 1, None, "reshape"
+    if pn.op_type == "Expand":
+        return 1, None, "expand"
+    if pn.op_type == "Tile" and all(x.static_shape):
+        return 1, [b // a for a, b in zip(x.static_shape, ys)], "dims"
+    if pn.op_type == "ConstantOfShape":
+        return 0, list(ys), "dims"
+    if pn.op_type == "OneHot":
+        return 1, [ys[_onehot_axis(pn)]], "dims"
+    return None
+
+
+def _check_shape_arg(pn):
+    got = _shape_arg(pn)
+    if got is None:
+        return None
+    i, want, kind = got
+    v = pn.inputs[i]
+    if v.dtype not in VALUE_CODE or (kind != "dims" and v.dtype not in INDEX_CODE):
+        return f"input {v.name!r} is {v.dtype}"
+    n, ys, xs = prod(v.static_shape), pn.outputs[0].static_shape, pn.inputs[0].static_shape
+    if (kind == "reshape" and n != len(ys)) or (kind == "expand" and n > len(ys)) or (kind == "dims" and n != len(want)):
+        return f"input {v.name!r} holds {n} values for an output of rank {len(ys)}"
+    if v.kind == "constant":
+        vals = ints(v.value) if kind != "dims" else [float(a) for a in np.asarray(v.value).reshape(-1)]
+        ok = (_reshape_target(vals, xs, ys, pn.kwargs.get("allowzero", 0)) if kind == "reshape" else
+              _expand_target(vals, xs, ys) if kind == "expand" else vals == [float(a) for a in want])
+        if not ok:
+            return f"input {v.name!r} = {vals} does not give the output shape {ys}"
+    return None
+
+
+def _emit_shape_check(pn, c):
+    got = _shape_arg(pn)
+    if got is None or pn.inputs[got[0]].kind == "constant":
+        return
+    i, want, kind = got
+    v, ys, xs = pn.inputs[i], c.shape(pn.outputs[0]), c.shape(pn.inputs[0])
+    n, code = c.numel(v), VALUE_CODE[v.dtype]
+    if kind == "reshape":
+        call = (f"mt_check_reshape({c.buf(v)}, {code}, {n}, {len(xs)}, {c.arr(xs)}, {c.arr(ys)}, "
+                f"{int(pn.kwargs.get('allowzero', 0) or 0)})")
+    elif kind == "expand":
+        padded = (1,) * (len(ys) - len(xs)) + tuple(xs)
+        call = f"mt_check_expand({c.buf(v)}, {code}, {n}, {len(ys)}, {c.arr(padded)}, {c.arr(ys)})"
+    else:
+        call = f"mt_check_dims({c.buf(v)}, {code}, {n}, {c.arr(want)})"
+    c.checked(call, f"input {v.name!r}: " + SHAPE_MISMATCH.format(shape=ys))
+
+
 # -- views ------------------------------------------------------------------------------------
-# The second input (shape, axes) is not read: the output's static shape says it all.
-@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True)
+def _check_view(pn):
+    v = _given(pn, 1)
+    if v is not None and v.dtype not in INDEX_CODE:
+        return f"input {v.name!r} is {v.dtype}"
+    return _check_shape_arg(pn) or _check_same_data(pn)
+
+
+# Squeeze/Unsqueeze's axes are not read: the output's static shape says them.
+@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True, check=_check_view)
 def view(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
+    _emit_shape_check(pn, c)
     if c.buf(x) != c.buf(y):
         c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
 
@@ -181,6 +267,10 @@ def _check_slice(pn):
     x, y = pn.inputs[0], pn.outputs[0]
     if len(x.static_shape) > 16:
         return "rank above 16"
+    lengths = {len(a) if isinstance(a, (list, tuple)) else prod(_given(pn, a).static_shape)
+               for a in _slice_args(pn) if a is not None and (not isinstance(a, int) or _given(pn, a) is not None)}
+    if len(lengths) > 1:
+        return "starts, ends, axes and steps of different lengths"
     vals = _slice_values(pn)
     if vals:
         got = _static_slice(x.static_shape, *vals)
@@ -233,13 +323,14 @@ def _check_expand(pn):
     padded = (1,) * (len(y) - len(x)) + tuple(x)
     if any(a != b and a != 1 for a, b in zip(padded, y)):
         return f"input shape {x} does not broadcast to {y}"
-    return _check_same_data(pn)
+    return _check_shape_arg(pn) or _check_same_data(pn)
 
 
 # The shape input is not read: y's static shape is the broadcast result.
 @c_kernel("Expand", check=_check_expand)
 def expand(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
+    _emit_shape_check(pn, c)
     yshape = c.shape(y)
     xshape = (1,) * (len(yshape) - len(c.shape(x))) + tuple(c.shape(x))
     sx = strides(xshape)
@@ -250,10 +341,7 @@ def _check_tile(pn):
     x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
     if len(x) != len(y) or any((a == 0 and b != 0) or (a and b % a) for a, b in zip(x, y)):
         return f"output shape {y} is not a tiling of {x}"
-    reps = _const_ints(pn, 1)
-    if reps and any(a * r != b for a, r, b in zip(x, reps, y)):
-        return f"repeats {reps} do not give the output shape {y}"
-    return _check_same_data(pn)
+    return _check_shape_arg(pn) or _check_same_data(pn)
 
 
 # Repeats are the output's shape over the input's; y is x viewed as (r0, n0, r1, n1, ...).
@@ -261,6 +349,7 @@ def _check_tile(pn):
 def tile(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     xshape, yshape = c.shape(x), c.shape(y)
+    _emit_shape_check(pn, c)
     if prod(yshape) == 0:
         return
     shape, sx = [], []
@@ -434,6 +523,11 @@ def _check_pad(pn):
         return "rank above 16 or output rank differs"
     if mode != "constant" and any(a == 0 and b for a, b in zip(x, y)):
         return f"{mode} padding of an empty axis"
+    pads = ints(pn.kwargs.get("pads")) if pn.opset < 11 else None
+    npads = len(pads or []) if pn.opset < 11 else prod(pn.inputs[1].static_shape)
+    axes = _given(pn, 3) if pn.opset >= 11 else None
+    if npads != 2 * (prod(axes.static_shape) if axes is not None else len(x)):
+        return f"{npads} pads for {prod(axes.static_shape) if axes is not None else len(x)} axes"
     got = _pad_begin(pn)
     if got is not None and any(a + b + e != o for a, b, e, o in zip(x, *got, y)):
         return f"pads do not give the output shape {y}"
@@ -511,9 +605,10 @@ def eyelike(pn, c):
 
 
 # The shape input is not read: y's static shape is it.
-@c_kernel("ConstantOfShape")
+@c_kernel("ConstantOfShape", check=_check_shape_arg)
 def constant_of_shape(pn, c):
     y = pn.outputs[0]
+    _emit_shape_check(pn, c)
     value = pn.kwargs.get("value")
     fill = 0 if value is None else np.asarray(value).reshape(-1)[0]
     c.line(f"mt_fill_{c.sfx(y)}({c.buf(y)}, {c.numel(y)}, {c.literal(fill, y.dtype)});")
@@ -530,7 +625,9 @@ def _check_range(pn):
 # y's static length already says how many steps; y[i] = start + i * delta as onnx's reference.
 @c_kernel("Range", check=_check_range)
 def range_(pn, c):
-    start, delta, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
+    start, limit, delta, y = pn.inputs[0], pn.inputs[1], pn.inputs[2], pn.outputs[0]
+    c.checked(f"mt_range_len((double){c.buf(start)}[0], (double){c.buf(limit)}[0], (double){c.buf(delta)}[0]) "
+              f"!= {c.numel(y)}", f"start, limit and delta do not give the compiled length {c.numel(y)}")
     c.line(f"mt_range_{c.sfx(y)}({c.buf(y)}, {c.numel(y)}, {c.buf(start)}[0], {c.buf(delta)}[0]);")
 
 
@@ -548,7 +645,7 @@ def _check_onehot(pn):
     ys = y.static_shape
     if tuple(ys[:axis]) + tuple(ys[axis + 1:]) != tuple(idx.static_shape):
         return "output shape is not the indices' with depth inserted"
-    return None
+    return _check_shape_arg(pn)
 
 
 # The depth input is not read: it is the output's static size on the axis.
@@ -556,6 +653,7 @@ def _check_onehot(pn):
 def onehot(pn, c):
     idx, vals, y = pn.inputs[0], pn.inputs[2], pn.outputs[0]
     axis, ys = _onehot_axis(pn), c.shape(y)
+    _emit_shape_check(pn, c)
     c.line(f"mt_onehot_{c.sfx(y)}({c.buf(idx)}, {VALUE_CODE[idx.dtype]}, {c.buf(vals)}, {c.buf(y)}, "
            f"{prod(ys[:axis])}, {ys[axis]}, {prod(ys[axis + 1:])});")
 
@@ -567,6 +665,8 @@ def _check_reverse_sequence(pn):
         return "batch and time axes other than 0 and 1"
     if lens.dtype not in INDEX_CODE:
         return f"sequence_lens of {lens.dtype}"
+    if prod(lens.static_shape) != x.static_shape[k.get("batch_axis", 1)]:
+        return "sequence_lens does not hold one length per batch"
     return _check_same_data(pn)
 
 
