@@ -17,6 +17,12 @@
 
 #include <float.h>
 
+/* Kernels with several loop variants or an OpenMP region are compiled once per translation unit
+ * and called, not inlined into every call site (a model with hundreds of calls compiles fast). */
+#ifndef MT_EW_NOINLINE
+#define MT_EW_NOINLINE static __attribute__((noinline, unused))
+#endif
+
 /* ---- float -> integer, saturating (NaN -> 0) -------------------------------------------- */
 #define MT_EW_SAT(sfx, TI, LO, HI)                                                   \
     static inline TI mt_sat_##sfx(double v) {                                         \
@@ -246,7 +252,7 @@ static inline void mt_bcast_row(mt_i o, int rank, const mt_i *shape, const mt_i 
 #define MT_EW_CV(KA, KB, TB, SB, v) MT_EW_CV_##KA##_##KB(TB, SB, v)
 
 #define MT_EW_CAST(TA, SA, KA, TB, SB, KB)                                                  \
-    static inline void mt_cast_##SA##_##SB(const TA *restrict x, TB *restrict y, mt_i n) {  \
+    MT_EW_NOINLINE void mt_cast_##SA##_##SB(const TA *restrict x, TB *restrict y, mt_i n) {  \
         _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")                                  \
         for (mt_i i = 0; i < n; i++) y[i] = MT_EW_CV(KA, KB, TB, SB, x[i]);                  \
     }
@@ -289,7 +295,7 @@ static inline uint64_t mt_ipow_s(int64_t b, int64_t e) {
 #define MT_EW_POWX(KA, KB) MT_EW_POW_(KA, KB)
 
 #define MT_EW_POW_KERNEL(TA, SA, KA, TB, SB, KB)                                                         \
-    static inline void mt_pow_##SA##_##SB(const TA *a, const TB *b, TA *y, int rank, const mt_i *shape,  \
+    MT_EW_NOINLINE void mt_pow_##SA##_##SB(const TA *a, const TB *b, TA *y, int rank, const mt_i *shape,  \
                                           const mt_i *sa, const mt_i *sb) {                              \
         mt_i inner = shape[rank - 1], outer = 1;                                                          \
         for (int d = 0; d < rank - 1; d++) outer *= shape[d];                                             \

@@ -31,7 +31,7 @@
 
 /* ---- one input: y[i] = expr of v = x[i], and of the parameters a, b ---------------------- */
 #define MT_EW_UNARY(name, TY, expr)                                                                 \
-    static inline void MT_FN(mt_##name)(const T *restrict x, TY *restrict y, mt_i n, T a, T b) {      \
+    MT_EW_NOINLINE void MT_FN(mt_##name)(const T *restrict x, TY *restrict y, mt_i n, T a, T b) {      \
         (void)a; (void)b;                                                                            \
         _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")                                           \
         for (mt_i i = 0; i < n; i++) { T v = x[i]; y[i] = (expr); }                                   \
@@ -44,6 +44,9 @@ MT_EW_UNARY(clip, T, v < a ? (a > b ? b : a) : (v > b ? b : v))
 
 #if MT_EW_K == 3
 MT_EW_UNARY(not, T, (T)!v)
+#elif MT_EW_K == 0
+MT_EW_UNARY(neg, T, -v) /* -0.0 for 0.0, as NumPy */
+MT_EW_UNARY(abs, T, MT_EW_ABS(v))
 #else
 MT_EW_UNARY(neg, T, MT_EW_SUB(0, v))
 MT_EW_UNARY(abs, T, MT_EW_ABS(v))
@@ -129,7 +132,7 @@ MT_EW_UNARY(gelu_tanh, T, v * MT_FN(mt_sigmoid1)((T)1.5957691216057307 * (v + (T
  * shape: the output's dims (rank >= 1, collapsed by the caller); sa, sb: each input's element
  * strides per output dim (0 where it broadcasts). Rows of the innermost dim run as flat loops. */
 #define MT_EW_BINARY(name, TY, expr)                                                                   \
-    static inline void MT_FN(mt_##name)(const T *a, const T *b, TY *y, int rank, const mt_i *shape,      \
+    MT_EW_NOINLINE void MT_FN(mt_##name)(const T *a, const T *b, TY *y, int rank, const mt_i *shape,      \
                                         const mt_i *sa, const mt_i *sb) {                                \
         mt_i inner = shape[rank - 1], outer = 1;                                                         \
         for (int d = 0; d < rank - 1; d++) outer *= shape[d];                                            \
@@ -160,7 +163,7 @@ MT_EW_UNARY(gelu_tanh, T, v * MT_FN(mt_sigmoid1)((T)1.5957691216057307 * (v + (T
 /* A binary kernel that can fail on the data: `bad` (of p, q) marks an element (y gets 0 there)
  * and the kernel returns 1. */
 #define MT_EW_BINARY_CHECKED(name, expr, bad)                                                          \
-    static inline int MT_FN(mt_##name)(const T *a, const T *b, T *y, int rank, const mt_i *shape,        \
+    MT_EW_NOINLINE int MT_FN(mt_##name)(const T *a, const T *b, T *y, int rank, const mt_i *shape,        \
                                        const mt_i *sa, const mt_i *sb) {                                 \
         mt_i inner = shape[rank - 1], outer = 1;                                                         \
         for (int d = 0; d < rank - 1; d++) outer *= shape[d];                                            \
@@ -234,7 +237,7 @@ MT_EW_BINARY(xor, T, (T)((p != 0) != (q != 0)))
 #endif
 
 /* ---- Where: three inputs broadcast, the condition a bool ---------------------------------- */
-static inline void MT_FN(mt_where)(const mt_bool *c, const T *a, const T *b, T *y, int rank, const mt_i *shape,
+MT_EW_NOINLINE void MT_FN(mt_where)(const mt_bool *c, const T *a, const T *b, T *y, int rank, const mt_i *shape,
                                    const mt_i *sc, const mt_i *sa, const mt_i *sb) {
     mt_i inner = shape[rank - 1], outer = 1;
     for (int d = 0; d < rank - 1; d++) outer *= shape[d];
@@ -254,7 +257,7 @@ static inline void MT_FN(mt_where)(const mt_bool *c, const T *a, const T *b, T *
  * y has ny elements, one per index of the kept dims (ks: sizes, kt: x strides); each reduces the
  * dims rs (x strides rt). Empty reductions give the op's identity. `scale`: ReduceMean's 1/count. */
 #define MT_EW_REDUCE(name, TA, init, step, final)                                                      \
-    static inline void MT_FN(mt_reduce_##name)(const T *X, T *restrict Y, mt_i ny, int kr, const mt_i *ks, \
+    MT_EW_NOINLINE void MT_FN(mt_reduce_##name)(const T *X, T *restrict Y, mt_i ny, int kr, const mt_i *ks, \
                                                const mt_i *kt, int rr, const mt_i *rs, const mt_i *rt,    \
                                                double scale) {                                            \
         mt_i m = 1;                                                                                       \
@@ -294,7 +297,7 @@ MT_EW_REDUCE(mean, double, 0, acc += (double)v, MT_EW_FROM_D(acc * scale))
 
 #if MT_EW_K == 0
 /* log(sum(exp(v - m))) + m, m the max (no shift when it is infinite) */
-static inline void MT_FN(mt_reduce_log_sum_exp)(const T *X, T *restrict Y, mt_i ny, int kr, const mt_i *ks,
+MT_EW_NOINLINE void MT_FN(mt_reduce_log_sum_exp)(const T *X, T *restrict Y, mt_i ny, int kr, const mt_i *ks,
                                                 const mt_i *kt, int rr, const mt_i *rs, const mt_i *rt,
                                                 double scale) {
     mt_i m = 1;
@@ -323,7 +326,7 @@ static inline void MT_FN(mt_reduce_log_sum_exp)(const T *X, T *restrict Y, mt_i 
 /* ---- ArgMax / ArgMin over the middle dim of (outer, n, inner): the first extreme, or the last
  * one with `last`; a NaN loses every comparison, so it wins only as the first element. --------- */
 #define MT_EW_ARG(name, cmp)                                                                           \
-    static inline void MT_FN(mt_##name)(const T *X, int64_t *restrict Y, mt_i outer, mt_i n, mt_i inner,  \
+    MT_EW_NOINLINE void MT_FN(mt_##name)(const T *X, int64_t *restrict Y, mt_i outer, mt_i n, mt_i inner,  \
                                         int last) {                                                      \
         _Pragma("omp parallel for if(outer * n * inner > MT_PAR_MIN)")                                    \
         for (mt_i o = 0; o < outer; o++)                                                                 \
@@ -343,7 +346,7 @@ MT_EW_ARG(argmin, <)
 
 #if MT_EW_K != 3
 /* ---- CumSum over the middle dim of (outer, n, inner) ---------------------------------------- */
-static inline void MT_FN(mt_cumsum)(const T *X, T *restrict Y, mt_i outer, mt_i n, mt_i inner, int exclusive,
+MT_EW_NOINLINE void MT_FN(mt_cumsum)(const T *X, T *restrict Y, mt_i outer, mt_i n, mt_i inner, int exclusive,
                                     int reverse) {
     _Pragma("omp parallel for if(outer * n * inner > MT_PAR_MIN)")
     for (mt_i o = 0; o < outer; o++)
