@@ -1,10 +1,11 @@
 """The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
-``conformance``, ``ops``.
+``conformance``, ``ops``, ``export-c``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
     mithril conformance --backend numpy
     mithril ops Conv
+    mithril export-c model.onnx out_dir --shape input=1,3,32,32
 
 Every command exits 0 on success and non-zero otherwise (:data:`EXIT_STATUS`); an error is one
 line on stderr, with the traceback only under ``--debug``; nothing is written into the package's
@@ -235,6 +236,37 @@ def cmd_validate(args) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_export_c(args) -> int:
+    """Write the model as a standalone C source tree (ml.export_c); exit 2 on bad arguments or a
+    model C cannot run (a node without a C kernel, a symbolic shape left unfixed)."""
+    import mithril as ml
+
+    import onnx_ir as ir
+
+    from .validate import check_inputs, model_inputs
+
+    shapes = {k: _parse_shape(k, v) for k, v in _parse_kv(args.shape, "--shape").items()} or None
+    if args.dtype not in ("float32", "float64"):
+        raise MithrilError(f"--dtype {args.dtype}: the C backend computes in float32 or float64")
+    model = ml.load_onnx(args.model)
+    check_inputs(model, None, shapes, flags=("--input", "--shape"))
+    loose = [f"{n} {[d if isinstance(d, int) else str(d) for d in v.shape] if v.shape is not None else '(rank unknown)'}"
+             for n, v in model_inputs(model).items() if n not in (shapes or {})
+             and isinstance(v.type, ir.TensorType) and (v.shape is None or not all(isinstance(d, int) for d in v.shape))]
+    if loose:
+        raise MithrilError(f"C code has fixed shapes: give --shape NAME=D0,D1,... for {'; '.join(loose)}")
+    out = ml.export_c(model, args.out_dir, shapes=shapes, dtype=getattr(ml, args.dtype), weights=args.weights,
+                      name=args.name)
+    where = "embedded in " + f"{args.name}.c" if out.embedded else f"{args.name}.bin"
+    print(f"wrote {len(out.files)} files to {out.directory}: {args.name}.h, {args.name}.c, main.c, Makefile, lib/ "
+          f"(weights {out.weight_bytes:,} bytes, {where}; arena {out.arena_bytes:,} bytes)")
+    for kind, values in (("input", out.inputs), ("output", out.outputs)):
+        for n, shape, dtype in values:
+            print(f"  {kind} {n}: {dtype} {list(shape)}")
+    print(f"build: make -C {out.directory}; run: ./{args.name} INPUT.bin... OUTPUT.bin... (raw little-endian)")
+    return 0
+
+
 def cmd_conformance(rest: list[str]) -> int:
     from .conformance import main as conformance_main
 
@@ -374,6 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")
     v.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
     v.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    e = sub.add_parser("export-c", help="write a model as a standalone C source tree (model.h/.c, main.c, Makefile)",
+                       epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("model")
+    e.add_argument("out_dir", help="the folder to write into (created if needed; files of the same names are replaced)")
+    e.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                   help="fix an input's shape (repeatable); every symbolic dim must be fixed")
+    e.add_argument("--dtype", default="float32", metavar="DTYPE", help="float32 (default) or float64")
+    e.add_argument("--weights", default="auto", choices=("auto", "file", "embed"),
+                   help="model.bin, embedded arrays, or auto: embedded up to 256 KiB (default)")
+    e.add_argument("--name", default="model", help="the files' stem and the C API's prefix (default: model)")
     sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
                    add_help=False)
     o = sub.add_parser("ops", help="which kernel runs an op on each backend, per opset, and where it is defined",
@@ -413,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "export-c":
+            return cmd_export_c(args)
         if args.command == "ops":
             return cmd_ops(args)
         parser.error(f"unknown command {args.command}")
