@@ -195,6 +195,12 @@ def test_run_time_shape_inputs_need_no_constant():
     out = pm.evaluate(None, {"x": x, "shape": np.array([3, 2, -1]), "b": b, "eshape": np.array([3, 4])})
     np.testing.assert_array_equal(out["r"], x.reshape(3, 2, 2))
     np.testing.assert_array_equal(out["e"], np.broadcast_to(b, (3, 4)))
+    # A shape argument asking for another shape than the compiled one stops the node.
+    feeds = {"x": x, "shape": np.array([3, 2, -1]), "b": b, "eshape": np.array([3, 4])}
+    with pytest.raises(NodeError, match=r"Reshape.*asks for another shape than the compiled \(3, 2, 2\)"):
+        pm.evaluate(None, {**feeds, "shape": np.array([2, 3, -1])})
+    with pytest.raises(NodeError, match=r"Expand.*asks for another shape than the compiled \(3, 4\)"):
+        pm.evaluate(None, {**feeds, "eshape": np.array([3, 5])})
 
 
 def test_resize_nearest_on_ints_and_linear_on_float64():
