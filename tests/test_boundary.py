@@ -36,8 +36,8 @@ def backend(request):
     if request.param not in INSTALLED:
         pytest.skip(f"{BACKENDS[request.param].array_modules[0]} is not installed")
     if request.param == "c":
-        pytest.skip("these models leave the batch dim symbolic and ask for gradients: CBackend needs fixed shapes "
-                    "and has no gradients yet (issue 18); tests/test_c_backend.py checks its boundary")
+        pytest.skip("these models leave the batch dim symbolic: CBackend needs fixed shapes (issue 18); "
+                    "tests/test_c_backend.py and tests/test_c_training.py check its boundary")
     return _backend(request.param)
 
 

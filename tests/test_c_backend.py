@@ -149,13 +149,6 @@ def test_a_symbolic_input_shape_is_refused_naming_the_input():
         ml.compile(model, ml.CBackend(), inference=True)
 
 
-def test_gradients_are_refused_with_the_issue_named():
-    pm = ml.compile(models_zoo.mlp([16, 8, 4]), ml.CBackend(), shapes={"input": (2, 12)})
-    with pytest.raises(MithrilError, match="CBackend does not compute gradients yet"):
-        pm.evaluate(_params(pm), {"input": np.ones((2, 12), np.float32)},
-                    output_gradients={"output": np.ones((2, 4), np.float32)})
-
-
 def test_generated_source_compiles_with_warnings_as_errors():
     pm = ml.compile(models_zoo.lenet(num_classes=10), ml.CBackend(), shapes={"input": (1, 1, 32, 32)},
                     inference=True)

@@ -466,6 +466,12 @@ def scale_grad(item, c):
     c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(s, g.dtype)});")
 
 
+@grad_kernel("StopGradient", domain="ai.mithril", check=_only_first)
+def stop_gradient_grad(item, c):
+    dx = item.dx(0)
+    c.line(f"memset({c.buf(dx)}, 0, {c.numel(dx) * dx.dtype.itemsize});")
+
+
 @grad_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_only_first)
 def view_grad(item, c):
     g, dx = item.g, item.dx(0)

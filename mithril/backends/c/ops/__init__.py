@@ -194,7 +194,7 @@ def text(value) -> str | None:
 
 
 # The families register their rules on import.
-from . import elementwise, movement, nn  # noqa: E402,F401
+from . import autodiff, elementwise, movement, nn  # noqa: E402,F401
 
 __all__ = ["ALL", "C_TYPES", "CKernel", "Emitter", "FLOATS", "INTS", "KERNELS", "NUMBERS", "SIGNED", "SUFFIX",
            "UNSIGNED", "broadcast_strides", "c_kernel", "ints", "same_types", "strides", "text"]
