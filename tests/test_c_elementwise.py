@@ -211,8 +211,14 @@ def test_sum_mean_max_min_are_variadic_and_broadcast():
     c = np.float32(0.5).reshape(())
     nodes = [helper.make_node(op, ["a", "b", "c"], [op]) for op in ("Sum", "Mean", "Max", "Min")]
     nodes.append(helper.make_node("Sum", ["a"], ["one"]))
+    # rows longer than one thread's piece, broadcast and flat
+    big = np.random.default_rng(1).standard_normal((3, 40000)).astype(np.float32)
+    row = big[0] * 2
+    nodes += [helper.make_node("Add", ["big", "row"], ["big_row"]), helper.make_node("Mul", ["big", "big"], ["big_sq"])]
     outs = {op: (np.float32, (2, 3)) for op in ("Sum", "Mean", "Max", "Min")} | {"one": (np.float32, (3,))}
-    got = _c_equals_numpy(_model(nodes, {"a": a, "b": b, "c": c}, outs), {"a": a, "b": b, "c": c})
+    outs |= {"big_row": (np.float32, big.shape), "big_sq": (np.float32, big.shape)}
+    feeds = {"a": a, "b": b, "c": c, "big": big, "row": row}
+    got = _c_equals_numpy(_model(nodes, feeds, outs), feeds)
     assert np.isnan(got["Max"][:, 1]).all()  # NaN propagates
 
 

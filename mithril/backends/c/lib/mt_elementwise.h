@@ -19,6 +19,8 @@
 
 /* Kernels with several loop variants or an OpenMP region are compiled once per translation unit
  * and called, not inlined into every call site (a model with hundreds of calls compiles fast). */
+#define MT_EW_PIECE 16384 /* elements of a row one thread takes at a time */
+
 #ifndef MT_EW_NOINLINE
 #define MT_EW_NOINLINE static __attribute__((noinline, unused))
 #endif

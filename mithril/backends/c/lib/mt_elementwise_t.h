@@ -137,25 +137,28 @@ MT_EW_UNARY(gelu_tanh, T, v * MT_FN(mt_sigmoid1)((T)1.5957691216057307 * (v + (T
         mt_i inner = shape[rank - 1], outer = 1;                                                         \
         for (int d = 0; d < rank - 1; d++) outer *= shape[d];                                            \
         mt_i ia = sa[rank - 1], ib = sb[rank - 1];                                                       \
+        /* rows split in pieces, so one long row (a flat x + y) still spreads over the threads */       \
+        mt_i piece = inner < MT_EW_PIECE ? inner : MT_EW_PIECE, pieces = (inner + piece - 1) / piece;    \
         _Pragma("omp parallel for if(outer * inner > MT_PAR_MIN)")                                        \
-        for (mt_i o = 0; o < outer; o++) {                                                               \
+        for (mt_i t = 0; t < outer * pieces; t++) {                                                      \
+            mt_i o = t / pieces, lo = (t % pieces) * piece, n = inner - lo < piece ? inner - lo : piece;  \
             mt_i oa, ob, oc;                                                                             \
             mt_bcast_row(o, rank, shape, sa, sb, 0, &oa, &ob, &oc);                                      \
-            const T *pa = a + oa, *pb = b + ob;                                                          \
-            TY *py = y + o * inner;                                                                      \
+            const T *pa = a + oa + lo * ia, *pb = b + ob + lo * ib;                                      \
+            TY *py = y + o * inner + lo;                                                                 \
             if (ia == 1 && ib == 1) {                                                                    \
                 _Pragma("omp simd")                                                                      \
-                for (mt_i i = 0; i < inner; i++) { T p = pa[i], q = pb[i]; py[i] = (expr); }             \
+                for (mt_i i = 0; i < n; i++) { T p = pa[i], q = pb[i]; py[i] = (expr); }                 \
             } else if (ia == 1 && ib == 0) {                                                             \
                 T q = pb[0];                                                                             \
                 _Pragma("omp simd")                                                                      \
-                for (mt_i i = 0; i < inner; i++) { T p = pa[i]; py[i] = (expr); }                        \
+                for (mt_i i = 0; i < n; i++) { T p = pa[i]; py[i] = (expr); }                            \
             } else if (ia == 0 && ib == 1) {                                                             \
                 T p = pa[0];                                                                             \
                 _Pragma("omp simd")                                                                      \
-                for (mt_i i = 0; i < inner; i++) { T q = pb[i]; py[i] = (expr); }                        \
+                for (mt_i i = 0; i < n; i++) { T q = pb[i]; py[i] = (expr); }                            \
             } else {                                                                                     \
-                for (mt_i i = 0; i < inner; i++) { T p = pa[i * ia], q = pb[i * ib]; py[i] = (expr); }   \
+                for (mt_i i = 0; i < n; i++) { T p = pa[i * ia], q = pb[i * ib]; py[i] = (expr); }       \
             }                                                                                            \
         }                                                                                                \
     }
