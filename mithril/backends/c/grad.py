@@ -128,7 +128,7 @@ def why_not_c_item(item: Item) -> str | None:
             v is not None and v in wanted and d is None and item.rule.needs[k]
             for k, (v, d) in enumerate(zip(pn.inputs, item.grads))):
         return "one value at several wanted inputs"
-    for v in list(item.rule.reads) + list(item.cot[:1]):
+    for v in item.reads:
         if v.static_shape is None:
             return f"shape of {v.name!r} not fixed"
         if v.dtype not in C_TYPES:
@@ -177,8 +177,11 @@ def _items(gp) -> tuple[list[Item], dict[PlanValue, PlanValue], dict[PlanValue, 
                     seen.add(v)
                 else:
                     grads.append(None)
+            # A C backward may read any input and the first output (Tanh's, Softmax's y) even where
+            # NumPy's rule does not: they live until it has run.
+            forward = list(rule.reads) + [v for v in pn.inputs if v is not None] + list(pn.outputs[:1])
             item = Item("rule", node=pn, rule=rule, cot=cot, grads=tuple(grads),
-                        reads=list(dict.fromkeys([c for c in cot if c is not None] + list(rule.reads))),
+                        reads=list(dict.fromkeys([c for c in cot if c is not None] + forward)),
                         writes=[d for d in grads if d is not None])
             items.append(item)
             for v, d in zip(pn.inputs, grads):
