@@ -228,13 +228,16 @@ def test_clip_bounds_as_inputs_attributes_and_for_ints():
     n = np.array([-100, 0, 100], np.int8)
     nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["both"]), helper.make_node("Clip", ["x", "", "hi"], ["hi_only"]),
              helper.make_node("Clip", ["x", "hi", "lo"], ["crossed"]),
-             helper.make_node("Clip", ["n", "k"], ["ints"])]
+             helper.make_node("Clip", ["n", "k"], ["ints"]), helper.make_node("Clip", ["w", "", "k64"], ["int64s"])]
+    w = np.array([np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max], np.int64)
     outs = {k: (np.float32, x.shape) for k in ("both", "hi_only", "crossed")} | {"ints": (np.int8, n.shape)}
-    feeds = {"x": x, "lo": lo, "hi": hi, "n": n}
-    model = _model(nodes, feeds, outs, initializers={"k": np.array(-7, np.int8)})
+    outs["int64s"] = (np.int64, w.shape)
+    feeds = {"x": x, "lo": lo, "hi": hi, "n": n, "w": w}
+    model = _model(nodes, feeds, outs, initializers={"k": np.array(-7, np.int8), "k64": np.array(5, np.int64)})
     got = _c_equals_numpy(model, feeds)
     assert got["crossed"][:5].tolist() == [-1.5] * 5  # min > max gives max
     assert got["ints"].tolist() == [-7, 0, 100]
+    assert got["int64s"].tolist() == [np.iinfo(np.int64).min, 0, 5]
     legacy = _model([helper.make_node("Clip", ["x"], ["y"], min=-1.0, max=1.0)], {"x": x},
                     {"y": (np.float32, x.shape)}, opset=6)
     assert _c_equals_numpy(legacy, {"x": x})["y"][:5].tolist() == [-1, -1, 0, 1, 1]

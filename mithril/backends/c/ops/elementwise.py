@@ -154,19 +154,32 @@ def _check_clip(pn):
     return _all_same(pn, NUMBERS, inputs={0})
 
 
+def _bound(value, dtype, c) -> str:
+    """A Clip bound as a C constant: infinities for floats, the type's <stdint.h> limits for the
+    absent bounds of integers (a literal INT64_MIN does not exist in C)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        if int(value) <= info.min:
+            return "0" if dt.kind == "u" else f"INT{8 * dt.itemsize}_MIN"
+        if int(value) >= info.max:
+            return f"{'U' if dt.kind == 'u' else ''}INT{8 * dt.itemsize}_MAX"
+    return c.literal(value, dt)
+
+
 @c_kernel("Clip", check=_check_clip)
 def clip(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
-    info = np.finfo(x.dtype) if x.dtype.kind == "f" else np.iinfo(x.dtype)
-    low, high = (-np.inf, np.inf) if x.dtype.kind == "f" else (info.min, info.max)
+    info = np.iinfo(x.dtype) if x.dtype.kind in "iu" else None
+    low, high = (-np.inf, np.inf) if info is None else (info.min, info.max)
     bounds = []
     for i, name, default in ((1, "min", low), (2, "max", high)):
         if pn.opset < 11:
-            bounds.append(c.literal(pn.kwargs.get(name, default), x.dtype))
+            bounds.append(_bound(pn.kwargs.get(name, default), x.dtype, c))
         elif len(pn.inputs) > i and pn.inputs[i] is not None:
             bounds.append(f"{c.buf(pn.inputs[i])}[0]")
         else:
-            bounds.append(c.literal(default, x.dtype))
+            bounds.append(_bound(default, x.dtype, c))
     c.line(f"mt_clip_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {c.numel(y)}, {bounds[0]}, {bounds[1]});")
 
 
