@@ -1,13 +1,15 @@
 """C rules for data movement: views, Transpose, Concat, Split, Slice, Gather/Scatter, Pad,
-Expand, Tile, DepthToSpace, Trilu and the fills (kernels: ``lib/mt_movement*.h``).
+Expand, Tile, DepthToSpace, Resize, Trilu and the fills (kernels: ``lib/mt_movement*.h``).
 
 Data movement never looks at values, so every rule runs for every C element type. Most ops are
 one strided copy (``mt_strided``): y walks x with per-dim strides, 0 where broadcast, negative
 for a reversed Slice. Inputs that only restate the output's shape (Reshape's shape, Expand's
-shape, Split's sizes, OneHot's depth, ConstantOfShape's shape) are not read: the output's shape is
-static and says it. Inputs whose values matter (Slice's starts, Pad's pads, Trilu's k, Range's
-start) are read at render time when constant and at run time otherwise, where the kernel checks
-them against the static output shape and fails the node cleanly when they disagree.
+shape, Split's sizes, OneHot's depth, ConstantOfShape's shape) are not needed to move data: the
+output's shape is static and says it; they are checked against it (at compile when constant,
+in the generated code otherwise). Inputs whose values matter (Slice's starts, Pad's pads,
+Resize's scales, Trilu's k, Range's start) are read at render time when constant and at run
+time otherwise, where the kernel checks them against the static output shape. A check that
+fails stops the node with a NodeError naming it (Emitter.checked), never a wrong result.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def _check_shape_arg(pn):
     if v.dtype not in VALUE_CODE or (kind != "dims" and v.dtype not in INDEX_CODE):
         return f"input {v.name!r} is {v.dtype}"
     n, ys, xs = prod(v.static_shape), pn.outputs[0].static_shape, pn.inputs[0].static_shape
-    if (kind == "reshape" and n != len(ys)) or (kind == "expand" and n > len(ys)) or (kind == "dims" and n != len(want)):
+    if n > len(ys) if kind == "expand" else n != (len(ys) if kind == "reshape" else len(want)):
         return f"input {v.name!r} holds {n} values for an output of rank {len(ys)}"
     if v.kind == "constant":
         vals = ints(v.value) if kind != "dims" else [float(a) for a in np.asarray(v.value).reshape(-1)]
@@ -139,7 +141,25 @@ def _check_view(pn):
     v = _given(pn, 1)
     if v is not None and v.dtype not in INDEX_CODE:
         return f"input {v.name!r} is {v.dtype}"
-    return _check_shape_arg(pn) or _check_same_data(pn)
+    return _check_squeeze(pn) or _check_shape_arg(pn) or _check_same_data(pn)
+
+
+def _check_squeeze(pn):
+    """The output shape a Squeeze gives (empty ``axes`` squeeze every 1, as onnxruntime and the
+    NumPy kernel do) must be the one the plan allocates: ONNX shape inference keeps every dim."""
+    if pn.op_type != "Squeeze":
+        return None
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    axes = pn.kwargs.get("axes")
+    if axes is None and len(pn.inputs) > 1 and pn.inputs[1] is not None:
+        if pn.inputs[1].kind != "constant":
+            return None
+        axes = ints(pn.inputs[1].value)
+    drop = {a % len(x) for a in axes} if axes else {i for i, d in enumerate(x) if d == 1}
+    want = tuple(d for i, d in enumerate(x) if i not in drop)
+    if want != tuple(y):
+        return f"squeezes {list(x)} to {list(want)}, but the inferred output shape is {list(y)}"
+    return None
 
 
 # Squeeze/Unsqueeze's axes are not read: the output's static shape says them.
@@ -424,17 +444,16 @@ def gather_elements(pn, c):
               f"{len(shape)}, {c.arr(c.shape(y))}, {c.arr(strides(shape))}, {axis}, {shape[axis]})", OUT_OF_RANGE)
 
 
-def _nd(pn, data, idx):
-    b = pn.kwargs.get("batch_dims", 0) if pn.op_type == "GatherND" else 0
-    k = idx[-1]
-    return b, k
+def _nd(pn, idx):
+    """GatherND's (batch_dims, index tuple length)."""
+    return pn.kwargs.get("batch_dims", 0), idx[-1]
 
 
 def _check_gathernd(pn):
     data, idx = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     if not idx:
         return "scalar indices"
-    b, k = _nd(pn, data, idx)
+    b, k = _nd(pn, idx)
     if b + k > len(data) or tuple(data[:b]) != tuple(idx[:b]):
         return "indices do not fit the data's shape"
     if pn.inputs[1].dtype not in GATHER_INDEX:
@@ -446,7 +465,7 @@ def _check_gathernd(pn):
 def gathernd(pn, c):
     x, idx, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
     data, q = c.shape(x), c.shape(idx)
-    b, k = _nd(pn, data, q)
+    b, k = _nd(pn, q)
     nb, m = prod(data[:b]), prod(q[b:-1])
     c.checked(f"mt_gathernd_{c.sfx(y)}({c.buf(x)}, {c.buf(idx)}, {INDEX_CODE[idx.dtype]}, {c.buf(y)}, {nb}, "
               f"{prod(data[b:])}, {m}, {k}, {c.arr(data[b:b + k])}, {c.arr(strides(data)[b:b + k])}, "
