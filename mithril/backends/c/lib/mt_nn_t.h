@@ -340,3 +340,42 @@ static inline void MT_FN(mt_softmax)(const T *X, T *restrict Y, mt_i outer, mt_i
 static inline void MT_FN(mt_fill_one)(T *restrict y, mt_i n) {
     for (mt_i i = 0; i < n; i++) y[i] = (T)1;
 }
+
+/* ---- onnxruntime contrib (com.microsoft) ------------------------------------------------------ */
+
+/* Gelu, BiasGelu, FastGelu: y = gelu(x + bias) over a (rows, cols) view, bias (may be NULL) one
+ * value per column; tanh_approx: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), else the erf form. */
+static inline void MT_FN(mt_gelu_bias)(const T *X, const T *bias, T *restrict Y, mt_i rows, mt_i cols,
+                                       int tanh_approx) {
+    _Pragma("omp parallel for if(rows * cols > MT_PAR_MIN)")
+    for (mt_i r = 0; r < rows; r++) {
+        const T *x = X + r * cols;
+        T *restrict y = Y + r * cols;
+        for (mt_i j = 0; j < cols; j++) {
+            T v = bias ? x[j] + bias[j] : x[j];
+            y[j] = tanh_approx ? (T)0.5 * v * ((T)1 + tanh((T)0.7978845608028654 * (v + (T)0.044715 * v * v * v)))
+                               : (T)0.5 * v * ((T)1 + erf(v * (T)0.7071067811865476));
+        }
+    }
+}
+
+/* SkipLayerNormalization over rows of `cols`: s = x + skip (+ bias), y = normalized(s) * gamma
+ * (+ beta); Mean, Inv, Sum (each may be NULL) get the row statistics and s. */
+static inline void MT_FN(mt_skip_layernorm)(const T *X, const T *Skip, const T *gamma, const T *beta, const T *bias,
+                                            T *restrict Y, T *restrict Mean, T *restrict Inv, T *restrict Sum,
+                                            mt_i rows, mt_i cols, double eps) {
+    _Pragma("omp parallel for if(rows * cols > MT_PAR_MIN)")
+    for (mt_i r = 0; r < rows; r++) {
+        const T *x = X + r * cols, *s = Skip + r * cols;
+        T *restrict y = Y + r * cols;
+        for (mt_i j = 0; j < cols; j++) y[j] = bias ? x[j] + s[j] + bias[j] : x[j] + s[j];
+        if (Sum)
+            for (mt_i j = 0; j < cols; j++) Sum[r * cols + j] = y[j];
+        double m, inv;
+        MT_FN(mt_moments)(y, cols, eps, &m, &inv);
+        if (Mean) Mean[r] = (T)m;
+        if (Inv) Inv[r] = (T)inv;
+        T tm = (T)m, ti = (T)inv;
+        for (mt_i j = 0; j < cols; j++) y[j] = (y[j] - tm) * ti * gamma[j] + (beta ? beta[j] : (T)0);
+    }
+}

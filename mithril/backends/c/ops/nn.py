@@ -495,3 +495,51 @@ def dropout(pn, c):
             c.line(f"memset({c.buf(mask)}, 1, {c.numel(mask)});")
         else:
             c.line(f"mt_fill_one_{c.sfx(mask)}({c.buf(mask)}, {c.numel(mask)});")
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime contrib ops that exported transformers use
+
+MS = "com.microsoft"
+GELUS = {"Gelu": 0, "BiasGelu": 0, "FastGelu": 1}
+
+
+def _check_gelu(pn):
+    x = pn.inputs[0].static_shape
+    if not x:
+        return "0-d input"
+    if _has(pn, 1) and tuple(pn.inputs[1].static_shape) not in ((x[-1],), (1,) * (len(x) - 1) + (x[-1],)):
+        return f"bias {pn.inputs[1].static_shape} is not one row of {x[-1]}"
+    return same_types(pn)
+
+
+@c_kernel(*GELUS, domain=MS, dtypes=FLOATS, check=_check_gelu)
+def gelu(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    cols = c.shape(x)[-1]
+    c.line(f"mt_gelu_bias_{c.sfx(y)}({c.buf(x)}, {_bias(pn, c, 1)}, {c.buf(y)}, {prod(c.shape(x)[:-1])}, {cols}, "
+           f"{GELUS[pn.op_type]});")
+
+
+def _check_skip_layernorm(pn):
+    x = pn.inputs[0].static_shape
+    if not x:
+        return "0-d input"
+    if pn.inputs[1].static_shape != x:
+        return f"skip {pn.inputs[1].static_shape} differs from the input's shape {x}"
+    for i in (2, 3, 4):
+        if _has(pn, i) and prod(pn.inputs[i].static_shape) != x[-1]:
+            return f"{pn.inputs[i].name!r} is not one row of {x[-1]}"
+    if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
+        return "statistics in another dtype than the input"
+    return same_types(pn)
+
+
+@c_kernel("SkipLayerNormalization", domain=MS, dtypes=FLOATS, check=_check_skip_layernorm)
+def skip_layernorm(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    cols = c.shape(x)[-1]
+    extra = [c.buf(pn.outputs[i]) if len(pn.outputs) > i and pn.outputs[i].name else "0" for i in (1, 2, 3)]
+    c.line(f"mt_skip_layernorm_{c.sfx(y)}({c.buf(x)}, {c.buf(pn.inputs[1])}, {c.buf(pn.inputs[2])}, "
+           f"{_bias(pn, c, 3)}, {_bias(pn, c, 4)}, {c.buf(y)}, {', '.join(extra)}, {prod(c.shape(x)[:-1])}, {cols}, "
+           f"{float(pn.kwargs.get('epsilon', 1e-12))!r});")
