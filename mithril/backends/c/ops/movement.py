@@ -95,6 +95,8 @@ def _shape_arg(pn):
         return 0, list(ys), "dims"
     if pn.op_type == "OneHot":
         return 1, [ys[_onehot_axis(pn)]], "dims"
+    if pn.op_type == "CenterCropPad":
+        return 1, [ys[a] for a in _crop_axes(pn)], "dims"
     return None
 
 
@@ -589,6 +591,34 @@ def pad(pn, c):
     c.line(f"    mt_pad_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(xshape)}, {c.arr(yshape)}, begin, "
            f"{mode}, {value});")
     c.line("}")
+
+
+# -- CenterCropPad: a Pad whose leading pad is negative (a crop) or positive, centred ---------
+def _crop_axes(pn):
+    rank = len(pn.inputs[0].static_shape)
+    return [a % rank for a in (ints(pn.kwargs.get("axes")) or range(rank))]
+
+
+def _check_center_crop_pad(pn):
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    axes = _crop_axes(pn)
+    if len(x) != len(y) or len(x) > 16 or any(a != b for d, (a, b) in enumerate(zip(x, y)) if d not in axes):
+        return f"output shape {y} changes an axis outside {axes}"
+    return _check_shape_arg(pn) or _check_same_data(pn)
+
+
+# The shape input is the output's static shape on the axes; onnx centres with the extra element
+# (odd difference) after the data when padding and cut from the end when cropping.
+@c_kernel("CenterCropPad", check=_check_center_crop_pad)
+def center_crop_pad(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xs, ys = c.shape(x), c.shape(y)
+    _emit_shape_check(pn, c)
+    if prod(ys) == 0:
+        return
+    begin = [(o - i) // 2 if o >= i else -((i - o) // 2) for i, o in zip(xs, ys)]
+    c.line(f"mt_pad_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {len(xs)}, {c.arr(xs)}, {c.arr(ys)}, {c.arr(begin)}, 0, "
+           f"{c.literal(0, y.dtype)});")
 
 
 # -- Trilu, EyeLike, ConstantOfShape, Range, OneHot, ReverseSequence ---------------------------
