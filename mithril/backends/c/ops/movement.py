@@ -305,6 +305,8 @@ def _check_slice(pn):
             v = _given(pn, i)
             if v is not None and v.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
                 return f"input {v.name!r} is {v.dtype} (Slice takes int32 or int64)"
+        if pn.inputs[1].dtype != pn.inputs[2].dtype:
+            return "starts and ends of different element types"
     return _check_same_data(pn)
 
 
