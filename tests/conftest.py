@@ -30,3 +30,19 @@ def conv_model():
     ]
     return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 4, 8, 8])], [("y", TensorProto.FLOAT, ["N", 8])],
                       {"W": w})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _c_build_cache(tmp_path_factory):
+    """Libraries the C backend builds during the tests go to a temporary cache, not the user's
+    (``~/.cache/mithril/c``); a test or module that wants its own sets MITHRIL_CACHE_DIR itself."""
+    import os
+
+    if os.environ.get("MITHRIL_CACHE_DIR"):
+        yield
+        return
+    os.environ["MITHRIL_CACHE_DIR"] = str(tmp_path_factory.mktemp("mithril-c-cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("MITHRIL_CACHE_DIR", None)
