@@ -200,3 +200,62 @@ def test_fallback_none_refuses_a_backward_without_c_kernel():
     with pytest.raises(CKernelMissingError, match=r"^CBackend\(fallback=None\): 1 node\(s\) have no C backward "
                                                   r"kernel: sine \(Sin: no C backward kernel\)$"):
         ml.compile(_sine_model(), ml.CBackend(fallback=None), data_keys={"x"})
+
+
+# -- BatchNorm in training mode ----------------------------------------------------------------------
+
+
+def test_frontend_batchnorm_training_gradients_in_c_equal_numpy():
+    """BatchNorm2D(training=True) lowers to ReduceMean, Sub, Mul (x * x), Div, Sqrt: all in C."""
+    from mithril.models import BatchNorm2D, Convolution2D, Flatten, IOKey, Linear, Model, Relu
+
+    def bn_net():  # tests/test_training.py's
+        m = Model()
+        m |= Convolution2D(3, 4, padding=1, name="conv")(input=IOKey("input", shape=["N", 2, 6, 6]))
+        m += BatchNorm2D(training=True, name="bn")
+        m += Relu()
+        m += Flatten(start_dim=1)
+        m += Linear(3, name="fc")(output="output")
+        return m
+
+    shapes = {"input": [8, 2, 6, 6], "target": [8]}
+    pms = {}
+    for backend in (ml.NumpyBackend(), ml.CBackend()):
+        tm = TrainModel(bn_net())
+        tm.add_loss(CrossEntropy(), input="output", target="target", reduce_steps=[Mean()])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CFallbackWarning)
+            pms[backend.name] = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"})
+    rng = np.random.default_rng(0)
+    data = {"input": (rng.standard_normal((8, 2, 6, 6)) * 3 + 1).astype(np.float32), "target": rng.integers(0, 3, 8)}
+    params = {k: np.asarray(v) for k, v in pms["numpy"].randomize_params().items()}
+    want_out, want = pms["numpy"].evaluate(params, data)
+    got_out, got = pms["c"].evaluate(params, data)
+    for k in ("loss", "bn.running_mean_out", "bn.running_var_out"):
+        np.testing.assert_allclose(got_out[k], want_out[k], rtol=1e-5, atol=1e-6)
+    # The batch mean takes the conv's bias away: its gradient is rounding noise on both sides.
+    assert np.abs(got.pop("conv.bias")).max() < 1e-5 and np.abs(want.pop("conv.bias")).max() < 1e-5
+    _compare_gradients(want, got, 1e-4)
+
+
+def test_onnx_batchnorm_training_mode_backward_in_c():
+    """BatchNormalization-15 with training_mode=1: the forward runs on NumPy (C's forward takes
+    running statistics), its backward in C, from the batch's statistics."""
+    c = 3
+    nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
+                              name="bn", training_mode=1, epsilon=1e-3)]
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [c], v) for n, v in
+             [("scale", [1.5, -0.5, 2.0]), ("bias", [0.1, 0.2, 0.3]), ("mean", [0.0] * c), ("var", [1.0] * c)]]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, c, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, c, 5])], inits)
+    model = ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]))
+    ref = ml.compile(model, ml.NumpyBackend(), trainable_keys={"scale", "bias"}, data_keys={"x"})
+    with pytest.warns(CFallbackWarning, match=r"bn \(BatchNormalization: training mode\)"):
+        pm = ml.compile(model, ml.CBackend(), trainable_keys={"scale", "bias"}, data_keys={"x"})
+    assert "mt_grad_batchnorm_f32(" in pm.backward.source and not pm.backward.fallback
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((4, c, 5)) * 2 + 1).astype(np.float32)
+    cot = {"y": rng.standard_normal((4, c, 5)).astype(np.float32)}
+    _, want = ref.evaluate(None, {"x": x}, output_gradients=cot)
+    _, got = pm.evaluate(None, {"x": x}, output_gradients=cot)
+    _compare_gradients(want, got, 1e-4)

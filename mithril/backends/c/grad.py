@@ -119,12 +119,13 @@ def why_not_c_item(item: Item) -> str | None:
     rule = GRAD_KERNELS.get((pn.domain, pn.op_type))
     if rule is None or pn.subgraphs:
         return "no C backward kernel"
-    if any(c is not None for c in item.cot[1:]):
+    if any(c is not None for c in item.cot[1:]) and pn.op_type not in _FIRST_COTANGENT_ONLY:
         return "a cotangent reaches an output other than the first"
     if item.cot[0] is None:
         return "no cotangent reaches the first output"
     wanted = [v for v, d in zip(pn.inputs, item.grads) if d is not None]
-    if len(set(wanted)) != len(wanted) or any(
+    squares = pn.op_type in ("Mul", "Add") and len(pn.inputs) == 2 and pn.inputs[0] is pn.inputs[1]
+    if not squares and any(
             v is not None and v in wanted and d is None and item.rule.needs[k]
             for k, (v, d) in enumerate(zip(pn.inputs, item.grads))):
         return "one value at several wanted inputs"
@@ -136,6 +137,11 @@ def why_not_c_item(item: Item) -> str | None:
     if item.g.dtype not in FLOATS:
         return f"dtype {item.g.dtype} (the C backward kernels are float32 and float64)"
     return rule.check(item) if rule.check is not None else None
+
+
+# Ops whose backward reads only the first output's cotangent, as NumPy's rule does (BatchNormalization's
+# running statistics are buffers updated by assignment, not values a loss reads).
+_FIRST_COTANGENT_ONLY = {"BatchNormalization"}
 
 
 def _item_scratch(item: Item) -> int:
@@ -455,10 +461,10 @@ def relu_grad(item, c):
     c.line(f"mt_grad_relu_{c.sfx(g)}({c.buf(g)}, {c.buf(x)}, {c.buf(dx)}, {c.numel(dx)});")
 
 
-@grad_kernel("Tanh", "Sigmoid", "Exp", check=_only_first)
+@grad_kernel("Tanh", "Sigmoid", "Exp", "Sqrt", check=_only_first)
 def from_output_grad(item, c):
     g, y, dx = item.g, item.node.outputs[0], item.dx(0)
-    name = {"Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp"}[item.node.op_type]
+    name = {"Tanh": "tanh", "Sigmoid": "sigmoid", "Exp": "exp", "Sqrt": "sqrt"}[item.node.op_type]
     c.line(f"mt_grad_{name}_{c.sfx(g)}({c.buf(g)}, {c.buf(y)}, {c.buf(dx)}, {c.numel(dx)});")
 
 
@@ -489,8 +495,9 @@ def transpose_grad(item, c):
     st = strides(xs)
     sx = [st[p] for p in perm]
     shape = c.shape(g)
-    c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
-           f"{c.arr(shape)}, {c.arr([0] * len(shape))}, {c.arr(sx)}, {c.literal(1, g.dtype)});")
+    zeros = c.arr([0] * len(shape))
+    c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, 0, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
+           f"{c.arr(shape)}, {zeros}, {zeros}, {c.arr(sx)}, {c.literal(1, g.dtype)}, 0);")
 
 
 def _check_binary(item):
@@ -503,25 +510,38 @@ def _check_binary(item):
     return _floats_only(item)
 
 
-@grad_kernel("Add", "Sub", "Mul", check=_check_binary)
+@grad_kernel("Add", "Sub", "Mul", "Div", check=_check_binary)
 def binary_grad(item, c):
     g = item.g
     shape = c.shape(g)
     op = item.node.op_type
+    a, b = item.x(0), item.x(1)
+    strides_of = {v: broadcast_strides(c.shape(v), shape) for v in (a, b)}
+    if a is b:  # x * x, x + x: one gradient, both terms
+        dx = item.dx(0)
+        mul = a if op == "Mul" else None
+        zeros = [0] * len(shape)
+        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {c.buf(mul) if mul is not None else 0}, 0, {c.buf(dx)}, "
+               f"{c.numel(dx)}, {len(shape)}, {c.arr(shape)}, {c.arr(strides_of[a] if mul is not None else zeros)}, "
+               f"{c.arr(zeros)}, {c.arr(strides_of[a])}, {c.literal(2, g.dtype)}, 0);")
+        return
     for k in (0, 1):
         dx = item.dx(k)
         if dx is None:
             continue
         x, other = item.x(k), item.x(1 - k)
-        s = -1 if (op == "Sub" and k == 1) else 1
-        if op != "Mul" and tuple(c.shape(x)) == tuple(shape):
+        s = -1 if (op in ("Sub", "Div") and k == 1) else 1
+        if op in ("Add", "Sub") and tuple(c.shape(x)) == tuple(shape):
             c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(s, g.dtype)});")
             continue
-        oth = c.buf(other) if op == "Mul" else "0"
-        so = broadcast_strides(c.shape(other), shape) if op == "Mul" else [0] * len(shape)
-        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {oth}, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
-               f"{c.arr(shape)}, {c.arr(so)}, {c.arr(broadcast_strides(c.shape(x), shape))}, "
-               f"{c.literal(s, g.dtype)});")
+        # Mul: g * other; Div: da = g / b, db = -g * a / b^2.
+        mul = other if op == "Mul" else a if (op == "Div" and k == 1) else None
+        div = b if op == "Div" else None
+        sm = strides_of[mul] if mul is not None else [0] * len(shape)
+        sd = strides_of[div] if div is not None else [0] * len(shape)
+        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {c.buf(mul) if mul is not None else 0}, "
+               f"{c.buf(div) if div is not None else 0}, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, {c.arr(shape)}, "
+               f"{c.arr(sm)}, {c.arr(sd)}, {c.arr(strides_of[x])}, {c.literal(s, g.dtype)}, {int(k == 1 and op == 'Div')});")
 
 
 # MatMul / MatMulAdd / Gemm: products of the cotangent with the other operand, through mt_gemm with
@@ -587,8 +607,9 @@ def gemm_grad(item, c):
     dc = item.dx(2)
     if dc is not None:
         shape = c.shape(g)
-        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, {c.buf(dc)}, {c.numel(dc)}, 2, {c.arr(shape)}, "
-               f"{c.arr([0, 0])}, {c.arr(broadcast_strides(c.shape(item.x(2)), shape))}, {c.literal(beta, t)});")
+        zeros = c.arr([0, 0])
+        c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, 0, {c.buf(dc)}, {c.numel(dc)}, 2, {c.arr(shape)}, "
+               f"{zeros}, {zeros}, {c.arr(broadcast_strides(c.shape(item.x(2)), shape))}, {c.literal(beta, t)}, 0);")
 
 
 def _softmax_split(item):
@@ -734,11 +755,15 @@ def pool_grad(item, c):
         c.line(f"mt_grad_avgpool_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {shape[0] * shape[1]}, {geo}, {mode});")
 
 
+def _bn_training(item) -> bool:
+    pn = item.node
+    return bool(item.kwargs.get("training_mode")) if pn.opset >= 14 else len(pn.outputs) > 1
+
+
 def _check_batchnorm(item):
     pn, k = item.node, item.kwargs
-    training = bool(k.get("training_mode")) if pn.opset >= 14 else len(pn.outputs) > 1
-    if training or len(pn.outputs) > 1:
-        return "training mode (the C backward takes running statistics)"
+    if _bn_training(item) and len(pn.outputs) > 1 and any(o.dtype != item.g.dtype for o in pn.outputs[1:3]):
+        return "statistics outputs of another dtype"
     if item.dx(3) is not None or item.dx(4) is not None:
         return "gradients of the running statistics wanted"
     if not k.get("spatial", 1):
@@ -757,7 +782,7 @@ def batchnorm_grad(item, c):
     bufs = [c.buf(d) if d is not None else "0" for d in (item.dx(0), item.dx(1), item.dx(2))]
     c.line(f"mt_grad_batchnorm_{c.sfx(g)}({c.buf(x)}, {c.buf(g)}, {c.buf(scale)}, {c.buf(mean)}, {c.buf(var)}, "
            f"{bufs[0]}, {bufs[1]}, {bufs[2]}, {s[0]}, {s[1] if len(s) > 1 else 1}, {prod(s[2:])}, "
-           f"{c.literal(item.kwargs.get('epsilon', 1e-5), g.dtype)});")
+           f"{c.literal(item.kwargs.get('epsilon', 1e-5), g.dtype)}, {int(_bn_training(item))});")
 
 
 __all__ = ["GRAD_KERNELS", "CGradientProgram", "GradKernel", "Item", "grad_kernel", "lower_gradients",

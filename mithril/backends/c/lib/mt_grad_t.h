@@ -31,19 +31,30 @@ static inline void MT_FN(mt_grad_exp)(const T *g, const T *y, T *restrict dx, mt
     for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i];
 }
 
-/* ---- broadcasting: dx[nx] = sum over the broadcast dims of s * g * other --------------------
- * g and other (NULL: 1) walk `shape` (g's, C-contiguous); `so` and `sx` are other's and dx's
- * strides along it (0 where broadcast). Also a Transpose's inverse (sx: the permuted strides). */
-static inline void MT_FN(mt_grad_unbroadcast)(const T *g, const T *other, T *restrict dx, mt_i nx, int rank,
-                                              const mt_i *shape, const mt_i *so, const mt_i *sx, T s) {
+/* ---- broadcasting: dx[nx] = sum over the broadcast dims of s * g * mul / div^(1 + twice) -------
+ * g, mul and div (each NULL: 1) walk `shape` (g's, C-contiguous); `sm`, `sd` and `sx` are mul's,
+ * div's and dx's strides along it (0 where broadcast). Add/Sub/Mul/Div's operands, and a
+ * Transpose's inverse (sx: the permuted strides). */
+static inline void MT_FN(mt_grad_unbroadcast)(const T *g, const T *mul, const T *div, T *restrict dx, mt_i nx,
+                                              int rank, const mt_i *shape, const mt_i *sm, const mt_i *sd,
+                                              const mt_i *sx, T s, int twice) {
     mt_i n = 1;
     for (int d = 0; d < rank; d++) n *= shape[d];
     for (mt_i i = 0; i < nx; i++) dx[i] = 0;
     for (mt_i i = 0; i < n; i++) {
         T v = s * g[i];
-        if (other) v *= other[mt_grad_offset(i, rank, shape, so)];
+        if (mul) v *= mul[mt_grad_offset(i, rank, shape, sm)];
+        if (div) {
+            T q = div[mt_grad_offset(i, rank, shape, sd)];
+            v /= twice ? q * q : q;
+        }
         dx[mt_grad_offset(i, rank, shape, sx)] += v;
     }
+}
+
+static inline void MT_FN(mt_grad_sqrt)(const T *g, const T *y, T *restrict dx, mt_i n) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * (T)0.5 / y[i];
 }
 
 /* dx (C-contiguous, `shape`) = s * g read with strides `sg` along shape (ReduceMean/ReduceSum). */
@@ -259,27 +270,49 @@ static inline void MT_FN(mt_grad_maxpool)(const T *X, const T *G, T *restrict dX
     }
 }
 
-/* ---- BatchNormalization over (N, C, S), inference statistics (mean, var given) ---------------
- * dX = G * scale / sqrt(var + eps); dscale = sum G * xhat; dbias = sum G (per channel). */
+/* ---- BatchNormalization over (N, C, S) -----------------------------------------------------
+ * training == 0: the running statistics (mean, var) normalize; dX = G * scale / sqrt(var + eps).
+ * training == 1: the batch's own (biased) statistics, recomputed from X as the forward did; dX =
+ * scale * inv / (N*S) * (N*S*G - sum G - xhat * sum G*xhat). Both: dscale = sum G * xhat and
+ * dbias = sum G per channel. Statistics accumulate in double. */
 static inline void MT_FN(mt_grad_batchnorm)(const T *X, const T *G, const T *scale, const T *mean, const T *var,
                                             T *restrict dX, T *restrict dscale, T *restrict dbias, mt_i N, mt_i C,
-                                            mt_i S, T eps) {
+                                            mt_i S, T eps, int training) {
     _Pragma("omp parallel for if(N * C * S > MT_PAR_MIN)")
     for (mt_i c = 0; c < C; c++) {
-        T inv = (T)1 / sqrt(var[c] + eps), a = scale[c] * inv;
-        T sg = 0, sgx = 0;
+        double m = training ? 0 : (double)mean[c], v = training ? 0 : (double)var[c];
+        if (training) {
+            for (mt_i n = 0; n < N; n++)
+                for (mt_i i = 0; i < S; i++) m += X[(n * C + c) * S + i];
+            m /= (double)(N * S);
+            for (mt_i n = 0; n < N; n++)
+                for (mt_i i = 0; i < S; i++) {
+                    double d = X[(n * C + c) * S + i] - m;
+                    v += d * d;
+                }
+            v /= (double)(N * S);
+        }
+        double inv = 1.0 / sqrt(v + (double)eps), sg = 0, sgx = 0;
         for (mt_i n = 0; n < N; n++) {
             const T *x = X + (n * C + c) * S, *gy = G + (n * C + c) * S;
             for (mt_i i = 0; i < S; i++) {
                 sg += gy[i];
-                sgx += gy[i] * (x[i] - mean[c]) * inv;
-            }
-            if (dX) {
-                T *dx = dX + (n * C + c) * S;
-                for (mt_i i = 0; i < S; i++) dx[i] = gy[i] * a;
+                sgx += gy[i] * ((x[i] - m) * inv);
             }
         }
-        if (dscale) dscale[c] = sgx;
-        if (dbias) dbias[c] = sg;
+        if (dX) {
+            double a = scale[c] * inv, cnt = (double)(N * S);
+            for (mt_i n = 0; n < N; n++) {
+                const T *x = X + (n * C + c) * S, *gy = G + (n * C + c) * S;
+                T *dx = dX + (n * C + c) * S;
+                if (training)
+                    for (mt_i i = 0; i < S; i++)
+                        dx[i] = (T)(a * (gy[i] - sg / cnt - (x[i] - m) * inv * sgx / cnt));
+                else
+                    for (mt_i i = 0; i < S; i++) dx[i] = (T)(gy[i] * a);
+            }
+        }
+        if (dscale) dscale[c] = (T)sgx;
+        if (dbias) dbias[c] = (T)sg;
     }
 }
