@@ -17,15 +17,46 @@ static inline void MT_FN(mt_strided)(const T *X, T *restrict Y, int rank, const 
     }
 }
 
+/* ---- Strided copy whose y-innermost dim is strided in x while x's unit-stride dim is q (a
+ * transpose of the last two axes, NCHW <-> NHWC): 32x32 tiles of the (q, last) plane, so both
+ * sides stay in cache. Same arguments as mt_strided, plus q (< rank - 1, sx[q] == 1). */
+static inline void MT_FN(mt_strided_tiled)(const T *X, T *restrict Y, int rank, const mt_i *shape, const mt_i *sx,
+                                           mt_i off, int q) {
+    mt_i nq = shape[q], nl = shape[rank - 1], sl = sx[rank - 1], syq = 1, outer = 1;
+    for (int d = q + 1; d < rank; d++) syq *= shape[d];
+    for (int d = 0; d < rank - 1; d++) if (d != q) outer *= shape[d];
+    if (outer == 0 || nq == 0 || nl == 0) return;
+    _Pragma("omp parallel for if(outer * nq * nl > MT_PAR_MIN)")
+    for (mt_i o = 0; o < outer; o++) {
+        mt_i r = o, px = off, py = 0, ystride = nl;
+        for (int d = rank - 2; d >= 0; d--) {
+            if (d == q) { ystride *= nq; continue; }
+            mt_i c = r % shape[d];
+            r /= shape[d];
+            px += c * sx[d];
+            py += c * ystride;
+            ystride *= shape[d];
+        }
+        for (mt_i i0 = 0; i0 < nq; i0 += 32)
+            for (mt_i j0 = 0; j0 < nl; j0 += 32) {
+                mt_i i1 = i0 + 32 < nq ? i0 + 32 : nq, j1 = j0 + 32 < nl ? j0 + 32 : nl;
+                for (mt_i i = i0; i < i1; i++)
+                    for (mt_i j = j0; j < j1; j++) Y[py + i * syq + j] = X[px + i + j * sl];
+            }
+    }
+}
+
 /* ---- Concat: one input's (outer, chunk) block into y's (outer, total) rows at `offset` ------- */
 static inline void MT_FN(mt_concat_part)(const T *X, T *restrict Y, mt_i outer, mt_i chunk, mt_i total, mt_i offset) {
     if (chunk == 0) return;
+    _Pragma("omp parallel for if(outer * chunk > MT_PAR_MIN && outer > 1)")
     for (mt_i o = 0; o < outer; o++) memcpy(Y + o * total + offset, X + o * chunk, (size_t)chunk * sizeof(T));
 }
 
 /* ---- Split: y's (outer, chunk) block from x's (outer, total) rows at `offset` --------------- */
 static inline void MT_FN(mt_split_part)(const T *X, T *restrict Y, mt_i outer, mt_i chunk, mt_i total, mt_i offset) {
     if (chunk == 0) return;
+    _Pragma("omp parallel for if(outer * chunk > MT_PAR_MIN && outer > 1)")
     for (mt_i o = 0; o < outer; o++) memcpy(Y + o * chunk, X + o * total + offset, (size_t)chunk * sizeof(T));
 }
 

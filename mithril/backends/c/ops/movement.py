@@ -54,8 +54,13 @@ def _strided(c, x, y, shape, sx, off=0):
             dims[-1] = (dims[-1][0] * n, s)
         else:
             dims.append((n, s))
-    c.line(f"mt_strided_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {len(dims)}, {c.arr([n for n, _ in dims])}, "
-           f"{c.arr([s for _, s in dims])}, {off});")
+    args = f"{c.buf(x)}, {c.buf(y)}, {len(dims)}, {c.arr([n for n, _ in dims])}, {c.arr([s for _, s in dims])}, {off}"
+    unit = [d for d, (n, s) in enumerate(dims[:-1]) if s == 1 and n >= 8]
+    if dims and dims[-1][1] != 1 and dims[-1][0] >= 8 and unit:
+        # x's contiguous axis is not y's last: tiles of that plane (NCHW <-> NHWC, 2-D transposes).
+        c.line(f"mt_strided_tiled_{c.sfx(y)}({args}, {unit[0]});")
+    else:
+        c.line(f"mt_strided_{c.sfx(y)}({args});")
 
 
 # -- shape arguments ---------------------------------------------------------------------------
