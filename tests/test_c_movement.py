@@ -125,6 +125,22 @@ def test_every_movement_op_equals_numpy_for_each_element_type(dt):
     np.testing.assert_array_equal(got["tri"], np.tril(x, 1))
 
 
+def test_transpose_every_permutation_plain_and_tiled():
+    """Permutations moving x's contiguous axis inward run in tiles (mt_strided_tiled); all equal NumPy."""
+    import itertools
+
+    shape, perms = (2, 9, 10, 11), list(itertools.permutations(range(4)))
+    nodes = [helper.make_node("Transpose", ["x"], [f"y{k}"], perm=list(p)) for k, p in enumerate(perms)]
+    outs = [(f"y{k}", TensorProto.INT16, [shape[d] for d in p]) for k, p in enumerate(perms)]
+    pm = ml.compile(ml.load_onnx(make_model(nodes, [("x", TensorProto.INT16, list(shape))], outs)),
+                    ml.CBackend(fallback=None))
+    assert "mt_strided_tiled_i16(" in pm.program.source
+    x = np.random.default_rng(0).integers(-1000, 1000, shape).astype(np.int16)
+    got = pm.evaluate(None, {"x": x})
+    for k, p in enumerate(perms):
+        np.testing.assert_array_equal(got[f"y{k}"], x.transpose(p), err_msg=str(p))
+
+
 def test_fills_range_eyelike_and_constant_pad():
     nodes = [
         helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
