@@ -259,3 +259,60 @@ def test_onnx_batchnorm_training_mode_backward_in_c():
     _, want = ref.evaluate(None, {"x": x}, output_gradients=cot)
     _, got = pm.evaluate(None, {"x": x}, output_gradients=cot)
     _compare_gradients(want, got, 1e-4)
+
+
+# -- backward kernels on hand-made graphs: the edge cases the zoo misses ------------------------------
+
+
+def _graph(nodes, inputs, output, opset=17, inits=()):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], list(inits))
+    return ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+
+
+BACKWARD_CASES = {
+    # padded windows: counts with and without the padding, ceil_mode's partial window, strides
+    "pools": ([helper.make_node("AveragePool", ["x"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+               helper.make_node("AveragePool", ["x"], ["b"], kernel_shape=[2, 3], pads=[1, 0, 1, 1],
+                                count_include_pad=1, ceil_mode=1),
+               helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2],
+                                ceil_mode=1),
+               helper.make_node("GlobalAveragePool", ["x"], ["gp"]),
+               helper.make_node("ReduceSum", ["a"], ["sa"], keepdims=0),
+               helper.make_node("ReduceSum", ["b"], ["sb"], keepdims=0),
+               helper.make_node("ReduceSum", ["m"], ["sm"], keepdims=0),
+               helper.make_node("ReduceSum", ["gp"], ["sg"], keepdims=0),
+               helper.make_node("Sum", ["sa", "sb", "sm", "sg"], ["y"])],
+              [("x", [2, 3, 7, 6])], {"x": (2, 3, 7, 6)}),
+    # broadcasting both ways, Sub's sign, Div's two gradients, Gemm transposed with a row bias
+    "broadcast_gemm": ([helper.make_node("Sub", ["a", "b"], ["s"]),
+                        helper.make_node("Mul", ["s", "b"], ["m"]),
+                        helper.make_node("Div", ["m", "c"], ["d"]),
+                        helper.make_node("Gemm", ["d", "w", "bias"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
+                       [("a", [4, 3]), ("b", [1, 3]), ("c", [4, 1]), ("w", [5, 4]), ("bias", [5])],
+                       {"a": (4, 3), "b": (1, 3), "c": (4, 1), "w": (5, 4), "bias": (5,)}),
+    # Softmax over a middle axis, Sigmoid, strided Conv with groups and a 1x1 (pointwise) Conv
+    "softmax_conv": ([helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 1], pads=[1, 0, 0, 1], group=2),
+                      helper.make_node("Conv", ["c", "p"], ["q"]),
+                      helper.make_node("Softmax", ["q"], ["s"], axis=1),
+                      helper.make_node("Sigmoid", ["s"], ["y"])],
+                     [("x", [2, 4, 6, 5]), ("w", [6, 2, 3, 2]), ("p", [3, 6, 1, 1])],
+                     {"x": (2, 4, 6, 5), "w": (6, 2, 3, 2), "p": (3, 6, 1, 1)}),
+}
+
+
+@pytest.mark.parametrize("case", list(BACKWARD_CASES))
+def test_backward_kernels_on_hand_made_graphs_equal_numpy(case):
+    nodes, inputs, shapes = BACKWARD_CASES[case]
+    model = _graph(nodes, inputs, "y")
+    keys = set(shapes)
+    ref = ml.compile(model, ml.NumpyBackend(dtype=ml.float64), shapes=shapes, data_keys=keys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)
+        pm = ml.compile(model, ml.CBackend(dtype=ml.float64), shapes=shapes, data_keys=keys)
+    rng = np.random.default_rng(3)
+    data = {k: rng.standard_normal(s) + (2.0 if k == "c" else 0.0) for k, s in shapes.items()}
+    want_out, want = ref.evaluate({}, data, output_gradients={"y": np.ones_like(ref.evaluate({}, data)["y"])})
+    got_out, got = pm.evaluate({}, data, output_gradients={"y": np.ones_like(want_out["y"])})
+    np.testing.assert_allclose(got_out["y"], want_out["y"], rtol=1e-12, atol=1e-12)
+    _compare_gradients(want, got, 1e-10)

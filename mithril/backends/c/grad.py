@@ -124,7 +124,8 @@ def why_not_c_item(item: Item) -> str | None:
     if item.cot[0] is None:
         return "no cotangent reaches the first output"
     wanted = [v for v, d in zip(pn.inputs, item.grads) if d is not None]
-    squares = pn.op_type in ("Mul", "Add") and len(pn.inputs) == 2 and pn.inputs[0] is pn.inputs[1]
+    squares = (pn.op_type in ("Mul", "Add") and len(pn.inputs) == 2 and pn.inputs[0] is pn.inputs[1]) or \
+        pn.op_type == "Sum"  # Sum(x, x): its rule counts them
     if not squares and any(
             v is not None and v in wanted and d is None and item.rule.needs[k]
             for k, (v, d) in enumerate(zip(pn.inputs, item.grads))):
@@ -542,6 +543,30 @@ def binary_grad(item, c):
         c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {c.buf(mul) if mul is not None else 0}, "
                f"{c.buf(div) if div is not None else 0}, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, {c.arr(shape)}, "
                f"{c.arr(sm)}, {c.arr(sd)}, {c.arr(strides_of[x])}, {c.literal(s, g.dtype)}, {int(k == 1 and op == 'Div')});")
+
+
+def _check_sum(item):
+    y = item.node.outputs[0].static_shape
+    if any(len(v.static_shape) > len(y) for v in item.node.inputs if v is not None):
+        return "input of higher rank than the output"
+    return _floats_only(item)
+
+
+@grad_kernel("Sum", check=_check_sum)
+def sum_grad(item, c):
+    g = item.g
+    shape = c.shape(g)
+    zeros = [0] * len(shape)
+    for k, dx in enumerate(item.grads):
+        if dx is None:
+            continue
+        n = sum(1 for j, v in enumerate(item.node.inputs) if v is item.x(k) and item.rule.needs[j])
+        if tuple(c.shape(dx)) == tuple(shape):
+            c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(n, g.dtype)});")
+        else:
+            c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, 0, 0, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, "
+                   f"{c.arr(shape)}, {c.arr(zeros)}, {c.arr(zeros)}, {c.arr(broadcast_strides(c.shape(dx), shape))}, "
+                   f"{c.literal(n, g.dtype)}, 0);")
 
 
 # MatMul / MatMulAdd / Gemm: products of the cotangent with the other operand, through mt_gemm with
