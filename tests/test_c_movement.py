@@ -165,20 +165,24 @@ def test_fills_range_eyelike_and_constant_pad():
 
 def _runtime_slice_pad_model():
     nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="slice_rt"),
-             helper.make_node("Pad", ["x", "pads"], ["p"], mode="edge", name="pad_rt")]
+             helper.make_node("Pad", ["x", "pads"], ["p"], mode="edge", name="pad_rt"),
+             helper.make_node("Compress", ["x", "cond"], ["cx"], axis=1, name="compress_rt")]
     ins = [("x", TensorProto.FLOAT, [4, 5]), ("starts", TensorProto.INT64, [2]), ("ends", TensorProto.INT64, [2]),
-           ("axes", TensorProto.INT64, [2]), ("steps", TensorProto.INT64, [2]), ("pads", TensorProto.INT64, [4])]
-    return make_model(nodes, ins, [("y", TensorProto.FLOAT, [2, 2]), ("p", TensorProto.FLOAT, [5, 8])])
+           ("axes", TensorProto.INT64, [2]), ("steps", TensorProto.INT64, [2]), ("pads", TensorProto.INT64, [4]),
+           ("cond", TensorProto.BOOL, [4])]
+    return make_model(nodes, ins, [("y", TensorProto.FLOAT, [2, 2]), ("p", TensorProto.FLOAT, [5, 8]),
+                                   ("cx", TensorProto.FLOAT, [4, 3])])
 
 
-def test_slice_and_pad_arguments_given_at_run_time():
+def test_slice_pad_compress_arguments_given_at_run_time():
     model = _runtime_slice_pad_model()
     pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None))
     x = np.arange(20, dtype=np.float32).reshape(4, 5)
     feeds = {"x": x, "starts": np.array([-1, 100], np.int64), "ends": np.array([0, -100], np.int64),
              "axes": np.array([1, 0], np.int64), "steps": np.array([-2, -2], np.int64),
-             "pads": np.array([1, 0, 0, 3], np.int64)}
+             "pads": np.array([1, 0, 0, 3], np.int64), "cond": np.array([True, False, True, True])}
     out = pm.evaluate(None, feeds)
+    np.testing.assert_array_equal(out["cx"], x[:, [0, 2, 3]])
     np.testing.assert_array_equal(out["y"], x[3::-2, 4:0:-2])
     np.testing.assert_array_equal(out["p"], np.pad(x, [(1, 0), (0, 3)], mode="edge"))
     # Arguments that do not give the compiled output shape stop the node, naming it.
@@ -186,6 +190,8 @@ def test_slice_and_pad_arguments_given_at_run_time():
         pm.evaluate(None, {**feeds, "steps": np.array([-1, -2], np.int64)})
     with pytest.raises(NodeError, match=r"pad_rt.*pads do not give the output's shape \(5, 8\)"):
         pm.evaluate(None, {**feeds, "pads": np.array([1, 1, 0, 3], np.int64)})
+    with pytest.raises(NodeError, match=r"compress_rt.*the condition selects another count than the compiled 3"):
+        pm.evaluate(None, {**feeds, "cond": np.array([True, False, False, True])})
 
 
 @pytest.mark.parametrize("bad", [3, -4])

@@ -288,3 +288,18 @@ static inline void MT_FN(mt_resize)(const T *X, T *restrict Y, int rank, const m
         Y[i] = (T)acc;
     }
 }
+
+/* ---- Compress: x as (outer, dim, inner); the rows of `dim` whose condition is true (the first
+ * ncond of them have one). 1: their count differs from the compiled out_dim */
+static inline int MT_FN(mt_compress)(const T *X, const mt_bool *cond, mt_i ncond, T *restrict Y, mt_i outer, mt_i dim,
+                                     mt_i inner, mt_i out_dim) {
+    mt_i n = ncond < dim ? ncond : dim, count = 0;
+    for (mt_i j = 0; j < n; j++) count += cond[j] != 0;
+    if (count != out_dim) return 1;
+    for (mt_i o = 0; o < outer; o++) {
+        mt_i k = 0;
+        for (mt_i j = 0; j < n; j++)
+            if (cond[j]) memcpy(Y + (o * out_dim + k++) * inner, X + (o * dim + j) * inner, (size_t)inner * sizeof(T));
+    }
+    return 0;
+}

@@ -849,3 +849,31 @@ def resize(pn, c):
     c.line(f"    mt_resize_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {rank}, {c.arr(ys)}, {c.arr(strides(xs))}, nt, {nt_arr}, "
            f"{tb_arr}, {ob_arr}, ri, rw, ro, {spec['extrapolation']!r});")
     c.line("}")
+
+
+# -- Compress: data-dependent, but the compiled output length is checked against the condition
+def _check_compress(pn):
+    x, cond, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    if cond.dtype != np.dtype(np.bool_) or len(cond.static_shape) != 1:
+        return "condition not a 1-D bool tensor"
+    axis = pn.kwargs.get("axis")
+    if axis is None:
+        return _check_same_data(pn) if len(y.static_shape) == 1 else "output not 1-D"
+    xs, ys, axis = x.static_shape, y.static_shape, axis % max(len(x.static_shape), 1)
+    if not xs or len(ys) != len(xs) or any(a != b for d, (a, b) in enumerate(zip(xs, ys)) if d != axis):
+        return "output shape differs off the axis"
+    return _check_same_data(pn)
+
+
+@c_kernel("Compress", check=_check_compress)
+def compress(pn, c):
+    x, cond, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    xs, ys = c.shape(x), c.shape(y)
+    axis = pn.kwargs.get("axis")
+    if axis is None:
+        outer, dim, inner, out_dim = 1, prod(xs), 1, ys[0]
+    else:
+        axis %= len(xs)
+        outer, dim, inner, out_dim = prod(xs[:axis]), xs[axis], prod(xs[axis + 1:]), ys[axis]
+    c.checked(f"mt_compress_{c.sfx(y)}({c.buf(x)}, {c.buf(cond)}, {c.numel(cond)}, {c.buf(y)}, {outer}, {dim}, "
+              f"{inner}, {out_dim})", f"the condition selects another count than the compiled {out_dim}")
