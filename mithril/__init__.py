@@ -28,7 +28,6 @@ from .backends.jax.backend import JaxBackend  # noqa: F401  (imports jax only wh
 from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
-from .backends.c.export import export_c  # noqa: F401  (a model as a standalone C source tree)
 from .params_io import load_params, save_params  # noqa: F401
 from .backends.custom_ops import register_op, scoped_ops, unregister_op  # noqa: F401  (custom ops)
 from . import optimizers  # noqa: F401,E402
@@ -72,3 +71,4 @@ bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 
 __version__ = "0.1.0"
 from .validate import ValidationReport, validate  # noqa: F401,E402
+from .c_export import export_c  # noqa: F401,E402  (a model as a standalone C source tree)

@@ -1,7 +1,8 @@
 """Standalone C export: a model as a source tree that builds with nothing but a C compiler.
 
-:func:`export_c` compiles the model for ``CBackend(fallback=None)`` at fixed shapes (every
-node must have a C kernel; the refusal lists those that do not), renders it once, and writes::
+:func:`mithril.export_c` (mithril/c_export.py) compiles the model for ``CBackend(fallback=None)``
+at fixed shapes (every node must have a C kernel; the refusal lists those that do not) with
+:class:`ExportBackend`, which renders the plan without building it; :func:`write_tree` writes::
 
     out_dir/
       model.h      the API: model_init / model_run / model_free, inputs, outputs, arena size
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import CompileError, ExportError, InputError, MithrilError
+from ...errors import ExportError, MithrilError
 from .backend import CBackend, CKernelMissingError
 
 EMBED_LIMIT = 256 * 1024  # bytes of weights up to which weights="auto" embeds them in model.c
@@ -40,7 +41,7 @@ LIB_DIR = Path(__file__).parent / "lib"
 
 @dataclass
 class CExport:
-    """What :func:`export_c` wrote: the folder, its files, the arena and weight bytes, and
+    """What :func:`mithril.export_c` wrote: the folder, its files, the arena and weight bytes, and
     whether the weights are embedded in the C source or in ``<name>.bin``."""
 
     directory: Path
@@ -64,7 +65,7 @@ class _Rendered:
         raise MithrilError("an export_c program is not run in Python; build it with make")
 
 
-class _ExportBackend(CBackend):
+class ExportBackend(CBackend):
     """CBackend(fallback=None) that renders the plan and stops: no compiler needed to export."""
 
     def lower(self, plan, *, file_path=None, gradient_checkpointing=False):
@@ -136,7 +137,8 @@ def _kernel_headers() -> list[Path]:
     return sorted(seen)
 
 
-def _check_out_dir(out_dir) -> Path:
+def check_out_dir(out_dir) -> Path:
+    """``out_dir`` as a Path; a file there (or as its parent) is an ExportError."""
     path = Path(os.fspath(out_dir))
     if path.exists() and not path.is_dir():
         raise ExportError(f"export_c: {str(path)!r} is a file, not a folder; give a folder to write the C sources into")
@@ -145,59 +147,9 @@ def _check_out_dir(out_dir) -> Path:
     return path
 
 
-def export_c(model, out_dir, shapes=None, dtype=None, params=None, *, weights: str = "auto",
-             name: str = "model") -> CExport:
-    """Write ``model`` as a standalone C source tree into ``out_dir`` (see the module docstring).
-
-    - ``model``: an ONNX path, bytes or proto, a loaded model (``ml.load_onnx``), or a frontend
-      ``Model``; ``shapes`` fixes every input's dims (``{"input": (1, 3, 32, 32)}``).
-    - ``dtype``: ``ml.float32`` (default) or ``ml.float64``, the C code's float type.
-    - ``params``: parameter values (name -> array) replacing the model's own initializers
-      (for a frontend model, pass the ones you trained; names as ``pm.parameter_keys``).
-    - ``weights``: ``"file"`` writes ``<name>.bin``, ``"embed"`` puts them in ``<name>.c``,
-      ``"auto"`` embeds up to :data:`EMBED_LIMIT` bytes (256 KiB).
-    - ``name``: the files' stem and the API's prefix (``model_run``), a C identifier.
-
-    >>> import mithril as ml, tempfile
-    >>> from onnx import helper, TensorProto
-    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    >>> out = ml.export_c(helper.make_model(g), tempfile.mkdtemp())
-    >>> sorted(p.name for p in out.files if p.parent == out.directory)
-    ['Makefile', 'main.c', 'model.c', 'model.h']
-    """
-    from ... import compile as ml_compile
-    from ... import dtypes
-
-    if weights not in WEIGHTS_CHOICES:
-        raise ExportError(f"export_c: weights={weights!r}; choose from {', '.join(WEIGHTS_CHOICES)}")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name == "main":
-        raise ExportError(f"export_c: name={name!r} must be a C identifier (letters, digits, _) other than 'main'")
-    if name == "lib":
-        raise ExportError("export_c: name='lib' would clash with the kernel headers' folder lib/")
-    directory = _check_out_dir(out_dir)
-    backend = _ExportBackend(dtype=dtype if dtype is not None else dtypes.float32, fallback=None)
-    try:
-        pm = ml_compile(model, backend, shapes=shapes, inference=True, static_shapes=True, jit=False)
-    except CKernelMissingError:
-        raise
-    except CompileError as exc:
-        raise type(exc)(f"export_c: {exc}") from exc
-    values = {k: np.asarray(v) for k, v in pm.get_parameters().items()}
-    if params:
-        unknown = [k for k in params if k not in values]
-        if unknown:
-            raise InputError(f"export_c: unknown parameter(s) {unknown[:10]}; the model's are "
-                             f"{list(values)[:10]}{'...' if len(values) > 10 else ''}")
-        values.update({k: v for k, v in params.items()})
-        pm._check_params(values)  # dtypes and shapes as evaluate checks them: never cast
-        values = {k: np.asarray(v) for k, v in values.items()}
-    program = pm.program
-    return _write(directory, name, program.plan, program.rendered, values, weights, str(backend._np_dtype))
-
-
-def _write(directory: Path, name: str, plan, rendered, param_values: dict, weights: str, dtype_name: str) -> CExport:
+def write_tree(directory: Path, name: str, plan, rendered, param_values: dict, weights: str, dtype_name: str) -> CExport:
+    """The C tree of a rendered plan (:func:`mithril.export_c` compiles the model and calls this):
+    ``param_values`` the parameters' arrays, ``weights`` "file" | "embed" | "auto"."""
     from .ops import C_TYPES
 
     NAME = name.upper()
@@ -537,4 +489,4 @@ def _write(directory: Path, name: str, plan, rendered, param_values: dict, weigh
                    [(v.name, v.static_shape, str(v.dtype)) for v in outputs])
 
 
-__all__ = ["CExport", "EMBED_LIMIT", "export_c"]
+__all__ = ["CExport", "EMBED_LIMIT", "WEIGHTS_CHOICES", "check_out_dir", "write_tree"]
