@@ -141,22 +141,28 @@ def test_transpose_every_permutation_plain_and_tiled():
         np.testing.assert_array_equal(got[f"y{k}"], x.transpose(p), err_msg=str(p))
 
 
-def test_fills_range_eyelike_and_constant_pad():
+def test_fills_range_eyelike_constant_pad_and_nonzero():
     nodes = [
         helper.make_node("Range", ["start", "limit", "delta"], ["r"]),
         helper.make_node("ConstantOfShape", ["shape"], ["cos"], value=helper.make_tensor("v", TensorProto.INT32,
                                                                                          [1], [7])),
         helper.make_node("EyeLike", ["m"], ["eye"], k=-1, dtype=TensorProto.DOUBLE),
         helper.make_node("Pad", ["m", "pads", "cval"], ["pc"], mode="constant"),
+        helper.make_node("NonZero", ["m"], ["nz"], name="nonzero"),
     ]
     consts = {"start": np.array(10, np.int64), "limit": np.array(-3, np.int64), "delta": np.array(-4, np.int64),
               "shape": np.array([2, 3], np.int64), "pads": np.array([1, -1, 0, 2], np.int64),
               "cval": np.array(-5.0, np.float32)}
     model = make_model(nodes, [("m", TensorProto.FLOAT, [3, 4])],
                        [("r", TensorProto.INT64, None), ("cos", TensorProto.INT32, None),
-                        ("eye", TensorProto.DOUBLE, None), ("pc", TensorProto.FLOAT, None)], consts)
+                        ("eye", TensorProto.DOUBLE, None), ("pc", TensorProto.FLOAT, None),
+                        ("nz", TensorProto.INT64, [2, 11])], consts)
     m = np.arange(12, dtype=np.float32).reshape(3, 4)
     got, _ = _run_both(model, {"m": m})
+    np.testing.assert_array_equal(got["nz"], np.array(np.nonzero(m)))
+    pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None))
+    with pytest.raises(NodeError, match=r"nonzero.*another number of nonzero elements than the compiled 11"):
+        pm.evaluate(None, {"m": np.ones((3, 4), np.float32)})
     np.testing.assert_array_equal(got["r"], np.arange(10, -3, -4))
     np.testing.assert_array_equal(got["cos"], np.full((2, 3), 7, np.int32))
     np.testing.assert_array_equal(got["eye"], np.eye(3, 4, k=-1))

@@ -303,3 +303,20 @@ static inline int MT_FN(mt_compress)(const T *X, const mt_bool *cond, mt_i ncond
     }
     return 0;
 }
+
+/* ---- NonZero: the coordinates (rank rows of `count`) of x's nonzero elements, in C order.
+ * 1: their number differs from the compiled count */
+static inline int MT_FN(mt_nonzero)(const T *X, int64_t *restrict Y, int rank, const mt_i *shape, mt_i count) {
+    mt_i n = 1, k = 0;
+    for (int d = 0; d < rank; d++) n *= shape[d];
+    for (mt_i i = 0; i < n; i++) k += X[i] != (T)0;
+    if (k != count) return 1;
+    k = 0;
+    for (mt_i i = 0; i < n; i++) {
+        if (X[i] == (T)0) continue;
+        mt_i r = i;
+        for (int d = rank - 1; d >= 0; d--) { Y[d * count + k] = (int64_t)(r % shape[d]); r /= shape[d]; }
+        k++;
+    }
+    return 0;
+}

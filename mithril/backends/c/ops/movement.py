@@ -877,3 +877,19 @@ def compress(pn, c):
         outer, dim, inner, out_dim = prod(xs[:axis]), xs[axis], prod(xs[axis + 1:]), ys[axis]
     c.checked(f"mt_compress_{c.sfx(y)}({c.buf(x)}, {c.buf(cond)}, {c.numel(cond)}, {c.buf(y)}, {outer}, {dim}, "
               f"{inner}, {out_dim})", f"the condition selects another count than the compiled {out_dim}")
+
+
+def _check_nonzero(pn):
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(y) != 2 or y[0] != max(len(x), 1) or pn.outputs[0].dtype != np.dtype(np.int64):
+        return f"output {y} is not (rank, count) int64"
+    return None
+
+
+# Data-dependent like Compress: the compiled count is checked against the data.
+@c_kernel("NonZero", check=_check_nonzero)
+def nonzero(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    xs, count = c.shape(x) or (1,), c.shape(y)[1]
+    c.checked(f"mt_nonzero_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {len(xs)}, {c.arr(xs)}, {count})",
+              f"the input has another number of nonzero elements than the compiled {count}")
