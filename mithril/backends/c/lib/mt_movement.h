@@ -38,6 +38,11 @@ static inline double mt_value_at(const void *p, int code, mt_i k) {
     }
 }
 
+/* BitCast to bool: each byte as 0 or 1, as NumPy's view(uint8) != 0. */
+static inline void mt_bytes_to_bool(const uint8_t *x, mt_bool *restrict y, mt_i n) {
+    for (mt_i i = 0; i < n; i++) y[i] = x[i] != 0;
+}
+
 /* n indices in [-dim, dim)? */
 static inline int mt_indices_ok(const void *p, int code, mt_i n, mt_i dim) {
     for (mt_i k = 0; k < n; k++) {

@@ -893,3 +893,20 @@ def nonzero(pn, c):
     xs, count = c.shape(x) or (1,), c.shape(y)[1]
     c.checked(f"mt_nonzero_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {len(xs)}, {c.arr(xs)}, {count})",
               f"the input has another number of nonzero elements than the compiled {count}")
+
+
+def _check_bitcast(pn):
+    x, y = pn.inputs[0], pn.outputs[0]
+    if x.dtype.itemsize != y.dtype.itemsize or x.static_shape != y.static_shape:
+        return f"{x.dtype} -> {y.dtype} changes the element size or the shape"
+    return None
+
+
+# The same bytes read as another type of the same width; bool takes each byte as 0 or 1.
+@c_kernel("BitCast", check=_check_bitcast)
+def bitcast(pn, c):
+    x, y = pn.inputs[0], pn.outputs[0]
+    if y.dtype == np.dtype(np.bool_):
+        c.line(f"mt_bytes_to_bool((const uint8_t *){c.buf(x)}, {c.buf(y)}, {c.numel(y)});")
+    else:
+        c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
