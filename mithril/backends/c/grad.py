@@ -731,12 +731,21 @@ def _check_conv(item):
     return why or _floats_only(item)
 
 
-def _conv_scratch(item) -> int:
+_CONV_CHUNK = 1 << 24  # elements of one chunk's side-by-side columns (64 MiB in float32)
+
+
+def _conv_chunk(item) -> tuple[int, int, int, int]:
+    """(images per chunk, R, Mg, P) of a Conv's backward (mt_grad_conv)."""
     kind, win, _ = _conv_parts(item)
-    w = item.x(1).static_shape
-    itemsize = item.g.dtype.itemsize
-    col = prod(w[1:]) * prod(win.out) * itemsize if kind != "pointwise" else 0
-    return -(-col // 64) * 64 + prod(w) * itemsize
+    x, w = item.x(0).static_shape, item.x(1).static_shape
+    group = int(item.kwargs.get("group") or 1)
+    R, P = prod(w[1:]), prod(win.out)
+    return max(1, min(x[0], _CONV_CHUNK // max(R * P, 1))), R, w[0] // group, P
+
+
+def _conv_scratch(item) -> int:
+    nb, R, Mg, P = _conv_chunk(item)
+    return (R * nb * P + Mg * nb * P + R * P + Mg * R) * item.g.dtype.itemsize
 
 
 @grad_kernel("Conv", check=_check_conv, scratch=_conv_scratch)
@@ -745,14 +754,11 @@ def conv_grad(item, c):
     N, C = c.shape(x)[:2]
     M = c.shape(w)[0]
     kind, win, geo = _conv_parts(item)
-    t = c.ctype(g)
-    itemsize = g.dtype.itemsize
-    col_bytes = prod(c.shape(w)[1:]) * prod(win.out) * itemsize if kind != "pointwise" else 0
-    col = f"({t} *){c.scratch}" if kind != "pointwise" else "0"
-    tmp = f"({t} *)({c.scratch} + {-(-col_bytes // 64) * 64})"
+    nb = _conv_chunk(item)[0]
     bufs = [c.buf(d) if d is not None else "0" for d in (item.dx(0), item.dx(1), item.dx(2))]
-    c.line(f"mt_grad_conv_{c.sfx(g)}({c.buf(x)}, {c.buf(w)}, {c.buf(g)}, {bufs[0]}, {bufs[1]}, {bufs[2]}, {col}, "
-           f"{tmp}, {N}, {C}, {M}, {int(item.kwargs.get('group') or 1)}, {c.arr(geo)});")
+    c.line(f"mt_grad_conv_{c.sfx(g)}({c.buf(x)}, {c.buf(w)}, {c.buf(g)}, {bufs[0]}, {bufs[1]}, {bufs[2]}, "
+           f"({c.ctype(g)} *){c.scratch}, {int(kind == 'pointwise')}, {nb}, {N}, {C}, {M}, "
+           f"{int(item.kwargs.get('group') or 1)}, {c.arr(geo)});")
 
 
 def _check_pool(item):

@@ -119,8 +119,9 @@ static inline int MT_FN(mt_grad_gather_elements)(const T *g, const int64_t *idx,
 }
 
 /* ---- convolution (groups of Cg input and Mg output channels) --------------------------------
- * col2im: the columns (Cg*K x P) added back into x (Cg planes), the inverse of mt_im2col. */
-static inline void MT_FN(mt_col2im)(const T *col, T *restrict x, const mt_i *g, mt_i Cg) {
+ * col2im: columns (Cg*K rows of P, row stride ld) added back into x (Cg planes), the inverse of
+ * mt_im2col. */
+static inline void MT_FN(mt_col2im)(const T *col, mt_i ld, T *restrict x, const mt_i *g, mt_i Cg) {
     const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
     const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
     const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
@@ -136,7 +137,7 @@ static inline void MT_FN(mt_col2im)(const T *col, T *restrict x, const mt_i *g, 
                 for (mt_i oh = 0; oh < OH; oh++) {
                     mt_i ih = oh * sh - ph + kh * dh;
                     if (ih < 0 || ih >= IH) continue;
-                    const T *src = col + r * P + (od * OH + oh) * OW;
+                    const T *src = col + r * ld + (od * OH + oh) * OW;
                     T *dst = x + ((c * ID + id) * IH + ih) * IW;
                     for (mt_i ow = 0; ow < OW; ow++) {
                         mt_i iw = ow * sw - pw + kw * dw;
@@ -147,15 +148,16 @@ static inline void MT_FN(mt_col2im)(const T *col, T *restrict x, const mt_i *g, 
         }
 }
 
-/* dX, dW, dB (each NULL when not wanted) of Y = Conv(X, W, B). `col` (Cg*K x P, arena scratch)
- * is NULL for a pointwise convolution (1x1, stride 1, no padding: the columns are X itself);
- * `tmp` (Mg*R, scratch) holds one image's weight gradient before it is added (the BLAS GEMM
- * cannot accumulate into its own output). */
+/* dX, dW, dB (each NULL when not wanted) of Y = Conv(X, W, B), `nb` images at a time: per group,
+ * the chunk's cotangents G' [Mg, nb*P] and columns C' [R, nb*P] side by side, so each gradient is
+ * one GEMM over the whole chunk (dW_g = G' C'^T, C' = W_g^T G' then col2im). Scratch `work`:
+ * R*nb*P (C') + Mg*nb*P (G') + R*P (one image's im2col) + Mg*R (a later chunk's dW, added). */
 static inline void MT_FN(mt_grad_conv)(const T *X, const T *W, const T *G, T *restrict dX, T *restrict dW,
-                                       T *restrict dB, T *restrict col, T *restrict tmp, mt_i N, mt_i C, mt_i M,
-                                       mt_i groups, const mt_i *g) {
+                                       T *restrict dB, T *restrict work, int pointwise, mt_i nb, mt_i N, mt_i C,
+                                       mt_i M, mt_i groups, const mt_i *g) {
     const mt_i Cg = C / groups, Mg = M / groups, S = g[0] * g[1] * g[2], P = g[3] * g[4] * g[5];
     const mt_i R = Cg * g[6] * g[7] * g[8];
+    T *cols = work, *gs = work + R * nb * P, *col = gs + Mg * nb * P, *tmp = col + R * P;
     if (dB) {
         for (mt_i m = 0; m < M; m++) dB[m] = 0;
         for (mt_i n = 0; n < N; n++)
@@ -166,30 +168,43 @@ static inline void MT_FN(mt_grad_conv)(const T *X, const T *W, const T *G, T *re
                 dB[m] += s;
             }
     }
-    for (mt_i n = 0; n < N; n++)
+    if (dX) memset(dX, 0, (size_t)(N * C * S) * sizeof(T));
+    for (mt_i n0 = 0; n0 < N; n0 += nb) {
+        const mt_i nn = N - n0 < nb ? N - n0 : nb, L = nn * P;
         for (mt_i grp = 0; grp < groups; grp++) {
-            const T *x = X + (n * C + grp * Cg) * S;
-            const T *gn = G + (n * M + grp * Mg) * P;
-            if (dW) {
-                /* dW_g[Mg, R] += G_n[Mg, P] @ col[R, P]^T */
-                if (col) MT_FN(mt_im2col)(x, col, g, Cg);
-                T *dw = dW + grp * Mg * R;
-                MT_FN(mt_gemm)(gn, col ? col : x, 0, n ? tmp : dw, Mg, R, P, P, 1, 1, P, 0, 0, (T)1, (T)0);
-                if (n)
+            for (mt_i j = 0; j < nn; j++)
+                for (mt_i m = 0; m < Mg; m++)
+                    memcpy(gs + m * L + j * P, G + ((n0 + j) * M + grp * Mg + m) * P, (size_t)P * sizeof(T));
+            T *dw = dW ? dW + grp * Mg * R : 0;
+            if (dw) {
+                for (mt_i j = 0; j < nn; j++) {
+                    const T *x = X + ((n0 + j) * C + grp * Cg) * S;
+                    const T *src = x;
+                    if (!pointwise) {
+                        MT_FN(mt_im2col)(x, col, g, Cg);
+                        src = col;
+                    }
+                    for (mt_i r = 0; r < R; r++) memcpy(cols + r * L + j * P, src + r * P, (size_t)P * sizeof(T));
+                }
+                /* dW_g[Mg, R] (+)= G'[Mg, L] @ C'[R, L]^T */
+                MT_FN(mt_gemm)(gs, cols, 0, n0 ? tmp : dw, Mg, R, L, L, 1, 1, L, 0, 0, (T)1, (T)0);
+                if (n0)
                     for (mt_i i = 0; i < Mg * R; i++) dw[i] += tmp[i];
             }
             if (dX) {
-                /* col[R, P] = W_g[Mg, R]^T @ G_n[Mg, P], added back into dX_n */
-                T *dx = dX + (n * C + grp * Cg) * S;
-                if (col) {
-                    MT_FN(mt_gemm)(W + grp * Mg * R, gn, 0, col, R, P, Mg, 1, R, P, 1, 0, 0, (T)1, (T)0);
-                    for (mt_i i = 0; i < Cg * S; i++) dx[i] = 0;
-                    MT_FN(mt_col2im)(col, dx, g, Cg);
-                } else {
-                    MT_FN(mt_gemm)(W + grp * Mg * R, gn, 0, dx, R, P, Mg, 1, R, P, 1, 0, 0, (T)1, (T)0);
+                /* C'[R, L] = W_g[Mg, R]^T @ G'[Mg, L], each image's columns added back into its dX */
+                MT_FN(mt_gemm)(W + grp * Mg * R, gs, 0, cols, R, L, Mg, 1, R, L, 1, 0, 0, (T)1, (T)0);
+                for (mt_i j = 0; j < nn; j++) {
+                    T *dx = dX + ((n0 + j) * C + grp * Cg) * S;
+                    if (pointwise)
+                        for (mt_i r = 0; r < R; r++)
+                            for (mt_i p = 0; p < P; p++) dx[r * S + p] += cols[r * L + j * P + p];
+                    else
+                        MT_FN(mt_col2im)(cols + j * P, L, dx, g, Cg);
                 }
             }
         }
+    }
 }
 
 /* ---- pools over NC planes: the cotangent of each window goes back to its taps ---------------- */
