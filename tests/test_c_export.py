@@ -221,3 +221,35 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
         assert err.startswith("mithril: error: ") and message in err and "Traceback" not in err, (argv, err)
     assert cli_main(["export-c", str(tmp_path / "m.onnx")]) == 2  # argparse: out_dir missing
     assert "out_dir" in capsys.readouterr().err
+
+
+@needs_make
+def test_outputs_that_are_inputs_constants_or_views_are_copied(tmp_path):
+    """Outputs no kernel writes (a graph input passed through, an initializer, a Reshape view of
+    an input) are copied by model_run; an input nobody reads is still taken; names that are not
+    C identifiers, or that repeat, become distinct parameters of model_run."""
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x:0"], ["y"]), helper.make_node("Reshape", ["x:0", "s"], ["v"])], "g",
+        [helper.make_tensor_value_info("x:0", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("unused", TensorProto.INT32, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("x:0", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor("s", TensorProto.INT64, [2], [3, 2]), helper.make_tensor("w", TensorProto.FLOAT, [2], [1.5, -2])])
+    out = ml.export_c(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "e",
+                      params={"w": np.array([0.25, -8], np.float32)})
+    header = (out.directory / "model.h").read_text()
+    assert "int model_run(const float *x_0, const int32_t *unused, float *y, float *x_0_2, float *w, float *v);" in header
+    _make(out.directory)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    x.tofile(tmp_path / "x.bin")
+    np.zeros(4, np.int32).tofile(tmp_path / "u.bin")
+    outs = [tmp_path / f"o{j}.bin" for j in range(4)]
+    done = _run(out.directory / "model", tmp_path / "x.bin", tmp_path / "u.bin", *outs)
+    assert done.returncode == 0, done.stderr
+    got = [np.fromfile(p, np.float32) for p in outs]
+    np.testing.assert_array_equal(got[0], np.maximum(x, 0).ravel())
+    np.testing.assert_array_equal(got[1], x.ravel())
+    np.testing.assert_array_equal(got[2], [0.25, -8])
+    np.testing.assert_array_equal(got[3], x.ravel())

@@ -228,7 +228,7 @@ def write_tree(directory: Path, name: str, plan, rendered, param_values: dict, w
          f"#define {NAME}_WEIGHT_BYTES {weight_bytes}UL",
          f"#define {NAME}_WEIGHTS_EMBEDDED {1 if embedded else 0}",
          f"#define {NAME}_NUM_INPUTS {len(inputs)}",
-         f"#define {NAME}_NUM_OUTPUTS {len(outputs)}", ""]
+         f"#define {NAME}_NUM_OUTPUTS {len(outputs)}", "", "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
     for kind, vals, ids in (("INPUT", inputs, in_ids), ("OUTPUT", outputs, out_ids)):
         for i, (v, ident) in enumerate(zip(vals, ids)):
             h += [f"/* {kind.lower()} {i}: {_comment(repr(v.name))} ({ident}), {v.dtype} {shape_text(v)} */",
@@ -265,7 +265,7 @@ def write_tree(directory: Path, name: str, plan, rendered, param_values: dict, w
           f"extern const size_t {name}_input_bytes[];",
           f"extern const char *const {name}_output_names[];",
           f"extern const size_t {name}_output_bytes[];",
-          "", f"#endif /* {NAME}_H */", ""]
+          "", "#ifdef __cplusplus", "}", "#endif", "", f"#endif /* {NAME}_H */", ""]
 
     # -- the source ------------------------------------------------------------------------
     body = rendered.source
