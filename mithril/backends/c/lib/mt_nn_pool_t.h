@@ -11,6 +11,7 @@ static inline void MT_FN(mt_maxpool)(const T *X, T *restrict Y, int64_t *restric
     const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
     const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
     const mt_i S = ID * IH * IW, P = OD * OH * OW;
+    (void)P; /* read only by the OpenMP clause: unused without -fopenmp */
     _Pragma("omp parallel for if(NC * P * KD * KH * KW > MT_PAR_MIN)")
     for (mt_i c = 0; c < NC; c++) {
         const T *x = X + c * S;
