@@ -6,6 +6,7 @@ optional BLAS path (scipy-openblas32) when it is installed."""
 from __future__ import annotations
 
 import ctypes
+import os
 import importlib.util
 
 import numpy as np
@@ -184,3 +185,17 @@ def test_blas_setting_errors(monkeypatch):
         build.blas_flags(True)
     monkeypatch.setenv("MITHRIL_C_BLAS", "auto")
     assert build.blas_flags() == ((), (), "")
+
+
+def test_loading_a_library_shortens_openmp_spin_unless_the_user_chose(libs, monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    build.load_library(libs["own_path"])
+    assert os.environ["GOMP_SPINCOUNT"] == "10000"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "infinite")
+    build.load_library(libs["own_path"])
+    assert os.environ["GOMP_SPINCOUNT"] == "infinite"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    build.load_library(libs["own_path"])
+    assert "GOMP_SPINCOUNT" not in os.environ
