@@ -316,3 +316,63 @@ def test_backward_kernels_on_hand_made_graphs_equal_numpy(case):
     got_out, got = pm.evaluate({}, data, output_gradients={"y": np.ones_like(want_out["y"])})
     np.testing.assert_allclose(got_out["y"], want_out["y"], rtol=1e-12, atol=1e-12)
     _compare_gradients(want, got, 1e-10)
+
+
+# -- sanitizers ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lenet_training_step_runs_clean_under_address_and_undefined_sanitizers(tmp_path):
+    """The training step's C (forward and backward in one segment) built with
+    -fsanitize=address,undefined into a program that gives every buffer its own exact-size
+    allocation; its gradients equal the in-process run's."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    sanitize = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+    probe = tmp_path / "p.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    if subprocess.run([cc, *sanitize, str(probe), "-o", str(tmp_path / "p")], capture_output=True).returncode:
+        pytest.skip(f"{cc} cannot build with -fsanitize=address,undefined (no sanitizer runtime)")
+    pm = _trainer(models_zoo.lenet(num_classes=10), ml.CBackend(), {"input": [2, 1, 32, 32], "target": [2]})
+    prog = pm.backward
+    (seg,) = prog.steps  # one C segment: nothing runs on NumPy
+    params = {k: np.asarray(v) for k, v in pm.randomize_params().items()}
+    rng = np.random.default_rng(0)
+    data = {"input": rng.standard_normal((2, 1, 32, 32)).astype(np.float32), "target": np.array([3, 7])}
+    _, grads = prog.run(params, data, {"loss": np.ones((), np.float32)})
+    values = {**{v: params[v.name] if v.kind == "param" else data[v.name] for v in prog.plan.inputs},
+              **{v: params[v.name] for v in prog.plan.params}}
+    values.update({cv: (np.ones if v.name == "loss" else np.zeros)(cv.static_shape, cv.dtype)
+                   for v, cv in prog.cotangent_values.items()})  # as run() fills them: the loss's given
+    lines = ["#include <stdio.h>", "#include <stdlib.h>", "int seg0(void *const *io, char *arena);",
+             "static void *load(const char *path, size_t n) {", "    void *p = malloc(n ? n : 1);",
+             "    FILE *f = fopen(path, \"rb\");", "    if (!f || fread(p, 1, n, f) != n) exit(3);", "    fclose(f);",
+             "    return p;", "}", "int main(void) {", f"    void *io[{len(seg.inputs) + len(seg.outputs)}];"]
+    for i, v in enumerate(seg.inputs):
+        a = np.ascontiguousarray(prog._read(v, values), dtype=v.dtype).reshape(v.static_shape)
+        a.tofile(tmp_path / f"in{i}.bin")
+        lines.append(f"    io[{i}] = load(\"{tmp_path / f'in{i}.bin'}\", {a.nbytes});")
+    sizes = [int(np.prod(v.static_shape)) * v.dtype.itemsize for v in seg.outputs]
+    for j, n in enumerate(sizes):
+        lines.append(f"    io[{len(seg.inputs) + j}] = malloc({max(n, 1)});")
+    lines += [f"    char *arena = aligned_alloc(64, {-(-max(prog.arena_bytes, 1) // 64) * 64});",
+              "    if (seg0(io, arena)) return 2;"]
+    for j, n in enumerate(sizes):
+        lines.append(f"    {{ FILE *f = fopen(\"{tmp_path / f'out{j}.bin'}\", \"wb\"); "
+                     f"fwrite(io[{len(seg.inputs) + j}], 1, {n}, f); fclose(f); }}")
+    lines += ["    return 0;", "}"]
+    (tmp_path / "main.c").write_text("\n".join(lines) + "\n")
+    (tmp_path / "step.c").write_text(prog.source)
+    built = subprocess.run([cc, "-O1", "-g", "-std=c11", *sanitize, f"-I{build.LIB_DIR}", str(tmp_path / "step.c"),
+                            str(tmp_path / "main.c"), "-lm", "-o", str(tmp_path / "step")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    done = subprocess.run([str(tmp_path / "step")], capture_output=True, text=True,
+                          env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = {gv: name for name, gv in prog.grad_values.items()}
+    checked = 0
+    for j, v in enumerate(seg.outputs):
+        if v in names:
+            got = np.fromfile(tmp_path / f"out{j}.bin", dtype=v.dtype).reshape(v.static_shape)
+            np.testing.assert_allclose(got, grads[names[v]], rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked == len(grads) == 11
