@@ -260,6 +260,7 @@ NODE_CASES = [
     "test_center_crop_pad_crop_and_pad", "test_resize_downsample_scales_cubic_antialias",
     "test_resize_tf_crop_and_resize_extrapolation_value", "test_resize_upsample_sizes_nearest_not_larger",
     "test_upsample_nearest", "test_compress_negative_axis", "test_nonzero_example", "test_bitcast_bool_to_uint8",
+    "test_gridsample_reflection_padding",
 ]
 
 

@@ -147,4 +147,54 @@ static inline int mt_resize_setup(int rank, const mt_i *xshape, const mt_i *ysha
     return 0;
 }
 
+/* GridSample's reflection: fold c into [lo, hi], bouncing off each border in turn. */
+static inline double mt_grid_reflect(double c, double lo, double hi) {
+    double span = hi - lo, dist;
+    if (span <= 0) return lo;
+    if (c >= lo && c <= hi) return c;
+    int below = c < lo;
+    dist = below ? lo - c : c - hi;
+    double folds = floor(dist / span), rest = dist - folds * span;
+    int even = fmod(folds, 2.0) == 0.0;
+    return below ? (even ? lo + rest : hi - rest) : (even ? hi - rest : lo + rest);
+}
+
+enum { MT_GS_ZEROS = 0, MT_GS_BORDER = 1, MT_GS_REFLECTION = 2 };
+
+/* One axis' taps (at most 4) of GridSample at normalised coordinate u in [-1, 1]: indices and
+ * weights as Mithril's NumPy kernel (torch's and onnxruntime's conventions). Returns the count. */
+static inline int mt_grid_taps(double u, mt_i size, int align, int mode, int pad, mt_i *idx, double *w) {
+    double lo = align ? 0.0 : -0.5, hi = align ? (double)size - 1.0 : (double)size - 0.5;
+    double c = align ? (u + 1) / 2 * (double)(size - 1) : ((u + 1) * (double)size - 1) / 2, base[4];
+    int n;
+    if (mode == MT_RS_NEAREST) c = nearbyint(c); /* round half to even, as NumPy */
+    int outside = c < lo || c > hi;
+    if (pad == MT_GS_BORDER && mode != MT_RS_CUBIC) {
+        if (outside) c = c < 0 ? 0 : (c > (double)(size - 1) ? (double)(size - 1) : c);
+    } else if (pad == MT_GS_REFLECTION) {
+        c = mt_grid_reflect(c, lo, hi);
+    }
+    if (mode == MT_RS_NEAREST) {
+        n = 1; base[0] = trunc(c); w[0] = 1.0;
+    } else {
+        double f = floor(c), t = c - f;
+        if (mode == MT_RS_LINEAR) {
+            n = 2; base[0] = f; base[1] = f + 1; w[0] = 1 - t; w[1] = t;
+        } else {
+            n = 4;
+            for (int k = 0; k < 4; k++) base[k] = f - 1 + k;
+            w[0] = mt_keys_cubic(t + 1, -0.75); w[1] = mt_keys_cubic(t, -0.75);
+            w[2] = mt_keys_cubic(1 - t, -0.75); w[3] = mt_keys_cubic(2 - t, -0.75);
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        double b = base[k];
+        if (pad == MT_GS_ZEROS && !(b >= 0 && b <= (double)(size - 1))) w[k] = 0.0;
+        else if (pad == MT_GS_REFLECTION) b = trunc(mt_grid_reflect(b, lo, hi));
+        b = b < 0 ? 0 : (b > (double)(size - 1) ? (double)(size - 1) : b);
+        idx[k] = (mt_i)b;
+    }
+    return n;
+}
+
 #endif /* MT_MOVEMENT_RESIZE_H */

@@ -320,3 +320,31 @@ static inline int MT_FN(mt_nonzero)(const T *X, int64_t *restrict Y, int rank, c
     }
     return 0;
 }
+
+/* ---- GridSample: x (n, ch, dims[0..r)), grid (n, npts, r) with coordinates innermost axis
+ * first, y (n, ch, npts): per point, the taps of every axis (mt_grid_taps) weighted together. */
+static inline void MT_FN(mt_grid_sample)(const T *X, const T *G, T *restrict Y, mt_i n, mt_i ch, int r,
+                                         const mt_i *dims, mt_i npts, int align, int mode, int pad) {
+    mt_i plane = 1;
+    for (int i = 0; i < r; i++) plane *= dims[i];
+    _Pragma("omp parallel for if(n * npts * ch > MT_PAR_MIN / 16)")
+    for (mt_i bp = 0; bp < n * npts; bp++) {
+        mt_i b = bp / npts, p = bp % npts, idx[8][4], k[8] = {0};
+        double w[8][4];
+        int nt[8];
+        for (int i = 0; i < r; i++)
+            nt[i] = mt_grid_taps((double)G[bp * r + (r - 1 - i)], dims[i], align, mode, pad, idx[i], w[i]);
+        for (mt_i c = 0; c < ch; c++) Y[(b * ch + c) * npts + p] = (T)0;
+        for (;;) {
+            mt_i at = 0;
+            double wt = 1.0;
+            for (int i = 0; i < r; i++) { at = at * dims[i] + idx[i][k[i]]; wt *= w[i][k[i]]; }
+            if (wt != 0.0)
+                for (mt_i c = 0; c < ch; c++)
+                    Y[(b * ch + c) * npts + p] += (T)(wt * (double)X[(b * ch + c) * plane + at]);
+            int j = 0;
+            while (j < r && ++k[j] == nt[j]) k[j++] = 0;
+            if (j == r) break;
+        }
+    }
+}

@@ -910,3 +910,34 @@ def bitcast(pn, c):
         c.line(f"mt_bytes_to_bool((const uint8_t *){c.buf(x)}, {c.buf(y)}, {c.numel(y)});")
     else:
         c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
+
+
+# -- GridSample -----------------------------------------------------------------------------------
+GRID_MODE = {"nearest": 0, "linear": 1, "bilinear": 1, "cubic": 2, "bicubic": 2}
+GRID_PADDING = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def _check_grid_sample(pn):
+    x, g, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    xs, gs = x.static_shape, g.static_shape
+    mode, pad = text(pn.kwargs.get("mode", "linear")), text(pn.kwargs.get("padding_mode", "zeros"))
+    if x.dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or g.dtype != x.dtype:
+        return f"input {x.dtype} and grid {g.dtype} (C samples float32 or float64, both the same)"
+    if mode not in GRID_MODE or pad not in GRID_PADDING:
+        return f"mode {mode!r} or padding_mode {pad!r}"
+    r = len(xs) - 2
+    if not 1 <= r <= 8 or len(gs) != r + 2 or gs[-1] != r or gs[0] != xs[0]:
+        return f"grid {gs} does not fit the input {xs}"
+    return _check_same_data(pn)
+
+
+@c_kernel("GridSample", check=_check_grid_sample)
+def grid_sample(pn, c):
+    x, g, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    xs, gs = c.shape(x), c.shape(g)
+    if prod(c.shape(y)) == 0:
+        return
+    mode = GRID_MODE[text(pn.kwargs.get("mode", "linear"))]
+    pad = GRID_PADDING[text(pn.kwargs.get("padding_mode", "zeros"))]
+    c.line(f"mt_grid_sample_{c.sfx(y)}({c.buf(x)}, {c.buf(g)}, {c.buf(y)}, {xs[0]}, {xs[1]}, {len(xs) - 2}, "
+           f"{c.arr(xs[2:])}, {prod(gs[1:-1])}, {int(pn.kwargs.get('align_corners', 0) or 0)}, {mode}, {pad});")
