@@ -291,6 +291,9 @@ BACKWARD_CASES = {
                         helper.make_node("Gemm", ["d", "w", "bias"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
                        [("a", [4, 3]), ("b", [1, 3]), ("c", [4, 1]), ("w", [5, 4]), ("bias", [5])],
                        {"a": (4, 3), "b": (1, 3), "c": (4, 1), "w": (5, 4), "bias": (5,)}),
+    # activations [..., M, K] @ weights [K, N] (a transformer's Linear): the leading dims fold into M
+    "matmul_3d": ([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [2, 3, 4]), ("w", [4, 5])],
+                  {"x": (2, 3, 4), "w": (4, 5)}),
     # Softmax over a middle axis, Sigmoid, strided Conv with groups and a 1x1 (pointwise) Conv
     "softmax_conv": ([helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 1], pads=[1, 0, 0, 1], group=2),
                       helper.make_node("Conv", ["c", "p"], ["q"]),

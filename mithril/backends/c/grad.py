@@ -575,8 +575,8 @@ def sum_grad(item, c):
 
 def _check_matmul(item):
     a, b = item.x(0).static_shape, item.x(1).static_shape
-    if len(a) != 2 or len(b) != 2:
-        return f"MatMul of ranks {len(a)} and {len(b)} (the C backward takes 2-D operands)"
+    if len(a) < 2 or len(b) != 2:
+        return f"MatMul of ranks {len(a)} and {len(b)} (the C backward takes [..., M, K] @ [K, N])"
     if item.node.op_type == "MatMulAdd" and prod(item.x(2).static_shape) != b[1]:
         return "bias is not one row"
     return _floats_only(item)
@@ -591,7 +591,7 @@ def _gemm(c, t, A, B, Y, M, N, K, ar, ac, br, bc, alpha=1):
 @grad_kernel("MatMulAdd", domain="ai.mithril", check=_check_matmul)
 def matmul_grad(item, c):
     g, a, b = item.g, item.x(0), item.x(1)
-    (M, K), (_, N) = c.shape(a), c.shape(b)
+    (K, N), M = c.shape(b), prod(c.shape(a)[:-1])  # a's leading dims fold into M: one GEMM
     t = g.dtype
     if item.dx(0) is not None:  # dA[M,K] = G[M,N] @ B^T
         _gemm(c, t, c.buf(g), c.buf(b), c.buf(item.dx(0)), M, K, N, N, 1, 1, N)
