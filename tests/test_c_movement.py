@@ -248,6 +248,19 @@ def test_resize_nearest_on_ints_and_linear_on_float64():
     np.testing.assert_allclose(got["lin"][0, 0, [0, -1]][:, [0, -1]], xf[0, 0, [0, -1]][:, [0, -1]], rtol=1e-12)
 
 
+def test_affine_grid_then_grid_sample_equal_numpy():
+    theta = np.array([[[0.9, -0.3, 0.1], [0.2, 1.1, -0.2]]], np.float32)
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=0),
+             helper.make_node("GridSample", ["x", "grid"], ["y"], mode="cubic", padding_mode="reflection")]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 2, 5, 6])],
+                       [("grid", TensorProto.FLOAT, [1, 4, 7, 2]), ("y", TensorProto.FLOAT, [1, 2, 4, 7])],
+                       {"theta": theta, "size": np.array([1, 2, 4, 7], np.int64)}, opset=20)
+    x = np.random.default_rng(5).standard_normal((1, 2, 5, 6)).astype(np.float32)
+    got, want = _run_both(model, {"x": x})
+    np.testing.assert_allclose(got["grid"], want["grid"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+
+
 # Node-suite cases these kernels must pass strictly (CBackend(fallback=None)), one per op and mode.
 NODE_CASES = [
     "test_reshape_negative_extended_dims", "test_unsqueeze_unsorted_axes", "test_gather_2d_indices",

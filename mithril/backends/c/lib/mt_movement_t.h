@@ -348,3 +348,27 @@ static inline void MT_FN(mt_grid_sample)(const T *X, const T *G, T *restrict Y, 
         }
     }
 }
+
+/* ---- AffineGrid: grid (n, dims[0..r), r) = theta (n, r, r + 1) applied to each point's
+ * normalised coordinates (x, y[, z], 1), innermost axis first. */
+static inline void MT_FN(mt_affine_grid)(const T *theta, T *restrict G, mt_i n, int r, const mt_i *dims, int align) {
+    mt_i npts = 1;
+    for (int i = 0; i < r; i++) npts *= dims[i];
+    for (mt_i b = 0; b < n; b++)
+        for (mt_i p = 0; p < npts; p++) {
+            double base[9];
+            mt_i q = p;
+            for (int i = r - 1; i >= 0; i--) { /* base[r - 1 - i]: axis i's coordinate */
+                mt_i at = q % dims[i], s = dims[i];
+                q /= dims[i];
+                base[r - 1 - i] = align ? (s == 1 ? 0.0 : -1.0 + 2.0 * (double)at / (double)(s - 1))
+                                        : (2.0 * (double)at + 1.0) / (double)s - 1.0;
+            }
+            base[r] = 1.0;
+            for (int j = 0; j < r; j++) {
+                T acc = (T)0;
+                for (int k = 0; k <= r; k++) acc += (T)base[k] * theta[(b * r + j) * (r + 1) + k];
+                G[(b * npts + p) * r + j] = acc;
+            }
+        }
+}

@@ -941,3 +941,35 @@ def grid_sample(pn, c):
     pad = GRID_PADDING[text(pn.kwargs.get("padding_mode", "zeros"))]
     c.line(f"mt_grid_sample_{c.sfx(y)}({c.buf(x)}, {c.buf(g)}, {c.buf(y)}, {xs[0]}, {xs[1]}, {len(xs) - 2}, "
            f"{c.arr(xs[2:])}, {prod(gs[1:-1])}, {int(pn.kwargs.get('align_corners', 0) or 0)}, {mode}, {pad});")
+
+
+def _check_affine_grid(pn):
+    theta, size, g = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    ts, gs = theta.static_shape, g.static_shape
+    r = len(gs) - 2
+    if theta.dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or not 1 <= r <= 8:
+        return f"theta of {theta.dtype}, or a grid of rank {len(gs)}"
+    if tuple(ts) != (gs[0], r, r + 1) or gs[-1] != r:
+        return f"theta {ts} does not fit the grid {gs}"
+    if size.dtype not in INDEX_CODE or prod(size.static_shape) != r + 2:
+        return f"size {size.name!r} is not {r + 2} integers"
+    if size.kind == "constant":
+        want = ints(size.value)
+        if want[0] != gs[0] or tuple(want[2:]) != tuple(gs[1:-1]):
+            return f"size {want} does not give the grid {gs}"
+    return _check_same_data(pn)
+
+
+# The size input restates the grid's static shape (its channel count aside): checked, not read.
+@c_kernel("AffineGrid", check=_check_affine_grid)
+def affine_grid(pn, c):
+    theta, size, g = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    gs = c.shape(g)
+    if size.kind != "constant":
+        code = INDEX_CODE[size.dtype]
+        c.checked(f"mt_check_dims({c.buf(size)}, {code}, 1, {c.arr(gs[:1])}) || "
+                  f"mt_check_dims({c.buf(size)} + 2, {code}, {len(gs) - 2}, {c.arr(gs[1:-1])})",
+                  f"input {size.name!r}: " + SHAPE_MISMATCH.format(shape=gs))
+    if prod(gs):
+        c.line(f"mt_affine_grid_{c.sfx(g)}({c.buf(theta)}, {c.buf(g)}, {gs[0]}, {len(gs) - 2}, {c.arr(gs[1:-1])}, "
+               f"{int(pn.kwargs.get('align_corners', 0) or 0)});")
