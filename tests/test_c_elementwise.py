@@ -318,12 +318,17 @@ def test_argmax_argmin_and_cumsum():
              helper.make_node("ArgMax", ["x"], ["amax_last"], axis=1, select_last_index=1, keepdims=0),
              helper.make_node("ArgMin", ["x"], ["amin0"], axis=0),
              helper.make_node("CumSum", ["n", "ax"], ["cum"]),
-             helper.make_node("CumSum", ["n", "ax"], ["cum_er"], exclusive=1, reverse=1)]
+             helper.make_node("CumSum", ["n", "ax"], ["cum_er"], exclusive=1, reverse=1),
+             helper.make_node("ReduceMax", ["flags", "ax1"], ["any_mid"], keepdims=0),
+             helper.make_node("ReduceMin", ["flags", "ax2"], ["all_last"], keepdims=0)]
     n = np.arange(12, dtype=np.int32).reshape(3, 4) - 5
+    flags = np.random.default_rng(2).random((2, 3, 4)) > 0.6
     outs = {"amax": (np.int64, (3, 1)), "amin": (np.int64, (3, 1)), "amax_last": (np.int64, (3,)),
-            "amin0": (np.int64, (1, 4)), "cum": (np.int32, (3, 4)), "cum_er": (np.int32, (3, 4))}
-    feeds = {"x": x, "n": n, "ax": np.array(-1, np.int32)}
-    got = _c_equals_numpy(_model(nodes, feeds, outs), feeds)
+            "amin0": (np.int64, (1, 4)), "cum": (np.int32, (3, 4)), "cum_er": (np.int32, (3, 4)),
+            "any_mid": (np.bool_, (2, 4)), "all_last": (np.bool_, (2, 3))}
+    feeds = {"x": x, "n": n, "ax": np.array(-1, np.int32), "flags": flags}
+    inits = {"ax1": np.array([1], np.int64), "ax2": np.array([-1], np.int64)}
+    got = _c_equals_numpy(_model(nodes, feeds, outs, initializers=inits), feeds)
     assert got["amax"].ravel().tolist() == [1, 0, 0]  # a NaN wins only as the first element
     assert got["amax_last"].tolist() == [2, 0, 0]
     assert got["cum_er"][0].tolist() == [-9, -5, -2, 0]

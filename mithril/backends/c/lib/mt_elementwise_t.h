@@ -298,6 +298,42 @@ MT_EW_REDUCE(mean, double, 0, acc += (double)v, MT_EW_FROM_D(acc * scale))
 #endif
 #endif
 
+/* ---- reductions of one block of dims with kept dims after it: x is (outer, r, inner), y is
+ * (outer, inner). Rows of x add into rows of y, so every access is contiguous (the generic
+ * kernel above would walk x with stride inner). Tasks are (outer, piece of inner) pairs. */
+#define MT_EW_REDUCE_ROWS(name, init, step, final)                                                     \
+    MT_EW_NOINLINE void MT_FN(mt_reduce_rows_##name)(const T *X, T *restrict Y, mt_i outer, mt_i r,       \
+                                                     mt_i inner, double scale) {                          \
+        mt_i piece = inner < 4096 ? inner : 4096, pieces = (inner + piece - 1) / piece;                  \
+        (void)scale;                                                                                      \
+        _Pragma("omp parallel for if(outer * r * inner > MT_PAR_MIN)")                                     \
+        for (mt_i t = 0; t < outer * pieces; t++) {                                                       \
+            mt_i o = t / pieces, lo = (t % pieces) * piece, n = inner - lo < piece ? inner - lo : piece;   \
+            T *y = Y + o * inner + lo;                                                                    \
+            for (mt_i i = 0; i < n; i++) y[i] = (init);                                                   \
+            for (mt_i k = 0; k < r; k++) {                                                                \
+                const T *x = X + (o * r + k) * inner + lo;                                                \
+                _Pragma("omp simd")                                                                       \
+                for (mt_i i = 0; i < n; i++) { T v = x[i], acc = y[i]; step; y[i] = acc; }                \
+            }                                                                                             \
+            for (mt_i i = 0; i < n; i++) { T acc = y[i]; y[i] = (final); }                                \
+        }                                                                                                 \
+    }
+
+MT_EW_REDUCE_ROWS(max, MT_EW_LOW, if (v > acc || MT_EW_ISNAN(v)) acc = v, acc)
+MT_EW_REDUCE_ROWS(min, MT_EW_HIGH, if (v < acc || MT_EW_ISNAN(v)) acc = v, acc)
+#if MT_EW_K != 3
+MT_EW_REDUCE_ROWS(sum, 0, acc = MT_EW_ADD(acc, v), acc)
+MT_EW_REDUCE_ROWS(prod, 1, acc = MT_EW_MUL(acc, v), acc)
+MT_EW_REDUCE_ROWS(sum_square, 0, acc = MT_EW_ADD(acc, MT_EW_MUL(v, v)), acc)
+MT_EW_REDUCE_ROWS(l1, 0, acc = MT_EW_ADD(acc, MT_EW_ABS(v)), acc)
+#endif
+#if MT_EW_K == 0
+MT_EW_REDUCE_ROWS(mean, 0, acc += v, (T)(acc * (T)scale))
+MT_EW_REDUCE_ROWS(l2, 0, acc += v * v, sqrt(acc))
+MT_EW_REDUCE_ROWS(log_sum, 0, acc += v, log(acc))
+#endif
+
 #if MT_EW_K == 0
 /* log(sum(exp(v - m))) + m, m the max (no shift when it is infinite) */
 MT_EW_NOINLINE void MT_FN(mt_reduce_log_sum_exp)(const T *X, T *restrict Y, mt_i ny, int kr, const mt_i *ks,
@@ -371,6 +407,7 @@ MT_EW_NOINLINE void MT_FN(mt_cumsum)(const T *X, T *restrict Y, mt_i outer, mt_i
 #undef MT_EW_BINARY
 #undef MT_EW_BINARY_CHECKED
 #undef MT_EW_REDUCE
+#undef MT_EW_REDUCE_ROWS
 #undef MT_EW_ARG
 #undef MT_EW_ADD
 #undef MT_EW_SUB

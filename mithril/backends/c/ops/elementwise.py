@@ -401,6 +401,24 @@ def _split_dims(shape, axes):
     return [d for d, _ in kept], [s for _, s in kept], [d for d, _ in red], [s for _, s in red]
 
 
+ROWS = ("max", "min", "sum", "prod", "sum_square", "l1", "mean", "l2", "log_sum")
+BOOL_DT = np.dtype(np.bool_)
+
+
+def _rows(shape, axes):
+    """(outer, r, inner) when the reduced dims (size-1 dims aside) are one block with kept dims
+    after it; None otherwise (inner reductions, or blocks split by kept dims)."""
+    dims = [(d, i in axes) for i, d in enumerate(shape) if d != 1]
+    flags = [red for _, red in dims]
+    if True not in flags or not flags or flags[-1]:
+        return None
+    first, last = flags.index(True), len(flags) - 1 - flags[::-1].index(True)
+    if not all(flags[first:last + 1]):
+        return None
+    sizes = [d for d, _ in dims]
+    return prod(sizes[:first]), prod(sizes[first:last + 1]), prod(sizes[last + 1:])
+
+
 @c_kernel(*REDUCE, check=_check_reduce)
 def reduce(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
@@ -414,6 +432,13 @@ def reduce(pn, c):
         ks, kt, rs, rt = _split_dims(shape, axes)
         count = prod(shape[i] for i in axes)
         scale = "NAN" if count == 0 else repr(1.0 / count)
+        rows = _rows(shape, axes)
+        op = REDUCE[pn.op_type][0]
+        if rows and op in ROWS and (x.dtype in FLOATS or op not in ("mean", "l2", "log_sum")) and \
+                (x.dtype != BOOL_DT or op in ("max", "min")):
+            outer, r, inner = rows
+            c.line(f"mt_reduce_rows_{op}_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, {outer}, {r}, {inner}, {scale});")
+            return
         c.line(f"{fn}({c.buf(x)}, {c.buf(y)}, {c.numel(y)}, {len(ks)}, {c.arr(ks)}, {c.arr(kt)}, {len(rs)}, "
                f"{c.arr(rs)}, {c.arr(rt)}, {scale});")
         return
