@@ -366,7 +366,8 @@ def test_lenet_training_step_runs_clean_under_address_and_undefined_sanitizers(t
     (tmp_path / "main.c").write_text("\n".join(lines) + "\n")
     (tmp_path / "step.c").write_text(prog.source)
     built = subprocess.run([cc, "-O1", "-g", "-std=c11", *sanitize, f"-I{build.LIB_DIR}", str(tmp_path / "step.c"),
-                            str(tmp_path / "main.c"), "-lm", "-o", str(tmp_path / "step")], capture_output=True, text=True)
+                            str(tmp_path / "main.c"), "-lm", "-o", str(tmp_path / "step")],
+                           capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
     done = subprocess.run([str(tmp_path / "step")], capture_output=True, text=True,
                           env={"ASAN_OPTIONS": "detect_leaks=0", "PATH": "/usr/bin:/bin"})

@@ -39,7 +39,7 @@ from ...errors import MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue
 from ..vjp.program import RuleStep, plan_gradients
 from .backend import CKernelMissingError, CProgram
-from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides, text
+from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides
 from .render import Segment, _plan_arena, _Renderer, _scratch_bytes, _tensor_inputs, why_not_c
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +394,8 @@ class CGradientProgram(CProgram):
                         continue
                     parts = [result[j] for j in range(k, len(pn.inputs))
                              if pn.inputs[j] is pn.inputs[k] and rule.needs[j] and result[j] is not None]
-                    total = sum(parts[1:], parts[0]) if parts else np.zeros(d.static_shape or np.shape(args[k]), d.dtype)
+                    shape = d.static_shape or np.shape(args[k])
+                    total = sum(parts[1:], parts[0]) if parts else np.zeros(shape, d.dtype)
                     env[d] = np.asarray(total, dtype=d.dtype)
         except MithrilError:
             raise
@@ -542,7 +543,8 @@ def binary_grad(item, c):
         sd = strides_of[div] if div is not None else [0] * len(shape)
         c.line(f"mt_grad_unbroadcast_{c.sfx(g)}({c.buf(g)}, {c.buf(mul) if mul is not None else 0}, "
                f"{c.buf(div) if div is not None else 0}, {c.buf(dx)}, {c.numel(dx)}, {len(shape)}, {c.arr(shape)}, "
-               f"{c.arr(sm)}, {c.arr(sd)}, {c.arr(strides_of[x])}, {c.literal(s, g.dtype)}, {int(k == 1 and op == 'Div')});")
+               f"{c.arr(sm)}, {c.arr(sd)}, {c.arr(strides_of[x])}, {c.literal(s, g.dtype)}, "
+               f"{int(k == 1 and op == 'Div')});")
 
 
 def _check_sum(item):
@@ -719,7 +721,7 @@ def gather_elements_grad(item, c):
 def _conv_parts(item):
     from .ops.nn import _conv_kind, _geometry
 
-    x, w = item.x(0).static_shape, item.x(1).static_shape
+    x = item.x(0).static_shape
     kind, win = _conv_kind(item.node)
     return kind, win, _geometry(x[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
 
