@@ -21,8 +21,8 @@ rule run on NumPy between segments (the forward kernels, NumPy's vjp rules), war
     >>> pm = ml.compile(Linear(2), ml.CBackend(), shapes={"input": [4, 3]}, trainable_keys={"weight"})
     >>> out, grads = pm.evaluate(data={"input": ml.CBackend().ones(4, 3)},
     ...                          output_gradients={"output": ml.CBackend().ones(4, 2)})
-    >>> grads["weight"].shape
-    (3, 2)
+    >>> grads["weight"].shape  # Linear's weight is [out, in]
+    (2, 3)
 """
 
 from __future__ import annotations
