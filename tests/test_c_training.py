@@ -239,8 +239,8 @@ def test_frontend_batchnorm_training_gradients_in_c_equal_numpy():
 
 
 def test_onnx_batchnorm_training_mode_backward_in_c():
-    """BatchNormalization-15 with training_mode=1: the forward runs on NumPy (C's forward takes
-    running statistics), its backward in C, from the batch's statistics."""
+    """BatchNormalization-15 with training_mode=1: the backward runs in C, from the batch's own
+    statistics (the forward too where ops/nn.py has a training-mode kernel)."""
     c = 3
     nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "rm", "rv"],
                               name="bn", training_mode=1, epsilon=1e-3)]
@@ -250,7 +250,8 @@ def test_onnx_batchnorm_training_mode_backward_in_c():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, c, 5])], inits)
     model = ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]))
     ref = ml.compile(model, ml.NumpyBackend(), trainable_keys={"scale", "bias"}, data_keys={"x"})
-    with pytest.warns(CFallbackWarning, match=r"bn \(BatchNormalization: training mode\)"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CFallbackWarning)  # the forward's, where C has no training kernel
         pm = ml.compile(model, ml.CBackend(), trainable_keys={"scale", "bias"}, data_keys={"x"})
     assert "mt_grad_batchnorm_f32(" in pm.backward.source and not pm.backward.fallback
     rng = np.random.default_rng(2)
