@@ -38,7 +38,7 @@ import numpy as np
 from ...errors import MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue
 from ..vjp.program import RuleStep, plan_gradients
-from .backend import CKernelMissingError, CProgram
+from .program import CKernelMissingError, CProgram
 from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides
 from .render import Segment, _plan_arena, _Renderer, _scratch_bytes, _tensor_inputs, why_not_c
 
@@ -410,7 +410,7 @@ class CGradientProgram(CProgram):
 def lower_gradients(plan: Plan, diff_names, *, fallback: str | None = "numpy", num_threads: int | None = None,
                     file_path: str | None = None, warn: bool = True) -> CGradientProgram:
     """The gradient program of ``plan`` for ``diff_names`` as C (see the module docstring)."""
-    from .backend import CFallbackWarning
+    from .program import CFallbackWarning
     from .build import build_library, load_library
 
     gp = plan_gradients(plan, diff_names)
@@ -481,6 +481,35 @@ def scale_grad(item, c):
 def stop_gradient_grad(item, c):
     dx = item.dx(0)
     c.line(f"memset({c.buf(dx)}, 0, {c.numel(dx) * dx.dtype.itemsize});")
+
+
+def _dropout_mode(item) -> tuple[bool, float] | None:
+    """(training, ratio) of a Dropout, None when either is given at run time."""
+    pn = item.node
+    if pn.opset < 12:
+        return False, 0.5
+    ratio, mode = item.x(1), item.x(2)
+    if any(v is not None and v.kind != "constant" for v in (ratio, mode)):
+        return None
+    training = mode is not None and bool(np.asarray(mode.value).reshape(-1)[0])
+    return training, 0.5 if ratio is None else float(np.asarray(ratio.value).reshape(-1)[0])
+
+
+def _check_dropout(item):
+    if _dropout_mode(item) is None:
+        return "ratio or training_mode given at run time"
+    return _only_first(item)
+
+
+@grad_kernel("Dropout", check=_check_dropout)
+def dropout_grad(item, c):
+    g, y, dx = item.g, item.node.outputs[0], item.dx(0)
+    training, ratio = _dropout_mode(item)
+    if not training:
+        c.line(f"mt_grad_scale_{c.sfx(g)}({c.buf(g)}, {c.buf(dx)}, {c.numel(dx)}, {c.literal(1, g.dtype)});")
+        return
+    c.line(f"mt_grad_dropout_{c.sfx(g)}({c.buf(g)}, {c.buf(y)}, {c.buf(dx)}, {c.numel(dx)}, "
+           f"{c.literal(1 / (1 - ratio), g.dtype)});")
 
 
 @grad_kernel("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_only_first)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..plan import Plan, PlanNode, PlanValue
 from .ops import C_TYPES, KERNELS, CKernel, Emitter
+from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 
 ALIGN = 64  # bytes: arena offsets start on a cache line
 

@@ -1,7 +1,8 @@
 """C kernels, Python side: for each ONNX op, when it can run in C and the call that runs it.
 
-A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`) registers its ops with
-:func:`c_kernel`. A rule has two parts: ``check(pn)`` says why a node cannot run in C (None
+A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`, :mod:`.autodiff`) registers its
+ops with :func:`c_kernel` when it is imported (:mod:`mithril.backends.c.render` imports them all;
+this package holds only the registry, so the families import it without a cycle). A rule has two parts: ``check(pn)`` says why a node cannot run in C (None
 when it can) beyond what :func:`mithril.backends.c.render.why_not_c` checks for every node
 (static shapes, element types the C library has, folded inputs given as constants), and
 ``emit(pn, c)`` prints the node's call through the :class:`Emitter` ``c`` (a kernel that can
@@ -192,9 +193,6 @@ def text(value) -> str | None:
     """A string attribute (ONNX gives bytes) as str."""
     return value.decode() if isinstance(value, bytes) else value
 
-
-# The families register their rules on import.
-from . import autodiff, elementwise, movement, nn  # noqa: E402,F401
 
 __all__ = ["ALL", "C_TYPES", "CKernel", "Emitter", "FLOATS", "INTS", "KERNELS", "NUMBERS", "SIGNED", "SUFFIX",
            "UNSIGNED", "broadcast_strides", "c_kernel", "ints", "same_types", "strides", "text"]

@@ -1,0 +1,121 @@
+"""A compiled C program: its segments (through the built library) and the nodes NumPy runs
+between them, on NumPy buffers passed without copies; and the errors and warning the C
+backend raises. Kept apart from :mod:`.backend` so :mod:`.grad` builds on it without a cycle."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendOptionWarning, CompileError, MithrilError
+
+
+class CFallbackWarning(BackendOptionWarning):
+    """Nodes without a C kernel run on NumPy between the C segments (``fallback="numpy"``)."""
+
+
+class CKernelMissingError(CompileError):
+    """``CBackend(fallback=None)`` and nodes without a C kernel: all of them listed, with why."""
+
+
+@dataclass
+class CProgram:
+    """A lowered C program: ``forward(params, data)`` runs the steps (C segments through the
+    built library, the other nodes with the shared NumPy kernels). ``source`` is the C file."""
+
+    source: str
+    filename: str
+    steps: list
+    arena_bytes: int
+    naive_bytes: int
+    fallback: list
+    library: Any
+    num_threads: int | None
+    plan: Any
+    failures: list = field(default_factory=list)
+    lines: dict = field(default_factory=dict)
+    namespace: dict = field(default_factory=dict)
+    _segments: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        from ..interpret import Interpreter
+
+        self._interpreter = Interpreter(self.plan)
+        self._arena = np.empty(max(self.arena_bytes, 1) + 64, dtype=np.uint8)
+        base = self._arena.ctypes.data
+        self._arena_ptr = ctypes.c_void_p(base + (-base) % 64)  # 64-byte aligned, as offsets are
+        for step in self.steps:
+            if hasattr(step, "nodes"):
+                fn = getattr(self.library, f"seg{step.index}")
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                self._segments[step.index] = fn
+        # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
+        # (np.ascontiguousarray would make a 0-d constant 1-d: np.require keeps the shape.)
+        self._constants = {v: np.require(v.value, requirements="C") for v in self.plan.constants}
+
+    @property
+    def forward(self):
+        return self.run
+
+    def memory_report(self) -> dict[str, int]:
+        """Arena bytes (intermediates of the C segments, lifetimes shared) and the naive sum."""
+        return {"arena_bytes": self.arena_bytes, "naive_bytes": self.naive_bytes}
+
+    def _read(self, v, env):
+        if v.kind == "constant":
+            return self._constants[v]
+        return env[v]
+
+    def run(self, params: dict, data: dict) -> dict:
+        if self.num_threads is not None:
+            self.library.mt_set_threads(self.num_threads)
+        env: dict = {}
+        for v in self.plan.inputs:
+            env[v] = params[v.name] if v.kind == "param" else data[v.name]
+        for v in self.plan.params:
+            env.setdefault(v, params[v.name])
+        for step in self.steps:
+            if hasattr(step, "nodes"):
+                self._run_segment(step, env)
+            else:
+                args = [None if v is None else self._read(v, env) for v in step.inputs]
+                for o, r in zip(step.outputs, self._interpreter.run_node(step, args, env)):
+                    env[o] = r
+        return {v.name: self._read(v, env) for v in self.plan.outputs}
+
+    def _run_segment(self, seg, env) -> None:
+        buffers = []
+        for v in seg.inputs:
+            arr = self._read(v, env)
+            if isinstance(arr, np.generic):
+                arr = np.asarray(arr)  # NumPy kernels return 0-d results as scalars
+            if isinstance(arr, np.ndarray) and arr.shape != v.static_shape and arr.size == max(
+                    int(np.prod(v.static_shape)), 1) and arr.dtype == v.dtype:
+                arr = arr.reshape(v.static_shape)  # a scalar given as [1] (or the reverse): same bytes
+            if not isinstance(arr, np.ndarray) or arr.dtype != v.dtype or arr.shape != v.static_shape:
+                got = f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}"
+                raise MithrilError(f"CBackend: {v.name!r} must be a {v.dtype} array of shape {v.static_shape} "
+                                   f"(the shape it was compiled for), got {got}")
+            if not arr.flags.c_contiguous:
+                arr = np.require(arr, requirements="C")  # a NumPy fallback node's strided view
+            buffers.append(arr)
+        for v in seg.outputs:
+            out = np.empty(v.static_shape, dtype=v.dtype)
+            env[v] = out
+            buffers.append(out)
+        io = (ctypes.c_void_p * max(len(buffers), 1))(*[b.ctypes.data for b in buffers])
+        status = self._segments[seg.index](io, self._arena_ptr)
+        if status:
+            from ...errors import NodeError
+
+            pn, problem = self.failures[status - 1]
+            ins = [v for v in pn.inputs if v is not None]
+            raise NodeError(f"CBackend: {problem}", node=pn.label, op_type=pn.op_type, opset=pn.opset,
+                            shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins])
+
+
+__all__ = ["CFallbackWarning", "CKernelMissingError", "CProgram"]
