@@ -327,12 +327,16 @@ static inline void MT_FN(mt_softmax)(const T *X, T *restrict Y, mt_i outer, mt_i
             }
             T m = -INFINITY, s = 0;
             for (mt_i i = 0; i < n; i++) m = x[i * inner] > m ? x[i * inner] : m;
-            for (mt_i i = 0; i < n; i++) s += exp(x[i * inner] - m);
             if (mode == 1) {
+                for (mt_i i = 0; i < n; i++) s += exp(x[i * inner] - m);
                 T ls = log(s);
                 for (mt_i i = 0; i < n; i++) y[i * inner] = x[i * inner] - m - ls;
-            } else {
-                for (mt_i i = 0; i < n; i++) y[i * inner] = exp(x[i * inner] - m) / s;
+            } else { /* one exp per element: y holds them until the sum is known */
+                for (mt_i i = 0; i < n; i++) {
+                    y[i * inner] = exp(x[i * inner] - m);
+                    s += y[i * inner];
+                }
+                for (mt_i i = 0; i < n; i++) y[i * inner] /= s;
             }
         }
 }
@@ -379,4 +383,74 @@ static inline void MT_FN(mt_skip_layernorm)(const T *X, const T *Skip, const T *
         T tm = (T)m, ti = (T)inv;
         for (mt_i j = 0; j < cols; j++) y[j] = (y[j] - tm) * ti * gamma[j] + (beta ? beta[j] : (T)0);
     }
+}
+
+/* ---- training-mode BatchNormalization (opset 14+): statistics of the batch per channel over
+ * (N, S); RMean and RVar (may be NULL) get the running statistics updated with `momentum` ---- */
+static inline void MT_FN(mt_batchnorm_train)(const T *X, const T *scale, const T *bias, const T *mean,
+                                             const T *var, T *restrict Y, T *restrict RMean, T *restrict RVar,
+                                             mt_i N, mt_i C, mt_i S, double eps, double momentum) {
+    _Pragma("omp parallel for if(N * C * S > MT_PAR_MIN)")
+    for (mt_i c = 0; c < C; c++) {
+        double s = 0, v = 0, cnt = (double)(N * S);
+        for (mt_i n = 0; n < N; n++)
+            for (mt_i i = 0; i < S; i++) s += (double)X[(n * C + c) * S + i];
+        double m = s / cnt;
+        for (mt_i n = 0; n < N; n++)
+            for (mt_i i = 0; i < S; i++) {
+                double d = (double)X[(n * C + c) * S + i] - m;
+                v += d * d;
+            }
+        double bv = v / cnt;
+        T tm = (T)m, ti = (T)(1.0 / sqrt(bv + eps));
+        for (mt_i n = 0; n < N; n++)
+            for (mt_i i = 0; i < S; i++) {
+                mt_i k = (n * C + c) * S + i;
+                Y[k] = (X[k] - tm) * ti * scale[c] + bias[c];
+            }
+        if (RMean) RMean[c] = (T)((double)mean[c] * momentum + (double)(T)m * (1.0 - momentum));
+        if (RVar) RVar[c] = (T)((double)var[c] * momentum + (double)(T)bv * (1.0 - momentum));
+    }
+}
+
+/* ---- MaxUnpool: Y (zeros) gets X[i] at Ind[i], a flat position in the shape the pool would
+ * invert (NC planes of from[0..2]), kept at the same coordinates in Y's planes of to[0..2] and
+ * dropped outside them. Returns 1 on an index outside that shape. ------------------------------- */
+static inline int MT_FN(mt_maxunpool)(const T *X, const int64_t *Ind, T *restrict Y, mt_i n, mt_i NC,
+                                      const mt_i *from, const mt_i *to) {
+    const mt_i FS = from[0] * from[1] * from[2], TS = to[0] * to[1] * to[2];
+    for (mt_i i = 0; i < NC * TS; i++) Y[i] = 0;
+    for (mt_i i = 0; i < n; i++) {
+        int64_t idx = Ind[i];
+        if (idx < 0 || idx >= (int64_t)(NC * FS)) return 1;
+        mt_i plane = (mt_i)idx / FS, r = (mt_i)idx % FS;
+        mt_i d = r / (from[1] * from[2]), h = (r / from[2]) % from[1], w = r % from[2];
+        if (d >= to[0] || h >= to[1] || w >= to[2]) continue;
+        Y[plane * TS + (d * to[1] + h) * to[2] + w] = X[i];
+    }
+    return 0;
+}
+
+/* ---- NegativeLogLikelihoodLoss over log-probabilities P (N, C, D): loss[n, d] = -P[n, t, d] * w[t]
+ * (w = 1 without weights; 0 where t == ignore); reduction 0 none (L holds N * D values), 1 sum,
+ * 2 mean (the sum over the weights that count). Returns 1 on a target outside [0, C). ---------- */
+static inline int MT_FN(mt_nll)(const T *P, const int64_t *Tg, const T *Wt, T *restrict L, mt_i N, mt_i C, mt_i D,
+                                int has_ignore, int64_t ignore, int reduction) {
+    double total = 0, wsum = 0;
+    for (mt_i n = 0; n < N; n++)
+        for (mt_i d = 0; d < D; d++) {
+            int64_t t = Tg[n * D + d];
+            T w = 0, v = 0;
+            if (!(has_ignore && t == ignore)) {
+                if (t < 0 || t >= (int64_t)C) return 1;
+                w = Wt ? Wt[t] : (T)1;
+                v = -P[(n * C + (mt_i)t) * D + d] * w;
+            }
+            if (reduction == 0) L[n * D + d] = v;
+            total += (double)v;
+            wsum += (double)w;
+        }
+    if (reduction == 1) L[0] = (T)total;
+    if (reduction == 2) L[0] = (T)(total / wsum);
+    return 0;
 }

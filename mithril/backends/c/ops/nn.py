@@ -309,17 +309,54 @@ def global_pool(pn, c):
            f"{GLOBAL_POOLS[pn.op_type]}, {c.literal(p, y.dtype)});")
 
 
+def _unpool_shapes(pn):
+    """(the shape MaxPool would invert, the output shape)."""
+    x, k = pn.inputs[0].static_shape, pn.kwargs
+    geo = transposed_window(x[2:], ints(k["kernel_shape"]), ints(k.get("strides")) or None, None,
+                            ints(k.get("pads")) or None)
+    return tuple(x[:2]) + tuple(geo.out), tuple(pn.outputs[0].static_shape)
+
+
+def _check_unpool(pn):
+    why = _check_spatial(pn)
+    if why:
+        return why
+    if pn.inputs[1].dtype != np.dtype(np.int64) or pn.inputs[1].static_shape != pn.inputs[0].static_shape:
+        return "indices are not int64 of X's shape"
+    inferred, out = _unpool_shapes(pn)
+    if out[:2] != inferred[:2] or len(out) != len(inferred) or (not _has(pn, 2) and out != inferred):
+        return f"output shape {out} does not fit the unpooled shape {inferred}"
+    if pn.outputs[0].dtype != pn.inputs[0].dtype:
+        return "output dtype differs from the input's"
+    return None
+
+
+# output_shape (input 2) is read through the output's static shape, so it may come at run time.
+@c_kernel("MaxUnpool", dtypes=FLOATS, check=_check_unpool)
+def max_unpool(pn, c):
+    x, ind, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    inferred, out = _unpool_shapes(pn)
+    c.checked(f"mt_maxunpool_{c.sfx(y)}({c.buf(x)}, (const int64_t *){c.buf(ind)}, {c.buf(y)}, {c.numel(x)}, "
+              f"{out[0] * out[1]}, {c.arr(_pad3(inferred[2:], 1))}, {c.arr(_pad3(out[2:], 1))})",
+              "an index is outside the unpooled shape")
+
+
 # ---------------------------------------------------------------------------------------------
 # Normalization
 
 
 def _check_batchnorm(pn):
     k = pn.kwargs
-    if len(pn.outputs) > 1 or k.get("training_mode") or (k.get("is_test") == 0 and "is_test" in pn.attributes):
-        return "training mode"
+    training = bool(k.get("training_mode"))
+    if pn.opset < 14 and (len(pn.outputs) > 1 or (k.get("is_test") == 0 and "is_test" in pn.attributes)):
+        return "training mode before opset 14"
+    if len(pn.outputs) > 1 and not training:
+        return "running statistics asked for outside training mode"
     C = pn.inputs[0].static_shape[1] if len(pn.inputs[0].static_shape) > 1 else 1
     if any(prod(v.static_shape) != C for v in pn.inputs[1:5]):
         return "parameters are not one value per channel (spatial=0)"
+    if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
+        return "outputs in another dtype than X"
     return same_types(pn)
 
 
@@ -327,9 +364,15 @@ def _check_batchnorm(pn):
 def batchnorm(pn, c):
     x, scale, bias, mean, var = pn.inputs[:5]
     y, s = pn.outputs[0], c.shape(pn.inputs[0])
-    c.line(f"mt_batchnorm_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, {c.buf(bias)}, {c.buf(mean)}, {c.buf(var)}, "
-           f"{c.buf(y)}, {s[0]}, {s[1] if len(s) > 1 else 1}, {prod(s[2:])}, "
-           f"{c.literal(pn.kwargs.get('epsilon', 1e-5), y.dtype)});")
+    args = (f"{c.buf(x)}, {c.buf(scale)}, {c.buf(bias)}, {c.buf(mean)}, {c.buf(var)}, {c.buf(y)}")
+    dims = f"{s[0]}, {s[1] if len(s) > 1 else 1}, {prod(s[2:])}"
+    eps = pn.kwargs.get("epsilon", 1e-5)
+    if pn.kwargs.get("training_mode"):  # batch statistics; the running ones updated with momentum
+        stats = [c.buf(o) if o.name else "0" for o in pn.outputs[1:3]] + ["0"] * (3 - len(pn.outputs))
+        c.line(f"mt_batchnorm_train_{c.sfx(y)}({args}, {stats[0]}, {stats[1]}, {dims}, {float(eps)!r}, "
+               f"{float(pn.kwargs.get('momentum', 0.9))!r});")
+        return
+    c.line(f"mt_batchnorm_{c.sfx(y)}({args}, {dims}, {c.literal(eps, y.dtype)});")
 
 
 def _layernorm_axis(pn) -> int:
@@ -543,3 +586,49 @@ def skip_layernorm(pn, c):
     c.line(f"mt_skip_layernorm_{c.sfx(y)}({c.buf(x)}, {c.buf(pn.inputs[1])}, {c.buf(pn.inputs[2])}, "
            f"{_bias(pn, c, 3)}, {_bias(pn, c, 4)}, {c.buf(y)}, {', '.join(extra)}, {prod(c.shape(x)[:-1])}, {cols}, "
            f"{float(pn.kwargs.get('epsilon', 1e-12))!r});")
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+
+
+def _check_loss(pn):
+    x = pn.inputs[0].static_shape
+    t = pn.inputs[1]
+    if len(x) < 2:
+        return "input of rank < 2"
+    if t.dtype != np.dtype(np.int64):
+        return f"target of dtype {t.dtype} (C takes int64)"
+    if tuple(t.static_shape) != tuple(x[:1]) + tuple(x[2:]):
+        return f"target {t.static_shape} does not fit input {x}"
+    if _has(pn, 2) and pn.inputs[2].static_shape != (x[1],):
+        return "weight is not one value per class"
+    if text(pn.kwargs.get("reduction", "mean")) not in ("none", "sum", "mean"):
+        return f"reduction {pn.kwargs.get('reduction')!r}"
+    if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
+        return "outputs in another dtype than the input"
+    return None
+
+
+def _loss_scratch(pn) -> int:
+    # SoftmaxCrossEntropyLoss keeps its log-probabilities in scratch when they are not an output.
+    if pn.op_type == "SoftmaxCrossEntropyLoss" and not (len(pn.outputs) > 1 and pn.outputs[1].name):
+        return prod(pn.inputs[0].static_shape) * pn.inputs[0].dtype.itemsize
+    return 0
+
+
+@c_kernel("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", dtypes=FLOATS, check=_check_loss,
+          scratch=_loss_scratch)
+def loss(pn, c):
+    x, target, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    s = c.shape(x)
+    N, C, D = s[0], s[1], prod(s[2:])
+    log_prob = c.buf(x)
+    if pn.op_type == "SoftmaxCrossEntropyLoss":
+        log_prob = c.buf(pn.outputs[1]) if _loss_scratch(pn) == 0 else f"({c.ctype(x)} *){c.scratch}"
+        c.line(f"mt_softmax_{c.sfx(x)}({c.buf(x)}, {log_prob}, {N}, {C}, {D}, 1);")
+    ignore = pn.kwargs.get("ignore_index")
+    reduction = {"none": 0, "sum": 1, "mean": 2}[text(pn.kwargs.get("reduction", "mean"))]
+    c.checked(f"mt_nll_{c.sfx(x)}({log_prob}, (const int64_t *){c.buf(target)}, {_bias(pn, c)}, {c.buf(y)}, {N}, "
+              f"{C}, {D}, {int(ignore is not None)}, {int(ignore or 0)}LL, {reduction})",
+              "a target is outside [0, classes)")
