@@ -381,3 +381,23 @@ def test_lenet_training_step_runs_clean_under_address_and_undefined_sanitizers(t
             np.testing.assert_allclose(got, grads[names[v]], rtol=1e-5, atol=1e-6)
             checked += 1
     assert checked == len(grads) == 11
+
+
+def test_dropout_training_backward_in_c():
+    """Dropout-13 in training mode (its random forward on NumPy's generator, seeded): the backward
+    in C passes the cotangent where an element was kept, scaled by 1 / (1 - ratio)."""
+    consts = [helper.make_node("Constant", [], ["ratio"], value=helper.make_tensor("r", TensorProto.FLOAT, [], [0.25])),
+              helper.make_node("Constant", [], ["train"], value=helper.make_tensor("t", TensorProto.BOOL, [], [True]))]
+    model = _graph(consts + [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop", seed=3)],
+                   [("x", [4, 6])], "y", opset=13)
+    ref = ml.compile(model, ml.NumpyBackend(), shapes={"x": (4, 6)}, data_keys={"x"}, trainable_keys=set())
+    with pytest.warns(CFallbackWarning, match=r"^CBackend: 1 node\(s\) run on NumPy \(no C kernel\): drop "):
+        pm = ml.compile(model, ml.CBackend(), shapes={"x": (4, 6)}, data_keys={"x"}, trainable_keys=set())
+    assert "mt_grad_dropout_f32(" in pm.backward.source and not pm.backward.fallback
+    x = np.random.default_rng(4).standard_normal((4, 6)).astype(np.float32) + 3
+    g = np.random.default_rng(5).standard_normal((4, 6)).astype(np.float32)
+    want_out, want = ref.evaluate({}, {"x": x}, output_gradients={"y": g})
+    got_out, got = pm.evaluate({}, {"x": x}, output_gradients={"y": g})
+    np.testing.assert_array_equal(got_out["y"] != 0, want_out["y"] != 0)  # the same seeded mask
+    np.testing.assert_allclose(got["x"], want["x"], rtol=1e-6)
+    np.testing.assert_allclose(got["x"], np.where(got_out["y"] != 0, g / 0.75, 0), rtol=1e-6)

@@ -31,6 +31,12 @@ static inline void MT_FN(mt_grad_exp)(const T *g, const T *y, T *restrict dx, mt
     for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i];
 }
 
+/* Dropout in training: y = x * keep * s, keep read back from y (an input exactly 0 gets 0). */
+static inline void MT_FN(mt_grad_dropout)(const T *g, const T *y, T *restrict dx, mt_i n, T s) {
+    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
+    for (mt_i i = 0; i < n; i++) dx[i] = y[i] != 0 ? g[i] * s : (T)0;
+}
+
 /* ---- broadcasting: dx[nx] = sum over the broadcast dims of s * g * mul / div^(1 + twice) -------
  * g, mul and div (each NULL: 1) walk `shape` (g's, C-contiguous); `sm`, `sd` and `sx` are mul's,
  * div's and dx's strides along it (0 where broadcast). Add/Sub/Mul/Div's operands, and a
