@@ -513,12 +513,21 @@ def softmax(pn, c):
     c.line(f"mt_softmax_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {outer}, {mid}, {inner}, {SOFTMAX_MODES[pn.op_type]});")
 
 
+def _constant(pn, i: int):
+    """Input ``i``'s value when it is a constant, else None."""
+    v = pn.inputs[i] if _has(pn, i) else None
+    return None if v is None or v.kind != "constant" else np.asarray(v.value).reshape(-1)
+
+
 def _check_dropout(pn):
     k = pn.kwargs
     if pn.opset < 7 and not k.get("is_test"):
         return "training mode (is_test=0)"
-    if _has(pn, 2) and bool(np.asarray(pn.inputs[2].value).reshape(-1)[0]):
-        return "training mode"
+    training, ratio = _constant(pn, 2), _constant(pn, 1)
+    if _has(pn, 2) and training is None:
+        return "training_mode given at run time"
+    if training is not None and bool(training[0]) and not (ratio is not None and float(ratio[0]) == 0):
+        return "training mode with a nonzero ratio (C runs Dropout in inference)"
     if pn.outputs[0].dtype != pn.inputs[0].dtype:
         return "output dtype differs from the input's"
     if len(pn.outputs) > 1 and pn.outputs[1].dtype not in FLOATS | {np.dtype(np.bool_)}:
@@ -526,8 +535,9 @@ def _check_dropout(pn):
     return None
 
 
-# In inference Dropout is the identity and its mask all true (ones before opset 10).
-@c_kernel("Dropout", check=_check_dropout, folded=(2,), alias=True)
+# Dropout is the identity with an all-true mask (ones before opset 10) in inference, and in
+# training with ratio 0.
+@c_kernel("Dropout", check=_check_dropout, alias=True)
 def dropout(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     if c.buf(x) != c.buf(y):
