@@ -14,9 +14,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import mithril as ml
-from .conftest import make_model
 from mithril.backends.c import build
 from mithril.errors import NodeError
+
+from .conftest import make_model
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler (cc or gcc) on PATH")
@@ -226,7 +227,8 @@ def test_clip_bounds_as_inputs_attributes_and_for_ints():
     x = np.array([-3.0, -1.0, 0.0, 2.0, 9.0, np.nan], np.float32)
     lo, hi = np.array(-1.5, np.float32), np.array(4.0, np.float32)
     n = np.array([-100, 0, 100], np.int8)
-    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["both"]), helper.make_node("Clip", ["x", "", "hi"], ["hi_only"]),
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["both"]),
+             helper.make_node("Clip", ["x", "", "hi"], ["hi_only"]),
              helper.make_node("Clip", ["x", "hi", "lo"], ["crossed"]),
              helper.make_node("Clip", ["n", "k"], ["ints"]), helper.make_node("Clip", ["w", "", "k64"], ["int64s"])]
     w = np.array([np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max], np.int64)
@@ -343,7 +345,8 @@ def test_fused_sequence_compiles_warning_free_and_clean_under_ubsan(tmp_path, ca
     big = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min, 3, -3], np.int64)
     nodes = [helper.make_node("Mul", ["a", "b"], ["mul"]), helper.make_node("Add", ["a", "b"], ["add"]),
              helper.make_node("Neg", ["big"], ["neg"]), helper.make_node("Abs", ["big"], ["abs"]),
-             helper.make_node("Mul", ["big", "big"], ["sq"]), helper.make_node("Cast", ["f"], ["cast"], to=TensorProto.INT32),
+             helper.make_node("Mul", ["big", "big"], ["sq"]),
+             helper.make_node("Cast", ["f"], ["cast"], to=TensorProto.INT32),
              helper.make_node("BitShift", ["u", "v"], ["shl"], direction="LEFT"),
              helper.make_node("ReduceSum", ["big"], ["rsum"], keepdims=0), helper.make_node("Div", ["a", "b"], ["div"])]
     u = np.array([1, 2, 3, 4], np.uint32)

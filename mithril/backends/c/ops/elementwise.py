@@ -444,10 +444,11 @@ def reduce(pn, c):
         return
     v = _axes_input(pn)
     c.line("{")
-    c.line(f"    int kr, rr; mt_i ks[16], kt[16], rs[16], rt[16];")
-    c.checked(f"mt_reduce_setup({len(shape)}, {c.arr(shape)}, {c.buf(v)}, {c.numel(v)}, "
-              f"{int(pn.kwargs.get('noop_with_empty_axes', 0))}, {keep}, {len(c.shape(y))}, {c.arr(c.shape(y) or [1])}, "
-              f"&kr, ks, kt, &rr, rs, rt)", "the axes are out of range or reduce to another shape than the compiled one")
+    c.line("    int kr, rr; mt_i ks[16], kt[16], rs[16], rt[16];")
+    noop = int(pn.kwargs.get("noop_with_empty_axes", 0))
+    c.checked(f"mt_reduce_setup({len(shape)}, {c.arr(shape)}, {c.buf(v)}, {c.numel(v)}, {noop}, {keep}, "
+              f"{len(c.shape(y))}, {c.arr(c.shape(y) or [1])}, &kr, ks, kt, &rr, rs, rt)",
+              "the axes are out of range or reduce to another shape than the compiled one")
     c.line("    mt_i count = 1; for (int d = 0; d < rr; d++) count *= rs[d];")
     c.line(f"    {fn}({c.buf(x)}, {c.buf(y)}, {c.numel(y)}, kr, ks, kt, rr, rs, rt, count ? 1.0 / count : NAN);")
     c.line("}")
