@@ -148,6 +148,8 @@ def _check_view(pn):
     v = _given(pn, 1)
     if v is not None and v.dtype not in INDEX_CODE:
         return f"input {v.name!r} is {v.dtype}"
+    if prod(pn.inputs[0].static_shape) != prod(pn.outputs[0].static_shape):
+        return "input and output sizes differ"
     return _check_squeeze(pn) or _check_shape_arg(pn) or _check_same_data(pn)
 
 
@@ -184,10 +186,18 @@ def _check_same_data(pn):
     return None if x.dtype == y.dtype else f"input {x.name!r} is {x.dtype}, the output {y.dtype}"
 
 
+def _output_is(pn, want):
+    """The kernels write what the op gives: the plan's output shape must be it."""
+    y = pn.outputs[0].static_shape
+    return None if tuple(y) == tuple(want) else f"output shape {tuple(y)}, but the op gives {tuple(want)}"
+
+
 def _check_transpose(pn):
-    if len(pn.inputs[0].static_shape) != len(pn.outputs[0].static_shape):
-        return "output rank differs from the input's"
-    return _check_same_data(pn)
+    xs = pn.inputs[0].static_shape
+    perm = ints(pn.kwargs.get("perm")) or list(range(len(xs)))[::-1]
+    if sorted(p % max(len(xs), 1) for p in perm) != list(range(len(xs))):
+        return f"perm {perm} is not a permutation of {len(xs)} axes"
+    return _output_is(pn, [xs[p % len(xs)] for p in perm]) or _check_same_data(pn)
 
 
 @c_kernel("Transpose", check=_check_transpose)
@@ -202,7 +212,14 @@ def transpose(pn, c):
 def _check_concat(pn):
     if any(v.dtype != pn.outputs[0].dtype for v in pn.inputs if v is not None):
         return "inputs of different element types"
-    return None
+    ins = [v.static_shape for v in pn.inputs if v is not None]
+    y = pn.outputs[0].static_shape
+    if not y:
+        return "a scalar output"
+    axis = pn.kwargs["axis"] % len(y)
+    if any(len(s) != len(y) or any(a != b for d, (a, b) in enumerate(zip(s, y)) if d != axis) for s in ins):
+        return "inputs differ from the output off the axis"
+    return _output_is(pn, y[:axis] + (sum(s[axis] for s in ins),) + y[axis + 1:])
 
 
 @c_kernel("Concat", check=_check_concat)
@@ -229,6 +246,9 @@ def _check_split(pn):
         return "output sizes do not add up to the input's"
     if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs):
         return "outputs of another element type"
+    if any(len(o.static_shape) != len(x) or any(a != b for d, (a, b) in enumerate(zip(o.static_shape, x))
+                                                if d != axis) for o in pn.outputs):
+        return "outputs differ from the input off the axis"
     return None
 
 
@@ -397,7 +417,9 @@ def _check_depth(pn):
         return "channels not a multiple of blocksize**2"
     if pn.op_type == "SpaceToDepth" and (x[2] % b or x[3] % b):
         return "height or width not a multiple of blocksize"
-    return _check_same_data(pn)
+    n, ch, h, w = x
+    want = (n, ch * b * b, h // b, w // b) if pn.op_type == "SpaceToDepth" else (n, ch // (b * b), h * b, w * b)
+    return _output_is(pn, want) or _check_same_data(pn)
 
 
 @c_kernel("DepthToSpace", "SpaceToDepth", check=_check_depth)
@@ -422,8 +444,12 @@ def depth_space(pn, c):
 def _check_gather(pn):
     if pn.inputs[1].dtype not in GATHER_INDEX:
         return f"indices of {pn.inputs[1].dtype} (int32 or int64)"
-    if not pn.inputs[0].static_shape:
+    xs = pn.inputs[0].static_shape
+    if not xs:
         return "a scalar input"
+    if pn.op_type == "Gather":
+        axis = pn.kwargs.get("axis", 0) % len(xs)
+        return _output_is(pn, xs[:axis] + tuple(pn.inputs[1].static_shape) + xs[axis + 1:]) or _check_same_data(pn)
     return _check_same_data(pn)
 
 
@@ -441,6 +467,9 @@ def _check_gather_elements(pn):
     x, idx, y = pn.inputs[0].static_shape, pn.inputs[1].static_shape, pn.outputs[0].static_shape
     if not x or len(x) != len(idx) or tuple(idx) != tuple(y):
         return "indices and output shapes differ, or a scalar input"
+    axis = pn.kwargs.get("axis", 0) % len(x)
+    if any(i > d for a, (i, d) in enumerate(zip(idx, x)) if a != axis):
+        return f"indices {idx} exceed the input {x} off the axis"
     return _check_gather(pn)
 
 
@@ -467,7 +496,7 @@ def _check_gathernd(pn):
         return "indices do not fit the data's shape"
     if pn.inputs[1].dtype not in GATHER_INDEX:
         return f"indices of {pn.inputs[1].dtype} (int32 or int64)"
-    return _check_same_data(pn)
+    return _output_is(pn, tuple(idx[:-1]) + tuple(data[b + k:])) or _check_same_data(pn)
 
 
 @c_kernel("GatherND", check=_check_gathernd)
@@ -500,7 +529,11 @@ def _check_scatter(pn):
             return "indices and updates do not fit the data's shape"
     elif not data or len(idx) != len(data) or tuple(idx) != tuple(upd):
         return "indices and updates shapes differ, or a scalar input"
-    return _check_same_data(pn)
+    else:
+        axis = pn.kwargs.get("axis", 0) % len(data)
+        if any(i > d for a, (i, d) in enumerate(zip(idx, data)) if a != axis):
+            return f"indices {idx} exceed the data {data} off the axis"
+    return _output_is(pn, data) or _check_same_data(pn)
 
 
 @c_kernel("ScatterElements", "Scatter", "ScatterND", check=_check_scatter)
@@ -635,7 +668,7 @@ def _check_trilu(pn):
     k = _given(pn, 1)
     if k is not None and (k.dtype != np.dtype(np.int64) or prod(k.static_shape) != 1):
         return "k not one int64"
-    return _check_same_data(pn)
+    return _output_is(pn, pn.inputs[0].static_shape) or _check_same_data(pn)
 
 
 @c_kernel("Trilu", check=_check_trilu)
@@ -650,7 +683,7 @@ def trilu(pn, c):
 
 
 def _check_eyelike(pn):
-    return None if len(pn.outputs[0].static_shape) == 2 else "output not 2-D"
+    return _output_is(pn, pn.inputs[0].static_shape) if len(pn.outputs[0].static_shape) == 2 else "output not 2-D"
 
 
 @c_kernel("EyeLike", check=_check_eyelike)
@@ -673,8 +706,8 @@ def constant_of_shape(pn, c):
 def _check_range(pn):
     if any(prod(v.static_shape) != 1 for v in pn.inputs):
         return "start, limit and delta must be scalars"
-    if pn.outputs[0].dtype == np.dtype(np.bool_):
-        return "a bool range"
+    if pn.outputs[0].dtype == np.dtype(np.bool_) or len(pn.outputs[0].static_shape) != 1:
+        return "a bool range or an output not 1-D"
     return same_types(pn)
 
 
@@ -723,7 +756,7 @@ def _check_reverse_sequence(pn):
         return f"sequence_lens of {lens.dtype}"
     if prod(lens.static_shape) != x.static_shape[k.get("batch_axis", 1)]:
         return "sequence_lens does not hold one length per batch"
-    return _check_same_data(pn)
+    return _output_is(pn, x.static_shape) or _check_same_data(pn)
 
 
 @c_kernel("ReverseSequence", check=_check_reverse_sequence)
@@ -804,8 +837,13 @@ def _check_resize(pn):
         return f"nearest_mode {spec['nearest']!r}"
     if spec["policy"] not in ASPECT_POLICY:
         return f"keep_aspect_ratio_policy {spec['policy']!r}"
-    if len(x.static_shape) > 16 or len(x.static_shape) != len(pn.outputs[0].static_shape):
+    xs, ys = x.static_shape, pn.outputs[0].static_shape
+    if len(xs) > 16 or len(xs) != len(ys):
         return "rank above 16 or output rank differs"
+    if any(a != b for d, (a, b) in enumerate(zip(xs, ys)) if d not in spec["axes"]):
+        return f"output {ys} resizes an axis outside {spec['axes']}"
+    if any(a == 0 and b for a, b in zip(xs, ys)):
+        return "resizing an empty axis"
     if spec["attr_scales"] is None and spec["scales"] is None and spec["sizes"] is None:
         return "neither scales nor sizes given"
     n = len(spec["axes"])
@@ -918,7 +956,7 @@ GRID_PADDING = {"zeros": 0, "border": 1, "reflection": 2}
 
 
 def _check_grid_sample(pn):
-    x, g, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
+    x, g = pn.inputs[0], pn.inputs[1]
     xs, gs = x.static_shape, g.static_shape
     mode, pad = text(pn.kwargs.get("mode", "linear")), text(pn.kwargs.get("padding_mode", "zeros"))
     if x.dtype not in (np.dtype(np.float32), np.dtype(np.float64)) or g.dtype != x.dtype:
@@ -928,7 +966,9 @@ def _check_grid_sample(pn):
     r = len(xs) - 2
     if not 1 <= r <= 8 or len(gs) != r + 2 or gs[-1] != r or gs[0] != xs[0]:
         return f"grid {gs} does not fit the input {xs}"
-    return _check_same_data(pn)
+    if not all(xs[2:]) and prod(gs):
+        return "sampling an empty input"
+    return _output_is(pn, tuple(xs[:2]) + tuple(gs[1:-1])) or _check_same_data(pn)
 
 
 @c_kernel("GridSample", check=_check_grid_sample)
