@@ -95,13 +95,14 @@ def test_activations_with_attributes_equal_numpy():
     x = EDGE.astype(np.float32)
     spec = [("LeakyRelu", {"alpha": 0.2}), ("Elu", {"alpha": 0.7}), ("Selu", {"alpha": 1.5, "gamma": 1.1}),
             ("Celu", {"alpha": 2.0}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("ThresholdedRelu", {"alpha": 0.6}),
-            ("Shrink", {"bias": 0.5, "lambd": 1.0}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"})]
+            ("Shrink", {"bias": 0.5, "lambd": 1.0}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
+            ("Swish", {"alpha": 1.5})]
     nodes = [helper.make_node(op, ["x"], [f"y{i}"], **kw) for i, (op, kw) in enumerate(spec)]
     nodes.append(helper.make_node("PRelu", ["m", "slope"], ["prelu"]))
     m = np.linspace(-3, 3, 24, dtype=np.float32).reshape(2, 3, 4)
     slope = np.array([[0.1], [0.2], [0.3]], np.float32)
     outs = {f"y{i}": (np.float32, x.shape) for i in range(len(spec))} | {"prelu": (np.float32, m.shape)}
-    _c_equals_numpy(_model(nodes, {"x": x, "m": m, "slope": slope}, outs, opset=20),
+    _c_equals_numpy(_model(nodes, {"x": x, "m": m, "slope": slope}, outs, opset=24),
                     {"x": x, "m": m, "slope": slope}, rtol=2e-6, atol=1e-7)
 
 

@@ -110,6 +110,7 @@ MT_EW_UNARY(reciprocal, T, (T)1 / v)
 MT_EW_UNARY(softplus, T, MT_FN(mt_softplus1)(v))
 MT_EW_UNARY(softsign, T, v / ((T)1 + fabs(v)))
 MT_EW_UNARY(mish, T, v * tanh(MT_FN(mt_softplus1)(v)))
+MT_EW_UNARY(swish, T, v * MT_FN(mt_sigmoid1)(a * v))
 MT_EW_UNARY(hard_swish, T, v * MT_FN(mt_clip1)(v / (T)6 + (T)0.5))
 MT_EW_UNARY(isnan, mt_bool, (mt_bool)(v != v))
 /* a: detect_positive, b: detect_negative */

@@ -105,7 +105,8 @@ UNARY = {
     "LeakyRelu": ("leaky_relu", FLOATS, ("alpha",)), "Elu": ("elu", FLOATS, ("alpha",)),
     "Selu": ("selu", FLOATS, ("alpha", "gamma")), "Celu": ("celu", FLOATS, ("alpha",)),
     "HardSigmoid": ("hard_sigmoid", FLOATS, ("alpha", "beta")),
-    "ThresholdedRelu": ("thresholded_relu", FLOATS, ("alpha",)), "Shrink": ("shrink", FLOATS, ("bias", "lambd")),
+    "ThresholdedRelu": ("thresholded_relu", FLOATS, ("alpha",)), "Swish": ("swish", FLOATS, ("alpha",)),
+    "Shrink": ("shrink", FLOATS, ("bias", "lambd")),
     "Gelu": ("gelu", FLOATS, ()),
 }
 
