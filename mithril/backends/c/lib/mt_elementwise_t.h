@@ -30,8 +30,9 @@
 #endif
 
 /* ---- one input: y[i] = expr of v = x[i], and of the parameters a, b ---------------------- */
+/* x and y may be the same buffer (Mean scales its sum in place): no restrict; omp simd vectorizes. */
 #define MT_EW_UNARY(name, TY, expr)                                                                 \
-    MT_EW_NOINLINE void MT_FN(mt_##name)(const T *restrict x, TY *restrict y, mt_i n, T a, T b) {      \
+    MT_EW_NOINLINE void MT_FN(mt_##name)(const T *x, TY *y, mt_i n, T a, T b) {                      \
         (void)a; (void)b;                                                                            \
         _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")                                           \
         for (mt_i i = 0; i < n; i++) { T v = x[i]; y[i] = (expr); }                                   \
