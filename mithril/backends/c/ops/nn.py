@@ -1,5 +1,5 @@
-"""C rules for MatMul/Gemm, convolution, pooling, normalization and Softmax
-(kernels: ``lib/mt_nn*.h``).
+"""C rules for MatMul/Gemm, convolution, pooling, normalization, Softmax, Dropout, the losses and
+the onnxruntime contrib ops transformers use (kernels: ``lib/mt_nn*.h``; the GEMM: ``lib/mt_gemm*.h``).
 
 Window ops (Conv, ConvTranspose, the pools) take their geometry from the shared
 :mod:`mithril.backends.kernels.geometry` at render time (auto_pad, ceil_mode, output_padding and
@@ -158,7 +158,7 @@ def _conv_kind(pn) -> tuple[str, object]:
     win = _window(pn, w[2:])
     if w[1] == 1 and group == x[1] and group > 1:
         return "depthwise", win
-    if (all(v == 1 for v in (*win.kernel, *win.strides)) and not any(win.begin) and not any(win.end)):
+    if all(v == 1 for v in (*win.kernel, *win.strides)) and not any(win.begin) and not any(win.end):
         return "pointwise", win
     return "im2col", win
 
