@@ -27,6 +27,28 @@ def _bias(pn, c, i: int = 2) -> str:
     return c.buf(pn.inputs[i]) if _has(pn, i) else "0"
 
 
+def _shapes_are(pn, want: dict[int, tuple]) -> str | None:
+    """Why the plan's output shapes are not what the kernel writes (output index -> shape), so
+    that no call can write past a buffer on a malformed plan; None when they are."""
+    for i, shape in want.items():
+        if len(pn.outputs) > i and pn.outputs[i].name and tuple(pn.outputs[i].static_shape) != tuple(shape):
+            return f"output {i} is typed {pn.outputs[i].static_shape}, the kernel writes {tuple(shape)}"
+    return None
+
+
+def _numels_are(pn, want: dict[int, int]) -> str | None:
+    for i, n in want.items():
+        if len(pn.outputs) > i and pn.outputs[i].name and prod(pn.outputs[i].static_shape) != n:
+            return f"output {i} holds {prod(pn.outputs[i].static_shape)} values, the kernel writes {n}"
+    return None
+
+
+def _same_shape(pn) -> str | None:
+    """A ``check`` for ops whose outputs have the input's shape and element type."""
+    x = pn.inputs[0].static_shape
+    return _shapes_are(pn, {i: x for i in range(len(pn.outputs))}) or same_types(pn)
+
+
 # ---------------------------------------------------------------------------------------------
 # MatMul / Gemm
 
@@ -52,7 +74,9 @@ def _check_matmul(pn):
         return f"inner dims of {sa} and {sb} differ"
     if pn.op_type == "MatMulAdd" and prod(pn.inputs[2].static_shape) != b[-1]:
         return "bias is not one row"
-    return same_types(pn)
+    _, _, batch = _matmul_shapes(pn)
+    out = batch + ((a[-2],) if len(sa) > 1 else ()) + ((b[-1],) if len(sb) > 1 else ())
+    return _shapes_are(pn, {0: out}) or same_types(pn)
 
 
 @c_kernel("MatMul", dtypes=FLOATS, check=_check_matmul)
@@ -90,7 +114,14 @@ def _batch_index(shape, batch) -> list[int]:
 def _check_gemm(pn):
     if _has(pn, 2) and len(pn.inputs[2].static_shape) > 2:
         return "bias of rank > 2"
-    return same_types(pn)
+    sa, sb, k = pn.inputs[0].static_shape, pn.inputs[1].static_shape, pn.kwargs
+    if len(sa) != 2 or len(sb) != 2:
+        return "operands are not matrices"
+    M, K = (sa[1], sa[0]) if k.get("transA", 0) else tuple(sa)
+    K2, N = (sb[1], sb[0]) if k.get("transB", 0) else tuple(sb)
+    if K != K2:
+        return f"inner dims of {sa} and {sb} differ"
+    return _shapes_are(pn, {0: (M, N)}) or same_types(pn)
 
 
 @c_kernel("Gemm", dtypes=FLOATS, check=_check_gemm)
@@ -140,11 +171,9 @@ def _check_spatial(pn) -> str | None:
     return None
 
 
-def _check_out(pn, out) -> str | None:
-    want = tuple(pn.outputs[0].static_shape[2:])
-    if tuple(out) != want:
-        return f"the window gives spatial output {tuple(out)}, the graph says {want}"
-    return None
+def _check_out(pn, channels: int, out) -> str | None:
+    want = (pn.inputs[0].static_shape[0], channels) + tuple(out)
+    return _shapes_are(pn, {i: want for i in range(len(pn.outputs))})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +202,7 @@ def _check_conv(pn):
         return f"W {w} does not fit X {x} with group={group}"
     if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[0]:
         return "bias is not one value per output channel"
-    return _check_out(pn, _conv_kind(pn)[1].out) or same_types(pn)
+    return _check_out(pn, w[0], _conv_kind(pn)[1].out) or same_types(pn)
 
 
 def _conv_scratch(pn) -> int:
@@ -220,7 +249,7 @@ def _check_conv_transpose(pn):
         return "output channels differ from W's"
     if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[1] * group:
         return "bias is not one value per output channel"
-    return _check_out(pn, _transposed(pn).out) or same_types(pn)
+    return _check_out(pn, w[1] * group, _transposed(pn).out) or same_types(pn)
 
 
 def _conv_transpose_scratch(pn) -> int:
@@ -255,7 +284,7 @@ def _check_pool(pn):
         return "Indices shape differs from Y's"
     if pn.outputs[0].dtype != pn.inputs[0].dtype:
         return "output dtype differs from the input's"
-    return _check_out(pn, _window(pn, kernel).out)
+    return _check_out(pn, pn.inputs[0].static_shape[1], _window(pn, kernel).out)
 
 
 @c_kernel("MaxPool", dtypes=FLOATS | {np.dtype(np.int8), np.dtype(np.uint8)}, check=_check_pool)
@@ -295,9 +324,10 @@ GLOBAL_POOLS = {"GlobalAveragePool": 0, "GlobalMaxPool": 1, "GlobalLpPool": 2}
 
 
 def _check_global_pool(pn):
-    if len(pn.inputs[0].static_shape) < 2:
+    x = pn.inputs[0].static_shape
+    if len(x) < 2:
         return "input of rank < 2"
-    return same_types(pn)
+    return _shapes_are(pn, {0: tuple(x[:2]) + (1,) * (len(x) - 2)}) or same_types(pn)
 
 
 @c_kernel(*GLOBAL_POOLS, dtypes=FLOATS, check=_check_global_pool)
@@ -357,7 +387,7 @@ def _check_batchnorm(pn):
         return "parameters are not one value per channel (spatial=0)"
     if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
         return "outputs in another dtype than X"
-    return same_types(pn)
+    return _shapes_are(pn, {0: pn.inputs[0].static_shape}) or _numels_are(pn, {1: C, 2: C}) or same_types(pn)
 
 
 @c_kernel("BatchNormalization", dtypes=FLOATS, check=_check_batchnorm)
@@ -402,7 +432,8 @@ def _check_layernorm(pn):
             return f"{pn.inputs[i].name!r} {pn.inputs[i].static_shape} broadcasts partly over {tuple(inner)}"
     if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs):
         return "Mean/InvStdDev in another dtype than X"
-    return same_types(pn)
+    rows = prod(x[:_layernorm_axis(pn)])
+    return _shapes_are(pn, {0: x}) or _numels_are(pn, {1: rows, 2: rows}) or same_types(pn)
 
 
 @c_kernel("LayerNormalization", dtypes=FLOATS, check=_check_layernorm)
@@ -431,7 +462,7 @@ def _check_channel_norm(pn):
         want = x[1]
     if any(prod(v.static_shape) != want for v in pn.inputs[1:3]):
         return f"scale and bias are not {want} values"
-    return same_types(pn)
+    return _same_shape(pn)
 
 
 @c_kernel("InstanceNormalization", "GroupNormalization", dtypes=FLOATS, check=_check_channel_norm)
@@ -447,7 +478,7 @@ def channel_norm(pn, c):
 def _check_lrn(pn):
     if len(pn.inputs[0].static_shape) < 2:
         return "input of rank < 2"
-    return same_types(pn)
+    return _same_shape(pn)
 
 
 @c_kernel("LRN", dtypes=FLOATS, check=_check_lrn)
@@ -469,7 +500,7 @@ def _check_mvn(pn):
     axes = ints(pn.kwargs.get("axes"))
     if rank == 0 or any(not -rank <= a < rank for a in (axes if axes is not None else [0, 2, 3])):
         return f"axes out of range for rank {rank}"
-    return same_types(pn)
+    return _same_shape(pn)
 
 
 def _mvn_scratch(pn) -> int:
@@ -501,7 +532,7 @@ def _contiguous(shape) -> list[int]:
 SOFTMAX_MODES = {"Softmax": 0, "LogSoftmax": 1, "Hardmax": 2}
 
 
-@c_kernel(*SOFTMAX_MODES, dtypes=FLOATS, check=same_types)
+@c_kernel(*SOFTMAX_MODES, dtypes=FLOATS, check=_same_shape)
 def softmax(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     s = c.shape(x)
@@ -530,9 +561,9 @@ def _check_dropout(pn):
         return "training mode with a nonzero ratio (C runs Dropout in inference)"
     if pn.outputs[0].dtype != pn.inputs[0].dtype:
         return "output dtype differs from the input's"
-    if len(pn.outputs) > 1 and pn.outputs[1].dtype not in FLOATS | {np.dtype(np.bool_)}:
+    if len(pn.outputs) > 1 and pn.outputs[1].name and pn.outputs[1].dtype not in FLOATS | {np.dtype(np.bool_)}:
         return f"mask of dtype {pn.outputs[1].dtype}"
-    return None
+    return _shapes_are(pn, {0: pn.inputs[0].static_shape, 1: pn.inputs[0].static_shape})
 
 
 # Dropout is the identity with an all-true mask (ones before opset 10) in inference, and in
@@ -563,7 +594,7 @@ def _check_gelu(pn):
         return "0-d input"
     if _has(pn, 1) and tuple(pn.inputs[1].static_shape) not in ((x[-1],), (1,) * (len(x) - 1) + (x[-1],)):
         return f"bias {pn.inputs[1].static_shape} is not one row of {x[-1]}"
-    return same_types(pn)
+    return _same_shape(pn)
 
 
 @c_kernel(*GELUS, domain=MS, dtypes=FLOATS, check=_check_gelu)
@@ -585,7 +616,8 @@ def _check_skip_layernorm(pn):
             return f"{pn.inputs[i].name!r} is not one row of {x[-1]}"
     if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
         return "statistics in another dtype than the input"
-    return same_types(pn)
+    rows = prod(x[:-1])
+    return _shapes_are(pn, {0: x, 3: x}) or _numels_are(pn, {1: rows, 2: rows}) or same_types(pn)
 
 
 @c_kernel("SkipLayerNormalization", domain=MS, dtypes=FLOATS, check=_check_skip_layernorm)
@@ -617,7 +649,9 @@ def _check_loss(pn):
         return f"reduction {pn.kwargs.get('reduction')!r}"
     if any(o.dtype != pn.inputs[0].dtype for o in pn.outputs if o.name):
         return "outputs in another dtype than the input"
-    return None
+    none = text(pn.kwargs.get("reduction", "mean")) == "none"
+    return _shapes_are(pn, {0: t.static_shape} if none else {1: x}) or _shapes_are(pn, {1: x}) or \
+        _numels_are(pn, {} if none else {0: 1})
 
 
 def _loss_scratch(pn) -> int:
