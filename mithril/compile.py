@@ -116,6 +116,14 @@ class PhysicalModel:
     def parameter_keys(self) -> list[str]:
         return list(self._param_names)
 
+    def memory_report(self):
+        """Bytes this model holds: weights (per dtype), its intermediates' naive sum and peak by
+        the plan's lifetimes, and the C backend's arena (:class:`mithril.memory.MemoryReport`;
+        print it for a table)."""
+        from .memory import plan_memory
+
+        return plan_memory(self.plan, self.backend.name, self.program)
+
     def get_parameters(self) -> dict[str, Any]:
         """The model's initializers (those not folded into the program) as backend arrays."""
         return {k: self.backend.from_numpy(np.array(v)) for k, v in self._params_numpy.items()}
@@ -537,6 +545,7 @@ def compile(
     stages.done("lower")
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, data_keys, inference)
     pm.buffer_keys = buffers & set(param_names)
+    pm.plan = plan
     pm.auto_scalar_promotion = auto_scalar_promotion
     pm.gradient_checkpointing = checkpointing
     if not inference:
