@@ -197,3 +197,17 @@ def test_a_0d_constant_reaches_a_numpy_node_as_0d():
         y = pm.evaluate({}, {"x": np.array([-1.0, 0.0, 1.0], np.float32)})["y"]
     assert seen == [()]
     np.testing.assert_array_equal(y, [2.0, 2.0, 3.0])
+
+
+def test_docs_backends_examples_run(capsys):
+    """docs/backends.md's C example runs as written and prints the output shape and the report."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/backends.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "(1, 10)" in out and "arena (C):" in out
