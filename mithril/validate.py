@@ -331,12 +331,12 @@ def _with_all_outputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tup
 
 
 def _compile_outputs(model: OnnxModel, backend: Backend, shapes):
-    """The model compiled as the user would, its inputs and outputs kept in the file's dtypes
-    (a float16 backend computes a float32 file in float16 and casts at the boundary), so they
-    meet onnxruntime's."""
+    """The model compiled as the user would for inference (no gradient program), its inputs and
+    outputs kept in the file's dtypes (a float16 backend computes a float32 file in float16 and
+    casts at the boundary), so they meet onnxruntime's."""
     from .compile import compile as ml_compile
 
-    return ml_compile(model, backend, shapes=shapes, keep_io_types=True)
+    return ml_compile(model, backend, shapes=shapes, keep_io_types=True, inference=True)
 
 
 def _compute_dtype(backend) -> np.dtype | None:
@@ -373,7 +373,7 @@ def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_value
     )
     try:
         ref = _ort_session(single).run(None, feeds)
-        pm = ml_compile(load_onnx(single), backend, keep_io_types=True)
+        pm = ml_compile(load_onnx(single), backend, keep_io_types=True, inference=True)
         got = pm.evaluate(None, {k: backend.from_numpy(v) for k, v in feeds.items()})
     except Exception:
         return None
