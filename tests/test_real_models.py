@@ -127,3 +127,21 @@ def test_fixed_shapes_reject_other_batch(exported):
     pm = ml.compile(ex.model, ml.NumpyBackend(), shapes=ex.shapes(2))
     with pytest.raises(ml.errors.ShapeError, match="expects shape"):
         pm.evaluate(pm.get_parameters(), ex.inputs(3))
+
+
+@pytest.mark.parametrize("exporter", models.EXPORTERS)
+@pytest.mark.parametrize("name", models.MODEL_NAMES)
+def test_matches_onnxruntime_in_c(exported, name, exporter):
+    """Every exported model runs as generated C (issue 18): no node left to NumPy, outputs equal
+    onnxruntime's at fixed shapes."""
+    import warnings
+
+    from mithril.backends.c.program import CFallbackWarning
+
+    ex = exported(name, exporter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)
+        pm = ml.compile(ex.model, ml.CBackend(), shapes=ex.shapes(2), static_shapes=True, inference=True)
+    assert not pm.program.fallback
+    inputs = ex.inputs(2)
+    _compare(pm.evaluate(pm.get_parameters(), inputs), ex.reference(inputs))
