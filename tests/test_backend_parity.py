@@ -29,7 +29,9 @@ AVAILABLE = [name for name, entry in BACKENDS.items() if entry.installed()]
 # Backends that compute gradients: NumPy through its vector-Jacobian rules, the others by autodiff.
 GRADIENTS = [n for n in AVAILABLE if BACKENDS[n].load().supports_gradients]
 # Framework autodiff traces control flow; NumPy has no rule for If or Loop.
-AUTODIFF = [n for n in GRADIENTS if n != "numpy"]
+# The frameworks' own autodiff. NumPy and C differentiate with Mithril's hand-written rules
+# (mithril/backends/vjp; C renders them, or runs NumPy's), which have none for If and Loop.
+AUTODIFF = [n for n in GRADIENTS if n not in ("numpy", "c")]
 PAIRS = list(itertools.permutations(AVAILABLE, 2))
 F32 = TensorProto.FLOAT
 
