@@ -40,7 +40,7 @@ from ..plan import Plan, PlanNode, PlanValue
 from ..vjp.program import RuleStep, plan_gradients
 from .program import CKernelMissingError, CProgram
 from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides
-from .render import Segment, _plan_arena, _Renderer, _scratch_bytes, _tensor_inputs, why_not_c
+from .render import Segment, _plan_arena, _Renderer, _scratch_bytes, _tensor_inputs, profile_preamble, why_not_c
 
 # ---------------------------------------------------------------------------------------------
 # Items of the gradient program
@@ -263,7 +263,7 @@ def render_gradients(plan: Plan, items: list[Item], final: list[PlanValue]) -> G
                 "segment. */", '#include "mithril_kernels.h"', '#include "mt_grad.h"', "",
                 "#ifdef _OPENMP", "#include <omp.h>",
                 "void mt_set_threads(int n) { omp_set_num_threads(n); }",
-                "#else", "void mt_set_threads(int n) { (void)n; }", "#endif", ""]
+                "#else", "void mt_set_threads(int n) { (void)n; }", "#endif", "", *profile_preamble(plan)]
     arena_bytes, naive = 0, 0
     for si, step in enumerate(steps):
         if not isinstance(step, Segment):

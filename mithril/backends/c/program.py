@@ -65,6 +65,17 @@ class CProgram:
         """Arena bytes (intermediates of the C segments, lifetimes shared) and the naive sum."""
         return {"arena_bytes": self.arena_bytes, "naive_bytes": self.naive_bytes}
 
+    def profile(self) -> list[tuple[object, float]]:
+        """(plan node, seconds) for every node run in C since the library was loaded, when it was
+        built with ``MITHRIL_C_PROFILE=1`` (per-node clocks, for scripts/bench.py --profile)."""
+        try:
+            fn = self.library.mt_profile
+        except AttributeError:
+            raise MithrilError("CBackend: this library has no profile; compile with MITHRIL_C_PROFILE=1 set") from None
+        fn.restype = ctypes.POINTER(ctypes.c_double)
+        seconds = fn()
+        return [(pn, seconds[i]) for i, pn in enumerate(self.plan.nodes)]
+
     def _read(self, v, env):
         if v.kind == "constant":
             return self._constants[v]

@@ -14,13 +14,13 @@ by ``lib/mithril_kernels.h``); :mod:`.ops` says, per op, when a node can run in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 
 import numpy as np
 
 from ..plan import Plan, PlanNode, PlanValue
-from .ops import C_TYPES, KERNELS, CKernel, Emitter
+from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 
 ALIGN = 64  # bytes: arena offsets start on a cache line
@@ -92,6 +92,7 @@ class _Renderer:
         # What each nonzero return of a segment means: (node label, op type, problem), 1-based.
         self.problems: list[str] = []
         self.failures: list[tuple[PlanNode, str]] = []
+        self.slots = {id(pn): i for i, pn in enumerate(plan.nodes)}
 
     def arr(self, values, ctype="mt_i") -> str:
         """A static const array of ``values`` in the generated file; its name."""
@@ -103,9 +104,27 @@ class _Renderer:
 
     def node(self, pn: PlanNode, buf, scratch: str | None) -> None:
         self.lines.append(f"    /* {pn.label} ({pn.op_type}) */")
+        # Built with MT_PROFILE (MITHRIL_C_PROFILE=1), each node's seconds add up in mt_prof[].
+        slot = self.slots.get(id(pn), len(self.plan.nodes))  # gradient nodes share the last slot
+        self.lines.append(f"    MT_PROF_BEGIN({len(self.lines)});")
+        mark = len(self.lines) - 1
         before = len(self.problems)
         kernel_of(pn).emit(pn, Emitter(self, buf, scratch))
+        self.lines.append(f"    MT_PROF_END({mark}, {slot});")
         self.failures += [(pn, p) for p in self.problems[before:]]
+
+
+def profile_preamble(plan: Plan) -> list[str]:
+    """Lines that, built with ``MT_PROFILE`` (``MITHRIL_C_PROFILE=1``), add each plan node's seconds
+    into ``mt_prof[i]`` (``double *mt_profile(void)``; the last slot holds nodes outside the plan,
+    such as gradient rules); without it the timing macros are empty (lib/mt_base.h)."""
+    return ["#ifdef MT_PROFILE", "#include <time.h>",
+            f"static double mt_prof[{len(plan.nodes) + 1}];",
+            "double *mt_profile(void) { return mt_prof; }",
+            "static double mt_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); "
+            "return t.tv_sec + 1e-9 * t.tv_nsec; }",
+            "#define MT_PROF_BEGIN(i) double mt_t##i = mt_now()",
+            "#define MT_PROF_END(i, slot) mt_prof[slot] += mt_now() - mt_t##i", "#endif", ""]
 
 
 def _scratch_bytes(pn: PlanNode) -> int:
@@ -132,13 +151,69 @@ def _plan_arena(items: list[tuple[object, int, int, int]]) -> tuple[dict, int]:
     return offsets, top
 
 
+def _clamp_bounds(pn: PlanNode) -> tuple[float, float] | None:
+    """(lo, hi) when ``pn`` is a Relu, or a Clip whose bounds are known at compile."""
+    if pn.op_type == "Relu" and pn.domain == "":
+        return 0.0, float("inf")
+    if pn.op_type != "Clip" or pn.domain != "":
+        return None
+    if pn.opset < 11:
+        return float(pn.kwargs.get("min", -np.inf)), float(pn.kwargs.get("max", np.inf))
+    bounds = []
+    for i, default in ((1, -np.inf), (2, np.inf)):
+        v = pn.inputs[i] if len(pn.inputs) > i else None
+        if v is None:
+            bounds.append(float(default))
+        elif v.kind == "constant" and np.size(v.value) == 1:
+            bounds.append(float(np.asarray(v.value).reshape(())))
+        else:
+            return None
+    lo, hi = bounds
+    return (hi if lo > hi else lo), hi  # Clip's rule: a > b gives b
+
+
+def fuse_activations(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    """The plan's nodes with each Relu or constant-bound Clip that is the only reader of a Conv's
+    output folded into that Conv (its kernel clamps before storing, ``kwargs[CLAMP]``): one pass
+    over memory instead of two, as onnxruntime's Conv+activation fusion. Also returns, by id of
+    each fused node, the node it replaces."""
+    readers: dict[PlanValue, int] = {}
+    for pn in plan.nodes:
+        for v in pn.inputs:
+            if v is not None:
+                readers[v] = readers.get(v, 0) + 1
+        for sub in pn.subgraphs.values():
+            for p in sub if isinstance(sub, tuple) else (sub,):
+                for v in p.outer:
+                    readers[v] = readers.get(v, 0) + 2  # never fused away
+    outputs = set(plan.outputs)
+    producer = {pn.outputs[0]: i for i, pn in enumerate(plan.nodes) if len(pn.outputs) == 1}
+    nodes, dropped, fused = list(plan.nodes), set(), {}
+    for i, act in enumerate(plan.nodes):
+        bounds = _clamp_bounds(act)
+        x = act.inputs[0] if act.inputs else None
+        j = producer.get(x)
+        if bounds is None or j is None or readers.get(x) != 1 or x in outputs or j in dropped:
+            continue
+        pn = nodes[j]
+        if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or x.dtype != act.outputs[0].dtype
+                or why_not_c(pn) is not None or why_not_c(act) is not None):
+            continue
+        nodes[j] = replace(pn, outputs=act.outputs, kwargs={**pn.kwargs, CLAMP: bounds})
+        fused[id(nodes[j])] = pn
+        dropped.add(i)
+    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
+
+
 def render(plan: Plan, dtype=None) -> CSource:
     """The plan as C source and the steps that run it (see the module docstring). Each value
     has its own element type; ``dtype`` is accepted for callers that pass the program's."""
     r = _Renderer(plan)
     steps: list = []
     fallback: list[PlanNode] = []
-    for pn in plan.nodes:
+    nodes, fused = fuse_activations(plan)
+    r.slots.update({new: r.slots[id(old)] for new, old in fused.items()})
+    for pn in nodes:
         if why_not_c(pn) is None:
             if not steps or not isinstance(steps[-1], Segment):
                 steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), []))
@@ -164,7 +239,8 @@ def render(plan: Plan, dtype=None) -> CSource:
 '#include "mithril_kernels.h"', "",
                 "#ifdef _OPENMP", "#include <omp.h>",
                 "void mt_set_threads(int n) { omp_set_num_threads(n); }",
-                "#else", "void mt_set_threads(int n) { (void)n; }", "#endif", ""]
+                "#else", "void mt_set_threads(int n) { (void)n; }", "#endif", "",
+                *profile_preamble(plan)]
     arena_bytes, naive = 0, 0
     for si, step in enumerate(steps):
         if not isinstance(step, Segment):

@@ -271,8 +271,7 @@ static inline void mt_bcast_row(mt_i o, int rank, const mt_i *shape, const mt_i 
 
 #define MT_EW_CAST(TA, SA, KA, TB, SB, KB)                                                  \
     MT_EW_NOINLINE MT_EW_NO_TRAPS void mt_cast_##SA##_##SB(const TA *restrict x, TB *restrict y, mt_i n) {  \
-        _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")                                  \
-        for (mt_i i = 0; i < n; i++) y[i] = MT_EW_CV(KA, KB, TB, SB, x[i]);                  \
+        MT_FOR_SIMD(n, i, y[i] = MT_EW_CV(KA, KB, TB, SB, x[i]))                  \
     }
 MT_EW_PAIRS(MT_EW_CAST)
 #undef MT_EW_CAST

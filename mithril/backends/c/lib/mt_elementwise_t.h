@@ -34,14 +34,17 @@
 #define MT_EW_UNARY(name, TY, expr)                                                                 \
     MT_EW_NOINLINE void MT_FN(mt_##name)(const T *x, TY *y, mt_i n, T a, T b) {                      \
         (void)a; (void)b;                                                                            \
-        _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")                                           \
-        for (mt_i i = 0; i < n; i++) { T v = x[i]; y[i] = (expr); }                                   \
+        MT_FOR_SIMD(n, i, T v = x[i]; y[i] = (expr))                                   \
     }
 
 MT_EW_UNARY(copy, T, v)
 MT_EW_UNARY(scale, T, MT_EW_MUL(v, a))
-/* Clip: min(max(v, a), b); NaN stays NaN, a > b gives b. */
-MT_EW_UNARY(clip, T, v < a ? (a > b ? b : a) : (v > b ? b : v))
+/* Clip: min(max(v, a), b); NaN stays NaN, a > b gives b. The lower bound is min(a, b), taken
+ * once outside the loop so that the loop vectorizes (one max and one min per vector). */
+MT_EW_NOINLINE void MT_FN(mt_clip)(const T *x, T *y, mt_i n, T a, T b) {
+    const T lo = a > b ? b : a;
+    MT_FOR_SIMD(n, i, T v = x[i] < lo ? lo : x[i]; y[i] = v > b ? b : v)
+}
 
 #if MT_EW_K == 3
 MT_EW_UNARY(not, T, (T)!v)

@@ -16,8 +16,12 @@
 #endif
 
 /* The plain loops: small products, where packing costs more than it saves. */
+/* The epilogue's clamp: min(max(v, lo), hi), NaN kept (Relu and Clip fused into the product). */
+#define MT_GEMM_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
+
 static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
-                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
+                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
+                                        T lo, T hi) {
     for (mt_i i = 0; i < M; i++) {
         T *restrict y = Y + i * N;
         if (bc == 1) {
@@ -27,6 +31,16 @@ static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *r
                 const T *restrict b = B + k * br;
                 _Pragma("omp simd")
                 for (mt_i j = 0; j < N; j++) MT_GEMM_MAC(y[j], s, b[j]);
+            }
+        } else if (br == 1 && ac == 1) { /* dot products of contiguous rows (B stored transposed) */
+            const T *a = A + i * ar;
+            _Pragma("omp parallel for if(N * K > 8 * MT_GEMM_SMALL && mt_threads() > 1)")
+            for (mt_i j = 0; j < N; j++) {
+                const T *b = B + j * bc;
+                T acc = 0;
+                _Pragma("omp simd reduction(+:acc)")
+                for (mt_i k = 0; k < K; k++) acc += a[k] * b[k];
+                y[j] = acc;
             }
         } else {
             for (mt_i j = 0; j < N; j++) {
@@ -39,6 +53,8 @@ static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *r
             for (mt_i j = 0; j < N; j++) y[j] *= alpha;
         if (C)
             for (mt_i j = 0; j < N; j++) y[j] += beta * C[i * cr + j * cc];
+        if (lo > -(T)INFINITY || hi < (T)INFINITY)
+            for (mt_i j = 0; j < N; j++) y[j] = MT_GEMM_CLAMP(y[j], lo, hi);
     }
 }
 
@@ -147,7 +163,7 @@ static inline void MT_FN(mt_gemm_micro_rows)(mt_i kc, const T *restrict a, mt_i 
  * one GEMM and GEMMs running in different threads never share it. */
 static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *restrict Y, mt_i N, mt_i K,
                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
-                                       mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
+                                       T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
     static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * 2 * MT_GEMM_VBYTES / sizeof(T) * MT_GEMM_NBLK];
     /* A tile has at most NBLK B micro-panels, so each A element is used a few times only: packing
@@ -174,18 +190,30 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
             }
         }
     }
-    if (alpha != (T)1 || C)
+    int clamp = lo > -(T)INFINITY || hi < (T)INFINITY;
+    if (alpha != (T)1 || C || clamp)
         for (mt_i i = i0; i < i0 + mc; i++) {
             T *restrict y = Y + i * N;
             if (alpha != (T)1)
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] *= alpha;
-            if (C)
+            if (C && cc == 0) { /* one value per row: a convolution's bias */
+                T ci = beta * C[i * cr];
+                _Pragma("omp simd")
+                for (mt_i j = j0; j < j0 + nc; j++) y[j] += ci;
+            } else if (C) {
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] += beta * C[i * cr + j * cc];
+            }
+            if (clamp) {
+                _Pragma("omp simd")
+                for (mt_i j = j0; j < j0 + nc; j++) y[j] = MT_GEMM_CLAMP(y[j], lo, hi);
+            }
         }
 }
 
-static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
-                                  mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
+/* mt_gemm with every result clamped to [lo, hi] in the epilogue (-inf, inf: no clamp). */
+static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta, T lo,
+                                        T hi) {
     if (M <= 0 || N <= 0) return;
 #ifdef MT_BLAS
     /* cblas needs one unit stride per operand; Y is row-major contiguous. C is added after. */
@@ -210,14 +238,17 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
                 if (C)
                     for (mt_i i = i0; i < i0 + m; i++)
                         for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] += beta * C[i * cr + j * cc];
+                if (lo > -(T)INFINITY || hi < (T)INFINITY)
+                    for (mt_i i = i0; i < i0 + m; i++)
+                        for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] = MT_GEMM_CLAMP(Y[i * N + j], lo, hi);
             }
             return;
         }
     }
 #endif
     /* A few rows over contiguous B rows: streaming B once beats padding the register tile. */
-    if (K == 0 || M * N * K < MT_GEMM_SMALL || (M < MT_GEMM_MR / 2 && bc == 1)) {
-        MT_FN(mt_gemm_plain)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta);
+    if (K == 0 || M * N * K < MT_GEMM_SMALL || (M < MT_GEMM_MR / 2 && (bc == 1 || (br == 1 && ac == 1)))) {
+        MT_FN(mt_gemm_plain)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);
         return;
     }
     mt_i nt = (N + MT_GEMM_NC - 1) / MT_GEMM_NC, mc = MT_GEMM_MC, threads = 1;
@@ -234,11 +265,17 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
     for (mt_i ib = 0; ib < mt; ib++)
         for (mt_i jb = 0; jb < nt; jb++) {
             mt_i i0 = ib * mc, j0 = jb * MT_GEMM_NC;
-            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, i0, M - i0 < mc ? M - i0 : mc,
+            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0, M - i0 < mc ? M - i0 : mc,
                                 j0, N - j0 < MT_GEMM_NC ? N - j0 : MT_GEMM_NC);
         }
 }
 
+static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+                                  mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
+    MT_FN(mt_gemm_clamp)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, -(T)INFINITY, (T)INFINITY);
+}
+
+#undef MT_GEMM_CLAMP
 #undef MT_GEMM_NR
 #undef MT_GEMM_NC
 #undef MT_GEMM_MAC

@@ -2,39 +2,32 @@
 
 /* ---- elementwise: dx from the cotangent g and the forward value a (x or y) ------------------- */
 static inline void MT_FN(mt_grad_add)(const T *a, const T *b, T *restrict y, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) y[i] = a[i] + b[i];
+    MT_FOR_SIMD(n, i, y[i] = a[i] + b[i])
 }
 
 static inline void MT_FN(mt_grad_scale)(const T *g, T *restrict dx, mt_i n, T s) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = s * g[i];
+    MT_FOR_SIMD(n, i, dx[i] = s * g[i])
 }
 
 static inline void MT_FN(mt_grad_relu)(const T *g, const T *x, T *restrict dx, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = x[i] > 0 ? g[i] : (T)0;
+    MT_FOR_SIMD(n, i, dx[i] = x[i] > 0 ? g[i] : (T)0)
 }
 
 static inline void MT_FN(mt_grad_tanh)(const T *g, const T *y, T *restrict dx, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * ((T)1 - y[i] * y[i]);
+    MT_FOR_SIMD(n, i, dx[i] = g[i] * ((T)1 - y[i] * y[i]))
 }
 
 static inline void MT_FN(mt_grad_sigmoid)(const T *g, const T *y, T *restrict dx, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i] * ((T)1 - y[i]);
+    MT_FOR_SIMD(n, i, dx[i] = g[i] * y[i] * ((T)1 - y[i]))
 }
 
 static inline void MT_FN(mt_grad_exp)(const T *g, const T *y, T *restrict dx, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * y[i];
+    MT_FOR_SIMD(n, i, dx[i] = g[i] * y[i])
 }
 
 /* Dropout in training: y = x * keep * s, keep read back from y (an input exactly 0 gets 0). */
 static inline void MT_FN(mt_grad_dropout)(const T *g, const T *y, T *restrict dx, mt_i n, T s) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = y[i] != 0 ? g[i] * s : (T)0;
+    MT_FOR_SIMD(n, i, dx[i] = y[i] != 0 ? g[i] * s : (T)0)
 }
 
 /* ---- broadcasting: dx[nx] = sum over the broadcast dims of s * g * mul / div^(1 + twice) -------
@@ -59,8 +52,7 @@ static inline void MT_FN(mt_grad_unbroadcast)(const T *g, const T *mul, const T 
 }
 
 static inline void MT_FN(mt_grad_sqrt)(const T *g, const T *y, T *restrict dx, mt_i n) {
-    _Pragma("omp parallel for simd if(n > MT_PAR_MIN)")
-    for (mt_i i = 0; i < n; i++) dx[i] = g[i] * (T)0.5 / y[i];
+    MT_FOR_SIMD(n, i, dx[i] = g[i] * (T)0.5 / y[i])
 }
 
 /* dx (C-contiguous, `shape`) = s * g read with strides `sg` along shape (ReduceMean/ReduceSum). */

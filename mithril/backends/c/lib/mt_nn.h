@@ -35,17 +35,22 @@ static inline mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *
     return o;
 }
 
+/* MT_EXP_LOW: the argument below which exp(x) is under T's smallest normal (Softmax takes it as 0). */
 #define T float
 #define MT_SFX f32
+#define MT_EXP_LOW (-87.0f)
 #include "mt_nn_t.h"
 #undef T
 #undef MT_SFX
+#undef MT_EXP_LOW
 
 #define T double
 #define MT_SFX f64
+#define MT_EXP_LOW (-708.0)
 #include "mt_nn_t.h"
 #undef T
 #undef MT_SFX
+#undef MT_EXP_LOW
 
 /* MaxPool also takes 8-bit integers (ONNX MaxPool-12). */
 #define T float

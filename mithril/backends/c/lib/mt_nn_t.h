@@ -38,8 +38,9 @@ static inline void MT_FN(mt_im2col)(const T *x, T *restrict col, const mt_i *g, 
     }
 }
 
+/* Y = clamp(conv(X, W) + Bias, lo, hi): lo, hi -inf, inf unless a Relu or Clip was fused in. */
 static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *restrict Y, T *restrict col,
-                                  mt_i N, mt_i C, mt_i M, mt_i groups, const mt_i *g) {
+                                  mt_i N, mt_i C, mt_i M, mt_i groups, const mt_i *g, T lo, T hi) {
     const mt_i Cg = C / groups, Mg = M / groups, S = g[0] * g[1] * g[2], P = g[3] * g[4] * g[5];
     const mt_i R = Cg * g[6] * g[7] * g[8];
     for (mt_i n = 0; n < N; n++)
@@ -47,15 +48,15 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *rest
             const T *x = X + (n * C + grp * Cg) * S;
             if (col) MT_FN(mt_im2col)(x, col, g, Cg);
             /* Y_g[Mg, P] = W_g[Mg, R] @ col[R, P] + bias (one value per row) */
-            MT_FN(mt_gemm)(W + grp * Mg * R, col ? col : x, Bias ? Bias + grp * Mg : 0, Y + (n * M + grp * Mg) * P,
-                           Mg, P, R, R, 1, P, 1, 1, 0, (T)1, (T)1);
+            MT_FN(mt_gemm_clamp)(W + grp * Mg * R, col ? col : x, Bias ? Bias + grp * Mg : 0,
+                                 Y + (n * M + grp * Mg) * P, Mg, P, R, R, 1, P, 1, 1, 0, (T)1, (T)1, lo, hi);
         }
 }
 
 /* Depthwise (one input channel per group): each output plane accumulates its K taps as shifted
  * rows of its input plane, contiguous when the stride is 1. No scratch. */
 static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bias, T *restrict Y, mt_i N, mt_i C,
-                                            mt_i M, const mt_i *g) {
+                                            mt_i M, const mt_i *g, T clo, T chi) {
     const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
     const mt_i KD = g[6], KH = g[7], KW = g[8], sd = g[9], sh = g[10], sw = g[11];
     const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
@@ -91,6 +92,10 @@ static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bia
                         }
                     }
                 }
+        }
+        if (clo > -(T)INFINITY || chi < (T)INFINITY) {
+            _Pragma("omp simd")
+            for (mt_i p = 0; p < P; p++) y[p] = y[p] < clo ? clo : (y[p] > chi ? chi : y[p]);
         }
     }
 }
@@ -326,6 +331,35 @@ static inline void MT_FN(mt_softmax)(const T *X, T *restrict Y, mt_i outer, mt_i
                 continue;
             }
             T m = -INFINITY, s = 0;
+            if (inner == 1) {
+                /* The last axis: contiguous rows, vectorized (exp through libmvec). x - m below
+                 * MT_EXP_LOW (where exp is under T's smallest normal) gives 0: libmvec computes such
+                 * lanes one by one, and masked attention has half its scores there. The clamp is
+                 * a loop of its own: GCC 12 vectorizes no loop holding both a select and a call. */
+                _Pragma("omp simd reduction(max:m)")
+                for (mt_i i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+                if (m != m || m == (T)INFINITY || m == -(T)INFINITY) goto strided; /* NaN and inf: the rules below */
+                _Pragma("omp simd")
+                for (mt_i i = 0; i < n; i++) y[i] = x[i] - m < MT_EXP_LOW ? MT_EXP_LOW : x[i] - m;
+                _Pragma("omp simd reduction(+:s)")
+                for (mt_i i = 0; i < n; i++) {
+                    T e = exp(y[i]);
+                    y[i] = e;
+                    s += e;
+                }
+                if (mode == 1) {
+                    T ls = log(s);
+                    _Pragma("omp simd")
+                    for (mt_i i = 0; i < n; i++) y[i] = x[i] - m - ls;
+                } else {
+                    T r = (T)1 / s;
+                    _Pragma("omp simd")
+                    for (mt_i i = 0; i < n; i++) y[i] = x[i] - m < MT_EXP_LOW ? (T)0 : y[i] * r;
+                }
+                continue;
+            }
+        strided:
+            m = -INFINITY;
             for (mt_i i = 0; i < n; i++) m = x[i * inner] > m ? x[i * inner] : m;
             if (mode == 1) {
                 for (mt_i i = 0; i < n; i++) s += exp(x[i * inner] - m);

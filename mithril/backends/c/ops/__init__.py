@@ -73,6 +73,11 @@ class CKernel:
 
 KERNELS: dict[tuple[str, str], CKernel] = {}
 
+# The kwarg under which the renderer hands a node the bounds (lo, hi) of a Relu or Clip fused
+# into it (render.fuse_activations): the node's kernel clamps its results before storing them.
+CLAMP = "_c_clamp"
+FUSES_ACTIVATION = {("", "Conv")}
+
 
 def c_kernel(*op_types: str, domain: str = "", dtypes: Iterable[np.dtype] | None = None,
              check: Callable[[PlanNode], str | None] | None = None, folded: Iterable[int] = (),

@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from ...kernels.geometry import transposed_window, window
-from . import FLOATS, broadcast_strides, c_kernel, ints, same_types, text
+from . import CLAMP, FLOATS, broadcast_strides, c_kernel, ints, same_types, text
 
 MAX_SPATIAL = 3  # the window kernels take up to three spatial axes
 
@@ -221,12 +221,14 @@ def conv(pn, c):
     kind, win = _conv_kind(pn)
     g = c.arr(_geometry(c.shape(x)[2:], win.out, win.kernel, win.strides, win.begin, win.dilations))
     sfx, bias = c.sfx(y), _bias(pn, c)
+    # A Relu or Clip the renderer fused into this node (render.fuse_activations): its bounds.
+    lo, hi = (c.literal(b, y.dtype) for b in pn.kwargs.get(CLAMP, (-np.inf, np.inf)))
     if kind == "depthwise":
-        c.line(f"mt_conv_depthwise_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {N}, {C}, {M}, {g});")
+        c.line(f"mt_conv_depthwise_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {N}, {C}, {M}, {g}, {lo}, {hi});")
         return
     col = f"({c.ctype(y)} *){c.scratch}" if kind == "im2col" else "0"
     c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
-           f"{int(pn.kwargs.get('group') or 1)}, {g});")
+           f"{int(pn.kwargs.get('group') or 1)}, {g}, {lo}, {hi});")
 
 
 def _transposed(pn):

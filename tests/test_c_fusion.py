@@ -1,0 +1,98 @@
+"""The C renderer's activation fusion (render.fuse_activations): a Relu or a constant-bound Clip
+that is the only reader of a Conv's output is folded into the Conv's kernel, which clamps before
+storing; anything else reading the Conv's output keeps the two nodes apart. And the per-node
+profile a library built with MITHRIL_C_PROFILE=1 keeps."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+from mithril.errors import MithrilError
+from .conftest import make_model
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler (cc or gcc) on PATH")
+
+F = TensorProto.FLOAT
+
+
+def _conv_model(after, extra_inputs=(), outputs=("y",), group=1):
+    """x [1, 4, 9, 9] -> Conv (3x3, pad 1, bias, 4 -> 4 channels / group) -> ``after`` nodes."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", F, [4, 4 // group, 3, 3], rng.standard_normal(4 * (4 // group) * 9).tolist())
+    b = helper.make_tensor("b", F, [4], rng.standard_normal(4).tolist())
+    nodes = [helper.make_node("Constant", [], ["W"], value=w), helper.make_node("Constant", [], ["B"], value=b),
+             helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], group=group), *after]
+    return make_model(nodes, [("x", F, [1, 4, 9, 9]), *extra_inputs], [(o, F, None) for o in outputs], opset=17)
+
+
+def _compare(model, feeds):
+    """CBackend(fallback=None) against NumPy on ``model``; the C program."""
+    pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None), inference=True)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    got, want = pm.evaluate({}, feeds), ref.evaluate({}, feeds)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    return pm.program
+
+
+def _calls(program, kernel: str) -> int:
+    return program.source.count(f"{kernel}_f32(")
+
+
+X = {"x": (np.random.default_rng(1).standard_normal((1, 4, 9, 9)) * 3).astype(np.float32)}
+
+
+@pytest.mark.parametrize("group", [1, 4])  # im2col + GEMM, and the depthwise kernel
+def test_relu_after_conv_is_fused(group):
+    program = _compare(_conv_model([helper.make_node("Relu", ["c"], ["y"])], group=group), X)
+    assert _calls(program, "mt_relu") == 0
+    assert "(float)0.0, (float)(INFINITY)" in program.source  # the bounds the Conv clamps to
+
+
+def test_clip_with_constant_bounds_is_fused_and_keeps_its_bounds():
+    lo = helper.make_tensor("lo", F, [], [0.0])
+    hi = helper.make_tensor("hi", F, [], [6.0])
+    after = [helper.make_node("Constant", [], ["lo"], value=lo), helper.make_node("Constant", [], ["hi"], value=hi),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    program = _compare(_conv_model(after), X)
+    assert _calls(program, "mt_clip") == 0
+    assert "(float)0.0, (float)6.0" in program.source
+
+
+def test_clip_with_bounds_given_at_run_time_is_not_fused():
+    after = [helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    model = _conv_model(after, extra_inputs=[("lo", F, []), ("hi", F, [])])
+    program = _compare(model, {**X, "lo": np.float32(-1.0), "hi": np.float32(2.0)})
+    assert _calls(program, "mt_clip") == 1
+
+
+def test_conv_output_read_twice_is_not_fused():
+    after = [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["c", "r"], ["y"])]
+    program = _compare(_conv_model(after), X)
+    assert _calls(program, "mt_relu") == 1
+
+
+def test_conv_output_that_is_a_graph_output_is_not_fused():
+    program = _compare(_conv_model([helper.make_node("Relu", ["c"], ["y"])], outputs=("c", "y")), X)
+    assert _calls(program, "mt_relu") == 1
+
+
+def test_profile_times_each_node(monkeypatch):
+    model = _conv_model([helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Sigmoid", ["r"], ["y"])])
+    plain = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None), inference=True)
+    with pytest.raises(MithrilError, match="MITHRIL_C_PROFILE=1"):
+        plain.program.profile()
+    monkeypatch.setenv("MITHRIL_C_PROFILE", "1")
+    pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None), inference=True)
+    for _ in range(3):
+        pm.evaluate({}, X)
+    seconds = {pn.op_type: s for pn, s in pm.program.profile()}
+    assert seconds["Conv"] > 0 and seconds["Sigmoid"] > 0
+    assert seconds["Relu"] == 0  # fused into the Conv: timed there
