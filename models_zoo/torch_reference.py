@@ -348,6 +348,27 @@ def small_gpt2(seed: int = 0) -> nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
+def bert_small(seed: int = 0) -> nn.Module:
+    """BERT-Small's shape (Turc et al. 2019, google/bert_uncased_L-4_H-512_A-8): 4 layers, hidden 512,
+    8 heads, BERT's vocabulary; seeded random weights."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
+                        vocab_size=30522, max_position_embeddings=512, attn_implementation="eager")
+    return BertModel(config, add_pooling_layer=True).eval()
+
+
+def gpt2_124m(seed: int = 0) -> nn.Module:
+    """GPT-2 at its released smallest size (124M parameters: 12 layers, hidden 768, 12 heads, the
+    50,257-token vocabulary, the tied LM head); seeded random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(use_cache=False, attn_implementation="eager")
+    return GPT2LMHeadModel(config).eval()
+
+
 class _TupleOutput(nn.Module):
     """transformers models return ModelOutput dicts; exporters want tensors with fixed names."""
 
@@ -406,7 +427,8 @@ def _text_spec(name: str, module: nn.Module, keys: tuple[str, ...], seq: int) ->
 
 
 def build(name: str, image_size: int = 64, seq: int = 16, seed: int = 0) -> ModelSpec:
-    """One of ``resnet18``, ``mobilenet_v2``, ``bert``, ``gpt2`` with seeded random weights."""
+    """One of ``resnet18``, ``mobilenet_v2``, ``bert``, ``gpt2`` (small configurations, for tests) or
+    ``bert_small``, ``gpt2_124m`` (the published sizes, for benchmarks) with seeded random weights."""
     torch.manual_seed(seed)
     if name == "resnet18":
         return _image_spec(name, resnet18(), image_size, seed)
@@ -416,10 +438,15 @@ def build(name: str, image_size: int = 64, seq: int = 16, seed: int = 0) -> Mode
         return _text_spec(name, small_bert(seed), ("last_hidden_state", "pooler_output"), seq)
     if name == "gpt2":
         return _text_spec(name, small_gpt2(seed), ("logits",), seq)
-    raise KeyError(f"unknown model {name!r}; choose from resnet18, mobilenet_v2, bert, gpt2")
+    if name == "bert_small":
+        return _text_spec(name, bert_small(seed), ("last_hidden_state", "pooler_output"), seq)
+    if name == "gpt2_124m":
+        return _text_spec(name, gpt2_124m(seed), ("logits",), seq)
+    raise KeyError(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES + LARGE_MODEL_NAMES)}")
 
 
 MODEL_NAMES = ("resnet18", "mobilenet_v2", "bert", "gpt2")
+LARGE_MODEL_NAMES = ("bert_small", "gpt2_124m")  # the C backend's benchmark models (scripts/bench.py)
 
 
 # -- export ----------------------------------------------------------------------------------

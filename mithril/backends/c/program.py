@@ -56,6 +56,10 @@ class CProgram:
         # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
         # (np.ascontiguousarray would make a 0-d constant 1-d: np.require keeps the shape.)
         self._constants = {v: np.require(v.value, requirements="C") for v in self.plan.constants}
+        # Per segment, what each call checks and allocates: (value, shape, dtype) of inputs and outputs.
+        self._io = {step.index: ([(v, v.static_shape, v.dtype) for v in step.inputs],
+                                 [(v, v.static_shape, v.dtype) for v in step.outputs])
+                    for step in self.steps if hasattr(step, "nodes")}
 
     @property
     def forward(self):
@@ -99,9 +103,13 @@ class CProgram:
         return {v.name: self._read(v, env) for v in self.plan.outputs}
 
     def _run_segment(self, seg, env) -> None:
-        buffers = []
-        for v in seg.inputs:
-            arr = self._read(v, env)
+        inputs, outputs = self._io[seg.index]
+        pointers, keep = [], []  # keep: arrays made here, alive until the call has run
+        for v, shape, dtype in inputs:
+            arr = self._constants[v] if v.kind == "constant" else env[v]
+            if type(arr) is np.ndarray and arr.shape == shape and arr.dtype == dtype and arr.flags.c_contiguous:
+                pointers.append(arr.__array_interface__["data"][0])  # the common case, checked cheaply
+                continue
             if isinstance(arr, np.generic):
                 arr = np.asarray(arr)  # NumPy kernels return 0-d results as scalars
             if isinstance(arr, np.ndarray) and arr.shape != v.static_shape and arr.size == max(
@@ -113,12 +121,13 @@ class CProgram:
                                    f"(the shape it was compiled for), got {got}")
             if not arr.flags.c_contiguous:
                 arr = np.require(arr, requirements="C")  # a NumPy fallback node's strided view
-            buffers.append(arr)
-        for v in seg.outputs:
-            out = np.empty(v.static_shape, dtype=v.dtype)
+            keep.append(arr)
+            pointers.append(arr.__array_interface__["data"][0])
+        for v, shape, dtype in outputs:
+            out = np.empty(shape, dtype=dtype)
             env[v] = out
-            buffers.append(out)
-        io = (ctypes.c_void_p * max(len(buffers), 1))(*[b.ctypes.data for b in buffers])
+            pointers.append(out.__array_interface__["data"][0])
+        io = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
         status = self._segments[seg.index](io, self._arena_ptr)
         if status:
             from ...errors import NodeError

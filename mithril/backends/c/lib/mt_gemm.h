@@ -25,7 +25,7 @@
 #define MT_GEMM_MR 4
 #endif
 #ifndef MT_GEMM_KC
-#define MT_GEMM_KC 256                 /* depth of a packed block: one B micro-panel stays in L1 */
+#define MT_GEMM_KC 128                 /* depth of a packed block: a B micro-panel fills half of L1 */
 #endif
 #ifndef MT_GEMM_MC
 #define MT_GEMM_MC (MT_GEMM_MR * 12)   /* rows of a packed A block (L2) */
