@@ -251,22 +251,16 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
         MT_FN(mt_gemm_plain)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);
         return;
     }
-    mt_i nt = (N + MT_GEMM_NC - 1) / MT_GEMM_NC, mc = MT_GEMM_MC, threads = 1;
+    mt_i mc = MT_GEMM_MC, nc = MT_GEMM_NC, threads = 1;
     if (M * N * K > 8 * MT_GEMM_SMALL) threads = mt_threads();
-    /* Fewer tiles than 2 per thread leaves threads idle (256x196: 3 tiles on 2 threads): shorter
-     * row blocks then, whole register panels. */
-    if (threads > 1 && (M + mc - 1) / mc * nt < 2 * threads) {
-        mt_i want = (2 * threads + nt - 1) / nt, rows = (M + want - 1) / want;
-        mc = (rows + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR;
-        if (mc > MT_GEMM_MC) mc = MT_GEMM_MC;
-    }
-    mt_i mt = (M + mc - 1) / mc;
+    if (threads > 1) mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, MT_GEMM_MC, MT_GEMM_NC, &mc, &nc);
+    mt_i mt = (M + mc - 1) / mc, nt = (N + nc - 1) / nc;
     _Pragma("omp parallel for collapse(2) schedule(dynamic) if(threads > 1 && mt * nt > 1)")
     for (mt_i ib = 0; ib < mt; ib++)
         for (mt_i jb = 0; jb < nt; jb++) {
-            mt_i i0 = ib * mc, j0 = jb * MT_GEMM_NC;
+            mt_i i0 = ib * mc, j0 = jb * nc;
             MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0, M - i0 < mc ? M - i0 : mc,
-                                j0, N - j0 < MT_GEMM_NC ? N - j0 : MT_GEMM_NC);
+                                j0, N - j0 < nc ? N - j0 : nc);
         }
 }
 
