@@ -53,7 +53,7 @@ def test_lenet_exported_builds_with_make_alone_and_equals_onnxruntime(tmp_path):
     assert not out.embedded and out.weight_bytes > 0
     names = sorted(p.relative_to(out.directory).as_posix() for p in out.files)
     assert {"model.h", "model.c", "model.bin", "main.c", "Makefile", "lib/mithril_kernels.h"} <= set(names)
-    assert not any("grad" in n for n in names)  # the gradient kernels are not part of an inference export
+    assert not any(n.startswith("lib/mt_grad") for n in names)  # gradient kernels: not part of an inference export
     log = _make(out.directory)
     # Plain cc: no Python headers, no BLAS, nothing outside the tree but libm (and OpenMP).
     assert re.search(r"^cc .*-O2 .*-fopenmp -Ilib -o model main\.c model\.c +-lm$", log, flags=re.M), log

@@ -1,4 +1,5 @@
-/* Neural-network kernels, per float type (mt_nn_t.h), and MaxPool per element type (mt_nn_pool_t.h).
+/* Neural-network kernels, per float type (mt_nn_t.h; 3x3 convolutions by Winograd in
+ * mt_nn_winograd_t.h), and MaxPool per element type (mt_nn_pool_t.h).
  *
  * Window ops (Conv, ConvTranspose, the pools) take up to three spatial axes: 1-D and 2-D inputs
  * are rendered as 3-D with unit leading axes, so one kernel serves every rank. Their geometry is
@@ -40,6 +41,7 @@ static inline mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *
 #define MT_SFX f32
 #define MT_EXP_LOW (-87.0f)
 #include "mt_nn_t.h"
+#include "mt_nn_winograd_t.h"
 #undef T
 #undef MT_SFX
 #undef MT_EXP_LOW
@@ -48,6 +50,7 @@ static inline mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *
 #define MT_SFX f64
 #define MT_EXP_LOW (-708.0)
 #include "mt_nn_t.h"
+#include "mt_nn_winograd_t.h"
 #undef T
 #undef MT_SFX
 #undef MT_EXP_LOW

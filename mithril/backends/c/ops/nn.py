@@ -180,13 +180,24 @@ def _check_out(pn, channels: int, out) -> str | None:
 # Conv / ConvTranspose
 
 
+# Winograd F(2x2, 3x3) (lib/mt_nn_winograd_t.h) where it pays: enough channels that the 16 GEMMs
+# run at speed, and enough output for its transforms to be a small part (ResNet-18 on one core:
+# the 56x56, 28x28 and 14x14 convolutions 1.6-2x faster; 7x7 ones are not).
+WINOGRAD_MIN_CHANNELS = 16
+WINOGRAD_MIN_OUTPUT = 14 * 14
+
+
 def _conv_kind(pn) -> tuple[str, object]:
-    """How a Conv runs: ("pointwise" | "depthwise" | "im2col", its window)."""
+    """How a Conv runs: ("pointwise" | "depthwise" | "winograd" | "im2col", its window)."""
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     group = int(pn.kwargs.get("group") or 1)
     win = _window(pn, w[2:])
     if w[1] == 1 and group == x[1] and group > 1:
         return "depthwise", win
+    if (group == 1 and len(x) == 4 and tuple(w[2:]) == (3, 3) and tuple(win.strides) == (1, 1)
+            and tuple(win.dilations) == (1, 1) and min(x[1], w[0]) >= WINOGRAD_MIN_CHANNELS
+            and prod(win.out) >= WINOGRAD_MIN_OUTPUT):
+        return "winograd", win
     if all(v == 1 for v in (*win.kernel, *win.strides)) and not any(win.begin) and not any(win.end):
         return "pointwise", win
     return "im2col", win
@@ -207,6 +218,11 @@ def _check_conv(pn):
 
 def _conv_scratch(pn) -> int:
     kind, win = _conv_kind(pn)
+    if kind == "winograd":  # U, V and the products (mt_conv_winograd)
+        x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+        tiles = prod((o + 1) // 2 for o in win.out)
+        stride = lambda n: (n + 15) // 16 * 16 + 16  # noqa: E731 - mt_winograd_stride
+        return 16 * (stride(w[0] * x[1]) + stride(x[1] * tiles) + stride(w[0] * tiles)) * pn.outputs[0].dtype.itemsize
     if kind != "im2col":
         return 0
     w = pn.inputs[1].static_shape
@@ -225,6 +241,11 @@ def conv(pn, c):
     lo, hi = (c.literal(b, y.dtype) for b in pn.kwargs.get(CLAMP, (-np.inf, np.inf)))
     if kind == "depthwise":
         c.line(f"mt_conv_depthwise_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {N}, {C}, {M}, {g}, {lo}, {hi});")
+        return
+    if kind == "winograd":
+        H, W = c.shape(x)[2:]
+        c.line(f"mt_conv_winograd_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, ({c.ctype(y)} *){c.scratch}, "
+               f"{N}, {C}, {M}, {H}, {W}, {win.out[0]}, {win.out[1]}, {win.begin[0]}, {win.begin[1]}, {lo}, {hi});")
         return
     col = f"({c.ctype(y)} *){c.scratch}" if kind == "im2col" else "0"
     c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
