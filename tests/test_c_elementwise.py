@@ -29,15 +29,6 @@ ELEM = {np.dtype(k): v for k, v in {
     np.uint64: TensorProto.UINT64, np.bool_: TensorProto.BOOL}.items()}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """Built libraries shared by this module's tests, away from the user's cache."""
-    path = tmp_path_factory.mktemp("mithril-c-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MITHRIL_CACHE_DIR", str(path))
-    yield path
-    mp.undo()
-
 
 def _model(nodes, feeds: dict, outputs: dict, opset=18, initializers=()):
     """outputs: name -> (dtype, shape)."""

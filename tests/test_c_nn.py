@@ -19,15 +19,6 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
                                 reason="no C compiler (cc or gcc) on PATH")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """Built libraries shared by this module's tests, away from the user's cache."""
-    path = tmp_path_factory.mktemp("mithril-c-nn-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MITHRIL_CACHE_DIR", str(path))
-    yield path
-    mp.undo()
-
 
 ONNX_TYPE = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
 

@@ -23,15 +23,6 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
                                 reason="no C compiler (cc or gcc) on PATH")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    """Built libraries shared by this module's tests, away from the user's cache."""
-    path = tmp_path_factory.mktemp("mithril-c-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MITHRIL_CACHE_DIR", str(path))
-    yield path
-    mp.undo()
-
 
 def _trainer(model, backend, shapes):
     tm = TrainModel(model)
