@@ -4,7 +4,7 @@
     python scripts/bench.py                        # numpy,jax,torch,mlx on every model, writes docs/performance.md
     python scripts/bench.py --quick --no-write     # a few runs per row, to check that everything runs
     python scripts/bench.py --backends torch --models bert,gpt2 --no-write
-    python scripts/bench.py --profile resnet18     # time per op type on the NumPy backend
+    python scripts/bench.py --profile resnet18     # time per op type on the NumPy backend (--backends c: in C)
     python scripts/bench.py --training-memory      # only the training-memory section (gradient checkpointing)
     python scripts/bench.py --precision            # only the precision section (float16, bfloat16, float64)
     python scripts/bench.py --c-backend            # only the C section (latency, ResNet-50 build time, arena)
@@ -1358,20 +1358,44 @@ def _profile_inputs(model: str):
     return path, inputs
 
 
+def profile_c_nodes(pm, call, runs: int = 5) -> tuple[list[tuple[str, float, int]], list[tuple[str, float, int]]]:
+    """profile_ops for the C backend: the per-node clocks of a library built with
+    MITHRIL_C_PROFILE=1 (CProgram.profile), by op type and by (op, input shapes)."""
+    call()
+    before = {id(pn): s for pn, s in pm.program.profile()}
+    for _ in range(runs):
+        call()
+    by_op: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    by_sig: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for pn, seconds in pm.program.profile():
+        dt = seconds - before[id(pn)]
+        sig = f"{pn.op_type} {[list(v.static_shape) for v in pn.inputs if v is not None and v.static_shape is not None]}"
+        for table, key in ((by_op, pn.op_type), (by_sig, sig)):
+            table[key][0] += dt
+            table[key][1] += runs
+
+    def rows(table):
+        return sorted(((k, t / runs, n // runs) for k, (t, n) in table.items() if t > 0), key=lambda r: -r[1])
+
+    return rows(by_op), rows(by_sig)
+
+
 def _print_profile(backend, path, inputs) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     shapes = {k: list(v.shape) for k, v in inputs.items()}
-    pm = ml.compile(ml.load_onnx(path), backend, shapes=shapes)
+    if backend.name == "c":  # timed inside C: a library with a clock around each node
+        os.environ["MITHRIL_C_PROFILE"] = "1"
+    pm = ml.compile(ml.load_onnx(path), backend, shapes=shapes, inference=True if backend.name == "c" else None)
     params = pm.get_parameters()
     data = {k: backend.from_numpy(v) for k, v in inputs.items()}
 
     def call():
         return _to_numpy_outputs(backend, pm.evaluate(params, data))
 
-    per_op, per_sig = profile_ops(pm, call)
+    per_op, per_sig = profile_c_nodes(pm, call) if backend.name == "c" else profile_ops(pm, call)
     total = sum(t for _, t, _ in per_op)
     for title, rows in (("Time per op type per call", per_op), ("Top 20 (op, input shapes) per call", per_sig[:20])):
         table = Table(title=title)
