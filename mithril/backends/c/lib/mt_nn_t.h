@@ -53,8 +53,203 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *rest
         }
 }
 
-/* Depthwise (one input channel per group): each output plane accumulates its K taps as shifted
- * rows of its input plane, contiguous when the stride is 1. No scratch. */
+/* ---- Depthwise 3x3, dilation 1, strides 1 and 2 (MobileNet's): each output's 9 taps summed in a
+ * register and stored once, bias and clamp in the same pass (the generic loop in mt_conv_depthwise
+ * makes 9 passes over the output plane). A plane whose copies fit MT_DW3_SMALL elements of stack
+ * is copied there zero-padded, laid out so that one unit-stride loop covers the whole plane
+ * (mt_dw3_flat, mt_dw3_flat2, mt_dw3_small); a larger one goes by output rows (mt_dw3_plane).
+ * Taps are added in the generic loop's order (kw outer, kh inner). The copies add w * 0 for taps
+ * on padding, as ONNX's zero padding does, where the rows and the generic loop skip them: the
+ * same sums, but for the sign of a zero result and an infinite weight next to padding. ---- */
+#define MT_DW3_SMALL (49152 / (mt_i)sizeof(T)) /* 48 KiB */
+
+/* By output rows, for planes too large for the stack: r0..r2 are the input rows under the window,
+ * NULL where outside; mt_dw3_at computes an output whose window leaves the row. */
+static inline T MT_FN(mt_dw3_at)(const T *r0, const T *r1, const T *r2, const T *w, T b, mt_i IW, mt_i i,
+                                T clo, T chi) {
+    T a = b;
+    for (mt_i kw = 0; kw < 3; kw++) {
+        if (i + kw < 0 || i + kw >= IW) continue;
+        if (r0) a += w[kw] * r0[i + kw];
+        if (r1) a += w[3 + kw] * r1[i + kw];
+        if (r2) a += w[6 + kw] * r2[i + kw];
+    }
+    return a < clo ? clo : (a > chi ? chi : a);
+}
+
+/* Columns [lo, hi) of one output row, every tap inside the row; S the stride (a constant, so
+ * that GCC vectorizes each case), TAPS the additions for the rows present. */
+#define MT_DW3_COLS(S, TAPS)                                                                           \
+    _Pragma("omp simd")                                                                               \
+    for (mt_i ow = lo; ow < hi; ow++) {                                                               \
+        const mt_i i = ow * (S) - pw;                                                                 \
+        T a = b;                                                                                      \
+        TAPS;                                                                                         \
+        y[ow] = a < clo ? clo : (a > chi ? chi : a);                                                  \
+    }
+#define MT_DW3_ALL a += w0 * r0[i]; a += w3 * r1[i]; a += w6 * r2[i]; a += w1 * r0[i + 1]; \
+    a += w4 * r1[i + 1]; a += w7 * r2[i + 1]; a += w2 * r0[i + 2]; a += w5 * r1[i + 2]; a += w8 * r2[i + 2]
+#define MT_DW3_LOW a += w3 * r1[i]; a += w6 * r2[i]; a += w4 * r1[i + 1]; a += w7 * r2[i + 1]; \
+    a += w5 * r1[i + 2]; a += w8 * r2[i + 2]
+#define MT_DW3_HIGH a += w0 * r0[i]; a += w3 * r1[i]; a += w1 * r0[i + 1]; a += w4 * r1[i + 1]; \
+    a += w2 * r0[i + 2]; a += w5 * r1[i + 2]
+
+static inline void MT_FN(mt_dw3_plane)(const T *x, const T *w, T b, T *restrict y, mt_i IH, mt_i IW, mt_i OH,
+                                       mt_i OW, mt_i sh, mt_i sw, mt_i ph, mt_i pw, T clo, T chi) {
+    const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    mt_i lo, hi; /* columns whose three taps lie in the row */
+    mt_window_range(OW, IW - 2, sw, -pw, &lo, &hi);
+    for (mt_i oh = 0; oh < OH; oh++, y += OW) {
+        const mt_i ih = oh * sh - ph;
+        const T *r0 = ih >= 0 && ih < IH ? x + ih * IW : 0;
+        const T *r1 = ih + 1 >= 0 && ih + 1 < IH ? x + (ih + 1) * IW : 0;
+        const T *r2 = ih + 2 >= 0 && ih + 2 < IH ? x + (ih + 2) * IW : 0;
+        mt_i vlo = lo, vhi = hi; /* the vector loop's columns; the others go one by one */
+        if (r1 && r2 && r0) {
+            if (sw == 1) { MT_DW3_COLS(1, MT_DW3_ALL) } else { MT_DW3_COLS(2, MT_DW3_ALL) }
+        } else if (r1 && r2) {
+            if (sw == 1) { MT_DW3_COLS(1, MT_DW3_LOW) } else { MT_DW3_COLS(2, MT_DW3_LOW) }
+        } else if (r0 && r1) {
+            if (sw == 1) { MT_DW3_COLS(1, MT_DW3_HIGH) } else { MT_DW3_COLS(2, MT_DW3_HIGH) }
+        } else {
+            vlo = vhi = OW;
+        }
+        for (mt_i ow = 0; ow < vlo; ow++) y[ow] = MT_FN(mt_dw3_at)(r0, r1, r2, w, b, IW, ow * sw - pw, clo, chi);
+        for (mt_i ow = vhi; ow < OW; ow++) y[ow] = MT_FN(mt_dw3_at)(r0, r1, r2, w, b, IW, ow * sw - pw, clo, chi);
+    }
+}
+#undef MT_DW3_COLS
+#undef MT_DW3_ALL
+#undef MT_DW3_LOW
+#undef MT_DW3_HIGH
+
+/* Other paddings and equal strides s (1 or 2): the padded plane split by s into s*s phases, phase
+ * (a, c) holding padded element (s*r + a, s*q + c) at (r, q) in rows of HW. Output (oh, ow)'s tap
+ * (kh, kw) is then phase (kh % s, kw % s) at (oh + kh / s, ow + kw / s): one unit-stride loop over
+ * oh*HW + ow into t, whose rows are then copied out (HW > OW). */
+static inline int MT_FN(mt_dw3_small)(const T *x, const T *w, T b, T *restrict y, mt_i IH, mt_i IW, mt_i OH,
+                                      mt_i OW, mt_i s, mt_i ph, mt_i pw, T clo, T chi) {
+    const mt_i HH = OH + 2 / s, HW = OW + 2 / s, Q = (OH - 1) * HW + OW;
+    if (s * s * HH * HW + OH * HW > MT_DW3_SMALL) return 0;
+    T buf[MT_DW3_SMALL];
+    T *restrict t = buf + s * s * HH * HW;
+    memset(buf, 0, sizeof(T) * (size_t)(s * s * HH * HW));
+    for (mt_i ih = 0; ih < IH; ih++) {
+        const mt_i pr = ih + ph;
+        if (pr >= s * HH) break; /* rows below every window */
+        const T *src = x + ih * IW;
+        for (mt_i c = 0; c < s; c++) {
+            /* padded columns s*q + c, q in [q0, q1), come from input columns s*q + c - pw */
+            mt_i q0, q1;
+            mt_window_range(HW, IW, s, c - pw, &q0, &q1);
+            T *restrict dst = buf + ((pr % s * s + c) * HH + pr / s) * HW;
+            const T *from = src + c - pw;
+            if (s == 1) {
+                _Pragma("omp simd")
+                for (mt_i q = q0; q < q1; q++) dst[q] = from[q];
+            } else {
+                _Pragma("omp simd")
+                for (mt_i q = q0; q < q1; q++) dst[q] = from[2 * q];
+            }
+        }
+    }
+    const T *p[9];
+    for (mt_i kh = 0; kh < 3; kh++)
+        for (mt_i kw = 0; kw < 3; kw++)
+            p[kh * 3 + kw] = buf + ((kh % s * s + kw % s) * HH + kh / s) * HW + kw / s;
+    const T *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5], *p6 = p[6], *p7 = p[7], *p8 = p[8];
+    const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    _Pragma("omp simd")
+    for (mt_i q = 0; q < Q; q++) {
+        T a = b;
+        a += w0 * p0[q]; a += w3 * p3[q]; a += w6 * p6[q];
+        a += w1 * p1[q]; a += w4 * p4[q]; a += w7 * p7[q];
+        a += w2 * p2[q]; a += w5 * p5[q]; a += w8 * p8[q];
+        t[q] = a < clo ? clo : (a > chi ? chi : a);
+    }
+    for (mt_i oh = 0; oh < OH; oh++) {
+        _Pragma("omp simd")
+        for (mt_i ow = 0; ow < OW; ow++) y[oh * OW + ow] = t[oh * HW + ow];
+    }
+    return 1;
+}
+
+/* Stride 1, one column of padding each side (OW == IW): the padded plane kept at the input's row
+ * pitch, so that output p = oh*OW + ow reads tap (kh, kw) at p + kh*IW + kw and one unit-stride
+ * loop writes the output plane. c is the plane with zero rows above and below and one zero each
+ * end; the taps that cross a row end (kw 0 at ow 0, kw 2 at ow OW-1) read copies of it whose last
+ * (l, for kw 0) or first (r, for kw 2) column is zeroed. */
+static inline int MT_FN(mt_dw3_flat)(const T *x, const T *w, T b, T *restrict y, mt_i IH, mt_i IW, mt_i OH,
+                                     mt_i ph, T clo, T chi) {
+    const mt_i R = (OH + 2) * IW + 2, ih0 = ph > 0 ? 0 : -ph, ih1 = IH < OH + 2 - ph ? IH : OH + 2 - ph;
+    if (3 * R > MT_DW3_SMALL) return 0;
+    T buf[MT_DW3_SMALL];
+    T *c = buf, *l = buf + R, *r = buf + 2 * R;
+    memset(c, 0, sizeof(T) * (size_t)R);
+    if (ih1 > ih0) memcpy(c + 1 + (ih0 + ph) * IW, x + ih0 * IW, sizeof(T) * (size_t)((ih1 - ih0) * IW));
+    memcpy(l, c, sizeof(T) * (size_t)R);
+    memcpy(r, c, sizeof(T) * (size_t)R);
+    for (mt_i pr = 0; pr < OH + 2; pr++) {
+        l[pr * IW + IW] = 0;
+        r[1 + pr * IW] = 0;
+    }
+    const T *l0 = l, *l1 = l + IW, *l2 = l + 2 * IW, *c0 = c + 1, *c1 = c + 1 + IW, *c2 = c + 1 + 2 * IW;
+    const T *r0 = r + 2, *r1 = r + 2 + IW, *r2 = r + 2 + 2 * IW;
+    const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    const mt_i P = OH * IW;
+    _Pragma("omp simd")
+    for (mt_i p = 0; p < P; p++) {
+        T a = b;
+        a += w0 * l0[p]; a += w3 * l1[p]; a += w6 * l2[p];
+        a += w1 * c0[p]; a += w4 * c1[p]; a += w7 * c2[p];
+        a += w2 * r0[p]; a += w5 * r1[p]; a += w8 * r2[p];
+        y[p] = a < clo ? clo : (a > chi ? chi : a);
+    }
+    return 1;
+}
+
+/* Stride 2, one row and column of padding before, even input (OH, OW = IH / 2, IW / 2: MobileNet's
+ * downsampling): the input split by row and column parity into planes at the output's pitch, so
+ * one unit-stride loop writes the output plane. Tap rows 2oh - 1 (kh 0) and 2oh + 1 (kh 2) are
+ * rows oh and oh + 1 of the odd-row planes (a zero row first); tap columns 2ow (kw 1) and
+ * 2ow + 1 (kw 2) are column ow of the even- and odd-column planes, and 2ow - 1 (kw 0) is the
+ * element before it in an odd-column copy with a zero first and its last column zeroed. */
+static inline int MT_FN(mt_dw3_flat2)(const T *x, const T *w, T b, T *restrict y, mt_i IH, mt_i IW, mt_i OH,
+                                      mt_i OW, T clo, T chi) {
+    const mt_i Po = (OH + 1) * OW + 1, Pe = OH * OW + 1; /* odd- and even-row planes, one spare */
+    if (3 * (Po + Pe) > MT_DW3_SMALL) return 0;
+    T buf[MT_DW3_SMALL];
+    T *oe = buf, *oo = oe + Po, *oz = oo + Po, *ee = oz + Po, *eo = ee + Pe, *ez = eo + Pe;
+    for (mt_i q = 0; q <= OW; q++) oe[q] = oo[q] = oz[q] = 0; /* the zero row before the odd rows */
+    ez[0] = 0;
+    for (mt_i ih = 0; ih < IH; ih++) {
+        const T *src = x + ih * IW;
+        const mt_i o = ih % 2 ? (ih + 1) / 2 * OW : ih / 2 * OW;
+        T *e = (ih % 2 ? oe : ee) + o, *d = (ih % 2 ? oo : eo) + o, *z = (ih % 2 ? oz : ez) + o + 1;
+        _Pragma("omp simd")
+        for (mt_i q = 0; q < OW; q++) {
+            e[q] = src[2 * q];
+            d[q] = z[q] = src[2 * q + 1];
+        }
+        z[OW - 1] = 0;
+    }
+    const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    const T *oz2 = oz + OW, *oe2 = oe + OW, *oo2 = oo + OW;
+    const mt_i P = OH * OW;
+    _Pragma("omp simd")
+    for (mt_i p = 0; p < P; p++) {
+        T a = b;
+        a += w0 * oz[p]; a += w3 * ez[p]; a += w6 * oz2[p];
+        a += w1 * oe[p]; a += w4 * ee[p]; a += w7 * oe2[p];
+        a += w2 * oo[p]; a += w5 * eo[p]; a += w8 * oo2[p];
+        y[p] = a < clo ? clo : (a > chi ? chi : a);
+    }
+    return 1;
+}
+
+/* Depthwise (one input channel per group): 2-D 3x3 windows, strides 1 and 2, by the mt_dw3_*
+ * above; otherwise each output plane accumulates its K taps as shifted rows of its input plane,
+ * contiguous when the stride is 1. No scratch (the mt_dw3_* copies live on the stack). */
 static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bias, T *restrict Y, mt_i N, mt_i C,
                                             mt_i M, const mt_i *g, T clo, T chi) {
     const mt_i ID = g[0], IH = g[1], IW = g[2], OD = g[3], OH = g[4], OW = g[5];
@@ -67,6 +262,16 @@ static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bia
         const T *x = X + (n * C + m / Mg) * S, *w = W + m * K;
         T *restrict y = Y + nm * P;
         T b = Bias ? Bias[m] : (T)0;
+        if (ID == 1 && OD == 1 && pd == 0 && KH == 3 && KW == 3 && dh == 1 && dw == 1 && (sw == 1 || sw == 2)) {
+            if (sh == 1 && sw == 1 && pw == 1 && OW == IW && MT_FN(mt_dw3_flat)(x, w, b, y, IH, IW, OH, ph, clo, chi))
+                continue;
+            if (sh == 2 && sw == 2 && ph == 1 && pw == 1 && IH % 2 == 0 && IW % 2 == 0 && OH == IH / 2 &&
+                OW == IW / 2 && MT_FN(mt_dw3_flat2)(x, w, b, y, IH, IW, OH, OW, clo, chi))
+                continue;
+            if (sh != sw || !MT_FN(mt_dw3_small)(x, w, b, y, IH, IW, OH, OW, sw, ph, pw, clo, chi))
+                MT_FN(mt_dw3_plane)(x, w, b, y, IH, IW, OH, OW, sh, sw, ph, pw, clo, chi);
+            continue;
+        }
         for (mt_i p = 0; p < P; p++) y[p] = b;
         for (mt_i kw = 0; kw < KW; kw++) {
             mt_i lo, hi, off = kw * dw - pw;
@@ -99,6 +304,7 @@ static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bia
         }
     }
 }
+#undef MT_DW3_SMALL
 
 /* ---- ConvTranspose: col[Mg*K, P] = W_g^T @ X_g (W is C x Mg x K), then col2im adds each tap's
  * row into the output at o = i * stride + k * dilation - begin (g: input size, output size,
