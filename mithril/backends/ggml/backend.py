@@ -1,0 +1,103 @@
+"""The GGML backend: the lowering plan built into ggml compute graphs (through ``ggml-python``),
+weights in float32, float16, bfloat16 or quantized, inside a memory budget."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
+from ..numpy.backend import NumpyBackend
+from .program import GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram, why_not_ggml
+
+_WEIGHT_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+class GGMLBackend(NumpyBackend):
+    """Runs models through ggml, llama.cpp's tensor library, on the CPU: inference only.
+
+    ``dtype`` is the type of the matrices matmuls and embeddings read (``ml.float32``,
+    ``ml.float16`` or ``ml.bfloat16``); activations are float32, as in llama.cpp, and so are the
+    arrays this backend makes and returns. ``quantize`` stores those matrices in a ggml
+    quantized type instead (``"int8"``/``"q8_0"``, ``"q4_0"``, ``"q4_1"``, ``"q5_0"``, ``"q5_1"``,
+    ``"q4_K"``, ``"q6_K"``). ``mem_size`` (bytes) is a budget: compile refuses a model whose
+    weights, intermediates and work memory exceed it, naming what it needs. Every shape must be
+    fixed at compile. Nodes without a ggml rule run on NumPy between ggml graphs, with one
+    warning listing them (``fallback="numpy"``); ``fallback=None`` refuses them at compile.
+
+    >>> import mithril as ml
+    >>> ml.GGMLBackend().to_numpy(ml.GGMLBackend().ones(2)).tolist()
+    [1.0, 1.0]
+    """
+
+    name = "ggml"
+    supports_gradients = False
+    jit_by_default = False
+    needs_static_shapes = True
+
+    def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *,
+                 mem_size: int | None = None, quantize: str | None = None, fallback: str | None = "numpy",
+                 device_mesh=None, **unknown):
+        from ... import dtypes
+        from .quantize import quant_name
+
+        if fallback not in ("numpy", None):
+            raise BackendOptionError(f"GGMLBackend: fallback must be 'numpy' or None, got {fallback!r}")
+        if mem_size is not None and (not isinstance(mem_size, int) or mem_size <= 0):
+            raise BackendOptionError(f"GGMLBackend: mem_size must be a positive number of bytes, got {mem_size!r}")
+        weight = dtypes.float32 if dtype is None else dtype
+        name = str(getattr(weight, "name", weight))
+        name = {np.dtype(np.float32).name: "float32", np.dtype(np.float16).name: "float16"}.get(name, name)
+        if name not in _WEIGHT_TYPES:
+            raise BackendOptionError(f"GGMLBackend computes with float32, float16 or bfloat16 weights, not {dtype}")
+        # Activations and the arrays the backend hands out are float32 whatever the weight type.
+        super().__init__(dtypes.float32, device, num_threads, device_mesh=device_mesh, **unknown)
+        self.weight_type = _WEIGHT_TYPES[name]
+        self.quantize = quant_name(quantize)
+        self.mem_size = mem_size
+        self.fallback = fallback
+
+    def scope(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def lower(self, plan, *, file_path: str | None = None, gradient_checkpointing: bool = False):
+        """The plan as ggml graphs: every graph input's shape fixed, the nodes without a ggml rule
+        listed (warned, or refused with ``fallback=None``), weights converted, memory checked."""
+        from ...errors import CompileError
+
+        try:
+            import ggml  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                "GGMLBackend needs ggml-python: pip install 'ggml-python==0.0.45' "
+                "(a source build, about 2 minutes; see the README)") from exc
+        loose = [f"{v.name} {list(v.shape) if v.shape is not None else '(rank unknown)'}"
+                 for v in plan.inputs if v.kind == "input" and v.static_shape is None
+                 and v.dtype is not None and v.dtype.kind != "O"]
+        if loose:
+            raise CompileError("GGMLBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
+                               f"for: {', '.join(loose)}")
+        missing = [(pn, why_not_ggml(pn)) for pn in plan.nodes if why_not_ggml(pn) is not None]
+        if missing:
+            listed = ", ".join(f"{pn.label} ({pn.op_type}: {why})" for pn, why in missing)
+            if self.fallback is None:
+                raise GGMLKernelMissingError(f"GGMLBackend(fallback=None): {len(missing)} node(s) have no ggml rule: "
+                                             f"{listed}")
+            from ..backend import warn_user
+
+            warn_user(f"GGMLBackend: {len(missing)} node(s) run on NumPy (no ggml rule): {listed}",
+                      GGMLFallbackWarning)
+        return GGMLProgram(plan, weight_type=self.weight_type, quantize=self.quantize,
+                           num_threads=self.num_threads, mem_size=self.mem_size)
+
+    def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
+        raise MithrilError("GGMLBackend runs inference only (ggml here has no backward pass); train with "
+                           "NumpyBackend, JaxBackend, TorchBackend, MlxBackend or CBackend, then compile with "
+                           "inference=True on GGMLBackend")
+
+    def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        raise MithrilError("GGMLBackend runs inference only: compute gradients on another backend")
+
+
+__all__ = ["GGMLBackend", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError"]

@@ -1,0 +1,175 @@
+"""ggml rules, Python side: for each ONNX op, when a node can run in ggml and the ggml calls
+that build it.
+
+A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`) registers its ops with
+:func:`ggml_op` when it is imported (:mod:`mithril.backends.ggml.program` imports them all; this
+package holds only the registry and the :class:`Builder`). A rule has two parts:
+``check(pn)`` says why a node cannot run in ggml (None when it can) beyond what
+:func:`mithril.backends.ggml.program.why_not_ggml` checks for every node (static shapes, at most
+four dims, float32 activations), and ``build(pn, g)`` returns the node's output tensors, made
+with ggml calls through the :class:`Builder` ``g``::
+
+    @ggml_op("Relu")
+    def relu(pn, g):
+        return g.ggml.ggml_relu(g.ctx, g.t(pn.inputs[0]))
+
+ggml aborts the process when one of its assertions fails (a broadcast it cannot do, a
+non-contiguous operand, more than four dims), so ``check`` refuses every such case first: a
+rule's ``build`` only ever sees nodes its ``check`` accepted. Shapes cross into ggml in one
+place, :func:`ne`: ggml's ``ne[0]`` is the innermost (last NumPy) dimension.
+
+``folded`` lists input positions read at build time (Reshape's shape, Slice's starts): they must
+be constants. ``indices`` lists inputs read as int32 row indices (Gather's): int64 ones are
+narrowed at the segment boundary, with a range check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...plan import PlanNode, PlanValue
+
+MAX_DIMS = 4  # GGML_MAX_DIMS
+F32 = np.dtype(np.float32)
+INDEX_DTYPES = frozenset({np.dtype(np.int64), np.dtype(np.int32)})
+
+
+def ne(shape) -> list[int]:
+    """ggml's extents of a NumPy shape: reversed (``ne[0]`` is the last axis), padded with 1s to
+    four. The one place where the dimension order turns around."""
+    dims = [int(d) for d in reversed(tuple(shape))]
+    if len(dims) > MAX_DIMS:
+        raise ValueError(f"ggml tensors have at most {MAX_DIMS} dims, not {len(shape)}")
+    return dims + [1] * (MAX_DIMS - len(dims))
+
+
+def ggml_axis(axis: int, rank: int) -> int:
+    """ggml's dimension index of NumPy axis ``axis`` (negative allowed) of a rank-``rank`` value."""
+    return rank - 1 - (axis % max(rank, 1))
+
+
+@dataclass(frozen=True)
+class GGMLOp:
+    """One op's rule (see the module docstring)."""
+
+    op_type: str
+    domain: str
+    build: Callable[[PlanNode, Builder], object]
+    check: Callable[[PlanNode], str | None] | None
+    folded: tuple[int, ...]
+    indices: tuple[int, ...]
+
+
+OPS: dict[tuple[str, str], GGMLOp] = {}
+
+
+def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...] = (), indices: tuple[int, ...] = ()):
+    """Registers ``build`` (and ``check``) for each of ``op_types``."""
+
+    def register(build):
+        for op_type in op_types:
+            OPS[(domain, op_type)] = GGMLOp(op_type, domain, build, check, tuple(folded), tuple(indices))
+        return build
+
+    return register
+
+
+def const_value(pn: PlanNode, i: int, default=None):
+    """The value of input ``i`` when it is a constant (None when absent), as a NumPy array."""
+    v = pn.inputs[i] if i < len(pn.inputs) else None
+    if v is None:
+        return default
+    return np.asarray(v.value)
+
+
+class Builder:
+    """What a rule builds with: ``ggml`` (the bindings), ``ctx`` (the segment's ggml context),
+    ``t(v)`` (the tensor of a plan value), ``weight(v, layout)`` (a parameter or constant held
+    by the program, in ggml's layout for its use), and shape helpers in NumPy order."""
+
+    def __init__(self, ggml, ctx, tensors: dict, weight: Callable, constant: Callable, bounds: dict):
+        self.ggml = ggml
+        self.ctx = ctx
+        self._tensors = tensors
+        self._weight = weight
+        self._constant = constant
+        self._bounds = bounds
+        self.producers: dict[PlanValue, PlanNode] = {}  # set by the program: who made each value
+
+    def transposed_weight(self, v: PlanValue | None) -> PlanValue | None:
+        """The weight ``W`` when ``v`` is ``Transpose(W)`` of a matrix weight (a Linear layer's
+        ``[out, in]`` weight): a matmul reads ``W`` itself by rows, quantizable, and the
+        Transpose, read by nothing else, drops out of the ggml graph."""
+        pn = self.producers.get(v)
+        if pn is None or pn.op_type != "Transpose" or pn.domain != "":
+            return None
+        w = pn.inputs[0]
+        perm = pn.kwargs.get("perm")
+        if not self.is_weight(w) or len(w.static_shape) != 2 or (perm is not None and list(perm) != [1, 0]):
+            return None
+        return w
+
+    def t(self, v: PlanValue):
+        """The tensor holding ``v`` (a segment input, a weight, or an earlier node's output)."""
+        return self._tensors[v]
+
+    def weight(self, v: PlanValue, layout: str = "plain"):
+        """``v`` (a parameter or constant) as a weight tensor: ``"plain"`` keeps its shape,
+        ``"t"`` transposes a matrix (``[K, N]`` stored as ``[N, K]``, ggml's ``mul_mat`` operand),
+        ``"rows"`` keeps a matrix read by rows; those two may be in the program's weight type
+        (float16, bfloat16) or quantized."""
+        return self._weight(v, layout)
+
+    def matmul_weight(self, v: PlanValue, layout: str, x):
+        """``(w, x)`` for ``ggml_mul_mat(w, x)``: the matrix ``v`` in ``layout`` (``"t"`` or
+        ``"rows"``), whose quantized rows may be zero-padded to whole blocks, and the activation
+        ``x`` padded with zeros to the same row length."""
+        w = self._weight(v, layout, True)
+        extra = int(w.contents.ne[0]) - int(x.contents.ne[0])
+        if extra:
+            x = self.ggml.ggml_pad(self.ctx, self.contiguous(x), extra, 0, 0, 0)
+        return w, x
+
+    def constant(self, array: np.ndarray):
+        """A float32 tensor holding ``array`` (made at build time, kept by the program)."""
+        return self._constant(np.ascontiguousarray(array, dtype=np.float32))
+
+    def constant_i32(self, array: np.ndarray):
+        """An int32 tensor holding ``array`` (row indices known at build time)."""
+        return self._constant(np.ascontiguousarray(array, dtype=np.int32))
+
+    def index(self, v: PlanValue, rows: int, pn: PlanNode):
+        """The int32 tensor of the row indices ``v``, which ``pn`` reads from a ``rows``-row table:
+        each call wraps negative indices and refuses out-of-range ones before ggml reads them."""
+        bound = self._bounds.get(v)
+        if bound is None or bound[0] > rows:
+            self._bounds[v] = (rows, pn)
+        return self._tensors[v]
+
+    def is_weight(self, v: PlanValue | None) -> bool:
+        return v is not None and v.kind in ("param", "constant")
+
+    def contiguous(self, x):
+        """``x``, copied into a contiguous tensor when it is a strided view."""
+        return x if self.ggml.ggml_is_contiguous(x) else self.ggml.ggml_cont(self.ctx, x)
+
+    def reshape(self, x, shape):
+        """``x`` (made contiguous if it is not) with the NumPy shape ``shape``."""
+        g = self.ggml
+        if not g.ggml_is_contiguous(x):
+            x = g.ggml_cont(self.ctx, x)
+        n = ne(shape)
+        return g.ggml_reshape_4d(self.ctx, x, *n)
+
+    def broadcast(self, x, shape):
+        """``x`` repeated to the NumPy shape ``shape`` (its dims are 1 or equal to ``shape``'s)."""
+        n = ne(shape)
+        if list(x.contents.ne[:MAX_DIMS]) == n:
+            return x
+        return self.ggml.ggml_repeat_4d(self.ctx, x, *n)
+
+
+__all__ = ["Builder", "GGMLOp", "INDEX_DTYPES", "MAX_DIMS", "OPS", "const_value", "ggml_axis", "ggml_op", "ne"]

@@ -1,0 +1,182 @@
+"""Elementwise ops in ggml: the four arithmetic ops with NumPy broadcasting, and the unary ops
+ggml computes in float32.
+
+ggml broadcasts only its second operand, and only by repeating it a whole number of times
+(``ggml_can_repeat(b, a)``): a commutative op puts the full-shaped operand first; otherwise the
+first operand is repeated to the output's shape (``ggml_repeat_4d``) before the op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import Builder, const_value, ggml_op
+
+
+def operand(pn, i: int, g: Builder):
+    """Input ``i`` as a tensor: a weight (float32, as stored) or an activation."""
+    v = pn.inputs[i]
+    return g.weight(v) if g.is_weight(v) else g.t(v)
+
+
+def _check_broadcast(pn) -> str | None:
+    out = pn.outputs[0].static_shape
+    for v in pn.inputs:
+        s = v.static_shape
+        if len(s) > len(out) or any(d not in (1, o) for d, o in zip(reversed(s), reversed(out))):
+            return f"shape {list(s)} does not broadcast to {list(out)}"
+    return None
+
+
+BINARY = {"Add": ("ggml_add", True), "Sub": ("ggml_sub", False), "Mul": ("ggml_mul", True),
+          "Div": ("ggml_div", False)}
+
+
+@ggml_op(*BINARY, check=_check_broadcast)
+def binary(pn, g: Builder):
+    name, commutative = BINARY[pn.op_type]
+    out = pn.outputs[0].static_shape
+    a, b = pn.inputs
+    ta, tb = operand(pn, 0, g), operand(pn, 1, g)
+    full_a = tuple(a.static_shape) == tuple(out)
+    if not full_a and commutative and tuple(b.static_shape) == tuple(out):
+        ta, tb = tb, ta
+    elif not full_a:
+        ta = g.broadcast(ta, out)
+    return getattr(g.ggml, name)(g.ctx, g.contiguous(ta), g.contiguous(tb))
+
+
+UNARY = {"Relu": "ggml_relu", "Sigmoid": "ggml_sigmoid", "Tanh": "ggml_tanh", "Exp": "ggml_exp",
+         "Log": "ggml_log", "Sqrt": "ggml_sqrt", "Neg": "ggml_neg", "Abs": "ggml_abs", "Sin": "ggml_sin",
+         "Cos": "ggml_cos", "Floor": "ggml_floor", "Ceil": "ggml_ceil", "Softplus": "ggml_softplus",
+         "HardSwish": "ggml_hardswish", "Sign": "ggml_sgn"}
+
+
+@ggml_op(*UNARY)
+def unary(pn, g: Builder):
+    return getattr(g.ggml, UNARY[pn.op_type])(g.ctx, g.contiguous(operand(pn, 0, g)))
+
+
+@ggml_op("Identity")
+def identity(pn, g: Builder):
+    return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+
+
+def _check_dropout(pn) -> str | None:
+    if len(pn.outputs) > 1:
+        return "the mask output"
+    if pn.op_type == "Dropout" and len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        if pn.inputs[2].kind != "constant" or bool(np.asarray(pn.inputs[2].value)):
+            return "training mode"
+    return None
+
+
+@ggml_op("Dropout", check=_check_dropout)
+def dropout(pn, g: Builder):
+    return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+
+
+def _gelu_check(pn) -> str | None:
+    approximate = pn.kwargs.get("approximate", "none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    return None if approximate in ("none", "tanh") else f"approximate={approximate!r}"
+
+
+@ggml_op("Gelu", check=_gelu_check)
+def gelu(pn, g: Builder):
+    approximate = pn.kwargs.get("approximate", "none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    fn = g.ggml.ggml_gelu if approximate == "tanh" else g.ggml.ggml_gelu_erf
+    return fn(g.ctx, g.contiguous(operand(pn, 0, g)))
+
+
+@ggml_op("LeakyRelu")
+def leaky_relu(pn, g: Builder):
+    return g.ggml.ggml_leaky_relu(g.ctx, g.contiguous(operand(pn, 0, g)), float(pn.kwargs.get("alpha", 0.01)), False)
+
+
+@ggml_op("HardSigmoid")
+def hard_sigmoid(pn, g: Builder):
+    x = g.ggml.ggml_scale_bias(g.ctx, g.contiguous(operand(pn, 0, g)), float(pn.kwargs.get("alpha", 0.2)),
+                               float(pn.kwargs.get("beta", 0.5)))
+    return g.ggml.ggml_clamp(g.ctx, x, 0.0, 1.0)
+
+
+def _clip_bounds(pn):
+    if pn.opset < 11:
+        return float(pn.kwargs.get("min", -np.inf)), float(pn.kwargs.get("max", np.inf))
+    lo = const_value(pn, 1)
+    hi = const_value(pn, 2)
+    return (float(lo.reshape(())) if lo is not None else -np.inf), (float(hi.reshape(())) if hi is not None else np.inf)
+
+
+def _check_clip(pn) -> str | None:
+    if pn.opset >= 11:
+        for i in (1, 2):
+            v = pn.inputs[i] if len(pn.inputs) > i else None
+            if v is not None and (v.kind != "constant" or np.size(v.value) != 1):
+                return f"bound {v.name!r} given at run time"
+    return None
+
+
+@ggml_op("Clip", check=_check_clip, folded=(1, 2))
+def clip(pn, g: Builder):
+    lo, hi = _clip_bounds(pn)
+    if lo > hi:
+        lo = hi  # ONNX: min > max gives max everywhere
+    # ggml_clamp takes float bounds; infinities pass through ctypes as IEEE values.
+    return g.ggml.ggml_clamp(g.ctx, g.contiguous(operand(pn, 0, g)), lo, hi)
+
+
+def _check_pow(pn) -> str | None:
+    e = pn.inputs[1]
+    if e.kind != "constant" or np.size(e.value) != 1:
+        return "exponent given at run time or not a scalar"
+    if float(np.asarray(e.value).reshape(())) not in (0.5, 1.0, 2.0, 3.0):
+        return f"exponent {float(np.asarray(e.value).reshape(()))} (ggml has x**0.5, x**2, x**3)"
+    return None
+
+
+@ggml_op("Pow", check=_check_pow, folded=(1,))
+def power(pn, g: Builder):
+    e = float(np.asarray(pn.inputs[1].value).reshape(()))
+    x = g.contiguous(operand(pn, 0, g))
+    gg = g.ggml
+    if e == 0.5:
+        return gg.ggml_sqrt(g.ctx, x)
+    if e == 1.0:
+        return gg.ggml_cont(g.ctx, x)
+    if e == 2.0:
+        return gg.ggml_sqr(g.ctx, x)
+    return gg.ggml_mul(g.ctx, gg.ggml_sqr(g.ctx, x), x)
+
+
+@ggml_op("Reciprocal")
+def reciprocal(pn, g: Builder):
+    x = g.contiguous(operand(pn, 0, g))
+    one = g.constant(np.ones(1, np.float32))
+    return g.ggml.ggml_div(g.ctx, g.broadcast(one, pn.outputs[0].static_shape), x)
+
+
+def _check_where(pn) -> str | None:
+    cond, a, b = pn.inputs
+    if cond.kind != "constant":
+        return "a condition computed at run time"
+    if (a.kind == "constant") == (b.kind == "constant"):
+        return "both branches computed at run time" if a.kind != "constant" else "both branches constant"
+    return _check_broadcast(pn)
+
+
+@ggml_op("Where", check=_check_where, folded=(0,))
+def where(pn, g: Builder):
+    """A constant condition (a causal mask): ``x * keep + fill``, ``keep`` 1 where the computed
+    branch is taken and ``fill`` the constant branch elsewhere (0 where ``keep`` is 1)."""
+    cond, a, b = pn.inputs
+    out = pn.outputs[0].static_shape
+    keep = np.broadcast_to(np.asarray(cond.value, dtype=bool), out)
+    computed, other = (1, b) if b.kind == "constant" else (2, a)
+    if computed == 2:
+        keep = ~keep
+    fill = np.where(keep, 0.0, np.broadcast_to(np.asarray(other.value, dtype=np.float32), out))
+    x = g.broadcast(g.contiguous(operand(pn, computed, g)), out)
+    masked = g.ggml.ggml_mul(g.ctx, x, g.constant(keep.astype(np.float32)))
+    return g.ggml.ggml_add(g.ctx, masked, g.constant(fill))

@@ -1,0 +1,113 @@
+"""Data movement in ggml: reshapes (views of contiguous tensors), Transpose (a permuted view made
+contiguous), Concat, Slice (a strided view made contiguous) and Gather on rows (``get_rows``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import MAX_DIMS, Builder, ggml_axis, ggml_op
+from .elementwise import operand
+
+
+@ggml_op("Reshape", "Flatten", "Squeeze", "Unsqueeze", folded=(1,))
+def reshape(pn, g: Builder):
+    return g.reshape(operand(pn, 0, g), pn.outputs[0].static_shape)
+
+
+@ggml_op("Transpose")
+def transpose(pn, g: Builder):
+    x = operand(pn, 0, g)
+    rank = len(pn.inputs[0].static_shape)
+    perm = pn.kwargs.get("perm")
+    perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+    # NumPy: output axis j reads input axis perm[j]. ggml_permute: source dim s goes to position axes[s].
+    axes = list(range(MAX_DIMS))
+    for j, p in enumerate(perm):
+        axes[ggml_axis(p, rank)] = ggml_axis(j, rank)
+    return g.ggml.ggml_cont(g.ctx, g.ggml.ggml_permute(g.ctx, x, *axes))
+
+
+def _check_concat(pn) -> str | None:
+    if len([v for v in pn.inputs if v is not None]) < 1:
+        return "no inputs"
+    return None
+
+
+@ggml_op("Concat", check=_check_concat)
+def concat(pn, g: Builder):
+    rank = len(pn.outputs[0].static_shape)
+    dim = ggml_axis(int(pn.kwargs.get("axis", 0)), rank)
+    parts = [g.contiguous(operand(pn, i, g)) for i, v in enumerate(pn.inputs) if v is not None]
+    out = parts[0]
+    for t in parts[1:]:
+        out = g.ggml.ggml_concat(g.ctx, out, t, dim)
+    return out if len(parts) > 1 else g.ggml.ggml_cont(g.ctx, out)
+
+
+def _slice_ranges(pn) -> list[tuple[int, int, int]] | None:
+    """(start, stop, step) per NumPy axis of input 0, from the constant starts/ends/axes/steps
+    (opset 10+) or the attributes (opset < 10)."""
+    shape = pn.inputs[0].static_shape
+    if pn.opset < 10:
+        starts, ends = pn.kwargs.get("starts"), pn.kwargs.get("ends")
+        axes, steps = pn.kwargs.get("axes"), None
+    else:
+        def arg(i):
+            v = pn.inputs[i] if len(pn.inputs) > i else None
+            return None if v is None else [int(x) for x in np.asarray(v.value).reshape(-1)]
+
+        starts, ends, axes, steps = arg(1), arg(2), arg(3), arg(4)
+    axes = list(range(len(starts))) if axes is None else [int(a) % len(shape) for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    ranges = [(0, d, 1) for d in shape]
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        ranges[a] = slice(int(s), int(e), int(st)).indices(shape[a])
+    return ranges
+
+
+def _check_slice(pn) -> str | None:
+    ranges = _slice_ranges(pn)
+    if any(st != 1 for _, _, st in ranges):
+        return "steps other than 1"
+    return None
+
+
+@ggml_op("Slice", check=_check_slice, folded=(1, 2, 3, 4))
+def slice_(pn, g: Builder):
+    x = operand(pn, 0, g)
+    rank = len(pn.inputs[0].static_shape)
+    ranges = _slice_ranges(pn)
+    nb = list(x.contents.nb[:MAX_DIMS])
+    offset = sum(start * nb[ggml_axis(a, rank)] for a, (start, _, _) in enumerate(ranges))
+    extents = [max(stop - start, 0) for start, stop, _ in ranges]
+    n = [int(d) for d in reversed(extents)] + [1] * (MAX_DIMS - rank)
+    view = g.ggml.ggml_view_4d(g.ctx, x, *n, nb[1], nb[2], nb[3], offset)
+    return g.ggml.ggml_cont(g.ctx, view)
+
+
+def _check_gather(pn) -> str | None:
+    data, idx = pn.inputs[0], pn.inputs[1]
+    if int(pn.kwargs.get("axis", 0)) % max(len(data.static_shape), 1) != 0:
+        return "axis other than 0 (ggml's get_rows reads rows)"
+    if len(data.static_shape) != 2:
+        return f"a {len(data.static_shape)}-D table (get_rows reads a matrix's rows)"
+    if len(idx.static_shape) > 3:
+        return "indices of more than 3 dims"
+    return None
+
+
+@ggml_op("Gather", check=_check_gather, indices=(1,))
+def gather(pn, g: Builder):
+    data, idx = pn.inputs[0], pn.inputs[1]
+    table = g.weight(data, "rows") if g.is_weight(data) else g.contiguous(g.t(data))
+    rows = data.static_shape[0]
+    if idx.kind == "constant":
+        values = np.asarray(idx.value).astype(np.int64).reshape(-1)
+        values = np.where(values < 0, values + rows, values)
+        if values.size and (values.min() < 0 or values.max() >= rows):
+            raise ValueError(f"index out of range [{-rows}, {rows})")
+        index = g.constant_i32(values.astype(np.int32))
+    else:
+        index = g.index(idx, rows, pn)
+    flat = g.ggml.ggml_reshape_1d(g.ctx, index, int(np.prod(idx.static_shape, dtype=np.int64)))
+    return g.ggml.ggml_get_rows(g.ctx, table, flat)

@@ -1,0 +1,264 @@
+"""Neural-network ops in ggml: MatMul and Gemm (``ggml_mul_mat``, weights stored transposed and
+possibly quantized), Softmax, LayerNormalization, BatchNormalization, 2-D Conv (im2col, or the
+depthwise kernel), the 2-D pools and the last-axis reductions.
+
+``ggml_mul_mat(a, b)`` multiplies along both operands' ``ne[0]``: for ``X @ W`` (X ``[.., M, K]``,
+W ``[K, N]``) ``a`` is W stored as ``[N, K]`` and ``b`` is X, and the result is ``[.., M, N]``.
+``a``'s batch dims must divide ``b``'s; the rules repeat the left operand when they do not."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from ...kernels.geometry import window
+from . import Builder, const_value, ggml_op, ne
+from .elementwise import operand
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _batch_fits(small, big) -> bool:
+    """Whether ggml broadcasts batch dims ``small`` over ``big`` (each divides)."""
+    return all(b % s == 0 for s, b in zip(small, big))
+
+
+def _check_matmul(pn) -> str | None:
+    a, b = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(a) < 1 or len(b) < 2:
+        return "a 1-D right operand"
+    return None
+
+
+def _check_matmul_add(pn) -> str | None:
+    problem = _check_matmul(pn)
+    if problem is None and prod(pn.inputs[2].static_shape) != pn.inputs[1].static_shape[-1]:
+        return "a bias that is not one value per output column"
+    return problem
+
+
+@ggml_op("MatMulAdd", domain="ai.mithril", check=_check_matmul_add)
+def matmul_add(pn, g: Builder):
+    y = matmul(pn, g)
+    n = pn.inputs[1].static_shape[-1]
+    return g.ggml.ggml_add(g.ctx, y, g.reshape(operand(pn, 2, g), (n,)))
+
+
+@ggml_op("MatMul", check=_check_matmul)
+def matmul(pn, g: Builder):
+    b = pn.inputs[1]
+    out = pn.outputs[0].static_shape
+    x = g.contiguous(operand(pn, 0, g))
+    if g.is_weight(b) and len(b.static_shape) == 2:
+        w, x = g.matmul_weight(b, "t", x)  # [K, N] stored as [N, K]
+    elif g.transposed_weight(b) is not None:
+        w, x = g.matmul_weight(g.transposed_weight(b), "rows", x)  # already [N, K]
+    else:
+        w = g.ggml.ggml_cont(g.ctx, g.ggml.ggml_transpose(g.ctx, operand(pn, 1, g)))
+    # Batch dims (ggml's ne[2], ne[3]): the weight's must divide the activation's.
+    wb, xb = list(w.contents.ne[2:4]), list(x.contents.ne[2:4])
+    if not _batch_fits(wb, xb):
+        x = g.ggml.ggml_repeat_4d(g.ctx, x, x.contents.ne[0], x.contents.ne[1], *[max(p, q) for p, q in zip(wb, xb)])
+    y = g.ggml.ggml_mul_mat(g.ctx, w, x)
+    return g.reshape(y, out)
+
+
+@ggml_op("Gemm")
+def gemm(pn, g: Builder):
+    a, b = pn.inputs[0], pn.inputs[1]
+    c = pn.inputs[2] if len(pn.inputs) > 2 else None
+    k = pn.kwargs
+    x = operand(pn, 0, g)
+    if k.get("transA"):
+        x = g.ggml.ggml_transpose(g.ctx, x)
+    x = g.contiguous(x)
+    if g.is_weight(b):
+        w, x = g.matmul_weight(b, "rows" if k.get("transB") else "t", x)
+    elif g.transposed_weight(b) is not None and not k.get("transB"):
+        w, x = g.matmul_weight(g.transposed_weight(b), "rows", x)
+    else:
+        w = operand(pn, 1, g)
+        w = g.contiguous(w if k.get("transB") else g.ggml.ggml_transpose(g.ctx, w))
+    y = g.ggml.ggml_mul_mat(g.ctx, w, x)
+    alpha, beta = float(k.get("alpha", 1.0)), float(k.get("beta", 1.0))
+    if alpha != 1.0:
+        y = g.ggml.ggml_scale(g.ctx, y, alpha)
+    if c is not None and beta != 0.0:
+        bias = operand(pn, 2, g)
+        if beta != 1.0:
+            bias = g.ggml.ggml_scale(g.ctx, g.contiguous(bias), beta)
+        y = g.ggml.ggml_add(g.ctx, y, g.contiguous(bias))
+    return y
+
+
+def _softmax_axis(pn) -> int:
+    rank = len(pn.inputs[0].static_shape)
+    default = -1 if pn.opset >= 13 else 1
+    return int(pn.kwargs.get("axis", default)) % max(rank, 1)
+
+
+def _check_softmax(pn) -> str | None:
+    rank = len(pn.inputs[0].static_shape)
+    if _softmax_axis(pn) != rank - 1:
+        return "an axis other than the last (ggml's soft_max reduces rows)"
+    return None
+
+
+@ggml_op("Softmax", check=_check_softmax)
+def softmax(pn, g: Builder):
+    return g.ggml.ggml_soft_max(g.ctx, g.contiguous(operand(pn, 0, g)))
+
+
+def _check_layernorm(pn) -> str | None:
+    rank = len(pn.inputs[0].static_shape)
+    if int(pn.kwargs.get("axis", -1)) % rank != rank - 1:
+        return "normalizing more than the last axis"
+    if len(pn.outputs) > 1:
+        return "the mean and inverse deviation outputs"
+    return None
+
+
+@ggml_op("LayerNormalization", check=_check_layernorm)
+def layer_norm(pn, g: Builder):
+    x = g.contiguous(operand(pn, 0, g))
+    y = g.ggml.ggml_norm(g.ctx, x, float(pn.kwargs.get("epsilon", 1e-5)))
+    y = g.ggml.ggml_mul(g.ctx, y, g.contiguous(operand(pn, 1, g)))
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        y = g.ggml.ggml_add(g.ctx, y, g.contiguous(operand(pn, 2, g)))
+    return y
+
+
+def _check_batchnorm(pn) -> str | None:
+    if pn.kwargs.get("training_mode") or len(pn.outputs) > 1:
+        return "training mode (batch statistics)"
+    if len(pn.inputs[0].static_shape) < 2:
+        return "an input without channels"
+    return None
+
+
+@ggml_op("BatchNormalization", check=_check_batchnorm)
+def batch_norm(pn, g: Builder):
+    x = g.contiguous(operand(pn, 0, g))
+    s = pn.inputs[0].static_shape
+    per_channel = (1, s[1]) + (1,) * (len(s) - 2)
+
+    def channel(i):
+        return g.reshape(operand(pn, i, g), per_channel)
+
+    gg = g.ggml
+    # scale / sqrt(var + eps), computed in the graph from the parameters (they may change per call).
+    inv = gg.ggml_sqrt(g.ctx, gg.ggml_scale_bias(g.ctx, channel(4), 1.0, float(pn.kwargs.get("epsilon", 1e-5))))
+    factor = gg.ggml_div(g.ctx, channel(1), inv)
+    shift = gg.ggml_sub(g.ctx, channel(2), gg.ggml_mul(g.ctx, channel(3), factor))
+    return gg.ggml_add(g.ctx, gg.ggml_mul(g.ctx, x, factor), shift)
+
+
+def _conv_window(pn):
+    k = pn.kwargs
+    x = pn.inputs[0].static_shape
+    kernel = [int(d) for d in (k.get("kernel_shape") or pn.inputs[1].static_shape[2:])]
+
+    def ints(name):
+        value = k.get(name)
+        return None if value is None else [int(v) for v in value]
+
+    return window(x[2:], kernel, ints("strides"), ints("dilations"), ints("pads"),
+                  _text(k.get("auto_pad")) or "NOTSET", int(k.get("ceil_mode") or 0))
+
+
+def _same_as_ggml(pn, win, size) -> str | None:
+    """ggml pads both sides of each axis by the same amount: the window must read the same."""
+    for n, k, s, d, b, o in zip(size, win.kernel, win.strides, win.dilations, win.begin, win.out):
+        if (n + 2 * b - d * (k - 1) - 1) // s + 1 != o:
+            return "padding ggml cannot express (it pads both sides equally)"
+    return None
+
+
+def _check_conv(pn) -> str | None:
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(x) != 4:
+        return f"{len(x) - 2}-D convolution (ggml here: 2-D)"
+    if not (len(pn.inputs) < 2 or pn.inputs[1].kind in ("param", "constant")):
+        return "a kernel computed at run time"
+    group = int(pn.kwargs.get("group") or 1)
+    if group != 1 and not (group == x[1] == w[0] and w[1] == 1):
+        return f"group={group} other than depthwise"
+    return _same_as_ggml(pn, _conv_window(pn), x[2:])
+
+
+@ggml_op("Conv", check=_check_conv)
+def conv(pn, g: Builder):
+    x = g.contiguous(operand(pn, 0, g))
+    w = g.weight(pn.inputs[1], "conv")
+    win = _conv_window(pn)
+    (sh, sw), (ph, pw), (dh, dw) = win.strides, win.begin, win.dilations
+    group = int(pn.kwargs.get("group") or 1)
+    if group == 1:
+        y = g.ggml.ggml_conv_2d(g.ctx, w, x, sw, sh, pw, ph, dw, dh)
+    else:
+        y = g.ggml.ggml_conv_2d_dw_direct(g.ctx, w, x, sw, sh, pw, ph, dw, dh)
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        m = pn.inputs[1].static_shape[0]
+        y = g.ggml.ggml_add(g.ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, m, 1, 1)))
+    return y
+
+
+def _check_pool(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    if len(x) != 4:
+        return f"{len(x) - 2}-D pooling (ggml here: 2-D)"
+    if len(pn.outputs) > 1:
+        return "the Indices output"
+    win = _conv_window(pn)
+    if any(d != 1 for d in win.dilations):
+        return "dilations"
+    if pn.op_type == "AveragePool" and any(win.begin) and not pn.kwargs.get("count_include_pad"):
+        return "padding excluded from the average (ggml counts it)"
+    return _same_as_ggml(pn, win, x[2:])
+
+
+@ggml_op("MaxPool", "AveragePool", check=_check_pool)
+def pool(pn, g: Builder):
+    x = g.contiguous(operand(pn, 0, g))
+    win = _conv_window(pn)
+    (kh, kw), (sh, sw), (ph, pw) = win.kernel, win.strides, win.begin
+    op = g.ggml.GGML_OP_POOL_MAX if pn.op_type == "MaxPool" else g.ggml.GGML_OP_POOL_AVG
+    return g.ggml.ggml_pool_2d(g.ctx, x, op, kw, kh, sw, sh, float(pw), float(ph))
+
+
+@ggml_op("GlobalAveragePool")
+def global_average_pool(pn, g: Builder):
+    s = pn.inputs[0].static_shape
+    rows = g.reshape(operand(pn, 0, g), (prod(s[:2]), prod(s[2:])))
+    return g.ggml.ggml_mean(g.ctx, rows)
+
+
+def _reduce_axes(pn):
+    rank = len(pn.inputs[0].static_shape)
+    axes = const_value(pn, 1) if pn.opset >= (18 if pn.op_type != "ReduceSum" else 13) else pn.kwargs.get("axes")
+    if axes is None or np.size(axes) == 0:
+        return None if not pn.kwargs.get("noop_with_empty_axes") else []
+    return sorted(int(a) % rank for a in np.asarray(axes).reshape(-1))
+
+
+def _check_reduce(pn) -> str | None:
+    rank = len(pn.inputs[0].static_shape)
+    axes = _reduce_axes(pn)
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        return "axes other than the trailing ones (ggml reduces rows)"
+    return None
+
+
+@ggml_op("ReduceMean", "ReduceSum", check=_check_reduce, folded=(1,))
+def reduce_trailing(pn, g: Builder):
+    s = pn.inputs[0].static_shape
+    k = len(_reduce_axes(pn))
+    rows = g.reshape(operand(pn, 0, g), (prod(s[:len(s) - k]), prod(s[len(s) - k:])))
+    fn = g.ggml.ggml_mean if pn.op_type == "ReduceMean" else g.ggml.ggml_sum_rows
+    return fn(g.ctx, rows)
+
+
+__all__ = ["ne"]

@@ -1,0 +1,446 @@
+"""A compiled GGML program: the plan partitioned into ggml segments (one ggml compute graph
+each, built once) and the nodes NumPy runs between them.
+
+Every segment lives in one ggml context created with ``no_alloc``: the context holds only
+tensor headers. Weights point at NumPy buffers the program keeps (float32 parameters without a
+copy; transposed, half-precision or quantized ones converted once per parameter array), segment
+inputs at the caller's arrays (swapped per call, views re-pointed), and the intermediates at one
+buffer per segment placed by ``ggml_gallocr`` from the graph's lifetimes. ``evaluate`` sets the
+input pointers and runs ``ggml_backend_graph_compute`` on the CPU backend; outputs are copied out
+of ggml's buffer (it is reused by the next call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
+from ..plan import Plan, PlanNode, PlanValue
+from .ops import F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
+from .ops import elementwise, movement, nn  # noqa: F401 - the families register their rules
+
+
+class GGMLFallbackWarning(BackendOptionWarning):
+    """Nodes without a ggml rule run on NumPy between the ggml graphs (``fallback="numpy"``)."""
+
+
+class GGMLKernelMissingError(CompileError):
+    """``GGMLBackend(fallback=None)`` and nodes without a ggml rule: all of them listed, with why."""
+
+
+class GGMLMemoryError(CompileError):
+    """The model needs more memory than ``GGMLBackend(mem_size=...)`` allows; says how much."""
+
+
+def _ggml():
+    import ggml
+
+    return ggml
+
+
+def why_not_ggml(pn: PlanNode) -> str | None:
+    """Why ``pn`` cannot run in ggml; None when it can."""
+    rule = OPS.get((pn.domain, pn.op_type))
+    if rule is None or pn.subgraphs:
+        return "no ggml rule"
+    for i in rule.folded:
+        if i < len(pn.inputs) and pn.inputs[i] is not None and pn.inputs[i].kind != "constant":
+            return f"input {i} ({pn.inputs[i].name!r}) given at run time"
+    for i, v in enumerate(pn.inputs):
+        if v is None or i in rule.folded:
+            continue
+        problem = _why_not_value(v, INDEX_DTYPES if i in rule.indices else (F32,))
+        if problem:
+            return problem
+    for v in pn.outputs:
+        problem = _why_not_value(v, (F32,))
+        if problem:
+            return problem
+    try:
+        return rule.check(pn) if rule.check is not None else None
+    except Exception as exc:  # a rule that cannot read this node's attributes: NumPy runs it
+        return f"its ggml rule failed on it ({type(exc).__name__}: {exc})"
+
+
+def _why_not_value(v: PlanValue, dtypes) -> str | None:
+    if v.dtype not in dtypes:
+        return f"dtype {v.dtype} of {v.name!r} (ggml here computes {', '.join(map(str, dtypes))})"
+    if v.static_shape is None:
+        return f"shape of {v.name!r} not fixed"
+    if len(v.static_shape) > MAX_DIMS:
+        return f"{v.name!r} has {len(v.static_shape)} dims (ggml has at most {MAX_DIMS})"
+    if prod(v.static_shape) == 0:
+        return f"{v.name!r} is empty"
+    if v.kind == "constant" and tuple(np.shape(v.value)) != v.static_shape:
+        return f"constant {v.name!r} holds shape {np.shape(v.value)}, typed {v.static_shape}"
+    return None
+
+
+@dataclass
+class Segment:
+    """A run of nodes built as one ggml graph: ``inputs`` are read from Python (activations
+    swapped in per call), ``outputs`` copied back; ``weights`` are read from parameters."""
+
+    index: int
+    nodes: list[PlanNode]
+    inputs: list[PlanValue] = field(default_factory=list)
+    outputs: list[PlanValue] = field(default_factory=list)
+    weights: list[PlanValue] = field(default_factory=list)
+    graph: Any = None
+    allocator: Any = None
+    leaves: dict = field(default_factory=dict)  # PlanValue -> (tensor, staging array)
+    results: dict = field(default_factory=dict)  # PlanValue -> tensor
+    views: list = field(default_factory=list)  # (view tensor, its source tensor, byte offset)
+    bounds: dict = field(default_factory=dict)  # index input -> (rows of the table it reads, the node)
+    buffer_bytes: int = 0
+    work_bytes: int = 0
+
+
+def partition(nodes: list[PlanNode], supported) -> list:
+    """The steps: runs of nodes ``supported(pn)`` accepts become Segments, the others stay
+    PlanNodes (run on NumPy)."""
+    steps: list = []
+    count = 0
+    for pn in nodes:
+        if supported(pn):
+            if not steps or not isinstance(steps[-1], Segment):
+                steps.append(Segment(count, []))
+                count += 1
+            steps[-1].nodes.append(pn)
+        else:
+            steps.append(pn)
+    return steps
+
+
+@dataclass
+class _Weight:
+    """A parameter or constant in ggml's layout: the source array (weakly), the buffer ggml reads,
+    and every tensor (one per segment and layout user) that points at it."""
+
+    value: PlanValue
+    layout: str
+    type_name: str
+    tensors: list = field(default_factory=list)
+    source: Any = None  # weakref to the array the buffer was made from
+    buffer: np.ndarray | None = None
+    shape: tuple = ()  # the logical (NumPy-order) shape of the tensor ggml sees
+
+
+class GGMLProgram:
+    """A lowered GGML program: ``forward(params, data)`` runs the steps."""
+
+    def __init__(self, plan: Plan, *, weight_type: str = "f32", quantize: str | None = None,
+                 num_threads: int | None = None, mem_size: int | None = None):
+        from ..interpret import Interpreter
+        from .quantize import WeightFormat
+
+        ggml = _ggml()
+        self.plan = plan
+        self.num_threads = num_threads
+        self.format = WeightFormat(weight_type, quantize)
+        self.steps = partition(plan.nodes, lambda pn: why_not_ggml(pn) is None)
+        self.fallback = [s for s in self.steps if not isinstance(s, Segment)]
+        self.segments = [s for s in self.steps if isinstance(s, Segment)]
+        self._interpreter = Interpreter(plan)
+        self._weights: dict[tuple[PlanValue, str], _Weight] = {}
+        self._constants: list[np.ndarray] = []
+        self._find_io()
+        n_tensors = sum(len(s.nodes) * 8 + len(s.inputs) + len(s.weights) for s in self.segments) + 64
+        graph_size = max([len(s.nodes) * 8 for s in self.segments] + [ggml.GGML_DEFAULT_GRAPH_SIZE])
+        mem = n_tensors * ggml.ggml_tensor_overhead() + len(self.segments) * ggml.ggml_graph_overhead_custom(
+            graph_size, False) + 1024 * 1024
+        self._ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+        if not self._ctx:
+            raise MithrilError(f"GGMLBackend: ggml_init could not allocate a {mem:,}-byte context")
+        self._cpu = ggml.ggml_backend_cpu_init()
+        if not self._cpu:
+            raise MithrilError("GGMLBackend: ggml's CPU backend did not start")
+        ggml.ggml_backend_cpu_set_n_threads(self._cpu, num_threads or _default_threads())
+        self._buffer_type = ggml.ggml_backend_get_default_buffer_type(self._cpu)
+        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, [])
+        for seg in self.segments:
+            self._build(seg, graph_size)
+        self._drop_unread_weights()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, [s.allocator for s in self.segments])
+        if mem_size is not None and self.total_bytes() > mem_size:
+            raise GGMLMemoryError(
+                f"GGMLBackend(mem_size={mem_size:,}): the model needs {self.total_bytes():,} bytes "
+                f"({self._report_line()}); raise mem_size or quantize the weights")
+
+    # ---- building -------------------------------------------------------------------------
+    def _find_io(self) -> None:
+        """Each segment's inputs (values read before it writes them), weights and outputs
+        (values a later step or the caller reads)."""
+        readers: dict[PlanValue, list[int]] = {}
+        for i, step in enumerate(self.steps):
+            for pn in step.nodes if isinstance(step, Segment) else [step]:
+                for v in pn.inputs:
+                    if v is not None:
+                        readers.setdefault(v, []).append(i)
+                for sub in pn.subgraphs.values():
+                    for p in sub if isinstance(sub, tuple) else (sub,):
+                        for v in p.outer:
+                            readers.setdefault(v, []).append(i)
+        outputs = set(self.plan.outputs)
+        for si, seg in enumerate(self.steps):
+            if not isinstance(seg, Segment):
+                continue
+            produced: set[PlanValue] = set()
+            for pn in seg.nodes:
+                rule = OPS[(pn.domain, pn.op_type)]
+                for i, v in enumerate(pn.inputs):
+                    if v is None or i in rule.folded or v in produced:
+                        continue
+                    target = seg.weights if v.kind in ("param", "constant") and i not in rule.indices else seg.inputs
+                    if v not in target:
+                        target.append(v)
+                produced.update(pn.outputs)
+            seg.outputs = [v for pn in seg.nodes for v in pn.outputs
+                           if v in outputs or any(i > si for i in readers.get(v, []))]
+
+    def _build(self, seg: Segment, graph_size: int) -> None:
+        ggml = _ggml()
+        tensors: dict[PlanValue, Any] = {}
+        for v in seg.inputs:
+            dtype = np.dtype(np.int32) if v.dtype in INDEX_DTYPES else F32
+            t = self._new_tensor(v.static_shape, ggml.GGML_TYPE_I32 if dtype == np.int32 else ggml.GGML_TYPE_F32)
+            stage = np.zeros(v.static_shape, dtype)
+            t.contents.data = stage.ctypes.data
+            ggml.ggml_set_input(t)
+            seg.leaves[v] = (t, stage)
+            tensors[v] = t
+
+        def weight(v, layout="plain", matmul=False):
+            return self._weight_tensor(v, layout, matmul)
+
+        g = Builder(ggml, self._ctx, tensors, weight, self._constant_tensor, seg.bounds)
+        g.producers = {v: pn for pn in seg.nodes for v in pn.outputs}
+        for pn in seg.nodes:
+            rule = OPS[(pn.domain, pn.op_type)]
+            try:
+                out = rule.build(pn, g)
+            except MithrilError:
+                raise
+            except Exception as exc:  # a rule's own mistake: name the node, never crash later in ggml
+                ins = [v for v in pn.inputs if v is not None]
+                raise NodeError(f"GGMLBackend could not build this node: {type(exc).__name__}: {exc}",
+                                node=pn.label, op_type=pn.op_type, opset=pn.opset,
+                                shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins]) from exc
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            for v, t in zip(pn.outputs, outs):
+                want = ne(v.static_shape)
+                got = list(t.contents.ne[:MAX_DIMS])
+                if got != want:  # the rule's result has the right elements in another shape
+                    if prod(got) != prod(want):
+                        raise NodeError(f"GGMLBackend built {got[::-1]} for an output of shape {list(v.static_shape)}",
+                                        node=pn.label, op_type=pn.op_type, opset=pn.opset)
+                    t = g.reshape(t, v.static_shape)
+                tensors[v] = t
+        gf = ggml.ggml_new_graph_custom(self._ctx, graph_size, False)
+        for v in seg.outputs:
+            t = tensors[v]
+            if t.contents.view_src or v in seg.inputs or v.kind in ("param", "constant"):
+                t = ggml.ggml_cont(self._ctx, t)  # its own buffer, not a view into one gallocr reuses
+            ggml.ggml_set_output(t)
+            ggml.ggml_build_forward_expand(gf, t)
+            seg.results[v] = t
+        seg.graph = gf
+        seg.allocator = ggml.ggml_gallocr_new(self._buffer_type)
+        if not ggml.ggml_gallocr_alloc_graph(seg.allocator, gf):
+            raise MithrilError(f"GGMLBackend: ggml could not allocate segment {seg.index}'s intermediates")
+        seg.buffer_bytes = ggml.ggml_gallocr_get_buffer_size(seg.allocator, 0)
+        cplan = ggml.ggml_graph_plan(gf, self.num_threads or _default_threads(), None)
+        seg.work_bytes = int(cplan.work_size)
+        # Views of tensors whose pointer changes (inputs per call, parameters when reloaded) are
+        # re-pointed before each compute: ggml copies the source's pointer when it makes a view.
+        external = {ctypes.addressof(t.contents): t for t, _ in seg.leaves.values()}
+        for w in self._weights.values():
+            external.update((ctypes.addressof(t.contents), t) for t in w.tensors)
+        for i in range(ggml.ggml_graph_n_nodes(gf)):
+            t = ggml.ggml_graph_node(gf, i)
+            src = t.contents.view_src
+            if src and ctypes.addressof(src.contents) in external:
+                seg.views.append((t, external[ctypes.addressof(src.contents)], int(t.contents.view_offs)))
+
+    def _drop_unread_weights(self) -> None:
+        """Forgets weights no graph reads (a Transpose whose matmul reads the weight directly)."""
+        ggml = _ggml()
+        read: set[int] = set()
+        for seg in self.segments:
+            for i in range(ggml.ggml_graph_n_nodes(seg.graph)):
+                node = ggml.ggml_graph_node(seg.graph, i).contents
+                for src in list(node.src) + [node.view_src]:
+                    if src:
+                        read.add(ctypes.addressof(src.contents))
+        for key, w in list(self._weights.items()):
+            if not any(ctypes.addressof(t.contents) in read for t in w.tensors):
+                del self._weights[key]
+
+    def _new_tensor(self, shape, type_):
+        ggml = _ggml()
+        return ggml.ggml_new_tensor_4d(self._ctx, type_, *ne(shape))
+
+    def _constant_tensor(self, array: np.ndarray):
+        ggml = _ggml()
+        type_ = ggml.GGML_TYPE_I32 if array.dtype == np.int32 else ggml.GGML_TYPE_F32
+        t = self._new_tensor(array.shape if array.ndim else (1,), type_)
+        self._constants.append(array)
+        t.contents.data = array.ctypes.data
+        return t
+
+    def _weight_tensor(self, v: PlanValue, layout: str, matmul: bool = False):
+        key = (v, layout, matmul)
+        w = self._weights.get(key)
+        if w is None:
+            w = self._weights[key] = _Weight(v, layout, self.format.type_for(v, layout, v.static_shape, matmul))
+            # A constant is converted now; a parameter when evaluate first passes its array.
+            self._load(w, v.value if v.kind == "constant" else None)
+        ggml = _ggml()
+        t = ggml.ggml_new_tensor_4d(self._ctx, self.format.ggml_type(w.type_name), *ne(w.shape))
+        t.contents.data = w.buffer.ctypes.data
+        w.tensors.append(t)
+        return t
+
+    def _load(self, w: _Weight, array) -> None:
+        """(Re)makes ``w``'s buffer from ``array`` and points its tensors at it."""
+        w.buffer, w.shape = self.format.convert(array, w.layout, w.type_name, w.value.static_shape)
+        w.source = None
+        if array is not None:
+            try:
+                w.source = weakref.ref(array)
+            except TypeError:
+                w.source = lambda: None
+        for t in w.tensors:
+            t.contents.data = w.buffer.ctypes.data
+
+    # ---- running --------------------------------------------------------------------------
+    def total_bytes(self) -> int:
+        return self.weight_bytes() + sum(s.buffer_bytes + s.work_bytes for s in self.segments)
+
+    def weight_bytes(self) -> int:
+        return sum(w.buffer.nbytes for w in self._weights.values())
+
+    def weights_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in self._weights.values():
+            out[w.type_name] = out.get(w.type_name, 0) + w.buffer.nbytes
+        return out
+
+    def _report_line(self) -> str:
+        types = ", ".join(f"{k} {v:,}" for k, v in sorted(self.weights_by_type().items()))
+        return (f"weights {self.weight_bytes():,} [{types}], intermediates "
+                f"{sum(s.buffer_bytes for s in self.segments):,}, work {sum(s.work_bytes for s in self.segments):,}")
+
+    def memory_report(self) -> dict:
+        return {"arena_bytes": sum(s.buffer_bytes for s in self.segments),
+                "work_bytes": sum(s.work_bytes for s in self.segments),
+                "weight_bytes": self.weight_bytes(), "weights_by_dtype": self.weights_by_type(),
+                "total_bytes": self.total_bytes()}
+
+    @property
+    def forward(self):
+        return self.run
+
+    def run(self, params: dict, data: dict) -> dict:
+        env: dict = {}
+        for v in self.plan.inputs:
+            env[v] = params[v.name] if v.kind == "param" else data[v.name]
+        for v in self.plan.params:
+            env.setdefault(v, params[v.name])
+        self._refresh_weights(params)
+        for step in self.steps:
+            if isinstance(step, Segment):
+                self._run_segment(step, env)
+            else:
+                args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in step.inputs]
+                for o, r in zip(step.outputs, self._interpreter.run_node(step, args, env)):
+                    env[o] = r
+        return {v.name: v.value if v.kind == "constant" else env[v] for v in self.plan.outputs}
+
+    def _refresh_weights(self, params: dict) -> None:
+        """Re-reads a parameter whose array is not the one its buffer was made from."""
+        for w in self._weights.values():
+            if w.value.kind != "param":
+                continue
+            array = params.get(w.value.name)
+            if array is None:
+                if w.source is None:
+                    raise MithrilError(f"GGMLBackend: parameter {w.value.name!r} was not given")
+                continue
+            if w.source is not None and w.source() is array:
+                continue
+            self._check(w.value, array)
+            self._load(w, array)
+
+    def _check(self, v: PlanValue, arr) -> np.ndarray:
+        shape = v.static_shape
+        if isinstance(arr, np.generic):
+            arr = np.asarray(arr)
+        if not isinstance(arr, np.ndarray) or tuple(arr.shape) != tuple(shape) or arr.dtype != v.dtype:
+            got = f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}"
+            raise MithrilError(f"GGMLBackend: {v.name!r} must be a {v.dtype} array of shape {tuple(shape)} "
+                               f"(the shape it was compiled for), got {got}")
+        return arr
+
+    def _run_segment(self, seg: Segment, env: dict) -> None:
+        ggml = _ggml()
+        keep = []
+        for v, (t, stage) in seg.leaves.items():
+            arr = v.value if v.kind == "constant" else env[v]
+            if isinstance(arr, np.ndarray) and arr.shape != v.static_shape and arr.size == stage.size == 1:
+                arr = arr.reshape(v.static_shape)  # a scalar given as [1] (or the reverse): same bytes
+            arr = self._check(v, arr)
+            if v in seg.bounds:  # row indices: negatives wrapped, the range checked, int32 for ggml
+                rows, pn = seg.bounds[v]
+                wrapped = np.where(arr < 0, arr + rows, arr)
+                if wrapped.size and (wrapped.min() < 0 or wrapped.max() >= rows):
+                    bad = arr.reshape(-1)[np.argmax((wrapped < 0) | (wrapped >= rows))]
+                    raise NodeError(f"GGMLBackend: index {int(bad)} of {v.name!r} is out of range for {rows} rows",
+                                    node=pn.label, op_type=pn.op_type, opset=pn.opset,
+                                    shapes=[x.static_shape for x in pn.inputs if x is not None],
+                                    dtypes=[str(x.dtype) for x in pn.inputs if x is not None])
+                np.copyto(stage, wrapped, casting="unsafe")
+                ptr = stage.ctypes.data
+            elif arr.flags.c_contiguous:
+                ptr = arr.ctypes.data  # the caller's buffer, read in place
+                keep.append(arr)
+            else:
+                np.copyto(stage, arr)
+                ptr = stage.ctypes.data
+            t.contents.data = ptr
+        for view, src, offset in seg.views:
+            view.contents.data = src.contents.data + offset
+        status = ggml.ggml_backend_graph_compute(self._cpu, seg.graph)
+        if status != 0:
+            raise MithrilError(f"GGMLBackend: ggml_backend_graph_compute returned status {status} "
+                               f"in segment {seg.index}")
+        for v, t in seg.results.items():
+            n = prod(v.static_shape)
+            raw = (ctypes.c_float * n).from_address(t.contents.data)
+            env[v] = np.frombuffer(raw, dtype=np.float32, count=n).reshape(v.static_shape).copy()
+        del keep
+
+
+def _default_threads() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _free(ctx, cpu, allocators) -> None:
+    ggml = _ggml()
+    for a in allocators:
+        ggml.ggml_gallocr_free(a)
+    ggml.ggml_backend_free(cpu)
+    ggml.ggml_free(ctx)
+
+
+__all__ = ["GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram", "Segment",
+           "partition", "why_not_ggml"]
