@@ -23,6 +23,7 @@ from . import errors  # noqa: F401
 from .onnx_bridge.load import OnnxModel, load_onnx  # noqa: F401
 from .backends.numpy.backend import NumpyBackend  # noqa: F401
 from .backends.c.backend import CBackend  # noqa: F401  (builds with the system C compiler when compiling)
+from .backends.ggml.backend import GGMLBackend  # noqa: F401  (imports ggml-python only when compiling)
 from .backends.mlx.backend import MLXBackend, MlxBackend  # noqa: F401  (imports mlx only when created)
 from .backends.jax.backend import JaxBackend  # noqa: F401  (imports jax only when created)
 from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch only when created)

@@ -38,6 +38,8 @@ class MemoryReport:
     peak_bytes: int | None = None
     arena_bytes: int | None = None
     note: str = ""
+    work_bytes: int | None = None  # GGML: the compute graphs' work buffers
+    total_bytes: int | None = None  # GGML: weights + intermediates + work, what mem_size bounds
 
     def __str__(self) -> str:
         def mib(n):
@@ -49,7 +51,12 @@ class MemoryReport:
                  f"  intermediates, naive sum:  {mib(self.naive_bytes)}",
                  f"  intermediates, peak alive: {mib(self.peak_bytes)}"]
         if self.arena_bytes is not None:
-            lines.append(f"  arena (C):          {mib(self.arena_bytes)}")
+            where = "ggml graphs" if self.backend == "ggml" else "C"
+            lines.append(f"  arena ({where}):          {mib(self.arena_bytes)}")
+        if self.work_bytes is not None:
+            lines.append(f"  work (ggml):        {mib(self.work_bytes)}")
+        if self.total_bytes is not None:
+            lines.append(f"  total:              {mib(self.total_bytes)}")
         if self.note:
             lines.append(f"  ({self.note})")
         return "\n".join(lines)
@@ -87,12 +94,17 @@ def plan_memory(plan, backend: str, program=None) -> MemoryReport:
         for v in pn.frees:
             live.pop(v, None)
     arena = None
+    told: dict = {}
     report = getattr(program, "memory_report", None)
     if callable(report):
-        arena = report().get("arena_bytes")
-    note = "NumPy nodes between C segments allocate their own outputs" if arena is not None and getattr(
-        program, "fallback", None) else ""
-    return MemoryReport(backend, sum(by_dtype.values()), by_dtype, naive, peak, arena, note)
+        told = report()
+        arena = told.get("arena_bytes")
+    # GGML stores weights in its own types (float16, q8_0, ...): the program tells their bytes.
+    by_dtype = told.get("weights_by_dtype", by_dtype)
+    note = (f"NumPy nodes between {'ggml graphs' if backend == 'ggml' else 'C segments'} allocate their own outputs"
+            if arena is not None and getattr(program, "fallback", None) else "")
+    return MemoryReport(backend, told.get("weight_bytes", sum(by_dtype.values())), by_dtype, naive, peak, arena, note,
+                        told.get("work_bytes"), told.get("total_bytes"))
 
 
 __all__ = ["MemoryReport", "plan_memory"]

@@ -17,6 +17,9 @@ stamp="$VENV/.mithril-deps-$(cat pyproject.toml constraints.txt | sha256sum | cu
 if [ ! -f "$stamp" ]; then
   echo "installing dependencies into $VENV (CPU torch pinned by constraints.txt)" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  # ggml-python is a source build (about 2 minutes): first, with llamafile's matmuls (1.5-2.5x faster).
+  "$VENV/bin/python" -m pip install --quiet -c constraints.txt ggml-python \
+    --config-settings=cmake.args=-DGGML_LLAMAFILE=ON
   "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[all]"
   rm -f "$VENV"/.mithril-deps-*
   touch "$stamp"

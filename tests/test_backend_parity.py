@@ -42,7 +42,7 @@ def make_backend(name: str):
 
 def native_types(name: str) -> tuple[type, ...]:
     """What users hold from backend ``name``: its framework's own array type."""
-    if name in ("numpy", "c"):  # the C backend computes on NumPy buffers
+    if BACKENDS[name].array_modules[0] == "numpy":  # C and GGML compute on NumPy buffers
         return (np.ndarray,)
     if name == "jax":
         import jax

@@ -35,9 +35,9 @@ def _backend(name: str):
 def backend(request):
     if request.param not in INSTALLED:
         pytest.skip(f"{BACKENDS[request.param].array_modules[0]} is not installed")
-    if request.param == "c":
-        pytest.skip("these models leave the batch dim symbolic: CBackend needs fixed shapes (issue 18); "
-                    "tests/test_c_backend.py and tests/test_c_training.py check its boundary")
+    if BACKENDS[request.param].load().needs_static_shapes:
+        pytest.skip("these models leave the batch dim symbolic: C and GGML need fixed shapes; "
+                    "tests/test_c_backend.py, tests/test_c_training.py and tests/test_ggml_backend.py check theirs")
     return _backend(request.param)
 
 
@@ -165,8 +165,8 @@ def test_foreign_arrays_are_refused_naming_what_the_backend_takes(backend_name, 
     for name in (backend_name, framework):
         if name not in INSTALLED:
             pytest.skip(f"{BACKENDS[name].array_modules[0]} is not installed")
-    if backend_name == "c":
-        pytest.skip("the model leaves the batch dim symbolic: CBackend needs fixed shapes (issue 18)")
+    if BACKENDS[backend_name].load().needs_static_shapes:
+        pytest.skip("the model leaves the batch dim symbolic: C and GGML need fixed shapes")
     backend = _backend(backend_name)
     cls = type(backend).__name__
     foreign = _foreign(framework)

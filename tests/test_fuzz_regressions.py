@@ -81,8 +81,8 @@ def test_fuzzer_found_kernel_bug_stays_fixed(case, backend):
         with pytest.raises(ml.errors.UnsupportedDTypeError, match="float64"):
             ml.compile(proto, b)
         pytest.skip("MLX has no float64 on its default CPU path: refused at compile (checked)")
-    # C compiles fixed shapes only: it is given the feeds' (a file that leaves a rank unknown included).
-    shapes = {k: list(v.shape) for k, v in feeds.items()} if backend == "c" else None
+    # C and GGML compile fixed shapes only: they are given the feeds' (a file that leaves a rank unknown included).
+    shapes = {k: list(v.shape) for k, v in feeds.items()} if b.needs_static_shapes else None
     pm = ml.compile(proto, b, shapes=shapes)
     got = b.to_numpy(pm.evaluate(None, {k: b.from_numpy(v) for k, v in feeds.items()})["y"])
     assert got.shape == expected.shape and got.dtype == expected.dtype

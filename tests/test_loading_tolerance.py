@@ -50,8 +50,8 @@ def run_ort(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
 def run_mithril(proto, feeds, backend_name, shapes=None) -> list[np.ndarray]:
     backend = make_backend(backend_name)
-    if backend_name == "c" and shapes is None:
-        # C compiles fixed shapes only: a pattern that leaves dims open gets the feeds' (the refusal
+    if backend.needs_static_shapes and shapes is None:
+        # C and GGML compile fixed shapes only: a pattern that leaves dims open gets the feeds' (the refusal
         # of an open dim, naming the input, is tested in tests/test_c_backend.py).
         shapes = {k: list(v.shape) for k, v in feeds.items()}
     pm = ml.compile(ml.load_onnx(proto), backend, shapes=shapes)

@@ -1,4 +1,4 @@
-"""Backends, one folder each (``numpy/``, ``jax/``, ``torch/``, ``mlx/``, ``c/``), listed in
+"""Backends, one folder each (``numpy/``, ``jax/``, ``torch/``, ``mlx/``, ``c/``, ``ggml/``), listed in
 :mod:`mithril.backends.table`; :class:`Backend` is their contract and the base of a custom one.
 
 Importing this package imports no framework: a backend imports its own when created.
@@ -10,6 +10,7 @@ Importing this package imports no framework: a backend imports its own when crea
 
 from .backend import Backend
 from .c.backend import CBackend
+from .ggml.backend import GGMLBackend
 from .jax.backend import JaxBackend
 from .mlx.backend import MLXBackend, MlxBackend
 from .numpy.backend import NumpyBackend

@@ -127,6 +127,8 @@ class Backend(metaclass=TensorAPI):
     - Jit: :meth:`jit` makes one program of the whole generated forward. A jitted program
       raises when it cannot be traced; ``evaluate`` then runs the eager forward once, and if that
       works stays eager with one ``JitFallbackWarning`` (:mod:`mithril.backends.runner`).
+    - Shapes: ``needs_static_shapes`` backends (C, GGML) compile every shape fixed; the others
+      keep symbolic dims open until the first call.
     - Gradients: ``supports_gradients``; :meth:`lower_backward` builds a gradient program at
       compile (a backend without autodiff), :meth:`vjp` computes outputs and gradients from a
       :class:`~mithril.backends.runner.Program` (forward, jitted, backward).
@@ -150,6 +152,7 @@ class Backend(metaclass=TensorAPI):
     name = "base"
     xp: Any = np
     supports_gradients = False
+    needs_static_shapes = False  # C and GGML: every input shape fixed at compile
     # What ml.compile(jit=None) does on this backend: True where jitting the whole program pays.
     jit_by_default = True
 

@@ -144,6 +144,25 @@ class Plan:
                     yield from p.all_nodes()
 
 
+def squeeze_output_problem(pn: PlanNode) -> str | None:
+    """For a Squeeze, whether the output shape it gives (empty ``axes`` squeeze every 1, as
+    onnxruntime and the NumPy kernel do) is the one the plan allocates: ONNX shape inference keeps
+    every dim there. Emit-based backends (C, GGML), which trust the plan's shapes, refuse it."""
+    if pn.op_type != "Squeeze" or pn.inputs[0].static_shape is None or pn.outputs[0].static_shape is None:
+        return None
+    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    axes = pn.kwargs.get("axes")
+    if axes is None and len(pn.inputs) > 1 and pn.inputs[1] is not None:
+        if pn.inputs[1].kind != "constant":
+            return None
+        axes = [int(a) for a in np.asarray(pn.inputs[1].value).reshape(-1)]
+    drop = {int(a) % len(x) for a in axes} if axes else {i for i, d in enumerate(x) if d == 1}
+    want = tuple(d for i, d in enumerate(x) if i not in drop)
+    if want != tuple(y):
+        return f"squeezes {list(x)} to {list(want)}, but the inferred output shape is {list(y)}"
+    return None
+
+
 def first_output(out):
     """The one output asked of an op that may return several."""
     return out[0] if isinstance(out, tuple) else out
@@ -389,4 +408,4 @@ def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> P
 
 
 __all__ = ["Plan", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
-           "outer_reads", "plan_of_node", "value_dtype"]
+           "outer_reads", "plan_of_node", "squeeze_output_problem", "value_dtype"]

@@ -35,6 +35,7 @@ class BackendEntry:
     class_name: str
     array_modules: tuple[str, ...]
     array_type: str
+    framework: str | None = None  # the package the backend needs, when not its arrays' (ggml)
 
     @property
     def package(self) -> str:
@@ -48,7 +49,7 @@ class BackendEntry:
 
     def installed(self) -> bool:
         """Whether the framework's package is importable (found, not imported)."""
-        return importlib.util.find_spec(self.array_modules[0]) is not None
+        return importlib.util.find_spec(self.framework or self.array_modules[0]) is not None
 
     def load(self) -> type:
         """The backend class."""
@@ -67,6 +68,8 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("mlx", "MlxBackend", ("mlx",), "mlx.core.array"),
     # Generated C over NumPy buffers: its arrays are NumPy's (it needs a C compiler when compiling).
     BackendEntry("c", "CBackend", ("numpy",), "numpy.ndarray"),
+    # ggml graphs through ggml-python over NumPy buffers: its arrays are NumPy's too.
+    BackendEntry("ggml", "GGMLBackend", ("numpy",), "numpy.ndarray", framework="ggml"),
 )}
 
 _BY_MODULE: dict[str, BackendEntry] = {}

@@ -25,6 +25,7 @@ class CBackend(NumpyBackend):
     name = "c"
     supports_gradients = True  # the gradient program rendered as C (grad.py)
     jit_by_default = False
+    needs_static_shapes = True
 
     def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *,
                  fallback: str | None = "numpy", device_mesh=None, **unknown):

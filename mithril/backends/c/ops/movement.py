@@ -18,6 +18,7 @@ from math import prod
 
 import numpy as np
 
+from ...plan import squeeze_output_problem
 from . import c_kernel, ints, same_types, strides, text
 
 # Index tensors' element types and the code mt_index_at reads them with (lib/mt_movement.h).
@@ -150,25 +151,7 @@ def _check_view(pn):
         return f"input {v.name!r} is {v.dtype}"
     if prod(pn.inputs[0].static_shape) != prod(pn.outputs[0].static_shape):
         return "input and output sizes differ"
-    return _check_squeeze(pn) or _check_shape_arg(pn) or _check_same_data(pn)
-
-
-def _check_squeeze(pn):
-    """The output shape a Squeeze gives (empty ``axes`` squeeze every 1, as onnxruntime and the
-    NumPy kernel do) must be the one the plan allocates: ONNX shape inference keeps every dim."""
-    if pn.op_type != "Squeeze":
-        return None
-    x, y = pn.inputs[0].static_shape, pn.outputs[0].static_shape
-    axes = pn.kwargs.get("axes")
-    if axes is None and len(pn.inputs) > 1 and pn.inputs[1] is not None:
-        if pn.inputs[1].kind != "constant":
-            return None
-        axes = ints(pn.inputs[1].value)
-    drop = {a % len(x) for a in axes} if axes else {i for i, d in enumerate(x) if d == 1}
-    want = tuple(d for i, d in enumerate(x) if i not in drop)
-    if want != tuple(y):
-        return f"squeezes {list(x)} to {list(want)}, but the inferred output shape is {list(y)}"
-    return None
+    return squeeze_output_problem(pn) or _check_shape_arg(pn) or _check_same_data(pn)
 
 
 # Squeeze/Unsqueeze's axes are not read: the output's static shape says them.

@@ -3,13 +3,22 @@ contiguous), Concat, Slice (a strided view made contiguous) and Gather on rows (
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
+from ...plan import squeeze_output_problem
 from . import MAX_DIMS, Builder, ggml_axis, ggml_op
 from .elementwise import operand
 
 
-@ggml_op("Reshape", "Flatten", "Squeeze", "Unsqueeze", folded=(1,))
+def _check_view(pn) -> str | None:
+    if prod(pn.inputs[0].static_shape) != prod(pn.outputs[0].static_shape):
+        return "input and output sizes differ"
+    return squeeze_output_problem(pn)
+
+
+@ggml_op("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_check_view, folded=(1,))
 def reshape(pn, g: Builder):
     return g.reshape(operand(pn, 0, g), pn.outputs[0].static_shape)
 
