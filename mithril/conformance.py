@@ -33,6 +33,7 @@ DOCS = REPO / "docs"
 EXPECTED_DIR = REPO / "tests" / "expected_failures"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 60
+STRICT_BACKENDS = ("c", "ggml")  # made with fallback=None: only their own kernels count
 
 
 @dataclass
@@ -174,6 +175,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
     """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
     import mithril as ml
     from mithril.backends.c.backend import CKernelMissingError
+    from mithril.backends.ggml.program import GGMLKernelMissingError
     from mithril.errors import (UnsupportedAttributeError, UnsupportedDomainError, UnsupportedDTypeError,
                                 UnsupportedOpsError)
 
@@ -198,10 +200,10 @@ def run_case(name: str, backend_name: str) -> CaseResult:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
             loaded = ml.load_onnx(model)
-            # C compiles fixed shapes only: it is given each data set's input shapes, as a user
-            # compiling for the arrays at hand would (the suite declares some dims 0 or leaves them
-            # open, which the loader reads as unknown).
-            fixed = backend_name == "c"
+            # C and GGML compile fixed shapes only: they are given each data set's input shapes, as
+            # a user compiling for the arrays at hand would (the suite declares some dims 0 or leaves
+            # them open, which the loader reads as unknown).
+            fixed = backend.needs_static_shapes
             pm = None if fixed else ml.compile(loaded, backend)
             graph_inputs = _graph_inputs(model)
             for inputs, expected in data_sets:
@@ -220,7 +222,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
                     _compare(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
     except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError,
-            CKernelMissingError) as exc:
+            CKernelMissingError, GGMLKernelMissingError) as exc:
         status, reason = "unsupported", _one_line(exc)
     except Exception as exc:  # every failure is recorded with its reason
         status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"
@@ -250,8 +252,9 @@ def make_backend(name: str):
         from mithril.errors import BackendUnavailableError
 
         raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    if name == "c":
-        # C is counted strictly: a node without a C kernel fails the case instead of running on NumPy.
+    if name in STRICT_BACKENDS:
+        # Counted strictly: a node without a C kernel or ggml rule fails the case instead of
+        # running on NumPy.
         return entry.load()(fallback=None)
     return entry.load()()
 
@@ -316,7 +319,7 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
             # XLA, torch and MLX deadlock in a child forked after the parent started their thread
             # pools, which a test session or an earlier backend may have done: their workers start
             # from a clean forkserver. NumPy workers fork directly (fast, nothing to deadlock).
-            if backend in ("numpy", "c"):
+            if backend in ("numpy", "c", "ggml"):
                 ctx, per_child = mp.get_context("fork"), 200
             else:
                 ctx, per_child = mp.get_context("forkserver"), None
