@@ -24,6 +24,7 @@ from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeErro
 from ..plan import Plan, PlanNode, PlanValue
 from .ops import F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 from .ops import elementwise, movement, nn  # noqa: F401 - the families register their rules
+from .quantize import QuantizedTensor
 
 
 class GGMLFallbackWarning(BackendOptionWarning):
@@ -130,6 +131,7 @@ class _Weight:
     source: Any = None  # weakref to the array the buffer was made from
     buffer: np.ndarray | None = None
     shape: tuple = ()  # the logical (NumPy-order) shape of the tensor ggml sees
+    report: Any = None  # quantize.QuantizedWeight: bytes and error of a weight not stored as float32
 
 
 class GGMLProgram:
@@ -309,8 +311,24 @@ class GGMLProgram:
         return t
 
     def _load(self, w: _Weight, array) -> None:
-        """(Re)makes ``w``'s buffer from ``array`` and points its tensors at it."""
-        w.buffer, w.shape = self.format.convert(array, w.layout, w.type_name, w.value.static_shape)
+        """(Re)makes ``w``'s buffer from ``array`` and points its tensors at it. A
+        :class:`~.quantize.QuantizedTensor` of ``w``'s type and layout lends its bytes as they are;
+        another is dequantized and converted. A weight stored in a type other than float32 gets
+        its report row (bytes, error against the float32 values)."""
+        from .quantize import QuantizedTensor, QuantizedWeight, measure
+
+        shape = w.value.static_shape
+        if isinstance(array, QuantizedTensor) and (array.type_name, array.layout) == (w.type_name, w.layout) \
+                and array.shape == tuple(shape):
+            w.buffer, w.shape = array.data, array.stored_shape
+            w.report = QuantizedWeight(w.value.name, w.type_name, w.layout, array.shape, int(array.data.nbytes),
+                                       4 * prod(array.shape), None, None)
+        else:
+            dense = array.dequantize() if isinstance(array, QuantizedTensor) else array
+            w.buffer, w.shape = self.format.convert(dense, w.layout, w.type_name, shape)
+            w.report = None
+            if dense is not None and w.type_name != "f32":
+                w.report = measure(w.value.name, dense, w.buffer, w.layout, w.type_name)
         w.source = None
         if array is not None:
             try:
@@ -319,6 +337,26 @@ class GGMLProgram:
                 w.source = lambda: None
         for t in w.tensors:
             t.contents.data = w.buffer.ctypes.data
+
+    def quantization_report(self):
+        """Each weight stored in a type other than float32 (quantized, or f16/bf16): its type,
+        shape, bytes and error against the float32 values (relative RMS, largest absolute), and
+        the matrices kept float with why. Rows come when the parameters are loaded (the first
+        ``evaluate``, or a new array); ``str()`` of the report is a table.
+
+        >>> import numpy as np, mithril as ml, models_zoo
+        >>> pm = ml.compile(models_zoo.mlp(), ml.GGMLBackend(quantize="q8_0"), shapes={"input": [1, 16]},
+        ...                 static_shapes=True, inference=True)
+        >>> _ = pm.evaluate(pm.randomize_params(), {"input": np.ones((1, 16), np.float32)})
+        >>> report = pm.program.quantization_report()
+        >>> sorted({row.type_name for row in report}), all(row.rel_rms < 0.01 for row in report)
+        (['q8_0'], True)
+        """
+        from .quantize import QuantizationReport
+
+        rows = [w.report for w in self._weights.values() if w.report is not None]
+        kept = list(dict.fromkeys(self.format.kept_float))
+        return QuantizationReport(rows, kept)
 
     # ---- running --------------------------------------------------------------------------
     def total_bytes(self) -> int:
@@ -350,10 +388,17 @@ class GGMLProgram:
 
     def run(self, params: dict, data: dict) -> dict:
         env: dict = {}
+        dense = self._dense_params
+
+        def param(v):  # a QuantizedTensor stays one unless a NumPy step reads it
+            value = params[v.name]
+            return value.dequantize() if v in dense and isinstance(value, QuantizedTensor) else value
+
         for v in self.plan.inputs:
-            env[v] = params[v.name] if v.kind == "param" else data[v.name]
+            env[v] = param(v) if v.kind == "param" else data[v.name]
         for v in self.plan.params:
-            env.setdefault(v, params[v.name])
+            if v not in env:
+                env[v] = param(v)
         self._refresh_weights(params)
         for step in self.steps:
             if isinstance(step, Segment):
@@ -379,8 +424,22 @@ class GGMLProgram:
             self._check(w.value, array)
             self._load(w, array)
 
+    @property
+    def _dense_params(self) -> set:
+        """Parameters NumPy steps, segment inputs or the outputs read as arrays (a
+        QuantizedTensor given for one of them is dequantized for those readers)."""
+        found = self.__dict__.get("_dense_params_found")
+        if found is None:
+            found = {v for v in self.plan.outputs if v.kind == "param"}
+            for step in self.steps:
+                found.update(v for v in step.inputs if v is not None and v.kind == "param")
+            self.__dict__["_dense_params_found"] = found
+        return found
+
     def _check(self, v: PlanValue, arr) -> np.ndarray:
         shape = v.static_shape
+        if isinstance(arr, QuantizedTensor) and arr.shape == tuple(shape) and v.dtype == F32:
+            return arr
         if isinstance(arr, np.generic):
             arr = np.asarray(arr)
         if not isinstance(arr, np.ndarray) or tuple(arr.shape) != tuple(shape) or arr.dtype != v.dtype:

@@ -13,6 +13,7 @@ convolution kernels (ggml's im2col reads float kernels only).
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -152,4 +153,143 @@ def dequantize_rows(buffer: np.ndarray, type_name: str, nrows: int, n: int) -> n
     return out
 
 
-__all__ = ["QUANT_TYPES", "WeightFormat", "dequantize_rows", "quant_name", "quantize_rows", "row_bytes"]
+def stored_shape(layout: str, type_name: str, shape: tuple) -> tuple:
+    """The NumPy-order shape ggml sees for a weight of NumPy ``shape`` stored in ``layout`` and
+    ``type_name``: transposed for ``"t"``, its rows padded to whole blocks when quantized."""
+    logical = (shape[1], shape[0]) if layout == "t" else (tuple(shape) or (1,))
+    block = QUANT_TYPES[type_name][1] if type_name in QUANT_TYPES else 1
+    return logical[:-1] + (-(-logical[-1] // block) * block,)
+
+
+def restore(buffer: np.ndarray, layout: str, type_name: str, shape: tuple) -> np.ndarray:
+    """The float32 array of NumPy ``shape`` that ``buffer`` (``type_name`` in ``layout``, as
+    :meth:`WeightFormat.convert` made it) holds: dequantized, padding dropped, transposed back."""
+    stored = stored_shape(layout, type_name, shape)
+    raw = np.ascontiguousarray(buffer).reshape(-1).view(np.uint8)
+    rows = dequantize_rows(raw, type_name, int(np.prod(stored[:-1], dtype=np.int64)), stored[-1])
+    logical = (shape[1], shape[0]) if layout == "t" else (tuple(shape) or (1,))
+    a = rows.reshape(stored)[..., :logical[-1]]
+    if layout == "t":
+        a = a.T
+    return np.ascontiguousarray(a).reshape(shape)
+
+
+@dataclass(eq=False)
+class QuantizedTensor:
+    """A weight as GGMLBackend stores it: ``data`` holds the raw bytes of ggml type ``type_name``
+    in ``layout`` (``"t"``: a matmul operand stored transposed; ``"rows"``, ``"plain"``: as is),
+    rows padded to whole blocks; ``shape`` is the parameter's own (ONNX) shape.
+
+    :func:`mithril.load_gguf` returns these for weights stored in a ggml type other than float32.
+    GGMLBackend reads the bytes as they are when the weight's type and layout match (no
+    re-quantization); ``dequantize()`` (or ``np.asarray``) gives the float32 array any backend takes.
+
+    >>> import numpy as np
+    >>> q = QuantizedTensor.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "q8_0")
+    >>> q.type_name, q.shape, q.data.nbytes
+    ('q8_0', (2, 32), 68)
+    >>> bool(np.abs(q.dequantize() - np.linspace(-1, 1, 64).reshape(2, 32)).max() < 0.01)
+    True
+    """
+
+    type_name: str
+    layout: str
+    shape: tuple
+    data: np.ndarray
+    _dense: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.shape = tuple(int(d) for d in self.shape)
+        self.data = np.ascontiguousarray(self.data).reshape(-1).view(np.uint8)
+        stored = self.stored_shape
+        want = row_bytes(self.type_name, stored[-1]) * int(np.prod(stored[:-1], dtype=np.int64))
+        if self.data.nbytes != want:
+            raise ValueError(f"a {self.type_name} tensor of shape {self.shape} in layout {self.layout!r} takes "
+                             f"{want} bytes, not {self.data.nbytes}")
+
+    @classmethod
+    def from_array(cls, array, type_name: str, layout: str = "rows") -> "QuantizedTensor":
+        """``array`` (float) stored as ``type_name`` (a ggml type name: ``"q8_0"``, ``"f16"``...)
+        by rows (``layout="rows"``) or transposed (``"t"``), rows zero-padded to whole blocks."""
+        array = np.asarray(array, dtype=np.float32)
+        data, _ = WeightFormat().convert(array, layout, type_name, array.shape)
+        return cls(type_name, layout, array.shape, data)
+
+    @property
+    def stored_shape(self) -> tuple:
+        """The NumPy-order shape of the stored rows (after the layout and the block padding)."""
+        return stored_shape(self.layout, self.type_name, self.shape)
+
+    dtype = np.dtype(np.float32)  # what it stands for: compile's parameter checks see a float32 array
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 values in the parameter's own shape (computed once, then kept)."""
+        if self._dense is None:
+            self._dense = restore(self.data, self.layout, self.type_name, self.shape)
+        return self._dense
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.dequantize()
+        return a if dtype is None else a.astype(dtype)
+
+
+@dataclass
+class QuantizedWeight:
+    """One row of :class:`QuantizationReport`: a weight stored in a type other than float32 and
+    its error against the float32 values it was made from (None when it came stored, as from a
+    GGUF file)."""
+
+    name: str
+    type_name: str
+    layout: str
+    shape: tuple
+    nbytes: int
+    float_bytes: int
+    rel_rms: float | None
+    max_abs: float | None
+
+
+@dataclass
+class QuantizationReport:
+    """What ``GGMLBackend(quantize=..., dtype=...)`` stored: each converted weight with its bytes
+    and error (``rows``), and the matrices kept float with why (``kept_float``). ``str()`` is a table."""
+
+    rows: list[QuantizedWeight]
+    kept_float: list[tuple[str, str]]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __str__(self) -> str:
+        lines = [f"{'weight':40} {'type':5} {'shape':>14} {'bytes':>10} {'of f32':>7} {'rel rms':>9} {'max abs':>9}"]
+        for r in self.rows:
+            err = (f"{r.rel_rms:9.2e} {r.max_abs:9.2e}" if r.rel_rms is not None else f"{'stored':>9} {'':>9}")
+            lines.append(f"{r.name[-40:]:40} {r.type_name:5} {'x'.join(map(str, r.shape)):>14} {r.nbytes:>10,} "
+                         f"{r.nbytes / max(r.float_bytes, 1):7.1%} {err}")
+        total, f32 = sum(r.nbytes for r in self.rows), sum(r.float_bytes for r in self.rows)
+        lines.append(f"{len(self.rows)} weights: {total:,} bytes, {total / max(f32, 1):.1%} of float32")
+        for name, why in self.kept_float:
+            lines.append(f"kept float: {name} ({why})")
+        return "\n".join(lines)
+
+
+def measure(name: str, array: np.ndarray, buffer: np.ndarray, layout: str, type_name: str) -> QuantizedWeight:
+    """The report row of ``array`` stored as ``buffer``: relative RMS and largest absolute error
+    of the stored values (dequantized by ggml) against the float32 ones."""
+    a = np.asarray(array, dtype=np.float32)
+    err = restore(buffer, layout, type_name, a.shape) - a
+    rms = float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
+    rel = float(np.sqrt(np.mean(np.square(err, dtype=np.float64)))) / rms if rms else 0.0
+    return QuantizedWeight(name, type_name, layout, tuple(a.shape), int(buffer.nbytes), a.size * 4, rel,
+                           float(np.abs(err).max()) if err.size else 0.0)
+
+
+__all__ = ["QUANT_TYPES", "QuantizationReport", "QuantizedTensor", "QuantizedWeight", "WeightFormat",
+           "dequantize_rows", "measure", "quant_name", "quantize_rows", "restore", "row_bytes", "stored_shape"]
