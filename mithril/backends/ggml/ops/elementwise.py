@@ -180,3 +180,118 @@ def where(pn, g: Builder):
     x = g.broadcast(g.contiguous(operand(pn, computed, g)), out)
     masked = g.ggml.ggml_mul(g.ctx, x, g.constant(keep.astype(np.float32)))
     return g.ggml.ggml_add(g.ctx, masked, g.constant(fill))
+
+
+def _check_same_dtype(pn) -> str | None:
+    # why_not_ggml has checked float32 in and out: a Cast between them is a copy.
+    return None if pn.inputs[0].dtype == pn.outputs[0].dtype else "a change of dtype"
+
+
+@ggml_op("Cast", "CastLike", check=_check_same_dtype)
+def cast(pn, g: Builder):
+    return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+
+
+def _negative_part(g: Builder, x):
+    """``min(x, 0)``, exactly."""
+    gg = g.ggml
+    return gg.ggml_neg(g.ctx, gg.ggml_relu(g.ctx, gg.ggml_neg(g.ctx, x)))
+
+
+def _select(g: Builder, keep_a, a, b):
+    """``a`` where ``keep_a`` is 1, ``b`` where it is 0: each product is exact (by 1 or 0)."""
+    gg = g.ggml
+    keep_b = gg.ggml_scale_bias(g.ctx, keep_a, -1.0, 1.0)
+    return gg.ggml_add(g.ctx, gg.ggml_mul(g.ctx, a, keep_a), gg.ggml_mul(g.ctx, b, keep_b))
+
+
+def _check_elu(pn) -> str | None:
+    return "alpha=0" if pn.op_type == "Celu" and float(pn.kwargs.get("alpha", 1.0)) == 0 else None
+
+
+@ggml_op("Elu", "Selu", "Celu", check=_check_elu)
+def elu_family(pn, g: Builder):
+    """``relu(x) + alpha * expm1(min(x, 0))`` (ggml's elu is alpha=1: expm1 below zero), Selu
+    scaled by gamma, Celu with ``x / alpha`` inside the expm1."""
+    gg, k = g.ggml, pn.kwargs
+    x = g.contiguous(operand(pn, 0, g))
+    default_alpha = {"Elu": 1.0, "Celu": 1.0, "Selu": 1.67326319217681884765625}[pn.op_type]
+    alpha = float(k.get("alpha", default_alpha))
+    inner = _negative_part(g, x)
+    if pn.op_type == "Celu":
+        inner = gg.ggml_scale(g.ctx, inner, 1.0 / alpha) if alpha != 1.0 else inner
+    y = gg.ggml_add(g.ctx, gg.ggml_relu(g.ctx, x), gg.ggml_scale(g.ctx, gg.ggml_elu(g.ctx, inner), alpha))
+    if pn.op_type == "Selu":
+        y = gg.ggml_scale(g.ctx, y, float(k.get("gamma", 1.05070102214813232421875)))
+    return y
+
+
+@ggml_op("ThresholdedRelu")
+def thresholded_relu(pn, g: Builder):
+    gg = g.ggml
+    x = g.contiguous(operand(pn, 0, g))
+    # x - alpha > 0 exactly when x > alpha (float subtraction of unequal values is never 0).
+    keep = gg.ggml_step(g.ctx, gg.ggml_scale_bias(g.ctx, x, 1.0, -float(pn.kwargs.get("alpha", 1.0))))
+    return gg.ggml_mul(g.ctx, x, keep)
+
+
+@ggml_op("Softsign")
+def softsign(pn, g: Builder):
+    gg = g.ggml
+    x = g.contiguous(operand(pn, 0, g))
+    return gg.ggml_div(g.ctx, x, gg.ggml_scale_bias(g.ctx, gg.ggml_abs(g.ctx, x), 1.0, 1.0))
+
+
+@ggml_op("Mish")
+def mish(pn, g: Builder):
+    gg = g.ggml
+    x = g.contiguous(operand(pn, 0, g))
+    return gg.ggml_mul(g.ctx, x, gg.ggml_tanh(g.ctx, gg.ggml_softplus(g.ctx, x)))
+
+
+@ggml_op("Swish")
+def swish(pn, g: Builder):
+    gg = g.ggml
+    x = g.contiguous(operand(pn, 0, g))
+    alpha = float(pn.kwargs.get("alpha", 1.0))
+    return gg.ggml_mul(g.ctx, x, gg.ggml_sigmoid(g.ctx, gg.ggml_scale(g.ctx, x, alpha) if alpha != 1.0 else x))
+
+
+def _check_prelu(pn) -> str | None:
+    out = pn.outputs[0].static_shape
+    if tuple(pn.inputs[0].static_shape) != tuple(out):
+        return "a slope larger than the input"
+    return _check_broadcast(pn)
+
+
+@ggml_op("PRelu", check=_check_prelu)
+def prelu(pn, g: Builder):
+    gg = g.ggml
+    x = g.contiguous(operand(pn, 0, g))
+    slope = g.contiguous(operand(pn, 1, g))
+    # relu(x) + slope * min(x, 0): one of the two terms is exactly zero.
+    return gg.ggml_add(g.ctx, gg.ggml_relu(g.ctx, x), gg.ggml_mul(g.ctx, _negative_part(g, x), slope))
+
+
+def _check_variadic(pn) -> str | None:
+    if not [v for v in pn.inputs if v is not None]:
+        return "no inputs"
+    return _check_broadcast(pn)
+
+
+@ggml_op("Sum", "Mean", "Max", "Min", check=_check_variadic)
+def variadic(pn, g: Builder):
+    """Sum and Mean add; Max and Min pick with a 0/1 mask from ``step`` (exact, no rounding)."""
+    gg = g.ggml
+    out = pn.outputs[0].static_shape
+    parts = [g.broadcast(g.contiguous(operand(pn, i, g)), out) for i, v in enumerate(pn.inputs) if v is not None]
+    y = parts[0]
+    for t in parts[1:]:
+        if pn.op_type in ("Sum", "Mean"):
+            y = gg.ggml_add(g.ctx, y, t)
+        else:
+            diff = gg.ggml_sub(g.ctx, t, y) if pn.op_type == "Max" else gg.ggml_sub(g.ctx, y, t)
+            y = _select(g, gg.ggml_step(g.ctx, diff), t, y)
+    if pn.op_type == "Mean" and len(parts) > 1:
+        y = gg.ggml_scale(g.ctx, y, 1.0 / len(parts))
+    return y if len(parts) > 1 else gg.ggml_cont(g.ctx, y)

@@ -23,17 +23,26 @@ def reshape(pn, g: Builder):
     return g.reshape(operand(pn, 0, g), pn.outputs[0].static_shape)
 
 
+def permute(g: Builder, x, perm) -> object:
+    """``np.transpose(x, perm)`` as a contiguous tensor (``x`` itself for the identity)."""
+    rank = len(perm)
+    if list(perm) == list(range(rank)):
+        return x
+    # NumPy: output axis j reads input axis perm[j]. ggml_permute: source dim s goes to position axes[s].
+    axes = list(range(MAX_DIMS))
+    for j, p in enumerate(perm):
+        axes[ggml_axis(p, rank)] = ggml_axis(j, rank)
+    return g.ggml.ggml_cont(g.ctx, g.ggml.ggml_permute(g.ctx, x, *axes))
+
+
 @ggml_op("Transpose")
 def transpose(pn, g: Builder):
     x = operand(pn, 0, g)
     rank = len(pn.inputs[0].static_shape)
     perm = pn.kwargs.get("perm")
     perm = list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
-    # NumPy: output axis j reads input axis perm[j]. ggml_permute: source dim s goes to position axes[s].
-    axes = list(range(MAX_DIMS))
-    for j, p in enumerate(perm):
-        axes[ggml_axis(p, rank)] = ggml_axis(j, rank)
-    return g.ggml.ggml_cont(g.ctx, g.ggml.ggml_permute(g.ctx, x, *axes))
+    y = permute(g, x, perm)
+    return y if y is not x else g.ggml.ggml_cont(g.ctx, x)
 
 
 def _check_concat(pn) -> str | None:

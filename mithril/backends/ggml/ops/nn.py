@@ -14,7 +14,8 @@ import numpy as np
 
 from ...kernels.geometry import window
 from . import Builder, const_value, ggml_op, ne
-from .elementwise import operand
+from .elementwise import _check_broadcast, operand
+from .movement import permute
 
 
 def _text(value):
@@ -100,31 +101,62 @@ def _softmax_axis(pn) -> int:
     return int(pn.kwargs.get("axis", default)) % max(rank, 1)
 
 
-def _check_softmax(pn) -> str | None:
-    rank = len(pn.inputs[0].static_shape)
-    if _softmax_axis(pn) != rank - 1:
-        return "an axis other than the last (ggml's soft_max reduces rows)"
-    return None
+def _row_max(g: Builder, rows):
+    """The max of each row of a contiguous matrix: a 1-D max pool as wide as the row."""
+    n = int(rows.contents.ne[0])
+    return g.ggml.ggml_pool_1d(g.ctx, rows, g.ggml.GGML_OP_POOL_MAX, n, n, 0)
 
 
-@ggml_op("Softmax", check=_check_softmax)
+def _log_softmax_rows(g: Builder, rows):
+    """``x - max - log(sum(exp(x - max)))`` per row: no log of an underflowed softmax."""
+    gg = g.ggml
+    shifted = gg.ggml_sub(g.ctx, rows, _row_max(g, rows))
+    lse = gg.ggml_log(g.ctx, gg.ggml_sum_rows(g.ctx, gg.ggml_exp(g.ctx, shifted)))
+    return gg.ggml_sub(g.ctx, shifted, lse)
+
+
+@ggml_op("Softmax", "LogSoftmax")
 def softmax(pn, g: Builder):
-    return g.ggml.ggml_soft_max(g.ctx, g.contiguous(operand(pn, 0, g)))
+    """Over the rows ggml reduces: opset < 13 flattens the axes from ``axis`` on into one row;
+    opset 13 moves ``axis`` last and back."""
+    s = tuple(pn.inputs[0].static_shape)
+    rank, axis = len(s), _softmax_axis(pn)
+    x = g.contiguous(operand(pn, 0, g))
+    if pn.opset < 13 or axis == rank - 1:
+        perm = list(range(rank))
+        rows = g.reshape(x, (prod(s[:axis]), prod(s[axis:]))) if pn.opset < 13 else x
+    else:
+        perm = [a for a in range(rank) if a != axis] + [axis]
+        rows = permute(g, x, perm)
+    y = g.ggml.ggml_soft_max(g.ctx, rows) if pn.op_type == "Softmax" else _log_softmax_rows(g, rows)
+    if pn.opset < 13 or perm == list(range(rank)):
+        return g.reshape(y, s)
+    inverse = [perm.index(a) for a in range(rank)]
+    return permute(g, g.reshape(y, [s[a] for a in perm]), inverse)
+
+
+def _norm_axis(pn) -> int:
+    rank = len(pn.inputs[0].static_shape)
+    return int(pn.kwargs.get("axis", -1)) % rank
 
 
 def _check_layernorm(pn) -> str | None:
-    rank = len(pn.inputs[0].static_shape)
-    if int(pn.kwargs.get("axis", -1)) % rank != rank - 1:
-        return "normalizing more than the last axis"
-    if len(pn.outputs) > 1:
+    if len(pn.outputs) > 1 and any(v is not None for v in pn.outputs[1:]):
         return "the mean and inverse deviation outputs"
-    return None
+    if tuple(pn.outputs[0].static_shape) != tuple(pn.inputs[0].static_shape):
+        return "a scale or bias larger than the input"
+    return _check_broadcast(pn)
 
 
-@ggml_op("LayerNormalization", check=_check_layernorm)
+@ggml_op("LayerNormalization", "RMSNormalization", check=_check_layernorm)
 def layer_norm(pn, g: Builder):
-    x = g.contiguous(operand(pn, 0, g))
-    y = g.ggml.ggml_norm(g.ctx, x, float(pn.kwargs.get("epsilon", 1e-5)))
+    """The axes from ``axis`` on as one row (``ggml_norm`` / ``ggml_rms_norm``), then scale and bias."""
+    s = tuple(pn.inputs[0].static_shape)
+    axis = _norm_axis(pn)
+    rows = g.reshape(operand(pn, 0, g), (prod(s[:axis]), prod(s[axis:])))
+    eps = float(pn.kwargs.get("epsilon", 1e-5))
+    fn = g.ggml.ggml_norm if pn.op_type == "LayerNormalization" else g.ggml.ggml_rms_norm
+    y = g.reshape(fn(g.ctx, rows, eps), s)
     y = g.ggml.ggml_mul(g.ctx, y, g.contiguous(operand(pn, 1, g)))
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
         y = g.ggml.ggml_add(g.ctx, y, g.contiguous(operand(pn, 2, g)))
@@ -240,25 +272,41 @@ def _reduce_axes(pn):
     rank = len(pn.inputs[0].static_shape)
     axes = const_value(pn, 1) if pn.opset >= (18 if pn.op_type != "ReduceSum" else 13) else pn.kwargs.get("axes")
     if axes is None or np.size(axes) == 0:
-        return None if not pn.kwargs.get("noop_with_empty_axes") else []
-    return sorted(int(a) % rank for a in np.asarray(axes).reshape(-1))
+        return list(range(rank)) if not pn.kwargs.get("noop_with_empty_axes") else []
+    return sorted({int(a) % rank for a in np.asarray(axes).reshape(-1)})
 
 
-def _check_reduce(pn) -> str | None:
-    rank = len(pn.inputs[0].static_shape)
+REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+          "ReduceLogSum", "ReduceLogSumExp")
+
+
+@ggml_op(*REDUCE, folded=(1,))
+def reduce(pn, g: Builder):
+    """The reduced axes moved last and flattened into rows, each row reduced by a ggml row op
+    (max: a 1-D max pool as wide as the row)."""
+    gg, ctx = g.ggml, g.ctx
+    s = tuple(pn.inputs[0].static_shape)
     axes = _reduce_axes(pn)
-    if not axes or axes != list(range(rank - len(axes), rank)):
-        return "axes other than the trailing ones (ggml reduces rows)"
-    return None
-
-
-@ggml_op("ReduceMean", "ReduceSum", check=_check_reduce, folded=(1,))
-def reduce_trailing(pn, g: Builder):
-    s = pn.inputs[0].static_shape
-    k = len(_reduce_axes(pn))
-    rows = g.reshape(operand(pn, 0, g), (prod(s[:len(s) - k]), prod(s[len(s) - k:])))
-    fn = g.ggml.ggml_mean if pn.op_type == "ReduceMean" else g.ggml.ggml_sum_rows
-    return fn(g.ctx, rows)
+    x = g.contiguous(operand(pn, 0, g))
+    if not axes:  # noop_with_empty_axes
+        return gg.ggml_cont(ctx, x)
+    kept = [a for a in range(len(s)) if a not in axes]
+    rows = g.reshape(permute(g, x, kept + axes), (prod(s[a] for a in kept), prod(s[a] for a in axes)))
+    op = pn.op_type
+    if op == "ReduceMin":
+        return gg.ggml_neg(ctx, _row_max(g, gg.ggml_neg(ctx, rows)))
+    if op == "ReduceMax":
+        return _row_max(g, rows)
+    if op == "ReduceMean":
+        return gg.ggml_mean(ctx, rows)
+    if op == "ReduceLogSumExp":
+        top = _row_max(g, rows)
+        total = gg.ggml_sum_rows(ctx, gg.ggml_exp(ctx, gg.ggml_sub(ctx, rows, top)))
+        return gg.ggml_add(ctx, gg.ggml_log(ctx, total), top)
+    pre = {"ReduceL1": gg.ggml_abs, "ReduceL2": gg.ggml_sqr, "ReduceSumSquare": gg.ggml_sqr}.get(op)
+    y = gg.ggml_sum_rows(ctx, pre(ctx, rows) if pre else rows)
+    post = {"ReduceL2": gg.ggml_sqrt, "ReduceLogSum": gg.ggml_log}.get(op)
+    return post(ctx, y) if post else y
 
 
 __all__ = ["ne"]
