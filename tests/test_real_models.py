@@ -145,3 +145,24 @@ def test_matches_onnxruntime_in_c(exported, name, exporter):
     assert not pm.program.fallback
     inputs = ex.inputs(2)
     _compare(pm.evaluate(pm.get_parameters(), inputs), ex.reference(inputs))
+
+
+@pytest.mark.parametrize("exporter", models.EXPORTERS)
+@pytest.mark.parametrize("name", models.MODEL_NAMES)
+def test_matches_onnxruntime_on_ggml(exported, name, exporter):
+    """Every exported model runs on GGMLBackend (issue 19), nodes without a ggml rule on NumPy
+    between ggml graphs, and equals onnxruntime in float32 at fixed shapes."""
+    pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
+    import warnings
+
+    from mithril.backends.ggml.program import GGMLFallbackWarning
+
+    ex = exported(name, exporter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GGMLFallbackWarning)  # which nodes fall back is the conformance's count
+        pm = ml.compile(ex.model, ml.GGMLBackend(), shapes=ex.shapes(2), static_shapes=True, inference=True)
+    assert pm.program.segments, "no node ran in ggml"
+    inputs = ex.inputs(2)
+    got = pm.evaluate(pm.get_parameters(), inputs)
+    for k, ref in ex.reference(inputs).items():
+        np.testing.assert_allclose(np.asarray(got[k]), ref, rtol=1e-3, atol=1e-4, err_msg=k)
