@@ -30,6 +30,7 @@ from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch o
 from .compile import PhysicalModel, compile  # noqa: F401
 from .export import export_onnx  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401
+from .backends.ggml.gguf_io import load_gguf, save_gguf  # noqa: F401  (imports gguf only when called)
 from .backends.custom_ops import register_op, scoped_ops, unregister_op  # noqa: F401  (custom ops)
 from . import optimizers  # noqa: F401,E402
 from . import models  # noqa: F401,E402  (ml.models.MLP, ml.models.resnet18...)
