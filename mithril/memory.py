@@ -46,17 +46,16 @@ class MemoryReport:
             return "unknown (a shape is not static)" if n is None else f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
         dtypes = ", ".join(f"{k} {v:,}" for k, v in sorted(self.weights_by_dtype.items()))
-        lines = [f"memory of a model compiled for {self.backend}:",
-                 f"  weights:            {mib(self.weight_bytes)}" + (f" [{dtypes}]" if dtypes else ""),
-                 f"  intermediates, naive sum:  {mib(self.naive_bytes)}",
-                 f"  intermediates, peak alive: {mib(self.peak_bytes)}"]
+        rows = [("weights", mib(self.weight_bytes) + (f" [{dtypes}]" if dtypes else "")),
+                ("intermediates, naive sum", mib(self.naive_bytes)),
+                ("intermediates, peak alive", mib(self.peak_bytes))]
         if self.arena_bytes is not None:
-            where = "ggml graphs" if self.backend == "ggml" else "C"
-            lines.append(f"  arena ({where}):          {mib(self.arena_bytes)}")
+            rows.append(("arena (ggml graphs)" if self.backend == "ggml" else "arena (C)", mib(self.arena_bytes)))
         if self.work_bytes is not None:
-            lines.append(f"  work (ggml):        {mib(self.work_bytes)}")
+            rows.append(("work (ggml)", mib(self.work_bytes)))
         if self.total_bytes is not None:
-            lines.append(f"  total:              {mib(self.total_bytes)}")
+            rows.append(("total", mib(self.total_bytes)))
+        lines = [f"memory of a model compiled for {self.backend}:"] + [f"  {k + ':':<27} {v}" for k, v in rows]
         if self.note:
             lines.append(f"  ({self.note})")
         return "\n".join(lines)

@@ -211,3 +211,16 @@ def test_unknown_options_are_refused():
         ml.GGMLBackend(dtype=ml.float64)
     with pytest.raises(MithrilError, match="mem_size must be a positive number of bytes"):
         ml.GGMLBackend(mem_size=-1)
+
+
+def test_docs_example_runs(capsys):
+    """docs/backends.md's GGML example runs as written and prints the output shape and the report."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    section = text[text.index("## GGML"):]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    exec(compile(block, "docs/backends.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.startswith("(1, 10)\n") and "q8_0" in printed and "total:" in printed
