@@ -310,3 +310,97 @@ def reduce(pn, g: Builder):
 
 
 __all__ = ["ne"]
+
+
+def _attention_dims(pn):
+    """(batch, q heads, kv heads, q length, total kv length) of an Attention node."""
+    q, k = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(q) == 3:
+        hq, hk = int(pn.kwargs.get("q_num_heads") or 0), int(pn.kwargs.get("kv_num_heads") or 0)
+        s, t = q[1], k[1]
+    else:
+        hq, hk, s, t = q[1], k[1], q[2], k[2]
+    past = pn.inputs[4] if len(pn.inputs) > 4 else None
+    if past is not None:
+        t += past.static_shape[2]
+    return q[0], hq, hk, s, t
+
+
+def _check_attention(pn) -> str | None:
+    ins = list(pn.inputs) + [None] * (7 - len(pn.inputs))
+    q, k, v, mask, past_k, past_v, nonpad = ins[:7]
+    if nonpad is not None:
+        return "nonpad_kv_seqlen (lengths known only at run time)"
+    if (past_k is None) != (past_v is None):
+        return "past_key without past_value"
+    if len(q.static_shape) != len(k.static_shape) or len(q.static_shape) not in (3, 4):
+        return "Q, K of different ranks"
+    if pn.kwargs.get("softmax_precision") not in (None, 0, 1):
+        return "softmax_precision other than float32"
+    b, hq, hk, s, t = _attention_dims(pn)
+    if not hq or not hk or hq % hk:
+        return "query heads not a multiple of the key/value heads"
+    if len(q.static_shape) == 3 and (q.static_shape[2] % hq or k.static_shape[2] % hk or v.static_shape[2] % hk):
+        return "hidden sizes not divisible by the head counts"
+    if mask is not None:
+        m = mask.static_shape
+        full = (b, hq, s, t)
+        if len(m) > 4 or m[-1] != t or any(d not in (1, f) for d, f in zip(reversed(m), reversed(full))):
+            return f"an attention mask of shape {list(m)} (ggml: dims 1 or the scores')"
+    if len(pn.outputs) > 3 and pn.outputs[3] is not None and int(pn.kwargs.get("qk_matmul_output_mode") or 0) > 3:
+        return "qk_matmul_output_mode > 3"
+    return None
+
+
+@ggml_op("Attention", check=_check_attention)
+def attention(pn, g: Builder):
+    """``softmax(Q K^T * scale (+ softcap, mask)) V`` with two ``mul_mat`` (ggml broadcasts K/V
+    heads over query heads as GQA does); the causal/window mask is a constant, and a row with
+    every key masked gives zeros (the softmax is spelled out for that)."""
+    from ...kernels.attention import _allowed_keys
+
+    gg, ctx, kw = g.ggml, g.ctx, pn.kwargs
+    ins = list(pn.inputs) + [None] * (7 - len(pn.inputs))
+    b, hq, hk, s, t = _attention_dims(pn)
+
+    def heads(i, h):  # (B, S, H*D) -> (B, H, S, D); 4-D inputs as they are
+        x = g.contiguous(operand(pn, i, g))
+        shape = ins[i].static_shape
+        if len(shape) == 4:
+            return x
+        return permute(g, g.reshape(x, (shape[0], shape[1], h, shape[2] // h)), [0, 2, 1, 3])
+
+    q, k, v = heads(0, hq), heads(1, hk), heads(2, hk)
+    past = ins[4] is not None
+    if past:
+        k = gg.ggml_concat(ctx, g.contiguous(operand(pn, 4, g)), k, 1)
+        v = gg.ggml_concat(ctx, g.contiguous(operand(pn, 5, g)), v, 1)
+    d = int(q.contents.ne[0])
+    scale = kw.get("scale")
+    scale = 1 / np.sqrt(d) if scale is None else float(scale)
+    root = float(np.sqrt(scale))
+    qk = gg.ggml_mul_mat(ctx, gg.ggml_scale(ctx, k, root), gg.ggml_scale(ctx, q, root))  # (B, Hq, S, T)
+    softcap = float(kw.get("softcap") or 0.0)
+    capped = gg.ggml_scale(ctx, gg.ggml_tanh(ctx, gg.ggml_scale(ctx, qk, 1 / softcap)), softcap) if softcap else qk
+    scores = capped
+    if ins[3] is not None:
+        scores = gg.ggml_add(ctx, scores, g.contiguous(operand(pn, 3, g)))
+    offset = ins[4].static_shape[2] if past else 0
+    allowed = _allowed_keys(s, t, offset, bool(kw.get("is_causal")), None, int(kw.get("left_window_size", -1)),
+                            int(kw.get("right_window_size", -1)), np)
+    if allowed is not None:
+        scores = gg.ggml_add(ctx, scores, g.constant(np.where(allowed, 0.0, -np.inf).astype(np.float32)))
+    # Softmax with an all-masked row giving zeros: the max clamped finite, 0 / (0 + 1).
+    top = gg.ggml_clamp(ctx, _row_max(g, scores), float(-np.finfo(np.float32).max), float(np.finfo(np.float32).max))
+    e = gg.ggml_exp(ctx, gg.ggml_sub(ctx, scores, top))
+    total = gg.ggml_sum_rows(ctx, e)
+    empty = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, total), -1.0, 1.0)
+    probs = gg.ggml_div(ctx, e, gg.ggml_add(ctx, total, empty))
+    vt = permute(g, v, [0, 1, 3, 2])  # (B, Hk, Dv, T)
+    y = gg.ggml_mul_mat(ctx, vt, probs)  # (B, Hq, S, Dv)
+    if len(ins[0].static_shape) == 3:
+        y = permute(g, y, [0, 2, 1, 3])
+    outs = [y, gg.ggml_cont(ctx, k), gg.ggml_cont(ctx, v)]
+    if len(pn.outputs) > 3:
+        outs.append(gg.ggml_cont(ctx, (qk, capped, scores, probs)[int(kw.get("qk_matmul_output_mode") or 0)]))
+    return [o if v is not None else None for o, v in zip(outs, pn.outputs)]
