@@ -268,10 +268,12 @@ class QuantizationReport:
         return len(self.rows)
 
     def __str__(self) -> str:
-        lines = [f"{'weight':40} {'type':5} {'shape':>14} {'bytes':>10} {'of f32':>7} {'rel rms':>9} {'max abs':>9}"]
+        width = min(max([len(r.name) for r in self.rows] + [6]), 60)
+        lines = [f"{'weight':{width}} {'type':5} {'shape':>14} {'bytes':>10} {'of f32':>7} {'rel rms':>9} {'max abs':>9}"]
         for r in self.rows:
             err = (f"{r.rel_rms:9.2e} {r.max_abs:9.2e}" if r.rel_rms is not None else f"{'stored':>9} {'':>9}")
-            lines.append(f"{r.name[-40:]:40} {r.type_name:5} {'x'.join(map(str, r.shape)):>14} {r.nbytes:>10,} "
+            name = r.name if len(r.name) <= width else "..." + r.name[3 - width:]
+            lines.append(f"{name:{width}} {r.type_name:5} {'x'.join(map(str, r.shape)):>14} {r.nbytes:>10,} "
                          f"{r.nbytes / max(r.float_bytes, 1):7.1%} {err}")
         total, f32 = sum(r.nbytes for r in self.rows), sum(r.float_bytes for r in self.rows)
         lines.append(f"{len(self.rows)} weights: {total:,} bytes, {total / max(f32, 1):.1%} of float32")
