@@ -6,7 +6,8 @@ tensor headers. Weights point at NumPy buffers the program keeps (float32 parame
 copy; transposed, half-precision or quantized ones converted once per parameter array), segment
 inputs at the caller's arrays (swapped per call, views re-pointed), and the intermediates at one
 buffer per segment placed by ``ggml_gallocr`` from the graph's lifetimes. ``evaluate`` sets the
-input pointers and runs ``ggml_backend_graph_compute`` on the CPU backend; outputs are copied out
+input pointers and runs ``ggml_graph_compute`` with the segment's plan (its work buffer made once)
+on the program's thread pool (started once: ggml's per-call threads cost milliseconds); outputs are copied out
 of ggml's buffer (it is reused by the next call).
 """
 
@@ -101,6 +102,8 @@ class Segment:
     bounds: dict = field(default_factory=dict)  # index input -> (rows of the table it reads, the node)
     buffer_bytes: int = 0
     work_bytes: int = 0
+    plan: Any = None  # ggml_cplan: threads, pool and work buffer
+    work: np.ndarray | None = None
 
 
 def partition(nodes: list[PlanNode], supported) -> list:
@@ -163,14 +166,21 @@ class GGMLProgram:
         self._cpu = ggml.ggml_backend_cpu_init()
         if not self._cpu:
             raise MithrilError("GGMLBackend: ggml's CPU backend did not start")
-        ggml.ggml_backend_cpu_set_n_threads(self._cpu, num_threads or _default_threads())
         self._buffer_type = ggml.ggml_backend_get_default_buffer_type(self._cpu)
-        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, [])
+        self._threads = num_threads or _default_threads()
+        pool_params = ggml.ggml_threadpool_params_default(self._threads)
+        self._pool = ggml.ggml_threadpool_new(ctypes.byref(pool_params))
+        if not self._pool:
+            ggml.ggml_backend_free(self._cpu)
+            ggml.ggml_free(self._ctx)
+            raise MithrilError(f"GGMLBackend: ggml could not start {self._threads} threads")
+        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, self._pool, [])
         for seg in self.segments:
             self._build(seg, graph_size)
         self._drop_unread_weights()
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, [s.allocator for s in self.segments])
+        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, self._pool,
+                                           [s.allocator for s in self.segments])
         if mem_size is not None and self.total_bytes() > mem_size:
             raise GGMLMemoryError(
                 f"GGMLBackend(mem_size={mem_size:,}): the model needs {self.total_bytes():,} bytes "
@@ -258,8 +268,10 @@ class GGMLProgram:
         if not ggml.ggml_gallocr_alloc_graph(seg.allocator, gf):
             raise MithrilError(f"GGMLBackend: ggml could not allocate segment {seg.index}'s intermediates")
         seg.buffer_bytes = ggml.ggml_gallocr_get_buffer_size(seg.allocator, 0)
-        cplan = ggml.ggml_graph_plan(gf, self.num_threads or _default_threads(), None)
-        seg.work_bytes = int(cplan.work_size)
+        seg.plan = ggml.ggml_graph_plan(gf, self._threads, self._pool)
+        seg.work_bytes = int(seg.plan.work_size)
+        seg.work = np.empty(max(seg.work_bytes, 1), np.uint8)
+        seg.plan.work_data = ctypes.cast(seg.work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
         # Views of tensors whose pointer changes (inputs per call, parameters when reloaded) are
         # re-pointed before each compute: ggml copies the source's pointer when it makes a view.
         external = {ctypes.addressof(t.contents): t for t, _ in seg.leaves.values()}
@@ -476,9 +488,9 @@ class GGMLProgram:
             t.contents.data = ptr
         for view, src, offset in seg.views:
             view.contents.data = src.contents.data + offset
-        status = ggml.ggml_backend_graph_compute(self._cpu, seg.graph)
+        status = ggml.ggml_graph_compute(seg.graph, ctypes.byref(seg.plan))
         if status != 0:
-            raise MithrilError(f"GGMLBackend: ggml_backend_graph_compute returned status {status} "
+            raise MithrilError(f"GGMLBackend: ggml_graph_compute returned status {status} "
                                f"in segment {seg.index}")
         for v, t in seg.results.items():
             n = prod(v.static_shape)
@@ -493,10 +505,11 @@ def _default_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _free(ctx, cpu, allocators) -> None:
+def _free(ctx, cpu, pool, allocators) -> None:
     ggml = _ggml()
     for a in allocators:
         ggml.ggml_gallocr_free(a)
+    ggml.ggml_threadpool_free(pool)
     ggml.ggml_backend_free(cpu)
     ggml.ggml_free(ctx)
 
