@@ -153,3 +153,36 @@ def test_damaged_file_is_a_mithril_error_naming_it(saved, tmp_path, damage):
     assert isinstance(info.value, MithrilError)
     with pytest.raises(GGUFFileError, match="no file"):
         ml.load_gguf(tmp_path / "missing.gguf")
+
+
+def test_half_precision_weights_round_trip_and_long_names(tmp_path):
+    """f16 weights travel as stored too; a name longer than ggml's 63 bytes is kept in the metadata."""
+    model = models_zoo.mlp([16, 8, 4])
+    pm = ml.compile(model, ml.GGMLBackend(dtype=ml.float16), shapes={"input": [2, 12]}, static_shapes=True,
+                    inference=True)
+    params = {k: np.asarray(v) for k, v in pm.randomize_params().items()}
+    x = np.random.default_rng(2).standard_normal((2, 12)).astype(np.float32)
+    out = pm.evaluate(params, {"input": x})["output"]
+    ml.save_gguf(pm, tmp_path / "mlp.gguf")
+    loaded = ml.load_gguf(tmp_path / "mlp.gguf")
+    assert {v.type_name for v in loaded.values() if isinstance(v, QuantizedTensor)} == {"f16"}
+    np.testing.assert_array_equal(pm.evaluate(loaded, {"input": x})["output"], out)
+
+    long = "encoder." * 10 + "weight"
+    ml.save_gguf({long: np.ones((2, 32), np.float32)}, tmp_path / "long.gguf", quantize="q8_0")
+    names = [t.name for t in gguf.GGUFReader(tmp_path / "long.gguf").tensors]
+    assert all(len(n) <= 63 for n in names)
+    assert list(ml.load_gguf(tmp_path / "long.gguf")) == [long]
+
+
+def test_save_refusals_are_mithril_errors(tmp_path):
+    pm = _compile(ml.GGMLBackend(quantize="q8_0"))
+    with pytest.raises(MithrilError, match="not loaded yet; evaluate it once or pass params="):
+        ml.save_gguf(pm, tmp_path / "x.gguf")
+    params = {k: np.asarray(v) for k, v in pm.randomize_params().items()}
+    with pytest.raises(MithrilError, match="compiled with GGMLBackend\\(quantize='q8_0'\\)"):
+        ml.save_gguf(pm, tmp_path / "x.gguf", quantize="q4_0", params=params)
+    ml.save_gguf(pm, tmp_path / "x.gguf", params=params)  # params= loads them first
+    assert ml.load_gguf(tmp_path / "x.gguf")["lm_head.weight"].type_name == "q8_0"
+    with pytest.raises(GGUFFileError, match="could not write"):
+        ml.save_gguf(params, tmp_path / "no" / "such" / "dir.gguf")

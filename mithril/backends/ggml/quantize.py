@@ -269,7 +269,8 @@ class QuantizationReport:
 
     def __str__(self) -> str:
         width = min(max([len(r.name) for r in self.rows] + [6]), 60)
-        lines = [f"{'weight':{width}} {'type':5} {'shape':>14} {'bytes':>10} {'of f32':>7} {'rel rms':>9} {'max abs':>9}"]
+        lines = [f"{'weight':{width}} {'type':5} {'shape':>14} {'bytes':>10} {'of f32':>7} "
+                 f"{'rel rms':>9} {'max abs':>9}"]
         for r in self.rows:
             err = (f"{r.rel_rms:9.2e} {r.max_abs:9.2e}" if r.rel_rms is not None else f"{'stored':>9} {'':>9}")
             name = r.name if len(r.name) <= width else "..." + r.name[3 - width:]
