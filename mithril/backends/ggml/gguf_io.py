@@ -102,14 +102,14 @@ def _stored_tensors(pm, params: Mapping | None) -> dict:
 
 def _quantized_params(params: Mapping, quantize: str | None) -> dict:
     """``params`` with each float matrix stored as ``quantize`` by rows (the rest as NumPy arrays)."""
-    from ...params_io import to_numpy
+    from ..table import array_backend
 
     out: dict[str, Any] = {}
     for k, v in params.items():
         if isinstance(v, QuantizedTensor):
             out[k] = v
             continue
-        a = np.asarray(to_numpy(v))
+        a = np.asarray(array_backend(v).to_numpy(v))  # any backend's array, as NumPy
         if quantize is not None and a.ndim == 2 and a.dtype.kind == "f":
             out[k] = QuantizedTensor.from_array(a, quantize, "rows")
         else:
