@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendOptionError, MithrilError, ParamsFileError
+from ...errors import BackendOptionError, MithrilError, ParamsFileError, public_api
 from .quantize import QUANT_TYPES, QuantizedTensor, quant_name, restore
 
 ARCH = "mithril"  # general.architecture: these files hold a Mithril model's parameters, not a llama.cpp one
@@ -128,6 +128,7 @@ def _io_metadata(pm) -> tuple[list, list]:
     return inputs, list(pm.output_keys)
 
 
+@public_api(GGUFFileError, "save_gguf")  # any other failure (a value gguf cannot store...) is a GGUFFileError
 def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, name: str | None = None,
               params: Mapping | None = None) -> None:
     """Write a model's parameters to the GGUF file ``path``.
