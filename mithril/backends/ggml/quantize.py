@@ -195,7 +195,7 @@ class QuantizedTensor:
     type_name: str
     layout: str
     shape: tuple
-    data: np.ndarray
+    data: np.ndarray = field(repr=False)
     _dense: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
