@@ -78,7 +78,10 @@ class GGMLBackend(NumpyBackend):
         if loose:
             raise CompileError("GGMLBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
                                f"for: {', '.join(loose)}")
-        missing = [(pn, why_not_ggml(pn)) for pn in plan.nodes if why_not_ggml(pn) is not None]
+        from .fusion import fuse_gelu
+
+        nodes = fuse_gelu(plan, lambda pn: why_not_ggml(pn) is None)
+        missing = [(pn, why_not_ggml(pn)) for pn in nodes if why_not_ggml(pn) is not None]
         if missing:
             listed = ", ".join(f"{pn.label} ({pn.op_type}: {why})" for pn, why in missing)
             if self.fallback is None:
@@ -89,7 +92,7 @@ class GGMLBackend(NumpyBackend):
             warn_user(f"GGMLBackend: {len(missing)} node(s) run on NumPy (no ggml rule): {listed}",
                       GGMLFallbackWarning)
         return GGMLProgram(plan, weight_type=self.weight_type, quantize=self.quantize,
-                           num_threads=self.num_threads, mem_size=self.mem_size)
+                           num_threads=self.num_threads, mem_size=self.mem_size, nodes=nodes)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         raise MithrilError("GGMLBackend runs inference only (ggml here has no backward pass); train with "

@@ -141,7 +141,7 @@ class GGMLProgram:
     """A lowered GGML program: ``forward(params, data)`` runs the steps."""
 
     def __init__(self, plan: Plan, *, weight_type: str = "f32", quantize: str | None = None,
-                 num_threads: int | None = None, mem_size: int | None = None):
+                 num_threads: int | None = None, mem_size: int | None = None, nodes: list[PlanNode] | None = None):
         from ..interpret import Interpreter
         from .quantize import WeightFormat
 
@@ -149,7 +149,8 @@ class GGMLProgram:
         self.plan = plan
         self.num_threads = num_threads
         self.format = WeightFormat(weight_type, quantize)
-        self.steps = partition(plan.nodes, lambda pn: why_not_ggml(pn) is None)
+        # ``nodes``: the plan's nodes after fusion (fusion.py); the plan's own by default.
+        self.steps = partition(plan.nodes if nodes is None else nodes, lambda pn: why_not_ggml(pn) is None)
         self.fallback = [s for s in self.steps if not isinstance(s, Segment)]
         self.segments = [s for s in self.steps if isinstance(s, Segment)]
         self._interpreter = Interpreter(plan)
