@@ -84,14 +84,18 @@ BACKENDS = {
     "c": ("CBackend", {}),
     "c-noblas": ("CBackend", {}),  # built with MITHRIL_C_BLAS=0 (BUILD_ENV)
     "ggml": ("GGMLBackend", {}),
+    "ggml-q8_0": ("GGMLBackend", {"quantize": "q8_0"}),
+    "ggml-q4_0": ("GGMLBackend", {"quantize": "q4_0"}),
+    # ggml-python's own ONNX runtime (ggml.contrib.onnx), the GGML backend's peer: not a Mithril backend.
+    "ggml-contrib": ("", {}),
 }
 DEFAULT_BACKENDS = "numpy,jax,jax-xla-defaults,torch,mlx,c"
 # Backends whose thread pools --threads limits (BLAS through threadpoolctl, torch.set_num_threads,
 # the C backend's num_threads); JAX (XLA) and MLX fix theirs at start-up, so they run at their defaults only.
-THREAD_LIMITED = {"numpy", "torch", "torch-compile", "c", "c-noblas"}
+THREAD_LIMITED = {"numpy", "torch", "torch-compile", "c", "c-noblas", "ggml", "ggml-q8_0", "ggml-q4_0"}
 # Backends given the row's thread count as ``num_threads=`` (0, "default": every usable CPU, which is
 # OpenMP's default, said explicitly because omp_set_num_threads from an earlier row would stay set).
-NUM_THREADS_OPTION = {"c", "c-noblas"}
+NUM_THREADS_OPTION = {"c", "c-noblas", "ggml", "ggml-q8_0", "ggml-q4_0"}
 # Environment variables set while a backend's row is built (the C backend reads MITHRIL_C_BLAS then).
 BUILD_ENV = {"c-noblas": {"MITHRIL_C_BLAS": "0"}}
 C_TARGET = 1.5  # C backend latency / onnxruntime, issue 18
@@ -153,9 +157,11 @@ def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repe
     shapes = {k: list(v.shape) for k, v in inputs.items()}
 
     def load_compile():
-        # C renders and builds the gradient program at compile unless told it is inference only.
-        return ml.compile(ml.load_onnx(path), backend, shapes=shapes, static_shapes=backend.name == "c",
-                          inference=True if backend.name == "c" else None)
+        # C renders and builds the gradient program at compile unless told it is inference only;
+        # GGML is inference only.
+        static = backend.needs_static_shapes
+        return ml.compile(ml.load_onnx(path), backend, shapes=shapes, static_shapes=static,
+                          inference=True if static else None)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", JitFallbackWarning)
@@ -177,6 +183,7 @@ def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repe
     def call():
         return _to_numpy_outputs(backend, pm.evaluate(params, data))
 
+    call.weight_bytes = pm.memory_report().weight_bytes  # the GGML section compares stored weight types
     return statistics.median(compile_times), first_s, call, outs, fallbacks
 
 
@@ -370,6 +377,13 @@ def _make_backends(names: list[str], notes: list[str]) -> list[tuple[str, object
     backends = []
     for name in names:
         attr, kwargs = BACKENDS[name]
+        if name == "ggml-contrib":
+            try:
+                import ggml.contrib.onnx  # noqa: F401
+                backends.append((name, None))
+            except Exception as exc:
+                notes.append(f"ggml-contrib skipped: {type(exc).__name__}: {exc}")
+            continue
         cls = getattr(ml, attr, None)
         if cls is None:
             notes.append(f"backend {name} skipped: mithril has no {attr} yet")
@@ -410,6 +424,9 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                     for bname, backend in backends:
                         if threads != 0 and bname not in THREAD_LIMITED:
                             continue
+                        if bname == "ggml-contrib":
+                            candidates.append((bname, lambda: _ggml_contrib_row(path, inputs)))
+                            continue
                         if bname in NUM_THREADS_OPTION:
                             backend = _backend_with_threads(bname, threads)
                         candidates.append((bname, lambda b=backend, n=bname: _with_env(
@@ -438,6 +455,7 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                                    eager_ms=times[EAGER] * 1e3 if EAGER in times else None,
                                    vs_eager=times[bname] / times[EAGER] if EAGER in times else None,
                                    diff=_max_diff(outs, ref), ort_load_s=ort_load_s, load=load,
+                                   weight_bytes=getattr(call, "weight_bytes", None),
                                    xla_flags=os.environ.get("XLA_FLAGS", ""))
                         rows.append(row)
                         print(_row_line(row), flush=True)
@@ -454,6 +472,25 @@ def _backend_with_threads(name: str, threads: int):
     """A fresh ``name`` backend with ``num_threads=threads`` (0: every usable CPU)."""
     attr, kwargs = BACKENDS[name]
     return getattr(ml, attr)(**kwargs, num_threads=threads or _usable_cpus())
+
+
+def _ggml_contrib_row(path: str, inputs: dict[str, np.ndarray]):
+    """ggml.contrib.onnx (ggml-python's ONNX runtime, with its NumPy fallback for what it lacks) on the
+    same file: prepare seconds, first-call seconds, the call and its outputs. It picks its own threads."""
+    import onnx
+    from ggml.contrib.onnx import GgmlRuntimeBackend
+
+    t = time.perf_counter()
+    rep = GgmlRuntimeBackend.prepare(onnx.load(path))
+    compile_s = time.perf_counter() - t
+    names = [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+
+    def call():
+        return dict(zip(names, rep.run(inputs)))
+
+    t = time.perf_counter()
+    outs = call()
+    return compile_s, time.perf_counter() - t, call, outs, []
 
 
 @contextlib.contextmanager
@@ -881,6 +918,77 @@ def _c_backend_main(args, model_names: list[str]) -> int:
     return _print_and_write_section(args, C_HEADING, section, "C backend")
 
 
+# -- the GGML backend ---------------------------------------------------------------------------
+
+GGML_HEADING = "## GGML backend (issue 19)"
+GGML_MODELS = ("bert_small", "gpt2_124m", "resnet18")
+GGML_BACKENDS = ("ggml", "ggml-q8_0", "ggml-q4_0", "ggml-contrib")
+GGML_F32_TARGET = 2.0  # GGML float32 latency / onnxruntime, issue 19
+GGML_Q8_TARGET = 1.2  # GGML q8_0 latency / onnxruntime float32, issue 19
+GGML_Q4_BYTES_TARGET = 0.30  # q4_0 weight bytes / float32 weight bytes, issue 19
+
+
+def _ggml_targets(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    out = []
+    for model in ("bert_small", "gpt2_124m"):
+        for threads in sorted({r["threads"] for r in rows if r["model"] == model}):
+            f32, q8 = _find(rows, model, "ggml", threads), _find(rows, model, "ggml-q8_0", threads)
+            if f32:
+                out.append((f"GGML float32 within {GGML_F32_TARGET:g}x of onnxruntime ({threads} threads)", model,
+                            f"{f32['ratio']:.2f}x", "met" if f32["ratio"] <= GGML_F32_TARGET else "NOT met"))
+            if q8 and f32:
+                ok = q8["ms"] < f32["ms"] and q8["ratio"] <= GGML_Q8_TARGET
+                out.append((f"q8_0 faster than GGML float32 and within {GGML_Q8_TARGET:g}x of onnxruntime "
+                            f"({threads} threads)", model, f"{q8['ms']:.1f} ms vs {f32['ms']:.1f} ms; {q8['ratio']:.2f}x",
+                            "met" if ok else "NOT met"))
+        f32, q4 = _find(rows, model, "ggml"), _find(rows, model, "ggml-q4_0")
+        if f32 and q4 and f32.get("weight_bytes") and q4.get("weight_bytes"):
+            share = q4["weight_bytes"] / f32["weight_bytes"]
+            out.append((f"q4_0 weights at most {GGML_Q4_BYTES_TARGET:.0%} of float32's", model,
+                        f"{q4['weight_bytes'] / 2**20:.1f} MiB of {f32['weight_bytes'] / 2**20:.1f} MiB ({share:.0%})",
+                        "met" if share <= GGML_Q4_BYTES_TARGET else "NOT met"))
+    return out
+
+
+def _render_ggml(rows: list[dict], targets, notes: list[str], started: str, load) -> str:
+    lines = [GGML_HEADING, "",
+             f"Generated by `scripts/bench.py --ggml-backend` ({started}; load average {_fmt_load(load)} at the start).",
+             "ggml: `GGMLBackend(num_threads=...)` in float32; ggml-q8_0 / ggml-q4_0: the same with `quantize=`",
+             "(matmul weights and embedding tables quantized, activations float32); ggml-contrib: ggml-python's own",
+             "ONNX runtime (`ggml.contrib.onnx`, with its NumPy fallback, at its own thread count) on the same file.",
+             "Each row takes turns with onnxruntime (float32) at the same thread count (\"default\": every usable",
+             "CPU); vs ORT is the row's time over onnxruntime's in the same rounds. Nodes without a ggml rule run on",
+             "NumPy between ggml graphs (BERT's and GPT-2's mask arithmetic, Erf, Split): part of the time here.",
+             "bert_small: BERT-Small's shape (4 layers, hidden 512, 8 heads); gpt2_124m: GPT-2's released smallest",
+             "size with its LM head; both random weights, sequence 128, batch 1, TorchScript exports.", "",
+             "| Model | Backend | Threads | Load+compile (s) | Latency (ms) | ORT (ms) | vs ORT | Weights (MiB) | Max abs diff |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        weights = f"{r['weight_bytes'] / 2**20:.1f}" if r.get("weight_bytes") else ""
+        lines.append(f"| {r['model']} | {r['backend']} | {r['threads']} | {r['compile_s']:.3f} | {r['ms']:.2f} | "
+                     f"{r['ort_ms']:.2f} | {r['ratio']:.2f}x | {weights} | {r['diff']:.1e} |")
+    lines += ["", "| Target (issue 19) | Model | Measured | Met |", "|---|---|---|---|"]
+    lines += [f"| {t} | {m} | {v} | {verdict} |" for t, m, v, verdict in targets]
+    lines += ["", "Greedy generation with a key/value cache (tokens/s) is not measured yet: the `generate` helper",
+              "of issue 19 is not built.", ""]
+    if notes:
+        lines += [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def _ggml_backend_main(args, model_names: list[str]) -> int:
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
+    load = _load_average()
+    notes: list[str] = []
+    args.no_eager = True
+    backends = _make_backends(list(GGML_BACKENDS), notes)
+    rows = run_benchmark(args, backends, model_names, notes)
+    targets = _ggml_targets(rows)
+    for t, m, v, verdict in targets:
+        print(f"issue 19: {t} [{m}]: {v} -> {verdict}")
+    return _print_and_write_section(args, GGML_HEADING, _render_ggml(rows, targets, notes, started, load), "GGML backend")
+
+
 # -- training memory: gradient checkpointing -----------------------------------------------------
 
 TRAIN_MEMORY_BACKENDS = ("numpy", "jax", "torch", "mlx")
@@ -1262,6 +1370,10 @@ def main(argv=None) -> int:
                     help=f"only the C backend section ({', '.join(C_BACKENDS)} on --models among {', '.join(C_MODELS)}, "
                          "3 s of timing per row unless --row-seconds; ResNet-50 compile cold and from the cache; "
                          "ResNet-18 arena bytes vs the naive sum); replaces that section of --output and leaves the rest")
+    ap.add_argument("--ggml-backend", action="store_true",
+                    help=f"only the GGML backend section ({', '.join(GGML_BACKENDS)} on --models among "
+                         f"{', '.join(GGML_MODELS)}, 3 s of timing per row unless --row-seconds); replaces that "
+                         "section of --output and leaves the rest")
     args = ap.parse_args(argv)
     args.argv = argv
     if args.quick:
@@ -1287,6 +1399,14 @@ def main(argv=None) -> int:
             if m not in C_MODELS:
                 ap.error(f"unknown C model {m!r}; choose from {', '.join(C_MODELS)}")
         return _c_backend_main(args, models)
+    if args.ggml_backend:
+        if "--row-seconds" not in argv:
+            args.row_seconds = 3.0
+        models = ([m.strip() for m in args.models.split(",") if m.strip()] if "--models" in argv else list(GGML_MODELS))
+        for m in models:
+            if m not in MODELS:
+                ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+        return _ggml_backend_main(args, models)
     if args.training_memory:
         return _training_memory_main(args, [n for n in names if n in TRAIN_MEMORY_BACKENDS])
     if args.precision:
@@ -1336,7 +1456,7 @@ def main(argv=None) -> int:
         text = _render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started)
         # The training-memory, precision and C build sections are regenerated on their own
         # (--training-memory, --precision, --c-backend): kept as found.
-        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING):
+        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING):
             text = _splice_section(text, heading, _existing_section(out, heading))
         out.write_text(text)
         print(f"wrote {out}")
