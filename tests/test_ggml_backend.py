@@ -224,3 +224,34 @@ def test_docs_example_runs(capsys):
     exec(compile(block, "docs/backends.md", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.startswith("(1, 10)\n") and "q8_0" in printed and "total:" in printed
+
+
+def _gelu_chain(scalars_as_initializers: bool):
+    import onnx
+    from onnx import TensorProto, helper
+
+    consts = {"sqrt2": np.sqrt(2.0), "one": 1.0, "half": 0.5}
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = [helper.make_tensor(k, TensorProto.FLOAT, [], [v]) for k, v in consts.items()]
+    if not scalars_as_initializers:  # Constant nodes: constants in the plan
+        nodes = [helper.make_node("Constant", [], [k], value=t) for k, t in zip(consts, inits)] + nodes
+        inits = []
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], inits)
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_constants():
+    from scipy.special import erf
+
+    x = np.linspace(-4, 4, 32, dtype=np.float32).reshape(4, 8)
+    want = 0.5 * x * (1 + erf(x / np.sqrt(2)))
+    pm = ml.compile(_gelu_chain(False), ml.GGMLBackend(fallback=None), inference=True)
+    assert [pn.op_type for seg in pm.program.segments for pn in seg.nodes] == ["Gelu"]
+    np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
+    # Scalars that are parameters may change at run time: the chain stays as written, Erf on NumPy.
+    with pytest.warns(GGMLFallbackWarning, match=r"Erf: no ggml rule"):
+        pm = ml.compile(_gelu_chain(True), ml.GGMLBackend(), inference=True)
+    np.testing.assert_allclose(pm.evaluate(pm.get_parameters(), {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
