@@ -255,3 +255,15 @@ def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_constants():
     with pytest.warns(GGMLFallbackWarning, match=r"Erf: no ggml rule"):
         pm = ml.compile(_gelu_chain(True), ml.GGMLBackend(), inference=True)
     np.testing.assert_allclose(pm.evaluate(pm.get_parameters(), {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_docs_gguf_example_runs(capsys):
+    """docs/backends.md's GGUF example runs as written: the file reloads bit for bit on GGML and
+    dequantized on NumPy."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text[text.index("### GGUF files"):], re.S)[0]
+    exec(compile(block, "docs/backends.md", "exec"), {})
+    assert capsys.readouterr().out == ("{'input': {'shape': [1, 3, 32, 32], 'dtype': 'float32'}}\nTrue\n(1, 10)\n")
