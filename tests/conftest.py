@@ -4,6 +4,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 
+def digits_32x32(n_train: int = 1500):
+    """sklearn's load_digits as [N, 1, 32, 32] float64 (each pixel repeated 4x4), standardized with
+    the training set's mean and deviation: (x_train, y_train, x_test, y_test), the first ``n_train``
+    images training, the rest (297 of 1,797 at the default) test. LeNet's real training data."""
+    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the test extra")
+    d = sklearn.load_digits()
+    x = (d.images / 16.0).repeat(4, axis=1).repeat(4, axis=2)[:, None]
+    x = (x - x[:n_train].mean()) / x[:n_train].std()
+    y = d.target.astype(np.int64)
+    return x[:n_train], y[:n_train], x[n_train:], y[n_train:]
+
+
 def make_model(nodes, inputs, outputs, initializers=(), opset=17, ir_version=10, domains=()):
     """A small hand-made model: inputs/outputs are (name, elem_type, shape) triples."""
     graph = helper.make_graph(

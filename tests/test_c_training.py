@@ -19,6 +19,8 @@ from mithril.backends.c import build
 from mithril.backends.c.backend import CFallbackWarning, CKernelMissingError
 from mithril.models import CrossEntropy, Mean, TrainModel
 
+from .conftest import digits_32x32
+
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler (cc or gcc) on PATH")
 
@@ -119,14 +121,9 @@ BATCH, N_TRAIN, EPOCHS, LR = 64, 1500, 15, 3e-3
 
 
 def _digits():
-    """load_digits as [N, 1, 32, 32] (each pixel repeated 4x4), standardized with the training
-    set's statistics: the first 1,500 train, the other 297 test (as tests/test_training.py)."""
-    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the test extra")
-    d = sklearn.load_digits()
-    x = (d.images / 16.0).repeat(4, axis=1).repeat(4, axis=2)[:, None]
-    x = ((x - x[:N_TRAIN].mean()) / x[:N_TRAIN].std()).astype(np.float32)
-    y = d.target.astype(np.int64)
-    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+    """LeNet's digits (conftest.digits_32x32) in float32."""
+    x, y, xt, yt = digits_32x32(N_TRAIN)
+    return x.astype(np.float32), y, xt.astype(np.float32), yt
 
 
 @pytest.mark.slow

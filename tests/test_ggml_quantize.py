@@ -23,6 +23,8 @@ import models_zoo
 from mithril.backends.ggml.quantize import QuantizationReport
 from mithril.models import CrossEntropy, Mean, TrainModel
 
+from .conftest import digits_32x32
+
 pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
 
 ROOT = Path(__file__).parent.parent
@@ -79,14 +81,9 @@ BATCH, N_TRAIN, EPOCHS, LR = 64, 1500, 6, 3e-3
 
 
 def _digits():
-    """load_digits as [N, 1, 32, 32] (each pixel repeated 4x4), standardized with the training
-    set's statistics: the first 1,500 train, the other 297 test (as tests/test_training.py)."""
-    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the test extra")
-    d = sklearn.load_digits()
-    x = (d.images / 16.0).repeat(4, axis=1).repeat(4, axis=2)[:, None]
-    x = ((x - x[:N_TRAIN].mean()) / x[:N_TRAIN].std()).astype(np.float32)
-    y = d.target.astype(np.int64)
-    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+    """LeNet's digits (conftest.digits_32x32) in float32."""
+    x, y, xt, yt = digits_32x32(N_TRAIN)
+    return x.astype(np.float32), y, xt.astype(np.float32), yt
 
 
 @pytest.fixture(scope="module")

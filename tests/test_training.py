@@ -30,6 +30,8 @@ from mithril.models import (
 )
 from mithril.optimizers import Adam, fit
 
+from .conftest import digits_32x32
+
 BATCH = 64
 N_TRAIN = 1500
 
@@ -43,14 +45,7 @@ def _backend(name: str, dtype=ml.float32):
 
 @functools.lru_cache(maxsize=None)
 def _digits():
-    """load_digits as [N, 1, 32, 32] (each pixel repeated 4x4), standardized with the training
-    set's mean and deviation: first 1,500 images train, the other 297 test."""
-    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the test extra")
-    d = sklearn.load_digits()
-    x = (d.images / 16.0).repeat(4, axis=1).repeat(4, axis=2)[:, None]
-    x = (x - x[:N_TRAIN].mean()) / x[:N_TRAIN].std()
-    y = d.target.astype(np.int64)
-    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+    return digits_32x32(N_TRAIN)
 
 
 def _batches(backend, dtype=np.float32, shift: int = 2):

@@ -144,6 +144,17 @@ class Plan:
                     yield from p.all_nodes()
 
 
+def reads_of(pn: PlanNode):
+    """The values a node reads: its inputs, then what its subgraphs read from enclosing graphs
+    (a value read by a subgraph is alive until that node has run)."""
+    for v in pn.inputs:
+        if v is not None:
+            yield v
+    for sub in pn.subgraphs.values():
+        for p in sub if isinstance(sub, tuple) else (sub,):
+            yield from p.outer
+
+
 def squeeze_output_problem(pn: PlanNode) -> str | None:
     """For a Squeeze, whether the output shape it gives (empty ``axes`` squeeze every 1, as
     onnxruntime and the NumPy kernel do) is the one the plan allocates: ONNX shape inference keeps
@@ -408,4 +419,4 @@ def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> P
 
 
 __all__ = ["Plan", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
-           "outer_reads", "plan_of_node", "squeeze_output_problem", "value_dtype"]
+           "outer_reads", "plan_of_node", "reads_of", "squeeze_output_problem", "value_dtype"]

@@ -20,7 +20,7 @@ from math import prod
 
 import numpy as np
 
-from ..plan import Plan, PlanNode, PlanValue
+from ..plan import Plan, PlanNode, PlanValue, reads_of
 from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 
@@ -296,13 +296,8 @@ def render(plan: Plan, dtype=None) -> CSource:
     readers: dict[PlanValue, list[int]] = {}
     for i, step in enumerate(steps):
         for pn in step.nodes if isinstance(step, Segment) else [step]:
-            for v in pn.inputs:
-                if v is not None:
-                    readers.setdefault(v, []).append(i)
-            for sub in pn.subgraphs.values():
-                for p in sub if isinstance(sub, tuple) else (sub,):
-                    for v in p.outer:
-                        readers.setdefault(v, []).append(i)
+            for v in reads_of(pn):
+                readers.setdefault(v, []).append(i)
     plan_outputs = set(plan.outputs)
 
     r.lines += preamble(plan, "one function per C segment of the model")

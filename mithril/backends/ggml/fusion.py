@@ -14,7 +14,7 @@ from math import sqrt
 
 import numpy as np
 
-from ..plan import Plan, PlanNode, PlanValue
+from ..plan import Plan, PlanNode, PlanValue, reads_of
 
 
 def _scalar(v: PlanValue | None) -> float | None:
@@ -33,13 +33,8 @@ def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
     nodes = list(plan.nodes)
     readers: dict[PlanValue, list[int]] = {}
     for i, pn in enumerate(nodes):
-        for v in pn.inputs:
-            if v is not None:
-                readers.setdefault(v, []).append(i)
-        for sub in pn.subgraphs.values():
-            for p in sub if isinstance(sub, tuple) else (sub,):
-                for v in p.outer:
-                    readers.setdefault(v, []).extend([-1, -1])  # read inside a subgraph: never fused away
+        for v in reads_of(pn):
+            readers.setdefault(v, []).append(i)
     producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
     outputs = set(plan.outputs)
 

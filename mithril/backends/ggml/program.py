@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
-from ..plan import Plan, PlanNode, PlanValue
+from ..plan import Plan, PlanNode, PlanValue, reads_of
 from .ops import F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 from .ops import elementwise, movement, nn  # noqa: F401 - the families register their rules
 from .quantize import QuantizedTensor
@@ -194,13 +194,8 @@ class GGMLProgram:
         readers: dict[PlanValue, list[int]] = {}
         for i, step in enumerate(self.steps):
             for pn in step.nodes if isinstance(step, Segment) else [step]:
-                for v in pn.inputs:
-                    if v is not None:
-                        readers.setdefault(v, []).append(i)
-                for sub in pn.subgraphs.values():
-                    for p in sub if isinstance(sub, tuple) else (sub,):
-                        for v in p.outer:
-                            readers.setdefault(v, []).append(i)
+                for v in reads_of(pn):
+                    readers.setdefault(v, []).append(i)
         outputs = set(self.plan.outputs)
         for si, seg in enumerate(self.steps):
             if not isinstance(seg, Segment):
