@@ -141,8 +141,8 @@ def _norm_axis(pn) -> int:
 
 
 def _check_layernorm(pn) -> str | None:
-    if len(pn.outputs) > 1 and any(v is not None for v in pn.outputs[1:]):
-        return "the mean and inverse deviation outputs"
+    if pn.op_type == "RMSNormalization" and len(pn.outputs) > 1:
+        return "more than one output"
     if tuple(pn.outputs[0].static_shape) != tuple(pn.inputs[0].static_shape):
         return "a scale or bias larger than the input"
     return _check_broadcast(pn)
@@ -160,7 +160,15 @@ def layer_norm(pn, g: Builder):
     y = g.ggml.ggml_mul(g.ctx, y, g.contiguous(operand(pn, 1, g)))
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
         y = g.ggml.ggml_add(g.ctx, y, g.contiguous(operand(pn, 2, g)))
-    return y
+    if len(pn.outputs) == 1:
+        return y
+    # Mean and 1 / sqrt(var + eps) per row, the statistics ggml_norm computes inside.
+    gg, ctx = g.ggml, g.ctx
+    mean = gg.ggml_mean(ctx, rows)
+    var = gg.ggml_mean(ctx, gg.ggml_sqr(ctx, gg.ggml_sub(ctx, rows, mean)))
+    inv = gg.ggml_div(ctx, g.constant(np.ones((prod(s[:axis]), 1), np.float32)),
+                      gg.ggml_sqrt(ctx, gg.ggml_scale_bias(ctx, var, 1.0, eps)))
+    return [y, mean, inv][:len(pn.outputs)]
 
 
 def _check_batchnorm(pn) -> str | None:
@@ -404,3 +412,68 @@ def attention(pn, g: Builder):
     if len(pn.outputs) > 3:
         outs.append(gg.ggml_cont(ctx, (qk, capped, scores, probs)[int(kw.get("qk_matmul_output_mode") or 0)]))
     return [o if v is not None else None for o, v in zip(outs, pn.outputs)]
+
+
+def _check_nll(pn) -> str | None:
+    if pn.kwargs.get("ignore_index") is not None:
+        return "ignore_index (a label that reads no row)"
+    x = pn.inputs[0].static_shape
+    if len(x) < 2:
+        return "an input without classes"
+    return None
+
+
+def _picked(pn, g: Builder, rows, c: int):
+    """``-rows[m, label[m]] * weight[label[m]]`` for each of the ``m`` rows (the labels as
+    ggml row indices, range-checked per call), and the picked weights (None without weights)."""
+    gg, ctx = g.ggml, g.ctx
+    m = int(rows.contents.ne[1])
+    labels = gg.ggml_reshape_2d(ctx, g.index(pn.inputs[1], c, pn), 1, m)
+    # One class row of length 1 per sample: get_rows picks, in batch m, the row label[m].
+    table = gg.ggml_reshape_3d(ctx, g.contiguous(rows), 1, c, m)
+    loss = gg.ggml_neg(ctx, gg.ggml_reshape_1d(ctx, gg.ggml_get_rows(ctx, table, labels), m))
+    if len(pn.inputs) < 3 or pn.inputs[2] is None:
+        return loss, None
+    weights = g.reshape(operand(pn, 2, g), (c, 1))
+    w = gg.ggml_reshape_1d(ctx, gg.ggml_get_rows(ctx, weights, gg.ggml_reshape_1d(ctx, labels, m)), m)
+    return gg.ggml_mul(ctx, loss, w), w
+
+
+def _reduce_loss(pn, g: Builder, loss, w):
+    gg, ctx = g.ggml, g.ctx
+    reduction = _text(pn.kwargs.get("reduction", "mean"))
+    if reduction == "none":
+        return loss
+    total = gg.ggml_sum(ctx, loss)
+    if reduction == "sum":
+        return total
+    if w is None:
+        return gg.ggml_scale(ctx, total, 1.0 / int(loss.contents.ne[0]))
+    return gg.ggml_div(ctx, total, gg.ggml_sum(ctx, w))
+
+
+def _class_rows(pn, g: Builder, x):
+    """``x`` (N, C, d...) as rows of classes: (N * d..., C), and the permutation used."""
+    s = tuple(pn.inputs[0].static_shape)
+    perm = [0] + list(range(2, len(s))) + [1]
+    return g.reshape(permute(g, g.contiguous(x), perm), (prod(s) // s[1], s[1])), perm
+
+
+@ggml_op("NegativeLogLikelihoodLoss", check=_check_nll, indices=(1,))
+def nll_loss(pn, g: Builder):
+    rows, _ = _class_rows(pn, g, operand(pn, 0, g))
+    loss, w = _picked(pn, g, rows, pn.inputs[0].static_shape[1])
+    return _reduce_loss(pn, g, loss, w)
+
+
+@ggml_op("SoftmaxCrossEntropyLoss", check=_check_nll, indices=(1,))
+def softmax_cross_entropy(pn, g: Builder):
+    s = tuple(pn.inputs[0].static_shape)
+    rows, perm = _class_rows(pn, g, operand(pn, 0, g))
+    log_prob = _log_softmax_rows(g, rows)
+    loss, w = _picked(pn, g, log_prob, s[1])
+    outs = [_reduce_loss(pn, g, loss, w)]
+    if len(pn.outputs) > 1 and pn.outputs[1] is not None:
+        inverse = [perm.index(a) for a in range(len(s))]
+        outs.append(permute(g, g.reshape(log_prob, [s[a] for a in perm]), inverse))
+    return outs
