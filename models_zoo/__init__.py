@@ -13,7 +13,7 @@ architectures used by the tests, the benchmark and the main job.
 from .classic import lenet, mlp
 from .recurrent import lstm_classifier
 from .resnet import resnet18, resnet34, resnet50
-from .transformers import create_gpt, vit
+from .transformers import create_gpt, create_gpt_decoder, vit
 
 ZOO = {
     "mlp": mlp,
@@ -26,4 +26,5 @@ ZOO = {
     "vit": vit,
 }
 
-__all__ = ["ZOO", "create_gpt", "lenet", "lstm_classifier", "mlp", "resnet18", "resnet34", "resnet50", "vit"]
+__all__ = ["ZOO", "create_gpt", "create_gpt_decoder", "lenet", "lstm_classifier", "mlp", "resnet18", "resnet34",
+           "resnet50", "vit"]

@@ -1,4 +1,5 @@
-"""Transformers: a GPT-2 style language model (``create_gpt``) and a small Vision Transformer."""
+"""Transformers: a GPT-2 style language model (``create_gpt``), its decode step with a key/value cache
+(``create_gpt_decoder``, for ``ml.generate``) and a small Vision Transformer."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from mithril.models import (
     Linear,
     Mean,
     Model,
+    Multiply,
     MultiHeadAttention,
     Primitive,
+    ScaledDotProduct,
+    Subtract,
     TransformerBlock,
     Transpose,
 )
@@ -57,6 +61,83 @@ def create_gpt(bias: bool, block_size: int, dims: int, num_heads: int, num_layer
         layer = TransformerBlock(dims, num_heads, bias=bias, gelu_approximate="tanh", name=str(i))
         blocks.extend(layer, chain=i > 0, **_ends(i, num_layers))
     model |= blocks(input=model.embed.output)
+    model += LayerNorm(use_bias=bias, name="ln_f")
+    model += Linear(vocab_size, use_bias=False, name="lm_head")(output="output")
+    return model
+
+
+class _CachedBlock(Model):
+    """One decode step of a :class:`TransformerBlock` over a fixed-size key/value cache: the new
+    token's key and value are written into row ``write`` of ``k_cache``/``v_cache``
+    [N, heads, block_size, head] by arithmetic (``cache * (1 - write) + new * write``, so every
+    backend runs it with static shapes), and the query attends over the whole cache with the
+    additive ``mask`` hiding rows not written yet. Parameter names are TransformerBlock's."""
+
+    def __init__(self, dims: int, num_heads: int, block_size: int, bias: bool, name: str | None = None):
+        super().__init__(name)
+        head = dims // num_heads
+        self |= LayerNorm(use_bias=bias, name="ln_1")(input=IOKey("input", shape=[None, 1, dims]))
+        attn = Model(name="attn")
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            attn |= Linear(dims, use_bias=bias, name=proj)(input="input")
+        attn |= Subtract(name="keep")(left=1.0, right=IOKey("write", shape=[block_size, 1]))
+        for kv in ("k", "v"):
+            new = getattr(attn, f"{kv}_proj").output.reshape(0, 0, num_heads, head).transpose((0, 2, 1, 3))
+            attn |= Multiply(name=f"{kv}_keep")(left=IOKey(f"{kv}_cache", shape=[None, num_heads, block_size, head]),
+                                               right=attn.keep.output)
+            attn |= Multiply(name=f"{kv}_new")(left=new, right="write")
+            attn |= Add(name=f"{kv}_write")(left=getattr(attn, f"{kv}_keep").output,
+                                            right=getattr(attn, f"{kv}_new").output,
+                                            output=IOKey(f"{kv}_cache_next", expose=True))
+        query = attn.q_proj.output.reshape(0, 0, num_heads, head).transpose((0, 2, 1, 3))
+        attn |= ScaledDotProduct(use_mask=True, name="attention")(
+            query=query, key=attn.k_write.output, value=attn.v_write.output,
+            mask=IOKey("mask", shape=[1, block_size], type=float))
+        merged = attn.attention.output.transpose((0, 2, 1, 3)).reshape(0, 0, dims)
+        attn |= Linear(dims, use_bias=bias, name="out_proj")(input=merged, output="output")
+        self |= attn(input=self.ln_1.output, write="write", mask="mask", k_cache="k_cache", v_cache="v_cache",
+                     k_cache_next="k_cache_next", v_cache_next="v_cache_next")
+        self |= Add(name="residual_1")(left="input", right=self.attn.output)
+        self |= LayerNorm(use_bias=bias, name="ln_2")(input=self.residual_1.output)
+        self |= MLP([Gelu(approximate="tanh"), None], [4 * dims, dims], use_bias=bias, name="mlp")(
+            input=self.ln_2.output)
+        self |= Add(name="residual_2")(left=self.residual_1.output, right=self.mlp.output, output="output")
+
+
+def create_gpt_decoder(bias: bool, block_size: int, dims: int, num_heads: int, num_layers: int, vocab_size: int,
+                       name: str | None = None) -> Model:
+    """One decode step of :func:`create_gpt` with a fixed-size key/value cache, for
+    :func:`mithril.generate`; its parameters are create_gpt's, by the same names.
+
+    Inputs: ``input`` [N, 1] (int64, the token at position p); ``position`` [1] (int64, p);
+    ``mask`` [1, block_size] (float: 0 for positions 0..p, a large negative number after);
+    ``write`` [block_size, 1] (float one-hot of p); ``k_cache_i`` and ``v_cache_i``
+    [N, num_heads, block_size, dims // num_heads] per layer i (zeros before the first step).
+    Outputs: ``output`` logits [N, 1, vocab_size], equal to create_gpt's at position p, and
+    ``k_cache_i_next``/``v_cache_i_next``, the caches with row p written, fed back as the next
+    step's ``k_cache_i``/``v_cache_i``. Every shape is static, so GGML and C run it.
+
+    >>> create_gpt_decoder(bias=True, block_size=16, dims=8, num_heads=2, num_layers=1, vocab_size=32).shape_of(
+    ...     "k_cache_0_next")
+    '[N, 2, 16, 4]'
+    """
+    if dims % num_heads:
+        raise ValueError(f"create_gpt_decoder: dims {dims} do not divide into {num_heads} heads")
+    head = dims // num_heads
+    cache = ["N", num_heads, block_size, head]
+    model = Model(name)
+    model |= Embedding(vocab_size, dims, name="wte")(input=IOKey("input", shape=["N", 1], type=int))
+    model |= Embedding(block_size, dims, name="wpe")(input=IOKey("position", shape=[1], type=int))
+    model |= Add(name="embed")(left=model.wte.output, right=model.wpe.output)
+    blocks = Model(name="h")
+    for i in range(num_layers):
+        layer = _CachedBlock(dims, num_heads, block_size, bias, name=str(i))
+        blocks.extend(layer, chain=i > 0, mask="mask", write="write", k_cache=f"k_cache_{i}", v_cache=f"v_cache_{i}",
+                      k_cache_next=f"k_cache_{i}_next", v_cache_next=f"v_cache_{i}_next", **_ends(i, num_layers))
+    caches = {f"{kv}_cache_{i}{end}": IOKey(f"{kv}_cache_{i}{end}", shape=cache)
+              for i in range(num_layers) for kv in "kv" for end in ("", "_next")}
+    model |= blocks(input=model.embed.output, mask=IOKey("mask", shape=[1, block_size], type=float),
+                    write=IOKey("write", shape=[block_size, 1], type=float), **caches)
     model += LayerNorm(use_bias=bias, name="ln_f")
     model += Linear(vocab_size, use_bias=False, name="lm_head")(output="output")
     return model

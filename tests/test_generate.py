@@ -1,0 +1,134 @@
+"""Greedy generation with a key/value cache (issue 19, Must 6): the zoo's decode-step GPT
+(``create_gpt_decoder``) equals ``create_gpt`` step by step, and ``ml.generate`` gives the same
+ids as re-running the full model on the growing sequence, on NumPy, GGML (float32; q8_0 within
+the issue's 30 of 32) and C."""
+
+import doctest
+import importlib
+
+import numpy as np
+import pytest
+
+import mithril as ml
+import models_zoo
+from mithril.errors import MithrilError
+
+CFG = dict(bias=True, block_size=64, dims=64, num_heads=4, num_layers=2, vocab_size=128)  # dims 64: whole q8_0 blocks
+PROMPT = np.array([5, 17, 3, 60])
+NEW = 32
+
+
+def _step(backend, batch=1, **options):
+    return ml.compile(models_zoo.create_gpt_decoder(**CFG), backend, shapes={"input": (batch, 1)}, inference=True,
+                      **options)
+
+
+def _params(seed=0):
+    """GPT-2's initialisation (N(0, 0.02) weights and embeddings, LayerNorm scales near 1), so the
+    attention and the context decide the next token, not the current token alone. Random weights
+    leave small gaps between the two largest logits: with this seed and prompt the q8_0 logits
+    pick the same argmax on every step (measured, see test_q8_0_...)."""
+    rng = np.random.default_rng(seed)
+    shapes = {k: np.shape(v) for k, v in _step(ml.NumpyBackend()).randomize_params().items()}
+    return {k: ((1.0 if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
+                + (0.1 if len(s) == 1 and k.endswith(".weight") else 0.02) * rng.standard_normal(s)).astype(np.float32)
+            for k, s in shapes.items()}
+
+
+def _full():
+    return ml.compile(models_zoo.create_gpt(**CFG), ml.NumpyBackend(), inference=True)
+
+
+def _rerun_argmax(params, prompt, count):
+    """The reference: the full model (no cache) re-run on the growing sequence, argmax of the last position."""
+    full, seq = _full(), [int(t) for t in prompt]
+    for _ in range(count):
+        seq.append(int(full.evaluate(params, {"input": np.array([seq])})["output"][0, -1].argmax()))
+    return np.array(seq[len(prompt):])
+
+
+def test_decoder_has_create_gpt_parameters():
+    step = _step(ml.NumpyBackend())
+    full = ml.compile(models_zoo.create_gpt(**CFG), ml.NumpyBackend(), shapes={"input": (1, 8)}, inference=True)
+    assert {k: np.shape(v) for k, v in step.randomize_params().items()} == \
+        {k: np.shape(v) for k, v in full.randomize_params().items()}
+    caches = [f"{kv}_cache_{i}" for i in range(CFG["num_layers"]) for kv in "kv"]
+    assert sorted(step.input_keys) == sorted(["input", "position", "mask", "write", *caches])
+    assert sorted(step.output_keys) == sorted(["output", *(f"{c}_next" for c in caches)])
+
+
+def test_decoder_step_logits_equal_create_gpt_at_each_position():
+    params, step, size = _params(), _step(ml.NumpyBackend()), CFG["block_size"]
+    tokens = np.random.default_rng(1).integers(0, CFG["vocab_size"], 12)
+    want = _full().evaluate(params, {"input": tokens[None]})["output"][0]  # causal: row p sees tokens 0..p
+    head = CFG["dims"] // CFG["num_heads"]
+    caches = {f"{kv}_cache_{i}": np.zeros((1, CFG["num_heads"], size, head), np.float32)
+              for i in range(CFG["num_layers"]) for kv in "kv"}
+    for p, token in enumerate(tokens):
+        out = step.evaluate(params, {
+            "input": np.array([[token]]), "position": np.array([p]), **caches,
+            "mask": np.where(np.arange(size) <= p, 0, -1e9).astype(np.float32)[None],
+            "write": (np.arange(size) == p).astype(np.float32)[:, None]})
+        np.testing.assert_allclose(out["output"][0, 0], want[p], rtol=1e-4, atol=1e-5)
+        caches = {k: out[f"{k}_next"] for k in caches}
+        assert not caches["k_cache_0"][:, :, p + 1:].any()  # rows after p are still empty
+
+
+def test_generate_on_numpy_equals_rerunning_the_full_model():
+    params = _params()
+    ids = ml.generate(_step(ml.NumpyBackend()), params, PROMPT, NEW)
+    assert ids.dtype == np.int64 and ids.shape == (NEW,)
+    np.testing.assert_array_equal(ids, _rerun_argmax(params, PROMPT, NEW))
+    assert len(set(ids.tolist())) > 3  # not one token repeated: the context matters
+
+
+def test_generate_batched_rows_are_independent():
+    params = _params()
+    prompts = np.array([PROMPT, PROMPT[::-1]])
+    ids, speed = ml.generate(_step(ml.NumpyBackend(), batch=2), params, prompts, 6, return_speed=True)
+    assert ids.shape == (2, 6) and speed > 0
+    single = _step(ml.NumpyBackend())
+    for row, prompt in zip(ids, prompts):
+        np.testing.assert_array_equal(row, ml.generate(single, params, prompt, 6))
+
+
+def test_generate_refuses_what_does_not_fit_the_cache():
+    step = _step(ml.NumpyBackend())
+    with pytest.raises(MithrilError, match="need 66 positions; the step model's cache holds 64"):
+        ml.generate(step, _params(), np.zeros(20, np.int64), 47)
+    with pytest.raises(MithrilError, match=r"do not fit the step model's input \[1, 1\]"):
+        ml.generate(step, _params(), np.zeros((2, 3), np.int64), 4)
+
+
+def test_generate_on_ggml_float32_and_q8_0():
+    pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
+    params = _params()
+    want = ml.generate(_step(ml.NumpyBackend()), params, PROMPT, NEW)
+    # one thread: this test's machine is shared, and ggml's spinning threads crawl when cores are busy
+    f32 = ml.generate(_step(ml.GGMLBackend(num_threads=1), static_shapes=True), params, PROMPT, NEW)
+    np.testing.assert_array_equal(f32, want)
+    q8 = ml.generate(_step(ml.GGMLBackend(quantize="q8_0", num_threads=1), static_shapes=True), params, PROMPT, NEW)
+    assert (q8 == f32).sum() >= 30  # issue 19's bar; measured 32 of 32 with these weights
+    # the same comparison without compounding: q8_0's argmax on float32's own sequence (the full
+    # model, no cache, quantized)
+    seq = np.concatenate([PROMPT, f32[:-1]])[None]
+    full = ml.compile(models_zoo.create_gpt(**CFG), ml.GGMLBackend(quantize="q8_0", num_threads=1),
+                      shapes={"input": seq.shape}, inference=True, static_shapes=True)
+    forced = full.evaluate(params, {"input": seq})["output"][0, len(PROMPT) - 1:].argmax(-1)
+    assert (forced == f32).sum() >= 31
+
+
+def test_generate_on_c_equals_numpy():
+    params = _params()
+    want = ml.generate(_step(ml.NumpyBackend()), params, PROMPT, 8)
+    np.testing.assert_array_equal(ml.generate(_step(ml.CBackend()), params, PROMPT, 8), want)
+
+
+def test_generate_docstring_example_runs():
+    module = importlib.import_module("mithril.generate")
+    tests = [t for t in doctest.DocTestFinder().find(module) if t.examples]
+    assert tests
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    for t in tests:
+        runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0
