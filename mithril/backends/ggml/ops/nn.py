@@ -217,32 +217,69 @@ def _same_as_ggml(pn, win, size) -> str | None:
     return None
 
 
+def _conv_pads(pn, win, size):
+    """(begin, end) zero padding per spatial axis that the windows read, when padding the
+    input by it and sliding without padding gives the node's output size; None otherwise."""
+    pads = win.read_pads(size)
+    for n, k, st, d, (b, e), o in zip(size, win.kernel, win.strides, win.dilations, pads, win.out):
+        if (n + b + e - d * (k - 1) - 1) // st + 1 != o:
+            return None
+    return pads
+
+
 def _check_conv(pn) -> str | None:
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
-    if len(x) != 4:
-        return f"{len(x) - 2}-D convolution (ggml here: 2-D)"
-    if not (len(pn.inputs) < 2 or pn.inputs[1].kind in ("param", "constant")):
-        return "a kernel computed at run time"
+    if len(x) not in (3, 4):
+        return f"{len(x) - 2}-D convolution (ggml here: 1-D and 2-D)"
     group = int(pn.kwargs.get("group") or 1)
-    if group != 1 and not (group == x[1] == w[0] and w[1] == 1):
-        return f"group={group} other than depthwise"
-    return _same_as_ggml(pn, _conv_window(pn), x[2:])
+    if x[1] % group or w[0] % group or w[1] * group != x[1]:
+        return f"group={group} does not divide the channels"
+    if _conv_pads(pn, _conv_window(pn), x[2:]) is None:
+        return "padding ggml cannot express"
+    return None
 
 
 @ggml_op("Conv", check=_check_conv)
 def conv(pn, g: Builder):
+    """1-D as 2-D with a height of 1; padding added to the input first (ggml pads both sides
+    alike); groups as one convolution per group, concatenated (depthwise: ggml's direct kernel)."""
+    gg, ctx = g.ggml, g.ctx
+    xs, ws = list(pn.inputs[0].static_shape), list(pn.inputs[1].static_shape)
+    one_d = len(xs) == 3
     x = g.contiguous(operand(pn, 0, g))
-    w = g.weight(pn.inputs[1], "conv")
+    w = g.weight(pn.inputs[1], "conv") if g.is_weight(pn.inputs[1]) else g.contiguous(g.t(pn.inputs[1]))
+    if one_d:
+        x = g.reshape(x, xs[:2] + [1, xs[2]])
+        w = g.reshape(w, ws[:2] + [1, ws[2]])
     win = _conv_window(pn)
-    (sh, sw), (ph, pw), (dh, dw) = win.strides, win.begin, win.dilations
+    pads = list(_conv_pads(pn, win, xs[2:]))
+    strides, dilations = list(win.strides), list(win.dilations)
+    if one_d:
+        pads, strides, dilations = [(0, 0)] + pads, [1] + strides, [1] + dilations
+    (pt, pb), (pl, pr) = pads
+    if pt or pb or pl or pr:
+        x = gg.ggml_pad_ext(ctx, x, pl, pr, pt, pb, 0, 0, 0, 0)
+    (sh, sw), (dh, dw) = strides, dilations
     group = int(pn.kwargs.get("group") or 1)
+    c, m = xs[1], ws[0]
     if group == 1:
-        y = g.ggml.ggml_conv_2d(g.ctx, w, x, sw, sh, pw, ph, dw, dh)
+        y = gg.ggml_conv_2d(ctx, w, x, sw, sh, 0, 0, dw, dh)
+    elif group == c == m and ws[1] == 1:
+        y = gg.ggml_conv_2d_dw_direct(ctx, w, x, sw, sh, 0, 0, dw, dh)
     else:
-        y = g.ggml.ggml_conv_2d_dw_direct(g.ctx, w, x, sw, sh, pw, ph, dw, dh)
+        parts = []
+        ci, mi = c // group, m // group
+        for i in range(group):
+            xn, wn = x.contents.ne, w.contents.ne
+            xb, wb = x.contents.nb, w.contents.nb
+            xg = gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2])
+            wg = gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], mi, wb[1], wb[2], wb[3], i * mi * wb[3])
+            parts.append(gg.ggml_conv_2d(ctx, g.contiguous(wg), gg.ggml_cont(ctx, xg), sw, sh, 0, 0, dw, dh))
+        y = parts[0]
+        for t in parts[1:]:
+            y = gg.ggml_concat(ctx, y, t, 2)
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
-        m = pn.inputs[1].static_shape[0]
-        y = g.ggml.ggml_add(g.ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, m, 1, 1)))
+        y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, m, 1, 1)))
     return y
 
 
