@@ -129,3 +129,41 @@ def gather(pn, g: Builder):
         index = g.index(idx, rows, pn)
     flat = g.ggml.ggml_reshape_1d(g.ctx, index, int(np.prod(idx.static_shape, dtype=np.int64)))
     return g.ggml.ggml_get_rows(g.ctx, table, flat)
+
+
+def _split_sizes(pn) -> list[int]:
+    d = pn.inputs[0].static_shape[int(pn.kwargs.get("axis", 0)) % len(pn.inputs[0].static_shape)]
+    split = pn.inputs[1] if len(pn.inputs) > 1 else None
+    if split is not None:
+        return [int(s) for s in np.asarray(split.value).reshape(-1)]
+    if pn.kwargs.get("split") is not None:
+        return [int(s) for s in pn.kwargs["split"]]
+    n = int(pn.kwargs.get("num_outputs") or len(pn.outputs))
+    chunk = -(-d // n)
+    return [min(chunk, d - i * chunk) for i in range(n)]
+
+
+def _check_split(pn) -> str | None:
+    sizes = _split_sizes(pn)
+    axis = int(pn.kwargs.get("axis", 0)) % len(pn.inputs[0].static_shape)
+    if len(sizes) != len(pn.outputs) or sum(sizes) != pn.inputs[0].static_shape[axis] or min(sizes) < 1:
+        return f"split sizes {sizes} for {len(pn.outputs)} outputs"
+    return None
+
+
+@ggml_op("Split", check=_check_split, folded=(1,))
+def split(pn, g: Builder):
+    """Each part a strided view of the input, made contiguous."""
+    x = g.contiguous(operand(pn, 0, g))
+    shape = list(pn.inputs[0].static_shape)
+    rank = len(shape)
+    axis = int(pn.kwargs.get("axis", 0)) % rank
+    nb = list(x.contents.nb[:MAX_DIMS])
+    parts, start = [], 0
+    for size in _split_sizes(pn):
+        extents = shape[:axis] + [size] + shape[axis + 1:]
+        n = [int(d) for d in reversed(extents)] + [1] * (MAX_DIMS - rank)
+        view = g.ggml.ggml_view_4d(g.ctx, x, *n, nb[1], nb[2], nb[3], start * nb[ggml_axis(axis, rank)])
+        parts.append(g.ggml.ggml_cont(g.ctx, view))
+        start += size
+    return parts
