@@ -371,6 +371,38 @@ def _attention_dims(pn):
     return q[0], hq, hk, s, t
 
 
+def _masked_softmax(g: Builder, scores):
+    """Softmax over rows where an all-masked (-inf) row gives zeros: the max clamped finite,
+    then 0 / (0 + 1)."""
+    gg, ctx = g.ggml, g.ctx
+    big = float(np.finfo(np.float32).max)
+    top = gg.ggml_clamp(ctx, _row_max(g, scores), -big, big)
+    e = gg.ggml_exp(ctx, gg.ggml_sub(ctx, scores, top))
+    total = gg.ggml_sum_rows(ctx, e)
+    empty = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, total), -1.0, 1.0)
+    return gg.ggml_div(ctx, e, gg.ggml_add(ctx, total, empty))
+
+
+def _check_flex(pn) -> str | None:
+    q, k, v = (x.static_shape for x in pn.inputs[:3])
+    if len(q) != 4 or len(k) != 4 or len(v) != 4 or q[1] % k[1] or k[1] != v[1]:
+        return "heads that are not 4-D or not grouped"
+    if pn.kwargs.get("softmax_precision") not in (None, 0, 1):
+        return "softmax_precision other than float32"
+    return None
+
+
+@ggml_op("FlexAttention", domain="ai.onnx.preview", check=_check_flex)
+def flex_attention(pn, g: Builder):
+    """Without score_mod / prob_mod (a node with subgraphs is not ggml's): Attention's core."""
+    gg, ctx = g.ggml, g.ctx
+    q, k, v = (g.contiguous(operand(pn, i, g)) for i in range(3))
+    scale = pn.kwargs.get("scale")
+    scale = 1 / np.sqrt(pn.inputs[0].static_shape[-1]) if scale is None else float(scale)
+    scores = gg.ggml_scale(ctx, gg.ggml_mul_mat(ctx, k, q), float(scale))
+    return gg.ggml_mul_mat(ctx, permute(g, v, [0, 1, 3, 2]), _masked_softmax(g, scores))
+
+
 def _check_attention(pn) -> str | None:
     ins = list(pn.inputs) + [None] * (7 - len(pn.inputs))
     q, k, v, mask, past_k, past_v, nonpad = ins[:7]
@@ -435,14 +467,8 @@ def attention(pn, g: Builder):
                             int(kw.get("right_window_size", -1)), np)
     if allowed is not None:
         scores = gg.ggml_add(ctx, scores, g.constant(np.where(allowed, 0.0, -np.inf).astype(np.float32)))
-    # Softmax with an all-masked row giving zeros: the max clamped finite, 0 / (0 + 1).
-    top = gg.ggml_clamp(ctx, _row_max(g, scores), float(-np.finfo(np.float32).max), float(np.finfo(np.float32).max))
-    e = gg.ggml_exp(ctx, gg.ggml_sub(ctx, scores, top))
-    total = gg.ggml_sum_rows(ctx, e)
-    empty = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, total), -1.0, 1.0)
-    probs = gg.ggml_div(ctx, e, gg.ggml_add(ctx, total, empty))
-    vt = permute(g, v, [0, 1, 3, 2])  # (B, Hk, Dv, T)
-    y = gg.ggml_mul_mat(ctx, vt, probs)  # (B, Hq, S, Dv)
+    probs = _masked_softmax(g, scores)
+    y = gg.ggml_mul_mat(ctx, permute(g, v, [0, 1, 3, 2]), probs)  # V^T (B, Hk, Dv, T) -> (B, Hq, S, Dv)
     if len(ins[0].static_shape) == 3:
         y = permute(g, y, [0, 2, 1, 3])
     outs = [y, gg.ggml_cont(ctx, k), gg.ggml_cont(ctx, v)]
@@ -514,3 +540,25 @@ def softmax_cross_entropy(pn, g: Builder):
         inverse = [perm.index(a) for a in range(len(s))]
         outs.append(permute(g, g.reshape(log_prob, [s[a] for a in perm]), inverse))
     return outs
+
+
+def _check_lp_norm(pn) -> str | None:
+    return None if int(pn.kwargs.get("p", 2)) in (1, 2) else f"p={pn.kwargs.get('p')}"
+
+
+@ggml_op("LpNormalization", check=_check_lp_norm)
+def lp_normalization(pn, g: Builder):
+    """``x / ||x||_p`` along ``axis`` (moved last and back), p 1 or 2."""
+    gg, ctx = g.ggml, g.ctx
+    s = tuple(pn.inputs[0].static_shape)
+    rank = len(s)
+    axis = int(pn.kwargs.get("axis", -1)) % rank
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    rows = permute(g, g.contiguous(operand(pn, 0, g)), perm)
+    if int(pn.kwargs.get("p", 2)) == 2:
+        norm = gg.ggml_sqrt(ctx, gg.ggml_sum_rows(ctx, gg.ggml_sqr(ctx, rows)))
+    else:
+        norm = gg.ggml_sum_rows(ctx, gg.ggml_abs(ctx, rows))
+    norm = gg.ggml_add(ctx, norm, gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, norm), -1.0, 1.0))  # 0 / 1 for a zero row
+    y = gg.ggml_div(ctx, rows, gg.ggml_repeat(ctx, norm, rows))
+    return permute(g, y, [perm.index(a) for a in range(rank)])
