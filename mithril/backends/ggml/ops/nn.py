@@ -478,11 +478,14 @@ def attention(pn, g: Builder):
 
 
 def _check_nll(pn) -> str | None:
-    if pn.kwargs.get("ignore_index") is not None:
-        return "ignore_index (a label that reads no row)"
     x = pn.inputs[0].static_shape
     if len(x) < 2:
         return "an input without classes"
+    ignore = pn.kwargs.get("ignore_index")
+    # Labels reach ggml wrapped into [0, C) and range-checked: an ignored label outside it
+    # would be refused or confused with a class.
+    if ignore is not None and not 0 <= int(ignore) < x[1]:
+        return f"ignore_index {ignore} outside [0, {x[1]})"
     return None
 
 
@@ -495,11 +498,18 @@ def _picked(pn, g: Builder, rows, c: int):
     # One class row of length 1 per sample: get_rows picks, in batch m, the row label[m].
     table = gg.ggml_reshape_3d(ctx, g.contiguous(rows), 1, c, m)
     loss = gg.ggml_neg(ctx, gg.ggml_reshape_1d(ctx, gg.ggml_get_rows(ctx, table, labels), m))
-    if len(pn.inputs) < 3 or pn.inputs[2] is None:
-        return loss, None
-    weights = g.reshape(operand(pn, 2, g), (c, 1))
-    w = gg.ggml_reshape_1d(ctx, gg.ggml_get_rows(ctx, weights, gg.ggml_reshape_1d(ctx, labels, m)), m)
-    return gg.ggml_mul(ctx, loss, w), w
+    w = None
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        weights = g.reshape(operand(pn, 2, g), (c, 1))
+        w = gg.ggml_reshape_1d(ctx, gg.ggml_get_rows(ctx, weights, gg.ggml_reshape_1d(ctx, labels, m)), m)
+    ignore = pn.kwargs.get("ignore_index")
+    if ignore is not None:
+        # 0 where the label (exact small integers in float32) is the ignored one, else 1.
+        diff = gg.ggml_abs(ctx, gg.ggml_scale_bias(ctx, gg.ggml_reshape_1d(
+            ctx, gg.ggml_cast(ctx, labels, gg.GGML_TYPE_F32), m), 1.0, -float(ignore)))
+        keep = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, diff, 1.0, -0.5))
+        w = keep if w is None else gg.ggml_mul(ctx, w, keep)
+    return (loss, None) if w is None else (gg.ggml_mul(ctx, loss, w), w)
 
 
 def _reduce_loss(pn, g: Builder, loss, w):
