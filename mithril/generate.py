@@ -123,5 +123,7 @@ def _position(p: int, size: int | None, inputs) -> dict[str, np.ndarray]:
         mask = np.where(np.arange(size) <= p, 0.0, hidden).astype(dtype)
         feeds["mask"] = mask.reshape(_static(inputs["mask"]))
     if "write" in inputs:
-        feeds["write"] = (np.arange(size) == p).astype(_np_dtype(inputs["write"])).reshape(_static(inputs["write"]))
+        shape = _static(inputs["write"])
+        onehot = (np.arange(size) == p).astype(_np_dtype(inputs["write"])).reshape(size, *[1] * (len(shape) - 1))
+        feeds["write"] = np.ascontiguousarray(np.broadcast_to(onehot, shape))
     return feeds

@@ -20,7 +20,7 @@ from mithril.models import (
     Multiply,
     MultiHeadAttention,
     Primitive,
-    ScaledDotProduct,
+    Softmax,
     Subtract,
     TransformerBlock,
     Transpose,
@@ -67,11 +67,16 @@ def create_gpt(bias: bool, block_size: int, dims: int, num_heads: int, num_layer
 
 
 class _CachedBlock(Model):
-    """One decode step of a :class:`TransformerBlock` over a fixed-size key/value cache: the new
-    token's key and value are written into row ``write`` of ``k_cache``/``v_cache``
-    [N, heads, block_size, head] by arithmetic (``cache * (1 - write) + new * write``, so every
-    backend runs it with static shapes), and the query attends over the whole cache with the
-    additive ``mask`` hiding rows not written yet. Parameter names are TransformerBlock's."""
+    """One decode step of a :class:`TransformerBlock` over fixed-size key/value caches, with
+    TransformerBlock's parameter names. The new token's key and value are written into row p by
+    arithmetic (``cache * keep + new * write``: static shapes, so every backend runs it), and the
+    query attends over the whole cache with the additive ``mask`` hiding rows not written yet.
+
+    Layouts that let attention read the caches in place: keys [N, heads, block_size, head]
+    (scores = keys @ query), values transposed [N, heads, head, block_size] (output = values @
+    probabilities), the query and the output as columns; ``write``/``keep`` ([block_size, head])
+    and ``write_t``/``keep_t`` ([head, block_size]) have whole rows, so no product broadcasts a
+    single column (which ggml computes value by value)."""
 
     def __init__(self, dims: int, num_heads: int, block_size: int, bias: bool, name: str | None = None):
         super().__init__(name)
@@ -80,23 +85,23 @@ class _CachedBlock(Model):
         attn = Model(name="attn")
         for proj in ("q_proj", "k_proj", "v_proj"):
             attn |= Linear(dims, use_bias=bias, name=proj)(input="input")
-        attn |= Subtract(name="keep")(left=1.0, right=IOKey("write", shape=[block_size, 1]))
-        for kv in ("k", "v"):
-            new = getattr(attn, f"{kv}_proj").output.reshape(0, 0, num_heads, head).transpose((0, 2, 1, 3))
-            attn |= Multiply(name=f"{kv}_keep")(left=IOKey(f"{kv}_cache", shape=[None, num_heads, block_size, head]),
-                                               right=attn.keep.output)
-            attn |= Multiply(name=f"{kv}_new")(left=new, right="write")
+        shapes = {"k": [None, num_heads, block_size, head], "v": [None, num_heads, head, block_size]}
+        news = {"k": attn.k_proj.output.reshape(0, num_heads, 1, head),  # [N, heads, 1, head]
+                "v": attn.v_proj.output.reshape(0, num_heads, head, 1)}  # [N, heads, head, 1]
+        for kv, suffix in (("k", ""), ("v", "_t")):
+            attn |= Multiply(name=f"{kv}_keep")(left=IOKey(f"{kv}_cache", shape=shapes[kv]), right=f"keep{suffix}")
+            attn |= Multiply(name=f"{kv}_new")(left=news[kv], right=f"write{suffix}")
             attn |= Add(name=f"{kv}_write")(left=getattr(attn, f"{kv}_keep").output,
                                             right=getattr(attn, f"{kv}_new").output,
                                             output=IOKey(f"{kv}_cache_next", expose=True))
-        query = attn.q_proj.output.reshape(0, 0, num_heads, head).transpose((0, 2, 1, 3))
-        attn |= ScaledDotProduct(use_mask=True, name="attention")(
-            query=query, key=attn.k_write.output, value=attn.v_write.output,
-            mask=IOKey("mask", shape=[1, block_size], type=float))
-        merged = attn.attention.output.transpose((0, 2, 1, 3)).reshape(0, 0, dims)
-        attn |= Linear(dims, use_bias=bias, name="out_proj")(input=merged, output="output")
-        self |= attn(input=self.ln_1.output, write="write", mask="mask", k_cache="k_cache", v_cache="v_cache",
-                     k_cache_next="k_cache_next", v_cache_next="v_cache_next")
+        query = attn.q_proj.output.reshape(0, num_heads, head, 1) * float(1 / np.sqrt(head))  # columns
+        scores = (attn.k_write.output @ query).reshape(0, num_heads, 1, block_size)  # [N, heads, 1, block_size]
+        attn |= Add(name="masked")(left=scores, right=IOKey("mask", shape=[1, block_size], type=float))
+        attn |= Softmax(axis=-1, name="probs")(input=attn.masked.output)
+        weighted = attn.v_write.output @ attn.probs.output.reshape(0, num_heads, block_size, 1)  # [N, heads, head, 1]
+        attn |= Linear(dims, use_bias=bias, name="out_proj")(input=weighted.reshape(0, 1, dims), output="output")
+        self |= attn(input=self.ln_1.output, **{k: k for k in ("write", "keep", "write_t", "keep_t", "mask", "k_cache",
+                                                               "v_cache", "k_cache_next", "v_cache_next")})
         self |= Add(name="residual_1")(left="input", right=self.attn.output)
         self |= LayerNorm(use_bias=bias, name="ln_2")(input=self.residual_1.output)
         self |= MLP([Gelu(approximate="tanh"), None], [4 * dims, dims], use_bias=bias, name="mlp")(
@@ -106,38 +111,44 @@ class _CachedBlock(Model):
 
 def create_gpt_decoder(bias: bool, block_size: int, dims: int, num_heads: int, num_layers: int, vocab_size: int,
                        name: str | None = None) -> Model:
-    """One decode step of :func:`create_gpt` with a fixed-size key/value cache, for
+    """One decode step of :func:`create_gpt` with fixed-size key/value caches, for
     :func:`mithril.generate`; its parameters are create_gpt's, by the same names.
 
     Inputs: ``input`` [N, 1] (int64, the token at position p); ``position`` [1] (int64, p);
     ``mask`` [1, block_size] (float: 0 for positions 0..p, a large negative number after);
-    ``write`` [block_size, 1] (float one-hot of p); ``k_cache_i`` and ``v_cache_i``
-    [N, num_heads, block_size, dims // num_heads] per layer i (zeros before the first step).
+    ``write`` [block_size, head] (float: ones in row p, zeros elsewhere; head = dims // num_heads);
+    per layer i the caches ``k_cache_i`` [N, num_heads, block_size, head] and ``v_cache_i``
+    [N, num_heads, head, block_size] (values transposed; zeros before the first step).
     Outputs: ``output`` logits [N, 1, vocab_size], equal to create_gpt's at position p, and
-    ``k_cache_i_next``/``v_cache_i_next``, the caches with row p written, fed back as the next
-    step's ``k_cache_i``/``v_cache_i``. Every shape is static, so GGML and C run it.
+    ``k_cache_i_next``/``v_cache_i_next``, the caches with position p written, fed back as the
+    next step's ``k_cache_i``/``v_cache_i``. Every shape is static, so GGML and C run it.
 
     >>> create_gpt_decoder(bias=True, block_size=16, dims=8, num_heads=2, num_layers=1, vocab_size=32).shape_of(
-    ...     "k_cache_0_next")
-    '[N, 2, 16, 4]'
+    ...     "v_cache_0_next")
+    '[N, 2, 4, 16]'
     """
     if dims % num_heads:
         raise ValueError(f"create_gpt_decoder: dims {dims} do not divide into {num_heads} heads")
     head = dims // num_heads
-    cache = ["N", num_heads, block_size, head]
+    cache = {"k": ["N", num_heads, block_size, head], "v": ["N", num_heads, head, block_size]}
     model = Model(name)
     model |= Embedding(vocab_size, dims, name="wte")(input=IOKey("input", shape=["N", 1], type=int))
     model |= Embedding(block_size, dims, name="wpe")(input=IOKey("position", shape=[1], type=int))
     model |= Add(name="embed")(left=model.wte.output, right=model.wpe.output)
+    # the write masks in both layouts, once for every layer
+    model |= Subtract(name="keep")(left=1.0, right=IOKey("write", shape=[block_size, head], type=float))
+    model |= Transpose(name="write_t")(input="write")
+    model |= Transpose(name="keep_t")(input=model.keep.output)
     blocks = Model(name="h")
     for i in range(num_layers):
         layer = _CachedBlock(dims, num_heads, block_size, bias, name=str(i))
-        blocks.extend(layer, chain=i > 0, mask="mask", write="write", k_cache=f"k_cache_{i}", v_cache=f"v_cache_{i}",
-                      k_cache_next=f"k_cache_{i}_next", v_cache_next=f"v_cache_{i}_next", **_ends(i, num_layers))
-    caches = {f"{kv}_cache_{i}{end}": IOKey(f"{kv}_cache_{i}{end}", shape=cache)
+        blocks.extend(layer, chain=i > 0, mask="mask", write="write", keep="keep", write_t="write_t", keep_t="keep_t",
+                      k_cache=f"k_cache_{i}", v_cache=f"v_cache_{i}", k_cache_next=f"k_cache_{i}_next",
+                      v_cache_next=f"v_cache_{i}_next", **_ends(i, num_layers))
+    caches = {f"{kv}_cache_{i}{end}": IOKey(f"{kv}_cache_{i}{end}", shape=cache[kv])
               for i in range(num_layers) for kv in "kv" for end in ("", "_next")}
-    model |= blocks(input=model.embed.output, mask=IOKey("mask", shape=[1, block_size], type=float),
-                    write=IOKey("write", shape=[block_size, 1], type=float), **caches)
+    model |= blocks(input=model.embed.output, mask=IOKey("mask", shape=[1, block_size], type=float), write="write",
+                    keep=model.keep.output, write_t=model.write_t.output, keep_t=model.keep_t.output, **caches)
     model += LayerNorm(use_bias=bias, name="ln_f")
     model += Linear(vocab_size, use_bias=False, name="lm_head")(output="output")
     return model

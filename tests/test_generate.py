@@ -62,16 +62,16 @@ def test_decoder_step_logits_equal_create_gpt_at_each_position():
     tokens = np.random.default_rng(1).integers(0, CFG["vocab_size"], 12)
     want = _full().evaluate(params, {"input": tokens[None]})["output"][0]  # causal: row p sees tokens 0..p
     head = CFG["dims"] // CFG["num_heads"]
-    caches = {f"{kv}_cache_{i}": np.zeros((1, CFG["num_heads"], size, head), np.float32)
-              for i in range(CFG["num_layers"]) for kv in "kv"}
+    layouts = {"k": (1, CFG["num_heads"], size, head), "v": (1, CFG["num_heads"], head, size)}  # values transposed
+    caches = {f"{kv}_cache_{i}": np.zeros(layouts[kv], np.float32) for i in range(CFG["num_layers"]) for kv in "kv"}
     for p, token in enumerate(tokens):
         out = step.evaluate(params, {
             "input": np.array([[token]]), "position": np.array([p]), **caches,
             "mask": np.where(np.arange(size) <= p, 0, -1e9).astype(np.float32)[None],
-            "write": (np.arange(size) == p).astype(np.float32)[:, None]})
+            "write": np.repeat((np.arange(size) == p).astype(np.float32)[:, None], head, axis=1)})
         np.testing.assert_allclose(out["output"][0, 0], want[p], rtol=1e-4, atol=1e-5)
         caches = {k: out[f"{k}_next"] for k in caches}
-        assert not caches["k_cache_0"][:, :, p + 1:].any()  # rows after p are still empty
+        assert not caches["k_cache_0"][:, :, p + 1:].any() and not caches["v_cache_0"][..., p + 1:].any()
 
 
 def test_generate_on_numpy_equals_rerunning_the_full_model():
