@@ -285,25 +285,109 @@ def conv(pn, g: Builder):
 
 def _check_pool(pn) -> str | None:
     x = pn.inputs[0].static_shape
-    if len(x) != 4:
-        return f"{len(x) - 2}-D pooling (ggml here: 2-D)"
+    if len(x) not in (3, 4):
+        return f"{len(x) - 2}-D pooling (ggml here: 1-D and 2-D)"
     if len(pn.outputs) > 1:
         return "the Indices output"
     win = _conv_window(pn)
     if any(d != 1 for d in win.dilations):
         return "dilations"
-    if pn.op_type == "AveragePool" and any(win.begin) and not pn.kwargs.get("count_include_pad"):
-        return "padding excluded from the average (ggml counts it)"
-    return _same_as_ggml(pn, win, x[2:])
+    if _conv_pads(pn, win, x[2:]) is None:
+        return "padding ggml cannot express"
+    return None
+
+
+def _pool_divisor(pn, win, size):
+    """The per-output divisor ONNX's AveragePool uses: the window's taps inside the input
+    (count_include_pad=0) or inside the declared padding (1), one (out_h, out_w) map."""
+    include = bool(pn.kwargs.get("count_include_pad"))
+    counts = []
+    for n, k, st, b, e, o in zip(size, win.kernel, win.strides, win.begin, win.end, win.out):
+        lo, hi = (-b, n + e) if include else (0, n)
+        start = np.arange(o) * st - b
+        counts.append(np.clip(np.minimum(start + k, hi) - np.maximum(start, lo), 0, None))
+    out = counts[0][:, None] * counts[1][None, :] if len(counts) == 2 else counts[0][None, :]
+    return out.astype(np.float64)
+
+
+def _check_lp_pool(pn) -> str | None:
+    if int(pn.kwargs.get("p", 2)) not in (1, 2, 4):
+        return f"p={pn.kwargs.get('p')} (ggml here: 1, 2, 4)"
+    return _check_pool(pn)
+
+
+@ggml_op("LpPool", check=_check_lp_pool)
+def lp_pool(pn, g: Builder):
+    """``(sum |x|^p)^(1/p)`` per window: an average pool of ``|x|^p`` over zero padding times
+    the window size, then square roots (p = 2, 4)."""
+    gg, ctx = g.ggml, g.ctx
+    xs = list(pn.inputs[0].static_shape)
+    x = g.contiguous(operand(pn, 0, g))
+    p = int(pn.kwargs.get("p", 2))
+    powered = gg.ggml_abs(ctx, x) if p == 1 else gg.ggml_sqr(ctx, x)
+    if p == 4:
+        powered = gg.ggml_sqr(ctx, powered)
+    win = _conv_window(pn)
+    pads = list(_conv_pads(pn, win, xs[2:]))
+    kernel, strides = list(win.kernel), list(win.strides)
+    if len(xs) == 3:
+        powered = g.reshape(powered, xs[:2] + [1, xs[2]])
+        pads, kernel, strides = [(0, 0)] + pads, [1] + kernel, [1] + strides
+    (pt, pb), (pl, pr) = pads
+    if pt or pb or pl or pr:
+        powered = gg.ggml_pad_ext(ctx, powered, pl, pr, pt, pb, 0, 0, 0, 0)
+    (kh, kw), (sh, sw) = kernel, strides
+    y = gg.ggml_scale(ctx, gg.ggml_pool_2d(ctx, powered, gg.GGML_OP_POOL_AVG, kw, kh, sw, sh, 0.0, 0.0),
+                      float(kh * kw))
+    for _ in range({1: 0, 2: 1, 4: 2}[p]):
+        y = gg.ggml_sqrt(ctx, y)
+    return y
+
+
+@ggml_op("GlobalMaxPool")
+def global_max_pool(pn, g: Builder):
+    s = pn.inputs[0].static_shape
+    return _row_max(g, g.reshape(operand(pn, 0, g), (prod(s[:2]), prod(s[2:]))))
 
 
 @ggml_op("MaxPool", "AveragePool", check=_check_pool)
 def pool(pn, g: Builder):
+    """1-D as 2-D with a height of 1; the padding added to the input first (-inf for max,
+    zeros for average, whose sums are then divided as ONNX counts the window)."""
+    gg, ctx = g.ggml, g.ctx
+    xs = list(pn.inputs[0].static_shape)
     x = g.contiguous(operand(pn, 0, g))
     win = _conv_window(pn)
-    (kh, kw), (sh, sw), (ph, pw) = win.kernel, win.strides, win.begin
-    op = g.ggml.GGML_OP_POOL_MAX if pn.op_type == "MaxPool" else g.ggml.GGML_OP_POOL_AVG
-    return g.ggml.ggml_pool_2d(g.ctx, x, op, kw, kh, sw, sh, float(pw), float(ph))
+    pads = list(_conv_pads(pn, win, xs[2:]))
+    kernel, strides = list(win.kernel), list(win.strides)
+    if len(xs) == 3:
+        x = g.reshape(x, xs[:2] + [1, xs[2]])
+        pads, kernel, strides = [(0, 0)] + pads, [1] + kernel, [1] + strides
+    is_max = pn.op_type == "MaxPool"
+    shape = xs[:2] + ([1] if len(xs) == 3 else []) + xs[2:]
+    if any(b or e for b, e in pads):
+        if is_max:
+            # Concatenated -inf borders, width first (ggml dim 0) then height (dim 1).
+            for dim, (b, e) in ((0, pads[1]), (1, pads[0])):
+                for side, n in (("b", b), ("e", e)):
+                    if not n:
+                        continue
+                    border = list(shape)
+                    border[3 - dim] = n
+                    fill = g.constant(np.full(border, -np.inf, np.float32))
+                    x = gg.ggml_concat(ctx, fill, x, dim) if side == "b" else gg.ggml_concat(ctx, x, fill, dim)
+                    shape[3 - dim] += n
+        else:
+            (pt, pb), (pl, pr) = pads
+            x = gg.ggml_pad_ext(ctx, x, pl, pr, pt, pb, 0, 0, 0, 0)
+    (kh, kw), (sh, sw) = kernel, strides
+    op = gg.GGML_OP_POOL_MAX if is_max else gg.GGML_OP_POOL_AVG
+    y = gg.ggml_pool_2d(ctx, x, op, kw, kh, sw, sh, 0.0, 0.0)
+    if not is_max:
+        factor = (kh * kw) / _pool_divisor(pn, win, xs[2:])
+        if not np.all(factor == 1.0):
+            y = gg.ggml_mul(ctx, y, g.constant(factor.astype(np.float32)))
+    return y
 
 
 @ggml_op("GlobalAveragePool")
