@@ -11,7 +11,7 @@ its past in fixed-size caches, so every shape is static and GGML and C run it li
   backend array in between);
 - the position p of the token, in whichever of these forms the model declares: ``position``
   [1] int64 (p), ``mask`` [1, S] float (0 at 0..p, a large negative number after) and
-  ``write`` [S, 1] float (one-hot of p), where S is the cache size.
+  ``write`` [S, ...] float (ones in row p, zeros elsewhere), where S is the cache size.
 """
 
 from __future__ import annotations
