@@ -30,7 +30,8 @@ def generate(step, params: Mapping[str, Any] | None, prompt_ids, max_new_tokens:
              return_speed: bool = False):
     """Greedy decoding: feed ``prompt_ids`` ([T] or [N, T] ints) through the compiled step
     model ``step`` one token at a time (filling its caches), then append the argmax of each
-    step's logits and feed it back, ``max_new_tokens`` times. Returns the new ids ([max_new_tokens]
+    step's logits and feed it back, ``max_new_tokens`` times. ``params`` None or empty: the
+    model's own (an ONNX file's initializers). Returns the new ids ([max_new_tokens]
     or [N, max_new_tokens], int64); with ``return_speed=True``, ``(ids, tokens_per_second)``
     where the rate counts the steps that produced new tokens (the prompt's last token onward),
     timed around ``step.evaluate`` including the transfer of the logits to NumPy.
@@ -71,7 +72,9 @@ def generate(step, params: Mapping[str, Any] | None, prompt_ids, max_new_tokens:
         raise MithrilError(f"generate: {prompt.shape[1]} prompt tokens and {max_new_tokens} new ones need "
                            f"{last + 1} positions; the step model's cache holds {size}")
     state = {name: backend.from_numpy(np.zeros(_static(inputs[name]), _np_dtype(inputs[name]))) for name in caches}
-    params = {k: backend.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in (params or {}).items()}
+    # the same arrays on every step: GGML re-reads (and re-quantizes) a parameter given as a new array
+    params = step.get_parameters() if not params else params
+    params = {k: backend.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in params.items()}
     tokens, new, elapsed = prompt[:, 0], [], 0.0
     for p in range(last + 1):
         data = {"input": backend.from_numpy(tokens.reshape(n, 1)), **state,
