@@ -115,7 +115,17 @@ def _log_softmax_rows(g: Builder, rows):
     return gg.ggml_sub(g.ctx, shifted, lse)
 
 
-@ggml_op("Softmax", "LogSoftmax")
+def _hardmax_rows(g: Builder, rows):
+    """1 at each row's first maximum, 0 elsewhere: equality with the row max as 0/1 (exact),
+    then a running count (``cumsum``) keeps only the first."""
+    gg, ctx = g.ggml, g.ctx
+    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, _row_max(g, rows)))  # max - x >= 0
+    at_max = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, below), -1.0, 1.0)
+    first = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_cumsum(ctx, at_max), -1.0, 1.5))
+    return gg.ggml_mul(ctx, at_max, first)
+
+
+@ggml_op("Softmax", "LogSoftmax", "Hardmax")
 def softmax(pn, g: Builder):
     """Over the rows ggml reduces: opset < 13 flattens the axes from ``axis`` on into one row;
     opset 13 moves ``axis`` last and back."""
@@ -128,7 +138,9 @@ def softmax(pn, g: Builder):
     else:
         perm = [a for a in range(rank) if a != axis] + [axis]
         rows = permute(g, x, perm)
-    y = g.ggml.ggml_soft_max(g.ctx, rows) if pn.op_type == "Softmax" else _log_softmax_rows(g, rows)
+    row_op = {"Softmax": lambda g, r: g.ggml.ggml_soft_max(g.ctx, r), "LogSoftmax": _log_softmax_rows,
+              "Hardmax": _hardmax_rows}[pn.op_type]
+    y = row_op(g, rows)
     if pn.opset < 13 or perm == list(range(rank)):
         return g.reshape(y, s)
     inverse = [perm.index(a) for a in range(rank)]
