@@ -991,7 +991,10 @@ def _ggml_backend_main(args, model_names: list[str]) -> int:
     return _print_and_write_section(args, GGML_HEADING, section, "GGML backend")
 
 
-GEN_GPT = dict(bias=True, block_size=128, dims=256, num_heads=4, num_layers=4, vocab_size=1024)
+GEN_MODELS = {  # create_gpt_decoder's arguments
+    "gpt_small": dict(bias=True, block_size=128, dims=256, num_heads=4, num_layers=4, vocab_size=1024),
+    "gpt2_124m": dict(bias=True, block_size=256, dims=768, num_heads=12, num_layers=12, vocab_size=50257),
+}
 GEN_PROMPT, GEN_NEW = 16, 64
 GEN_BACKENDS = (("numpy", "NumpyBackend", {}), ("ggml", "GGMLBackend", {}),
                 ("ggml-q8_0", "GGMLBackend", {"quantize": "q8_0"}), ("ggml-q4_0", "GGMLBackend", {"quantize": "q4_0"}))
@@ -1003,65 +1006,69 @@ def _ggml_generation(args, notes: list[str]) -> list[dict]:
     taking turns with the other backends for about ``--row-seconds`` each, per thread setting."""
     import models_zoo
 
-    model = models_zoo.create_gpt_decoder(**GEN_GPT)
-    rng = np.random.default_rng(0)
-    step = ml.compile(model, ml.NumpyBackend(), shapes={"input": (1, 1)}, inference=True)
-    params = {k: (0.02 * rng.standard_normal(np.shape(v))).astype(np.float32)  # GPT-2's initialisation
-              for k, v in step.randomize_params().items()}
-    for k in params:
-        if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-            params[k] += 1
-    prompt = rng.integers(0, GEN_GPT["vocab_size"], GEN_PROMPT)
     rows = []
-    for threads in args.thread_settings:
-        steps = {}
-        with _limits(threads):
-            for name, attr, kwargs in GEN_BACKENDS:
-                options = {} if name == "numpy" else {"num_threads": threads or _usable_cpus()}
-                try:
-                    t = time.perf_counter()
-                    pm = ml.compile(model, getattr(ml, attr)(**kwargs, **options), shapes={"input": (1, 1)},
-                                    inference=True, static_shapes=name != "numpy")
-                    compile_s = time.perf_counter() - t
-                    ids = ml.generate(pm, params, prompt, GEN_NEW)  # also the warm-up
-                except Exception as exc:
-                    notes.append(f"generation on {name} skipped: {type(exc).__name__}: {exc}")
-                    continue
-                steps[name] = {"pm": pm, "ids": ids, "compile_s": compile_s, "speeds": []}
-            deadline = time.perf_counter() + args.row_seconds * len(steps)
-            while steps and (time.perf_counter() < deadline or min(len(r["speeds"]) for r in steps.values()) < 2):
-                for r in steps.values():
-                    r["speeds"].append(ml.generate(r["pm"], params, prompt, GEN_NEW, return_speed=True)[1])
-        f32 = steps.get("ggml", {}).get("ids")
-        for name, r in steps.items():
-            rows.append({"backend": name, "threads": _threads_label(threads), "compile_s": r["compile_s"],
-                         "tokens_s": statistics.median(r["speeds"]), "runs": len(r["speeds"]),
-                         "match": None if f32 is None else int((r["ids"] == f32).sum())})
-            print(f"generation {name} threads={_threads_label(threads)}: {rows[-1]['tokens_s']:.1f} tokens/s, "
-                  f"{rows[-1]['match']} of {GEN_NEW} tokens equal GGML float32's")
+    for model_name, cfg in GEN_MODELS.items():
+        model = models_zoo.create_gpt_decoder(**cfg)
+        rng = np.random.default_rng(0)
+        step = ml.compile(model, ml.NumpyBackend(), shapes={"input": (1, 1)}, inference=True)
+        params = {k: (0.02 * rng.standard_normal(np.shape(v), dtype=np.float32))  # GPT-2's initialisation
+                  for k, v in step.randomize_params().items()}
+        for k in params:
+            if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                params[k] += 1
+        prompt = rng.integers(0, cfg["vocab_size"], GEN_PROMPT)
+        for threads in args.thread_settings:
+            steps = {}
+            with _limits(threads):
+                for name, attr, kwargs in GEN_BACKENDS:
+                    options = {} if name == "numpy" else {"num_threads": threads or _usable_cpus()}
+                    try:
+                        t = time.perf_counter()
+                        pm = ml.compile(model, getattr(ml, attr)(**kwargs, **options), shapes={"input": (1, 1)},
+                                        inference=True, static_shapes=name != "numpy")
+                        compile_s = time.perf_counter() - t
+                        ids = ml.generate(pm, params, prompt, GEN_NEW)  # also the warm-up
+                    except Exception as exc:
+                        notes.append(f"generation of {model_name} on {name} skipped: {type(exc).__name__}: {exc}")
+                        continue
+                    steps[name] = {"pm": pm, "ids": ids, "compile_s": compile_s, "speeds": []}
+                deadline = time.perf_counter() + args.row_seconds * len(steps)
+                while steps and (time.perf_counter() < deadline or min(len(r["speeds"]) for r in steps.values()) < 2):
+                    for r in steps.values():
+                        r["speeds"].append(ml.generate(r["pm"], params, prompt, GEN_NEW, return_speed=True)[1])
+            f32 = steps.get("ggml", {}).get("ids")
+            for name, r in steps.items():
+                rows.append({"model": model_name, "backend": name, "threads": _threads_label(threads),
+                             "compile_s": r["compile_s"], "tokens_s": statistics.median(r["speeds"]),
+                             "runs": len(r["speeds"]), "match": None if f32 is None else int((r["ids"] == f32).sum())})
+                print(f"generation {model_name} {name} threads={_threads_label(threads)}: "
+                      f"{rows[-1]['tokens_s']:.1f} tokens/s, {rows[-1]['match']} of {GEN_NEW} tokens equal GGML "
+                      "float32's")
+            steps.clear()
     return rows
 
 
 def _render_generation(rows: list[dict]) -> list[str]:
     import textwrap
 
-    cfg = GEN_GPT
-    prose = [f"Greedy generation with the key/value cache: `ml.generate` over the zoo's `create_gpt_decoder` "
-             f"(dims {cfg['dims']}, {cfg['num_layers']} layers, {cfg['num_heads']} heads, block {cfg['block_size']}, "
-             f"vocabulary {cfg['vocab_size']}; random weights with GPT-2's N(0, 0.02) initialisation), batch 1, a "
+    sizes = "; ".join(f"{name}: dims {c['dims']}, {c['num_layers']} layers, {c['num_heads']} heads, block "
+                      f"{c['block_size']}, vocabulary {c['vocab_size']}" for name, c in GEN_MODELS.items())
+    prose = ["Greedy generation with the key/value cache: `ml.generate` over the zoo's `create_gpt_decoder` "
+             f"({sizes}; random weights with GPT-2's N(0, 0.02) initialisation), batch 1, a "
              f"{GEN_PROMPT}-token prompt and {GEN_NEW} new tokens. Tokens/s counts the steps that produce new "
              "tokens (one `evaluate` each, logits back to NumPy, argmax in Python); the median of the runs. "
              "Same as float32 counts the new tokens equal to GGML float32's (the caches make every step depend on "
              "the earlier tokens, so one different argmax changes the rest; random weights leave small gaps between "
              "the largest logits)."]
     lines = [*textwrap.wrap(" ".join(prose), 105), "",
-             "| Backend | Threads | Compile (s) | Tokens/s | Runs | Same as float32 |", "|---|---|---:|---:|---:|---:|"]
+             "| Model | Backend | Threads | Compile (s) | Tokens/s | Runs | Same as float32 |",
+             "|---|---|---|---:|---:|---:|---:|"]
     for r in rows:
         same = "" if r["match"] is None else f"{r['match']} / {GEN_NEW}"
-        lines.append(f"| {r['backend']} | {r['threads']} | {r['compile_s']:.2f} | {r['tokens_s']:.1f} | {r['runs']} | "
-                     f"{same} |")
+        lines.append(f"| {r['model']} | {r['backend']} | {r['threads']} | {r['compile_s']:.2f} | {r['tokens_s']:.1f} | "
+                     f"{r['runs']} | {same} |")
     if not rows:
-        lines.append("| (not run) | | | | | |")
+        lines.append("| (not run) | | | | | | |")
     return lines
 
 
