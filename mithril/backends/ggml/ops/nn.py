@@ -668,3 +668,81 @@ def lp_normalization(pn, g: Builder):
     norm = gg.ggml_add(ctx, norm, gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, norm), -1.0, 1.0))  # 0 / 1 for a zero row
     y = gg.ggml_div(ctx, rows, gg.ggml_repeat(ctx, norm, rows))
     return permute(g, y, [perm.index(a) for a in range(rank)])
+
+
+def _check_rotary(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    if len(x) not in (3, 4):
+        return f"a {len(x)}-D input"
+    heads = x[1] if len(x) == 4 else int(pn.kwargs.get("num_heads") or 0)
+    if not heads or (len(x) == 3 and x[2] % heads):
+        return "num_heads missing or not dividing the hidden size"
+    d = x[3] if len(x) == 4 else x[2] // heads
+    rot = int(pn.kwargs.get("rotary_embedding_dim") or 0) or d
+    if rot % 2 or rot > d:
+        return f"rotary_embedding_dim {rot} for heads of {d}"
+    has_pos = len(pn.inputs) > 3 and pn.inputs[3] is not None
+    cache = pn.inputs[1].static_shape
+    if cache[-1] != rot // 2 or (not has_pos and (len(cache) != 3 or prod(cache[:2]) != x[0] * x[-2 if len(x) == 4 else 1])):
+        return f"a cos/sin cache of shape {list(cache)}"
+    if has_pos and len(cache) != 2:
+        return "a cache of more than 2 dims with position ids"
+    return None
+
+
+@ggml_op("RotaryEmbedding", check=_check_rotary, indices=(3,))
+def rotary_embedding(pn, g: Builder):
+    """In the (B, S, H, D) layout: the cos/sin rows for each position (``get_rows``), the pairs
+    (halves, or even/odd elements seen as a dim of 2) rotated, the rest of each head kept."""
+    gg, ctx = g.ggml, g.ctx
+    xs = list(pn.inputs[0].static_shape)
+    x = g.contiguous(operand(pn, 0, g))
+    if len(xs) == 4:
+        b, h, s, d = xs
+        x = permute(g, x, [0, 2, 1, 3])
+    else:
+        b, s = xs[0], xs[1]
+        h = int(pn.kwargs["num_heads"])
+        d = xs[2] // h
+        x = g.reshape(x, (b, s, h, d))
+    x = g.contiguous(x)
+    rot = int(pn.kwargs.get("rotary_embedding_dim") or 0) or d
+    half = rot // 2
+
+    def table(i):
+        t = g.contiguous(operand(pn, i, g))
+        if len(pn.inputs) > 3 and pn.inputs[3] is not None:
+            rows = pn.inputs[i].static_shape[0]
+            idx = gg.ggml_reshape_1d(ctx, g.index(pn.inputs[3], rows, pn), b * s)
+            t = gg.ggml_get_rows(ctx, t, idx)
+        return t
+
+    f = 4  # bytes per float32
+    if int(pn.kwargs.get("interleaved") or 0):
+        # ne (2, D/2, H, S*B): element pairs along ggml dim 0.
+        pairs = gg.ggml_reshape_4d(ctx, x, 2, d // 2, h, s * b)
+        x1, x2 = (gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, pairs, 1, half, h, s * b, 2 * f, d * f, h * d * f, o * f))
+                  for o in (0, 1))
+        cos, sin = (gg.ggml_reshape_4d(ctx, table(i), 1, half, 1, s * b) for i in (1, 2))
+    else:
+        x1, x2 = (gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, half, h, s, b, d * f, h * d * f, s * h * d * f, o * f))
+                  for o in (0, half))
+        cos, sin = (gg.ggml_reshape_4d(ctx, table(i), half, 1, s, b) for i in (1, 2))
+    real = gg.ggml_sub(ctx, gg.ggml_mul(ctx, x1, cos), gg.ggml_mul(ctx, x2, sin))
+    imag = gg.ggml_add(ctx, gg.ggml_mul(ctx, x1, sin), gg.ggml_mul(ctx, x2, cos))
+    y = gg.ggml_reshape_4d(ctx, gg.ggml_concat(ctx, real, imag, 0), rot, h, s, b)
+    if rot < d:
+        kept = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, d - rot, h, s, b, d * f, h * d * f, s * h * d * f, rot * f))
+        y = gg.ggml_concat(ctx, y, kept, 0)
+    if len(xs) == 4:
+        return permute(g, y, [0, 2, 1, 3])
+    return y
+
+
+@ggml_op("SwiGLU")
+def swiglu(pn, g: Builder):
+    gg, ctx = g.ggml, g.ctx
+    a, b = (g.contiguous(operand(pn, i, g)) for i in (0, 1))
+    alpha = float(pn.kwargs.get("alpha", 1.0))
+    gate = gg.ggml_sigmoid(ctx, gg.ggml_scale(ctx, a, alpha) if alpha != 1.0 else a)
+    return gg.ggml_mul(ctx, gg.ggml_mul(ctx, a, gate), b)
