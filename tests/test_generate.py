@@ -126,6 +126,16 @@ def test_generate_on_c_equals_numpy():
     np.testing.assert_array_equal(ml.generate(_step(ml.CBackend()), params, PROMPT, 8), want)
 
 
+@pytest.mark.parametrize("framework, backend", [("torch", "TorchBackend"), ("jax", "JaxBackend"),
+                                                ("mlx", "MlxBackend")])
+def test_generate_on_framework_backends_equals_numpy(framework, backend):
+    """Caches stay the backend's own arrays between steps; inputs go in through from_numpy."""
+    pytest.importorskip(framework, reason=f"{backend} needs {framework}")
+    params = _params()
+    want = ml.generate(_step(ml.NumpyBackend()), params, PROMPT, 8)
+    np.testing.assert_array_equal(ml.generate(_step(getattr(ml, backend)()), params, PROMPT, 8), want)
+
+
 def test_generate_docstring_example_runs():
     module = importlib.import_module("mithril.generate")
     tests = [t for t in doctest.DocTestFinder().find(module) if t.examples]
