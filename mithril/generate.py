@@ -21,11 +21,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import MithrilError
+from .errors import MithrilError, public_api
 
 _POSITION_INPUTS = ("position", "mask", "write")
 
 
+@public_api(MithrilError, "generate")
 def generate(step, params: Mapping[str, Any] | None, prompt_ids, max_new_tokens: int, *,
              return_speed: bool = False):
     """Greedy decoding: feed ``prompt_ids`` ([T] or [N, T] ints) through the compiled step

@@ -232,3 +232,11 @@ def test_generate_on_an_exported_gpt2_step(tmp_path):
     q8 = ml.compile(str(path), ml.GGMLBackend(quantize="q8_0", num_threads=1), inference=True)
     assert "q8_0" in q8.memory_report().weights_by_dtype
     assert (ml.generate(q8, None, PROMPT, NEW) == want).sum() >= 30  # measured 32 of 32
+
+
+def test_generate_failures_are_mithril_errors():
+    step = _step(ml.NumpyBackend())
+    with pytest.raises(MithrilError, match="missing parameter"):
+        ml.generate(step, {"wte.weight": np.zeros(3, np.float32)}, PROMPT, 2)
+    with pytest.raises(MithrilError, match="generate failed: ValueError"):  # not a token id
+        ml.generate(step, None, ["one", "two"], 2)
