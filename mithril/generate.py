@@ -67,6 +67,8 @@ def generate(step, params: Mapping[str, Any] | None, prompt_ids, max_new_tokens:
         raise MithrilError(f"generate: prompt_ids {list(np.shape(prompt_ids))} do not fit the step model's input "
                            f"[{n}, {length}]: give [T] (batch 1) or [{n}, T] with T >= 1, and compile with input "
                            f"[N, 1]")
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens < 0:
+        raise MithrilError(f"generate: max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
     size = _cache_size(inputs)
     last = prompt.shape[1] + max_new_tokens - 2  # the position of the last token fed
     if size is not None and last >= size:
@@ -76,9 +78,10 @@ def generate(step, params: Mapping[str, Any] | None, prompt_ids, max_new_tokens:
     # the same arrays on every step: GGML re-reads (and re-quantizes) a parameter given as a new array
     params = step.get_parameters() if not params else params
     params = {k: backend.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in params.items()}
+    token_type = _np_dtype(inputs["input"])  # int64 from the zoo, int32 from some exports
     tokens, new, elapsed = prompt[:, 0], [], 0.0
     for p in range(last + 1):
-        data = {"input": backend.from_numpy(tokens.reshape(n, 1)), **state,
+        data = {"input": backend.from_numpy(tokens.reshape(n, 1).astype(token_type)), **state,
                 **{k: backend.from_numpy(v) for k, v in _position(p, size, inputs).items()}}
         start = time.perf_counter()
         out = step.evaluate(params, data)

@@ -98,6 +98,9 @@ def test_generate_refuses_what_does_not_fit_the_cache():
     step = _step(ml.NumpyBackend())
     with pytest.raises(MithrilError, match="need 66 positions; the step model's cache holds 64"):
         ml.generate(step, _params(), np.zeros(20, np.int64), 47)
+    with pytest.raises(MithrilError, match="max_new_tokens must be a whole number >= 0, got -1"):
+        ml.generate(step, _params(), PROMPT, -1)
+    assert ml.generate(step, _params(), PROMPT, 0).shape == (0,)
     with pytest.raises(MithrilError, match=r"do not fit the step model's input \[1, 1\]"):
         ml.generate(step, _params(), np.zeros((2, 3), np.int64), 4)
 
