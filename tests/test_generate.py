@@ -211,11 +211,32 @@ def _gpt2_step_module(torch, hf):
     return GPT2Step().eval()
 
 
+def _onnxruntime_greedy(path, prompt, count):
+    """Greedy decoding of an exported step model by onnxruntime (float32), written out by hand."""
+    ort = pytest.importorskip("onnxruntime", reason="the issue's reference is onnxruntime")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    size, head = CFG["block_size"], CFG["dims"] // CFG["num_heads"]
+    state = {i.name: np.zeros(i.shape, np.float32) for i in session.get_inputs() if "cache" in i.name}
+    token, ids = prompt[0], []
+    for p in range(len(prompt) + count - 1):
+        out = dict(zip([o.name for o in session.get_outputs()], session.run(None, {
+            "input": np.array([[token]]), "position": np.array([p]), **state,
+            "mask": np.where(np.arange(size) <= p, 0, -1e9).astype(np.float32)[None],
+            "write": np.repeat((np.arange(size) == p).astype(np.float32)[:, None], head, axis=1)})))
+        state = {k: out[f"{k}_next"] for k in state}
+        if p + 1 < len(prompt):
+            token = prompt[p + 1]
+        else:
+            token = int(out["output"].argmax())
+            ids.append(token)
+    return np.array(ids)
+
+
 def test_generate_on_an_exported_gpt2_step(tmp_path):
     """The exported GPT-2: a decode step written with GPT2LMHeadModel's modules, exported by
     torch.onnx.export (TorchScript), compiled from the ONNX file on GGML (one ggml graph, no
     NumPy fallback) and run by ``ml.generate`` with the file's own weights: equal to
-    ``GPT2LMHeadModel.generate`` in float32; at q8_0 seeds 0 to 3 measured 32, 27, 32 and 20 of
+    ``GPT2LMHeadModel.generate`` and to onnxruntime's greedy decoding of the file in float32; at q8_0 seeds 0 to 3 measured 32, 27, 32 and 20 of
     32 (the argmax on float32's own sequence: 32, 31, 32, 30), so the bar holds for this seed."""
     torch, hf, want = _gpt2(seed=2)
     size, head = CFG["block_size"], CFG["dims"] // CFG["num_heads"]
@@ -229,6 +250,7 @@ def test_generate_on_an_exported_gpt2_step(tmp_path):
         torch.onnx.export(_gpt2_step_module(torch, hf), args, str(path), dynamo=False, opset_version=17,
                           input_names=["input", "position", "mask", "write", *caches],
                           output_names=["output", *(f"{c}_next" for c in caches)])
+    np.testing.assert_array_equal(_onnxruntime_greedy(str(path), PROMPT, NEW), want)  # the issue's reference
     f32 = ml.compile(str(path), ml.GGMLBackend(num_threads=1), inference=True)
     assert len(f32.program.segments) == 1 and not f32.program.fallback
     np.testing.assert_array_equal(ml.generate(f32, None, PROMPT, NEW), want)
