@@ -236,8 +236,9 @@ def test_generate_on_an_exported_gpt2_step(tmp_path):
     """The exported GPT-2: a decode step written with GPT2LMHeadModel's modules, exported by
     torch.onnx.export (TorchScript), compiled from the ONNX file on GGML (one ggml graph, no
     NumPy fallback) and run by ``ml.generate`` with the file's own weights: equal to
-    ``GPT2LMHeadModel.generate`` and to onnxruntime's greedy decoding of the file in float32; at q8_0 seeds 0 to 3 measured 32, 27, 32 and 20 of
-    32 (the argmax on float32's own sequence: 32, 31, 32, 30), so the bar holds for this seed."""
+    ``GPT2LMHeadModel.generate`` and to onnxruntime's greedy decoding of the file in float32. At
+    q8_0 seeds 0 to 3 measured 32, 27, 32 and 20 of 32 (the argmax on float32's own sequence: 32,
+    31, 32, 30), so the bar holds for this seed."""
     torch, hf, want = _gpt2(seed=2)
     size, head = CFG["block_size"], CFG["dims"] // CFG["num_heads"]
     caches = [f"{kv}_cache_{i}" for i in range(CFG["num_layers"]) for kv in "kv"]
