@@ -83,10 +83,18 @@ def _gelu_check(pn) -> str | None:
 
 @ggml_op("Gelu", check=_gelu_check)
 def gelu(pn, g: Builder):
+    """``ggml_gelu_erf`` is exact in float32; ``ggml_gelu`` (the tanh form) reads a float16 table
+    (errors up to 2e-3), so the tanh form is composed: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     approximate = pn.kwargs.get("approximate", "none")
     approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
-    fn = g.ggml.ggml_gelu if approximate == "tanh" else g.ggml.ggml_gelu_erf
-    return fn(g.ctx, g.contiguous(operand(pn, 0, g)))
+    x = g.contiguous(operand(pn, 0, g))
+    gg, ctx = g.ggml, g.ctx
+    if approximate != "tanh":
+        return gg.ggml_gelu_erf(ctx, x)
+    cube = gg.ggml_mul(ctx, gg.ggml_sqr(ctx, x), x)
+    inner = gg.ggml_scale(ctx, gg.ggml_add(ctx, x, gg.ggml_scale(ctx, cube, 0.044715)), float(np.sqrt(2 / np.pi)))
+    half = gg.ggml_scale_bias(ctx, gg.ggml_tanh(ctx, inner), 0.5, 0.5)  # (1 + tanh) / 2
+    return gg.ggml_mul(ctx, x, half)
 
 
 @ggml_op("LeakyRelu")
