@@ -867,3 +867,41 @@ def recurrent(pn, g: Builder):
         y = stack([stack([ys[d][t] for d in range(dirs)], 2, (h, b, 1, 1)) for t in range(s)], 3, (h, b, dirs, 1))
         last = [stack(v, 2, (h, b, 1, 1)) for v in (finals, cells)] if op == "LSTM" else [stack(finals, 2, (h, b, 1, 1))]
     return [y, *last][:len(pn.outputs)]
+
+
+def _check_causal_conv(pn) -> str | None:
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(x) != 3 or len(w) != 3 or w[0] != x[1] or w[1] != 1:
+        return "not a depthwise (C, 1, K) kernel over (B, C, L)"
+    if _text(pn.kwargs.get("activation") or "none") not in ("none", "silu", "swish"):
+        return f"activation {pn.kwargs.get('activation')!r}"
+    return None
+
+
+@ggml_op("CausalConvWithState", check=_check_causal_conv)
+def causal_conv_with_state(pn, g: Builder):
+    """The state (or zeros) before the input along L, then ``sum_j window_j * w[:, j]`` over
+    shifted views (the reference's order), bias, SiLU; the last K-1 steps are the new state."""
+    gg, ctx = g.ggml, g.ctx
+    b, c, n = pn.inputs[0].static_shape
+    k = pn.inputs[1].static_shape[2]
+    ins = list(pn.inputs) + [None] * (4 - len(pn.inputs))
+    x = g.contiguous(operand(pn, 0, g))
+    w = g.contiguous(operand(pn, 1, g))
+    past = g.contiguous(operand(pn, 3, g)) if ins[3] is not None else g.constant(np.zeros((b, c, k - 1), np.float32))
+    padded = gg.ggml_concat(ctx, past, x, 0) if k > 1 else x
+    total, f = n + k - 1, 4
+    y = None
+    for j in range(k):
+        window = gg.ggml_cont(ctx, gg.ggml_view_3d(ctx, padded, n, c, b, total * f, c * total * f, j * f))
+        col = gg.ggml_reshape_3d(ctx, gg.ggml_cont(ctx, gg.ggml_view_2d(ctx, w, 1, c, k * f, j * f)), 1, c, 1)
+        term = gg.ggml_mul(ctx, window, col)
+        y = term if y is None else gg.ggml_add(ctx, y, term)
+    if ins[2] is not None:
+        y = gg.ggml_add(ctx, y, g.reshape(operand(pn, 2, g), (1, c, 1)))
+    if _text(pn.kwargs.get("activation") or "none") in ("silu", "swish"):
+        y = gg.ggml_mul(ctx, y, gg.ggml_sigmoid(ctx, y))
+    outs = [y]
+    if len(pn.outputs) > 1:
+        outs.append(gg.ggml_cont(ctx, gg.ggml_view_3d(ctx, padded, k - 1, c, b, total * f, c * total * f, n * f)))
+    return outs
