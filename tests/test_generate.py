@@ -140,7 +140,7 @@ def test_generate_on_framework_backends_equals_numpy(framework, backend):
 
 
 def test_generate_docstring_example_runs():
-    module = importlib.import_module("mithril.generate")
+    module = importlib.import_module("mithril.generation")
     tests = [t for t in doctest.DocTestFinder().find(module) if t.examples]
     assert tests
     runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
