@@ -267,3 +267,13 @@ def test_docs_gguf_example_runs(capsys):
     block = re.findall(r"```python\n(.*?)```", text[text.index("### GGUF files"):], re.S)[0]
     exec(compile(block, "docs/backends.md", "exec"), {})
     assert capsys.readouterr().out == ("{'input': {'shape': [1, 3, 32, 32], 'dtype': 'float32'}}\nTrue\n(1, 10)\n")
+
+
+def test_docs_generation_example_runs(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "backends.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", text[text.index("### Generation"):], re.S)[0]
+    exec(compile(block, "docs/backends.md", "exec"), {})
+    assert capsys.readouterr().out == "(16,)\n"
