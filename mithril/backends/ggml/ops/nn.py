@@ -905,3 +905,74 @@ def causal_conv_with_state(pn, g: Builder):
     if len(pn.outputs) > 1:
         outs.append(gg.ggml_cont(ctx, gg.ggml_view_3d(ctx, padded, k - 1, c, b, total * f, c * total * f, n * f)))
     return outs
+
+
+def _check_linear_attention(pn) -> str | None:
+    k = pn.kwargs
+    rule = _text(k.get("update_rule") or "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        return f"update_rule {rule!r}"
+    ins = list(pn.inputs) + [None] * (6 - len(pn.inputs))
+    q, key, v = (x.static_shape for x in ins[:3])
+    hq, hk = int(k.get("q_num_heads") or 0), int(k.get("kv_num_heads") or 0)
+    if len(q) != 3 or not hq or not hk or hq % hk or q[2] % hq or key[2] % hk or v[2] % hk:
+        return "heads not given or not dividing"
+    b, t = q[:2]
+    if "gated" in rule and (ins[4] is None or ins[4].static_shape not in ((b, t, key[2]), (b, t, hk))):
+        return "a decay that is not (B, T, H*dk) or (B, T, H)"
+    if "delta" in rule and (ins[5] is None or ins[5].static_shape not in ((b, t, hk), (b, t, 1))):
+        return "a beta that is not (B, T, H) or (B, T, 1)"
+    return None
+
+
+@ggml_op("LinearAttention", check=_check_linear_attention)
+def linear_attention(pn, g: Builder):
+    """Unrolled token by token, the state kept transposed (B, H, dv, dk) so that both ``S^T k``
+    and the output ``q S`` are ``mul_mat`` over dk (query heads grouped as ggml broadcasts)."""
+    gg, ctx, kw = g.ggml, g.ctx, pn.kwargs
+    ins = list(pn.inputs) + [None] * (6 - len(pn.inputs))
+    rule = _text(kw.get("update_rule") or "gated_delta")
+    b, steps, _ = pn.inputs[0].static_shape
+    hq, hk = int(kw["q_num_heads"]), int(kw["kv_num_heads"])
+    dk, dv = pn.inputs[1].static_shape[2] // hk, pn.inputs[2].static_shape[2] // hk
+    scale = float(kw.get("scale") or 0.0) or 1 / np.sqrt(dk)
+    q, k, v = (g.contiguous(operand(pn, i, g)) for i in range(3))
+    f = 4
+
+    def step(x, t, heads, width, shape):  # token t of a (B, T, heads*width) input, as ggml ne ``shape``
+        view = gg.ggml_view_4d(ctx, x, width, heads, 1, b, width * f, heads * width * f, steps * heads * width * f,
+                               t * heads * width * f)
+        return gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, view), *shape)
+
+    if ins[3] is not None:  # (B, H, dk, dv) -> ne (dk, dv, H, B)
+        state = permute(g, g.contiguous(operand(pn, 3, g)), [0, 1, 3, 2])
+    else:
+        state = g.constant(np.zeros((b, hk, dv, dk), np.float32))
+    decay = g.contiguous(operand(pn, 4, g)) if "gated" in rule else None
+    beta = g.contiguous(operand(pn, 5, g)) if "delta" in rule else None
+    outs = []
+    for t in range(steps):
+        kt = step(k, t, hk, dk, (dk, 1, hk, b))
+        vt = step(v, t, hk, dv, (1, dv, hk, b))
+        if decay is not None:
+            per_key = decay.contents.ne[0] != hk
+            gt = step(decay, t, hk, dk, (dk, 1, hk, b)) if per_key else step(decay, t, 1, hk, (1, 1, hk, b))
+            state = gg.ggml_mul(ctx, state, gg.ggml_exp(ctx, gt))
+        if beta is not None:
+            nb = int(beta.contents.ne[0])
+            bt = step(beta, t, 1, nb, (1, 1, nb, b))
+            predicted = gg.ggml_reshape_4d(ctx, gg.ggml_mul_mat(ctx, state, kt), 1, dv, hk, b)  # S^T k
+            update = gg.ggml_mul(ctx, gg.ggml_sub(ctx, vt, predicted), bt)
+        else:
+            update = vt
+        state = gg.ggml_add(ctx, state, gg.ggml_mul(ctx, gg.ggml_repeat(ctx, kt, state), update))
+        qt = step(q, t, hq, dk, (dk, 1, hq, b))
+        outs.append(gg.ggml_scale(ctx, gg.ggml_mul_mat(ctx, state, qt), scale))  # (dv, 1, Hq, B)
+    y = outs[0]
+    for o in outs[1:]:
+        y = gg.ggml_concat(ctx, y, o, 1)  # ne (dv, T, Hq, B)
+    y = permute(g, g.reshape(y, (b, hq, steps, dv)), [0, 2, 1, 3])
+    result = [y]
+    if len(pn.outputs) > 1:
+        result.append(permute(g, g.reshape(state, (b, hk, dv, dk)), [0, 1, 3, 2]))
+    return result
