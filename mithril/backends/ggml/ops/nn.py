@@ -976,3 +976,86 @@ def linear_attention(pn, g: Builder):
     if len(pn.outputs) > 1:
         result.append(permute(g, g.reshape(state, (b, hk, dv, dk)), [0, 1, 3, 2]))
     return result
+
+
+def _conv_transpose_geometry(pn):
+    """Per spatial axis: (stride, dilation, kernel, pad before, pad after) of the equivalent
+    stride-1 convolution over the zero-stuffed input; None when ggml cannot express it."""
+    k = pn.kwargs
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    nd = len(x) - 2
+    strides = [int(s) for s in (k.get("strides") or [1] * nd)]
+    dilations = [int(d) for d in (k.get("dilations") or [1] * nd)]
+    pads = [int(p) for p in (k.get("pads") or [0] * (2 * nd))]
+    extra = [int(p) for p in (k.get("output_padding") or [0] * nd)]
+    out = []
+    for i in range(nd):
+        span = (w[2 + i] - 1) * dilations[i]
+        before, after = span - pads[i], span - pads[nd + i] + extra[i]
+        if before < 0 or after < 0:
+            return None
+        out.append((strides[i], dilations[i], w[2 + i], before, after))
+    return out
+
+
+def _check_conv_transpose(pn) -> str | None:
+    k = pn.kwargs
+    x = pn.inputs[0].static_shape
+    if len(x) not in (3, 4):
+        return f"{len(x) - 2}-D transposed convolution (ggml here: 1-D and 2-D)"
+    if int(k.get("group") or 1) != 1:
+        return "groups"
+    if _text(k.get("auto_pad") or "NOTSET") != "NOTSET" or k.get("output_shape") is not None:
+        return "auto_pad or output_shape"
+    if _conv_transpose_geometry(pn) is None:
+        return "pads larger than the kernel's reach"
+    return None
+
+
+@ggml_op("ConvTranspose", check=_check_conv_transpose)
+def conv_transpose(pn, g: Builder):
+    """The input zero-stuffed (stride - 1 zeros between pixels, by padding a new unit dim),
+    padded, and convolved at stride 1 with the kernel flipped (``get_rows`` with reversed row
+    indices) and its channel axes swapped."""
+    gg, ctx = g.ggml, g.ctx
+    xs, ws = list(pn.inputs[0].static_shape), list(pn.inputs[1].static_shape)
+    geo = _conv_transpose_geometry(pn)
+    x = g.contiguous(operand(pn, 0, g))
+    w = g.weight(pn.inputs[1]) if g.is_weight(pn.inputs[1]) else g.contiguous(g.t(pn.inputs[1]))
+    if len(xs) == 3:
+        xs, ws = xs[:2] + [1] + xs[2:], ws[:2] + [1] + ws[2:]
+        x, w = g.reshape(x, xs), g.reshape(w, ws)
+        geo = [(1, 1, 1, 0, 0)] + geo
+    n, cin, hh, ww = xs
+    cout, kh, kw = ws[1], ws[2], ws[3]
+    # Kernel (Cin, Cout, KH, KW) -> (Cout, Cin, KH, KW), flipped in KH and KW.
+    w = permute(g, w, [1, 0, 2, 3])
+
+    def flip_rows(t, rows, batch):  # reverse ggml dim 1 of a (n0, rows, batch) tensor
+        idx = g.constant_i32(np.tile(np.arange(rows - 1, -1, -1, dtype=np.int32), (batch, 1)))
+        return gg.ggml_get_rows(ctx, t, idx)
+
+    m = cout * cin
+    w = flip_rows(gg.ggml_reshape_3d(ctx, w, kw, kh, m), kh, m)
+    w = gg.ggml_cont(ctx, gg.ggml_permute(ctx, w, 1, 0, 2, 3))  # ne (KH, KW, M)
+    w = flip_rows(w, kw, m)
+    w = gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, gg.ggml_permute(ctx, w, 1, 0, 2, 3)), kw, kh, cin, cout)
+    (sh, dh, _, bh, ah), (sw, dw, _, bw, aw) = geo
+    f = 4
+    if sw > 1:  # stuff along W (ggml dim 0)
+        x = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, x, 1, ww, hh, cin * n), 0, sw - 1, 0, 0, 0, 0, 0, 0)
+        x = gg.ggml_reshape_4d(ctx, x, sw * ww, hh, cin, n)
+        x = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, sw * (ww - 1) + 1, hh, cin, n, sw * ww * f,
+                                              sw * ww * hh * f, sw * ww * hh * cin * f, 0))
+    width = sw * (ww - 1) + 1
+    if sh > 1:  # stuff along H (ggml dim 1)
+        x = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, x, width, 1, hh, cin * n), 0, 0, 0, sh - 1, 0, 0, 0, 0)
+        x = gg.ggml_reshape_4d(ctx, x, width, sh * hh, cin, n)
+        x = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, width, sh * (hh - 1) + 1, cin, n, width * f,
+                                              width * sh * hh * f, width * sh * hh * cin * f, 0))
+    if bw or aw or bh or ah:
+        x = gg.ggml_pad_ext(ctx, x, bw, aw, bh, ah, 0, 0, 0, 0)
+    y = gg.ggml_conv_2d(ctx, w, x, 1, 1, 0, 0, dw, dh)
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, cout, 1, 1)))
+    return y
