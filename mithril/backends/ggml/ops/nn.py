@@ -1059,3 +1059,65 @@ def conv_transpose(pn, g: Builder):
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
         y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, cout, 1, 1)))
     return y
+
+
+def _dft_axis(pn) -> int:
+    rank = len(pn.inputs[0].static_shape)
+    if pn.opset >= 20:
+        v = const_value(pn, 2)
+        axis = -2 if v is None else int(v.reshape(()))
+    else:
+        axis = int(pn.kwargs.get("axis", 1))
+    return axis % rank
+
+
+def _check_dft(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    if len(pn.inputs) > 1 and pn.inputs[1] is not None:
+        return "dft_length"
+    if x[-1] not in (1, 2) or len(x) < 2 or _dft_axis(pn) == len(x) - 1:
+        return "an input without a real/complex last axis, or the DFT along it"
+    if pn.kwargs.get("inverse"):
+        # The inverse of a transform gives values near zero that float32 sums miss by more than
+        # the suite's atol (1e-7): refused rather than approximately right.
+        return "an inverse DFT (float32 sums are not close enough to zero)"
+    if pn.kwargs.get("onesided") and x[-1] != 1:
+        return "a one-sided DFT of complex input"
+    return None
+
+
+@ggml_op("DFT", check=_check_dft, folded=(2,))
+def dft(pn, g: Builder):
+    """Forward only: the transform axis moved last, real and imaginary parts times constant
+    cos/sin matrices (``mul_mat``), then the two parts stacked as the last axis again."""
+    gg, ctx = g.ggml, g.ctx
+    xs = list(pn.inputs[0].static_shape)
+    rank, axis, c = len(xs), _dft_axis(pn), xs[-1]
+    n = xs[axis]
+    k = n // 2 + 1 if pn.kwargs.get("onesided") else n
+    x = g.contiguous(operand(pn, 0, g))
+    signal = xs[:-1]
+    perm = [a for a in range(rank - 1) if a != axis] + [axis]
+    rows = prod(signal) // n
+    f = 4
+
+    def part(j):  # real (0) or imaginary (1) part, the transform axis last: (rows, N)
+        view = gg.ggml_view_2d(ctx, x, 1, prod(signal), c * f, j * f)
+        return g.reshape(permute(g, g.reshape(gg.ggml_cont(ctx, view), signal), perm), (rows, n))
+
+    angle = 2 * np.pi * np.outer(np.arange(k), np.arange(n)) / n
+    cos, sin = np.cos(angle), -np.sin(angle)
+
+    def times(rows_t, m):
+        return gg.ggml_mul_mat(ctx, g.constant(m.astype(np.float32)), rows_t)  # (rows, K)
+
+    xr = part(0)
+    yr, yi = times(xr, cos), times(xr, sin)
+    if c == 2:
+        xi = part(1)
+        yr = gg.ggml_sub(ctx, yr, times(xi, sin))
+        yi = gg.ggml_add(ctx, yi, times(xi, cos))
+    y = gg.ggml_concat(ctx, gg.ggml_reshape_3d(ctx, yr, 1, k, rows), gg.ggml_reshape_3d(ctx, yi, 1, k, rows), 0)
+    moved = [signal[a] for a in perm[:-1]] + [k, 2]
+    inverse_perm = [perm.index(a) for a in range(rank - 1)] + [rank - 1]
+    return permute(g, g.reshape(y, moved), inverse_perm)
