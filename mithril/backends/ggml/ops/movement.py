@@ -167,3 +167,60 @@ def split(pn, g: Builder):
         parts.append(g.ggml.ggml_cont(g.ctx, view))
         start += size
     return parts
+
+
+def _check_block(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    bs = int(pn.kwargs.get("blocksize") or 0)
+    if len(x) != 4 or bs < 1:
+        return "an input that is not (N, C, H, W)"
+    if pn.op_type == "DepthToSpace" and x[1] % (bs * bs):
+        return "channels not a multiple of blocksize**2"
+    if pn.op_type == "SpaceToDepth" and (x[2] % bs or x[3] % bs):
+        return "H or W not a multiple of blocksize"
+    return None
+
+
+@ggml_op("DepthToSpace", "SpaceToDepth", check=_check_block)
+def depth_space(pn, g: Builder):
+    """Six-dim reshapes done with four: one (N, C, H, W) slice per block offset (i, j), picked
+    or placed by strided views, interleaved by concatenating along a new unit dim of 1."""
+    gg, ctx, f = g.ggml, g.ctx, 4
+    n, c, h, w = pn.inputs[0].static_shape
+    bs = int(pn.kwargs["blocksize"])
+    mode = pn.kwargs.get("mode") or "DCR"
+    crd = (mode.decode() if isinstance(mode, bytes) else mode) == "CRD"
+    x = g.contiguous(operand(pn, 0, g))
+
+    def cat(parts, dim):
+        out = parts[0]
+        for p in parts[1:]:
+            out = gg.ggml_concat(ctx, out, p, dim)
+        return out
+
+    if pn.op_type == "DepthToSpace":
+        co = c // (bs * bs)
+        rows = []
+        for i in range(bs):
+            cols = []
+            for j in range(bs):
+                k = i * bs + j
+                # DCR: channels k*C'..; CRD: channels c'*bs*bs + k (a stride of bs*bs channels).
+                step, first = (bs * bs, k) if crd else (1, k * co)
+                view = gg.ggml_view_4d(ctx, x, w, h, co, n, w * f, step * w * h * f, c * w * h * f, first * w * h * f)
+                cols.append(gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, view), 1, w, h, co * n))
+            row = gg.ggml_reshape_4d(ctx, cat(cols, 0), bs * w, h, co, n)  # w*bs + j
+            rows.append(gg.ggml_reshape_4d(ctx, row, bs * w, 1, h, co * n))
+        return gg.ggml_reshape_4d(ctx, cat(rows, 1), bs * w, bs * h, co, n)  # h*bs + i
+    wo, ho = w // bs, h // bs
+    parts = []
+    for i in range(bs):
+        for j in range(bs):
+            cols = gg.ggml_view_4d(ctx, gg.ggml_reshape_4d(ctx, x, bs, wo, h, c * n), 1, wo, h, c * n,
+                                   bs * f, w * f, w * h * f, j * f)  # x[..., j::bs]
+            cols = gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, cols), wo, bs, ho, c * n)
+            tile = gg.ggml_view_4d(ctx, cols, wo, 1, ho, c * n, wo * f, wo * bs * f, wo * h * f, i * wo * f)
+            tile = gg.ggml_cont(ctx, tile)  # x[..., i::bs, j::bs]
+            parts.append(gg.ggml_reshape_4d(ctx, tile, wo, ho, 1, c * n) if crd else
+                         gg.ggml_reshape_4d(ctx, tile, wo, ho, c, n))
+    return gg.ggml_reshape_4d(ctx, cat(parts, 2), wo, ho, c * bs * bs, n)
