@@ -105,20 +105,26 @@ def slice_(pn, g: Builder):
 
 def _check_gather(pn) -> str | None:
     data, idx = pn.inputs[0], pn.inputs[1]
-    if int(pn.kwargs.get("axis", 0)) % max(len(data.static_shape), 1) != 0:
-        return "axis other than 0 (ggml's get_rows reads rows)"
-    if len(data.static_shape) != 2:
-        return f"a {len(data.static_shape)}-D table (get_rows reads a matrix's rows)"
-    if len(idx.static_shape) > 3:
-        return "indices of more than 3 dims"
+    if len(idx.static_shape) + len(data.static_shape) - 1 > MAX_DIMS:
+        return "an output of more than 4 dims"
     return None
 
 
 @ggml_op("Gather", check=_check_gather, indices=(1,))
 def gather(pn, g: Builder):
+    """``get_rows`` on a matrix: the gathered axis moved first and the others flattened into
+    each row (a weight matrix gathered on axis 0 is read as stored, maybe quantized)."""
     data, idx = pn.inputs[0], pn.inputs[1]
-    table = g.weight(data, "rows") if g.is_weight(data) else g.contiguous(g.t(data))
-    rows = data.static_shape[0]
+    shape = list(data.static_shape)
+    rank = len(shape)
+    axis = int(pn.kwargs.get("axis", 0)) % rank
+    rows = shape[axis]
+    if g.is_weight(data) and rank == 2 and axis == 0:
+        table = g.weight(data, "rows")
+    else:
+        perm = [axis] + [a for a in range(rank) if a != axis]
+        moved = permute(g, g.contiguous(operand(pn, 0, g)), perm)
+        table = g.reshape(moved, (rows, prod(shape) // rows))
     if idx.kind == "constant":
         values = np.asarray(idx.value).astype(np.int64).reshape(-1)
         values = np.where(values < 0, values + rows, values)
@@ -127,8 +133,16 @@ def gather(pn, g: Builder):
         index = g.constant_i32(values.astype(np.int32))
     else:
         index = g.index(idx, rows, pn)
-    flat = g.ggml.ggml_reshape_1d(g.ctx, index, int(np.prod(idx.static_shape, dtype=np.int64)))
-    return g.ggml.ggml_get_rows(g.ctx, table, flat)
+    count = int(np.prod(idx.static_shape, dtype=np.int64))
+    picked = g.ggml.ggml_get_rows(g.ctx, table, g.ggml.ggml_reshape_1d(g.ctx, index, count))
+    if axis == 0:
+        return picked
+    # (indices..., the other axes in order) -> the axis's place taken by the index dims.
+    others = [shape[a] for a in range(rank) if a != axis]
+    k = len(idx.static_shape)
+    staged = g.reshape(picked, list(idx.static_shape) + others)
+    order = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + rank - 1))
+    return permute(g, staged, order)
 
 
 def _split_sizes(pn) -> list[int]:
