@@ -29,7 +29,7 @@ def _batch_fits(small, big) -> bool:
 
 def _check_matmul(pn) -> str | None:
     a, b = pn.inputs[0].static_shape, pn.inputs[1].static_shape
-    if len(a) < 1 or len(b) < 2:
+    if len(a) < 1 or len(b) < 1 or (pn.op_type != "MatMul" and len(b) < 2):
         return "a 1-D right operand"
     return None
 
@@ -53,7 +53,9 @@ def matmul(pn, g: Builder):
     b = pn.inputs[1]
     out = pn.outputs[0].static_shape
     x = g.contiguous(operand(pn, 0, g))
-    if g.is_weight(b) and len(b.static_shape) == 2:
+    if len(b.static_shape) == 1:  # a vector: already ggml's [N=1, K] row
+        w = g.contiguous(operand(pn, 1, g))
+    elif g.is_weight(b) and len(b.static_shape) == 2:
         w, x = g.matmul_weight(b, "t", x)  # [K, N] stored as [N, K]
     elif g.transposed_weight(b) is not None:
         w, x = g.matmul_weight(g.transposed_weight(b), "rows", x)  # already [N, K]
