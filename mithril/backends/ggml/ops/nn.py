@@ -981,34 +981,36 @@ def linear_attention(pn, g: Builder):
 
 
 def _conv_transpose_geometry(pn):
-    """Per spatial axis: (stride, dilation, kernel, pad before, pad after) of the equivalent
-    stride-1 convolution over the zero-stuffed input; None when ggml cannot express it."""
+    """Per spatial axis: (stride, dilation, padding before, padding after) of the equivalent
+    stride-1 convolution over the zero-stuffed input; None when a side would need cropping."""
+    from ...kernels.geometry import transposed_window
+
     k = pn.kwargs
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
-    nd = len(x) - 2
-    strides = [int(s) for s in (k.get("strides") or [1] * nd)]
-    dilations = [int(d) for d in (k.get("dilations") or [1] * nd)]
-    pads = [int(p) for p in (k.get("pads") or [0] * (2 * nd))]
-    extra = [int(p) for p in (k.get("output_padding") or [0] * nd)]
+
+    def ints(name):
+        value = k.get(name)
+        return None if value is None else [int(v) for v in value]
+
+    win = transposed_window(x[2:], w[2:], ints("strides"), ints("dilations"), ints("pads"),
+                            _text(k.get("auto_pad")) or "NOTSET", ints("output_padding"), ints("output_shape"))
     out = []
-    for i in range(nd):
-        span = (w[2 + i] - 1) * dilations[i]
-        before, after = span - pads[i], span - pads[nd + i] + extra[i]
+    for n, kk, s, d, b, o in zip(x[2:], w[2:], win.strides, win.dilations, win.begin, win.out):
+        span = (kk - 1) * d
+        before, after = span - b, o + b - (s * (n - 1) + 1)
         if before < 0 or after < 0:
             return None
-        out.append((strides[i], dilations[i], w[2 + i], before, after))
+        out.append((s, d, before, after))
     return out
 
 
 def _check_conv_transpose(pn) -> str | None:
-    k = pn.kwargs
-    x = pn.inputs[0].static_shape
+    x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     if len(x) not in (3, 4):
         return f"{len(x) - 2}-D transposed convolution (ggml here: 1-D and 2-D)"
-    if int(k.get("group") or 1) != 1:
-        return "groups"
-    if _text(k.get("auto_pad") or "NOTSET") != "NOTSET" or k.get("output_shape") is not None:
-        return "auto_pad or output_shape"
+    group = int(pn.kwargs.get("group") or 1)
+    if x[1] % group or w[0] != x[1]:
+        return f"group={group} does not divide the channels"
     if _conv_transpose_geometry(pn) is None:
         return "pads larger than the kernel's reach"
     return None
@@ -1018,7 +1020,7 @@ def _check_conv_transpose(pn) -> str | None:
 def conv_transpose(pn, g: Builder):
     """The input zero-stuffed (stride - 1 zeros between pixels, by padding a new unit dim),
     padded, and convolved at stride 1 with the kernel flipped (``get_rows`` with reversed row
-    indices) and its channel axes swapped."""
+    indices) and its channel axes swapped; groups one by one, concatenated."""
     gg, ctx = g.ggml, g.ctx
     xs, ws = list(pn.inputs[0].static_shape), list(pn.inputs[1].static_shape)
     geo = _conv_transpose_geometry(pn)
@@ -1027,39 +1029,52 @@ def conv_transpose(pn, g: Builder):
     if len(xs) == 3:
         xs, ws = xs[:2] + [1] + xs[2:], ws[:2] + [1] + ws[2:]
         x, w = g.reshape(x, xs), g.reshape(w, ws)
-        geo = [(1, 1, 1, 0, 0)] + geo
+        geo = [(1, 1, 0, 0)] + geo
     n, cin, hh, ww = xs
-    cout, kh, kw = ws[1], ws[2], ws[3]
-    # Kernel (Cin, Cout, KH, KW) -> (Cout, Cin, KH, KW), flipped in KH and KW.
-    w = permute(g, w, [1, 0, 2, 3])
+    group = int(pn.kwargs.get("group") or 1)
+    ci, co, kh, kw = cin // group, ws[1], ws[2], ws[3]
+    (sh, dh, bh, ah), (sw, dw, bw, aw) = geo
+    f = 4
 
     def flip_rows(t, rows, batch):  # reverse ggml dim 1 of a (n0, rows, batch) tensor
         idx = g.constant_i32(np.tile(np.arange(rows - 1, -1, -1, dtype=np.int32), (batch, 1)))
         return gg.ggml_get_rows(ctx, t, idx)
 
-    m = cout * cin
-    w = flip_rows(gg.ggml_reshape_3d(ctx, w, kw, kh, m), kh, m)
-    w = gg.ggml_cont(ctx, gg.ggml_permute(ctx, w, 1, 0, 2, 3))  # ne (KH, KW, M)
-    w = flip_rows(w, kw, m)
-    w = gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, gg.ggml_permute(ctx, w, 1, 0, 2, 3)), kw, kh, cin, cout)
-    (sh, dh, _, bh, ah), (sw, dw, _, bw, aw) = geo
-    f = 4
-    if sw > 1:  # stuff along W (ggml dim 0)
-        x = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, x, 1, ww, hh, cin * n), 0, sw - 1, 0, 0, 0, 0, 0, 0)
-        x = gg.ggml_reshape_4d(ctx, x, sw * ww, hh, cin, n)
-        x = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, sw * (ww - 1) + 1, hh, cin, n, sw * ww * f,
-                                              sw * ww * hh * f, sw * ww * hh * cin * f, 0))
-    width = sw * (ww - 1) + 1
-    if sh > 1:  # stuff along H (ggml dim 1)
-        x = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, x, width, 1, hh, cin * n), 0, 0, 0, sh - 1, 0, 0, 0, 0)
-        x = gg.ggml_reshape_4d(ctx, x, width, sh * hh, cin, n)
-        x = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, width, sh * (hh - 1) + 1, cin, n, width * f,
-                                              width * sh * hh * f, width * sh * hh * cin * f, 0))
-    if bw or aw or bh or ah:
-        x = gg.ggml_pad_ext(ctx, x, bw, aw, bh, ah, 0, 0, 0, 0)
-    y = gg.ggml_conv_2d(ctx, w, x, 1, 1, 0, 0, dw, dh)
+    def one_group(xg, wg):
+        # Kernel (Ci, Co, KH, KW) -> (Co, Ci, KH, KW), flipped in KH and KW.
+        wg = permute(g, wg, [1, 0, 2, 3])
+        m = co * ci
+        wg = flip_rows(gg.ggml_reshape_3d(ctx, wg, kw, kh, m), kh, m)
+        wg = flip_rows(gg.ggml_cont(ctx, gg.ggml_permute(ctx, wg, 1, 0, 2, 3)), kw, m)  # ne (KH, KW, M)
+        wg = gg.ggml_reshape_4d(ctx, gg.ggml_cont(ctx, gg.ggml_permute(ctx, wg, 1, 0, 2, 3)), kw, kh, ci, co)
+        if sw > 1:  # stuff along W (ggml dim 0)
+            xg = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, xg, 1, ww, hh, ci * n), 0, sw - 1, 0, 0, 0, 0, 0, 0)
+            xg = gg.ggml_reshape_4d(ctx, xg, sw * ww, hh, ci, n)
+            xg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, xg, sw * (ww - 1) + 1, hh, ci, n, sw * ww * f,
+                                                   sw * ww * hh * f, sw * ww * hh * ci * f, 0))
+        width = sw * (ww - 1) + 1
+        if sh > 1:  # stuff along H (ggml dim 1)
+            xg = gg.ggml_pad_ext(ctx, gg.ggml_reshape_4d(ctx, xg, width, 1, hh, ci * n), 0, 0, 0, sh - 1, 0, 0, 0, 0)
+            xg = gg.ggml_reshape_4d(ctx, xg, width, sh * hh, ci, n)
+            xg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, xg, width, sh * (hh - 1) + 1, ci, n, width * f,
+                                                   width * sh * hh * f, width * sh * hh * ci * f, 0))
+        if bw or aw or bh or ah:
+            xg = gg.ggml_pad_ext(ctx, xg, bw, aw, bh, ah, 0, 0, 0, 0)
+        return gg.ggml_conv_2d(ctx, wg, xg, 1, 1, 0, 0, dw, dh)
+
+    if group == 1:
+        y = one_group(x, w)
+    else:
+        y = None
+        for i in range(group):
+            xn, xb = x.contents.ne, x.contents.nb
+            xg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2]))
+            wn, wb = w.contents.ne, w.contents.nb
+            wg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], ci, wb[1], wb[2], wb[3], i * ci * wb[3]))
+            part = one_group(xg, wg)
+            y = part if y is None else gg.ggml_concat(ctx, y, part, 2)
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
-        y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, cout, 1, 1)))
+        y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, co * group, 1, 1)))
     return y
 
 
