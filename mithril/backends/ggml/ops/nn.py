@@ -485,6 +485,8 @@ def _check_flex(pn) -> str | None:
     q, k, v = (x.static_shape for x in pn.inputs[:3])
     if len(q) != 4 or len(k) != 4 or len(v) != 4 or q[1] % k[1] or k[1] != v[1]:
         return "heads that are not 4-D or not grouped"
+    if q[0] != k[0] or k[0] != v[0] or q[3] != k[3] or k[2] != v[2]:
+        return "Q, K, V of inconsistent batch, lengths or head sizes"
     if pn.kwargs.get("softmax_precision") not in (None, 0, 1):
         return "softmax_precision other than float32"
     return None
@@ -499,6 +501,13 @@ def flex_attention(pn, g: Builder):
     scale = 1 / np.sqrt(pn.inputs[0].static_shape[-1]) if scale is None else float(scale)
     scores = gg.ggml_scale(ctx, gg.ggml_mul_mat(ctx, k, q), float(scale))
     return gg.ggml_mul_mat(ctx, permute(g, v, [0, 1, 3, 2]), _masked_softmax(g, scores))
+
+
+def _heads4(shape, heads):
+    """(B, H, S, D) of a 4-D attention input or of a 3-D (B, S, H*D) one."""
+    if len(shape) == 4:
+        return tuple(shape)
+    return (shape[0], heads, shape[1], shape[2] // heads)
 
 
 def _check_attention(pn) -> str | None:
@@ -517,6 +526,14 @@ def _check_attention(pn) -> str | None:
         return "query heads not a multiple of the key/value heads"
     if len(q.static_shape) == 3 and (q.static_shape[2] % hq or k.static_shape[2] % hk or v.static_shape[2] % hk):
         return "hidden sizes not divisible by the head counts"
+    qs, ks, vs = (_heads4(x.static_shape, h) for x, h in ((q, hq), (k, hk), (v, hk)))
+    if qs[0] != ks[0] or ks[0] != vs[0] or qs[3] != ks[3] or ks[1:3] != vs[1:3]:
+        return "Q, K, V of inconsistent batch, heads, lengths or head sizes"
+    if past_k is not None:
+        pk, pv = past_k.static_shape, past_v.static_shape
+        if len(pk) != 4 or len(pv) != 4 or pk[:2] != ks[:2] or pv[:2] != vs[:2] or pk[3] != ks[3] \
+                or pv[3] != vs[3] or pk[2] != pv[2]:
+            return "past key/value shapes that do not extend K and V"
     if mask is not None:
         m = mask.static_shape
         full = (b, hq, s, t)
@@ -579,6 +596,10 @@ def _check_nll(pn) -> str | None:
     x = pn.inputs[0].static_shape
     if len(x) < 2:
         return "an input without classes"
+    if tuple(pn.inputs[1].static_shape) != (x[0],) + tuple(x[2:]):
+        return f"labels of shape {list(pn.inputs[1].static_shape)} for an input {list(x)}"
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None and tuple(pn.inputs[2].static_shape) != (x[1],):
+        return "weights that are not one per class"
     ignore = pn.kwargs.get("ignore_index")
     # Labels reach ggml wrapped into [0, C) and range-checked: an ignored label outside it
     # would be refused or confused with a class.
@@ -689,6 +710,10 @@ def _check_rotary(pn) -> str | None:
         return f"a cos/sin cache of shape {list(cache)}"
     if has_pos and len(cache) != 2:
         return "a cache of more than 2 dims with position ids"
+    if has_pos and prod(pn.inputs[3].static_shape) != x[0] * (x[2] if len(x) == 4 else x[1]):
+        return "position ids that are not one per token"
+    if tuple(pn.inputs[2].static_shape) != tuple(cache):
+        return "cos and sin caches of different shapes"
     return None
 
 
@@ -766,6 +791,19 @@ def _check_recurrent(pn) -> str | None:
         return "clip or input_forget"
     if len(pn.inputs[0].static_shape) != 3:
         return "an input that is not 3-D"
+    x = pn.inputs[0].static_shape
+    b, i_size = (x[0], x[2]) if int(k.get("layout") or 0) else (x[1], x[2])
+    h = int(k.get("hidden_size") or 0)
+    dirs = 2 if _text(k.get("direction") or "forward") == "bidirectional" else 1
+    n = GATES[pn.op_type]
+    want = {1: (dirs, n * h, i_size), 2: (dirs, n * h, h), 3: (dirs, 2 * n * h), 7: (dirs, 3 * h)}
+    for i, shape in want.items():
+        if i < len(ins) and ins[i] is not None and tuple(ins[i].static_shape) != shape:
+            return f"input {i} of shape {list(ins[i].static_shape)}, not {list(shape)}"
+    state = (b, dirs, h) if int(k.get("layout") or 0) else (dirs, b, h)
+    for i in (5, 6):
+        if ins[i] is not None and tuple(ins[i].static_shape) != state:
+            return f"an initial state of shape {list(ins[i].static_shape)}"
     return None
 
 
@@ -875,6 +913,11 @@ def _check_causal_conv(pn) -> str | None:
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     if len(x) != 3 or len(w) != 3 or w[0] != x[1] or w[1] != 1:
         return "not a depthwise (C, 1, K) kernel over (B, C, L)"
+    ins = list(pn.inputs) + [None] * (4 - len(pn.inputs))
+    if ins[2] is not None and tuple(ins[2].static_shape) != (x[1],):
+        return "a bias that is not one per channel"
+    if ins[3] is not None and tuple(ins[3].static_shape) != (x[0], x[1], w[2] - 1):
+        return "a past state that is not (B, C, K - 1)"
     if _text(pn.kwargs.get("activation") or "none") not in ("none", "silu", "swish"):
         return f"activation {pn.kwargs.get('activation')!r}"
     return None
@@ -924,6 +967,10 @@ def _check_linear_attention(pn) -> str | None:
         return "a decay that is not (B, T, H*dk) or (B, T, H)"
     if "delta" in rule and (ins[5] is None or ins[5].static_shape not in ((b, t, hk), (b, t, 1))):
         return "a beta that is not (B, T, H) or (B, T, 1)"
+    if key[:2] != (b, t) or v[:2] != (b, t) or q[2] // hq != key[2] // hk:
+        return "Q, K, V of inconsistent batch, length or head size"
+    if ins[3] is not None and tuple(ins[3].static_shape) != (b, hk, key[2] // hk, v[2] // hk):
+        return "a past state that is not (B, H, dk, dv)"
     return None
 
 
