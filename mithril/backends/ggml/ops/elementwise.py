@@ -303,3 +303,15 @@ def variadic(pn, g: Builder):
     if pn.op_type == "Mean" and len(parts) > 1:
         y = gg.ggml_scale(g.ctx, y, 1.0 / len(parts))
     return y if len(parts) > 1 else gg.ggml_cont(g.ctx, y)
+
+
+@ggml_op("Sinh", "Cosh", "Tan")
+def hyperbolic(pn, g: Builder):
+    """sinh from ``expm1`` (no cancellation near 0), cosh from ``exp``, tan as sin / cos."""
+    gg, ctx = g.ggml, g.ctx
+    x = g.contiguous(operand(pn, 0, g))
+    if pn.op_type == "Tan":
+        return gg.ggml_div(ctx, gg.ggml_sin(ctx, x), gg.ggml_cos(ctx, x))
+    fn = gg.ggml_expm1 if pn.op_type == "Sinh" else gg.ggml_exp
+    a, b = fn(ctx, x), fn(ctx, gg.ggml_neg(ctx, x))
+    return gg.ggml_scale(ctx, gg.ggml_sub(ctx, a, b) if pn.op_type == "Sinh" else gg.ggml_add(ctx, a, b), 0.5)

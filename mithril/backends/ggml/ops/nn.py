@@ -1185,3 +1185,70 @@ def dft(pn, g: Builder):
     moved = [signal[a] for a in perm[:-1]] + [k, 2]
     inverse_perm = [perm.index(a) for a in range(rank - 1)] + [rank - 1]
     return permute(g, g.reshape(y, moved), inverse_perm)
+
+
+def _check_channel_norm(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    if len(x) < 2:
+        return "an input without channels"
+    c = x[1]
+    if pn.op_type == "GroupNormalization":
+        groups = int(pn.kwargs.get("num_groups") or 0)
+        if not groups or c % groups:
+            return f"num_groups {groups} not dividing {c} channels"
+        per = c if pn.opset >= 21 else groups
+    else:
+        per = c
+    if any(prod(v.static_shape) != per for v in pn.inputs[1:3] if v is not None):
+        return "scale or bias not one value per channel (or group)"
+    return None
+
+
+@ggml_op("InstanceNormalization", "GroupNormalization", check=_check_channel_norm)
+def channel_norm(pn, g: Builder):
+    """``ggml_norm`` over rows of each (sample, group) — a group of one channel for
+    InstanceNormalization — then the per-channel (opset < 21 GroupNormalization: per-group)
+    scale and bias."""
+    gg, ctx = g.ggml, g.ctx
+    s = list(pn.inputs[0].static_shape)
+    n, c = s[0], s[1]
+    groups = int(pn.kwargs.get("num_groups") or c) if pn.op_type == "GroupNormalization" else c
+    rows = g.reshape(operand(pn, 0, g), (n * groups, prod(s) // (n * groups)))
+    y = gg.ggml_norm(ctx, rows, float(pn.kwargs.get("epsilon", 1e-5)))
+    per_group = pn.op_type == "GroupNormalization" and pn.opset < 21
+    if per_group:  # scale and bias per group: (N, G, rest)
+        y = g.reshape(y, (n, groups, prod(s) // (n * groups)))
+        shape = (1, groups, 1)
+    else:
+        y = g.reshape(y, (n, c, prod(s[2:])))
+        shape = (1, c, 1)
+    y = gg.ggml_mul(ctx, y, g.reshape(operand(pn, 1, g), shape))
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
+        y = gg.ggml_add(ctx, y, g.reshape(operand(pn, 2, g), shape))
+    return y
+
+
+def _check_lrn(pn) -> str | None:
+    x = pn.inputs[0].static_shape
+    return None if len(x) >= 2 and int(pn.kwargs.get("size") or 0) >= 1 else "an input without channels"
+
+
+@ggml_op("LRN", check=_check_lrn)
+def lrn(pn, g: Builder):
+    """``x / (bias + alpha / size * sum of x^2 over nearby channels) ** beta``: the channel sum
+    as a zero-padded average pool along channels (moved to ggml's dim 0) times ``size``; the
+    power as ``exp(beta * log(.))`` of a positive base."""
+    gg, ctx, k = g.ggml, g.ctx, pn.kwargs
+    s = list(pn.inputs[0].static_shape)
+    n, c, rest = s[0], s[1], prod(s[2:])
+    size = int(k["size"])
+    alpha, beta, bias = float(k.get("alpha", 1e-4)), float(k.get("beta", 0.75)), float(k.get("bias", 1.0))
+    x = g.reshape(operand(pn, 0, g), (n, c, rest))
+    sq = permute(g, gg.ggml_sqr(ctx, x), [0, 2, 1])  # (N, rest, C): channels along ggml dim 0
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    padded = gg.ggml_pad_ext(ctx, sq, lo, hi, 0, 0, 0, 0, 0, 0)
+    total = gg.ggml_pool_2d(ctx, padded, gg.GGML_OP_POOL_AVG, size, 1, 1, 1, 0.0, 0.0)  # mean of `size`
+    base = gg.ggml_scale_bias(ctx, total, alpha, bias)  # alpha / size * sum + bias
+    denom = gg.ggml_exp(ctx, gg.ggml_scale(ctx, gg.ggml_log(ctx, base), beta))
+    return gg.ggml_div(ctx, x, permute(g, g.reshape(denom, (n, rest, c)), [0, 2, 1]))
