@@ -706,7 +706,8 @@ def _check_rotary(pn) -> str | None:
         return f"rotary_embedding_dim {rot} for heads of {d}"
     has_pos = len(pn.inputs) > 3 and pn.inputs[3] is not None
     cache = pn.inputs[1].static_shape
-    if cache[-1] != rot // 2 or (not has_pos and (len(cache) != 3 or prod(cache[:2]) != x[0] * x[-2 if len(x) == 4 else 1])):
+    tokens = x[0] * (x[2] if len(x) == 4 else x[1])
+    if cache[-1] != rot // 2 or (not has_pos and (len(cache) != 3 or prod(cache[:2]) != tokens)):
         return f"a cos/sin cache of shape {list(cache)}"
     if has_pos and len(cache) != 2:
         return "a cache of more than 2 dims with position ids"
@@ -902,10 +903,10 @@ def recurrent(pn, g: Builder):
 
     if layout:  # Y (B, S, D, H) = ne (H, D, S, B); Y_h (B, D, H) = ne (H, D, B)
         y = stack([stack([ys[d][t] for d in range(dirs)], 1, (h, 1, 1, b)) for t in range(s)], 2, (h, dirs, 1, b))
-        last = [stack(v, 1, (h, 1, b, 1)) for v in (finals, cells)] if op == "LSTM" else [stack(finals, 1, (h, 1, b, 1))]
+        last = [stack(v, 1, (h, 1, b, 1)) for v in ((finals, cells) if op == "LSTM" else (finals,))]
     else:  # Y (S, D, B, H) = ne (H, B, D, S); Y_h (D, B, H) = ne (H, B, D)
         y = stack([stack([ys[d][t] for d in range(dirs)], 2, (h, b, 1, 1)) for t in range(s)], 3, (h, b, dirs, 1))
-        last = [stack(v, 2, (h, b, 1, 1)) for v in (finals, cells)] if op == "LSTM" else [stack(finals, 2, (h, b, 1, 1))]
+        last = [stack(v, 2, (h, b, 1, 1)) for v in ((finals, cells) if op == "LSTM" else (finals,))]
     return [y, *last][:len(pn.outputs)]
 
 
@@ -1115,9 +1116,10 @@ def conv_transpose(pn, g: Builder):
         y = None
         for i in range(group):
             xn, xb = x.contents.ne, x.contents.nb
-            xg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2]))
             wn, wb = w.contents.ne, w.contents.nb
-            wg = gg.ggml_cont(ctx, gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], ci, wb[1], wb[2], wb[3], i * ci * wb[3]))
+            xg = gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2])
+            wg = gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], ci, wb[1], wb[2], wb[3], i * ci * wb[3])
+            xg, wg = gg.ggml_cont(ctx, xg), gg.ggml_cont(ctx, wg)
             part = one_group(xg, wg)
             y = part if y is None else gg.ggml_concat(ctx, y, part, 2)
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
