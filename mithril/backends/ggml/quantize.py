@@ -71,11 +71,6 @@ class WeightFormat:
             self.kept_float.append((v.name, f"rows of {row} values are not whole {block}-value blocks"))
         return self.weight_type
 
-    def padded_row(self, type_name: str, row: int) -> int:
-        """The stored row length of a matmul weight: ``row`` rounded up to whole blocks."""
-        block = QUANT_TYPES[type_name][1] if type_name in QUANT_TYPES else 1
-        return -(-row // block) * block
-
     @staticmethod
     def ggml_type(name: str) -> int:
         import ggml
@@ -87,19 +82,19 @@ class WeightFormat:
         size, filled when the parameter arrives) in ``layout`` and type ``type_name``."""
         if layout == "t" and len(shape) != 2:
             raise ValueError(f"layout 't' takes a matrix, not shape {shape}")
-        logical = (shape[1], shape[0]) if layout == "t" else (tuple(shape) or (1,))
-        row = self.padded_row(type_name, logical[-1])
-        pad = row - logical[-1]
-        logical = logical[:-1] + (row,)
-        nbytes = row_bytes(type_name, logical[-1]) * int(np.prod(logical[:-1], dtype=np.int64))
+        stored = stored_shape(layout, type_name, shape)
+        nbytes = row_bytes(type_name, stored[-1]) * int(np.prod(stored[:-1], dtype=np.int64))
         if array is None:
-            return np.empty(max(nbytes, 1), np.uint8), logical
+            return np.empty(max(nbytes, 1), np.uint8), stored
         a = np.asarray(array, dtype=np.float32).reshape(shape)
         if layout == "t":
             a = a.T
-        if pad:
-            a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+        a = a.reshape(stored[:-2] + a.shape[-2:]) if len(stored) >= 2 else a.reshape(stored[:-1] + (-1,))
+        pads = [(0, want - have) for want, have in zip(stored, a.shape)]
+        if any(p for _, p in pads):
+            a = np.pad(a, pads)
         a = np.ascontiguousarray(a)
+        logical = stored
         if type_name == "f32":
             return a, logical
         if type_name == "f16":
@@ -153,12 +148,24 @@ def dequantize_rows(buffer: np.ndarray, type_name: str, nrows: int, n: int) -> n
     return out
 
 
+# A matrix a matmul reads ("t", "rows") is stored with a multiple of ROW_MULTIPLE rows: ggml's
+# fast matmul (llamafile's sgemm) takes only such operands, and otherwise falls back to a kernel
+# 3-4x slower (GPT-2's 50,257-row LM head: 21 GFLOP/s instead of 67 at one thread). The matmul
+# rules drop the padded rows' results (Builder.linear).
+ROW_MULTIPLE = 4
+
+
 def stored_shape(layout: str, type_name: str, shape: tuple) -> tuple:
     """The NumPy-order shape ggml sees for a weight of NumPy ``shape`` stored in ``layout`` and
-    ``type_name``: transposed for ``"t"``, its rows padded to whole blocks when quantized."""
+    ``type_name``: transposed for ``"t"``, each row padded to whole blocks when quantized, and a
+    matrix read by a matmul (``"t"``, ``"rows"``) given zero rows up to a multiple of
+    :data:`ROW_MULTIPLE`."""
     logical = (shape[1], shape[0]) if layout == "t" else (tuple(shape) or (1,))
     block = QUANT_TYPES[type_name][1] if type_name in QUANT_TYPES else 1
-    return logical[:-1] + (-(-logical[-1] // block) * block,)
+    stored = logical[:-1] + (-(-logical[-1] // block) * block,)
+    if layout in ("t", "rows") and len(stored) == 2:
+        stored = (-(-stored[0] // ROW_MULTIPLE) * ROW_MULTIPLE, stored[1])
+    return stored
 
 
 def restore(buffer: np.ndarray, layout: str, type_name: str, shape: tuple) -> np.ndarray:
@@ -168,7 +175,7 @@ def restore(buffer: np.ndarray, layout: str, type_name: str, shape: tuple) -> np
     raw = np.ascontiguousarray(buffer).reshape(-1).view(np.uint8)
     rows = dequantize_rows(raw, type_name, int(np.prod(stored[:-1], dtype=np.int64)), stored[-1])
     logical = (shape[1], shape[0]) if layout == "t" else (tuple(shape) or (1,))
-    a = rows.reshape(stored)[..., :logical[-1]]
+    a = rows.reshape(stored)[tuple(slice(0, n) for n in logical)]
     if layout == "t":
         a = a.T
     return np.ascontiguousarray(a).reshape(shape)
@@ -186,8 +193,8 @@ class QuantizedTensor:
 
     >>> import numpy as np
     >>> q = QuantizedTensor.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "q8_0")
-    >>> q.type_name, q.shape, q.data.nbytes
-    ('q8_0', (2, 32), 68)
+    >>> q.type_name, q.shape, q.stored_shape, q.data.nbytes  # 2 zero rows: a multiple of ROW_MULTIPLE
+    ('q8_0', (2, 32), (4, 32), 136)
     >>> bool(np.abs(q.dequantize() - np.linspace(-1, 1, 64).reshape(2, 32)).max() < 0.01)
     True
     """

@@ -123,15 +123,21 @@ class Builder:
         (float16, bfloat16) or quantized."""
         return self._weight(v, layout)
 
-    def matmul_weight(self, v: PlanValue, layout: str, x):
-        """``(w, x)`` for ``ggml_mul_mat(w, x)``: the matrix ``v`` in ``layout`` (``"t"`` or
-        ``"rows"``), whose quantized rows may be zero-padded to whole blocks, and the activation
-        ``x`` padded with zeros to the same row length."""
+    def linear(self, v: PlanValue, layout: str, x):
+        """``x @ W`` for the matrix weight ``v`` read in ``layout`` (``"t"``: ``v`` is ``[K, N]``;
+        ``"rows"``: ``v`` is ``[N, K]``), through ``ggml_mul_mat``: ``x`` is zero-padded to the
+        stored rows' length (quantized rows are whole blocks), and the results of the zero rows
+        the stored matrix may have (quantize.ROW_MULTIPLE) are dropped: ``[.., M, N]``."""
         w = self._weight(v, layout, True)
         extra = int(w.contents.ne[0]) - int(x.contents.ne[0])
         if extra:
             x = self.ggml.ggml_pad(self.ctx, self.contiguous(x), extra, 0, 0, 0)
-        return w, x
+        y = self.ggml.ggml_mul_mat(self.ctx, w, x)
+        n = v.static_shape[1] if layout == "t" else v.static_shape[0]
+        if int(y.contents.ne[0]) != n:
+            c = y.contents
+            y = self.ggml.ggml_view_4d(self.ctx, y, n, c.ne[1], c.ne[2], c.ne[3], c.nb[1], c.nb[2], c.nb[3], 0)
+        return y
 
     def constant(self, array: np.ndarray):
         """A float32 tensor holding ``array`` (made at build time, kept by the program)."""

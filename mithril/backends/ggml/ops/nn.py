@@ -56,9 +56,9 @@ def matmul(pn, g: Builder):
     if len(b.static_shape) == 1:  # a vector: already ggml's [N=1, K] row
         w = g.contiguous(operand(pn, 1, g))
     elif g.is_weight(b) and len(b.static_shape) == 2:
-        w, x = g.matmul_weight(b, "t", x)  # [K, N] stored as [N, K]
+        return g.reshape(g.linear(b, "t", x), out)  # [K, N] stored as [N, K]
     elif g.transposed_weight(b) is not None:
-        w, x = g.matmul_weight(g.transposed_weight(b), "rows", x)  # already [N, K]
+        return g.reshape(g.linear(g.transposed_weight(b), "rows", x), out)  # already [N, K]
     else:
         w = g.ggml.ggml_cont(g.ctx, g.ggml.ggml_transpose(g.ctx, operand(pn, 1, g)))
     # Batch dims (ggml's ne[2], ne[3]): the weight's must divide the activation's.
@@ -79,13 +79,13 @@ def gemm(pn, g: Builder):
         x = g.ggml.ggml_transpose(g.ctx, x)
     x = g.contiguous(x)
     if g.is_weight(b):
-        w, x = g.matmul_weight(b, "rows" if k.get("transB") else "t", x)
+        y = g.linear(b, "rows" if k.get("transB") else "t", x)
     elif g.transposed_weight(b) is not None and not k.get("transB"):
-        w, x = g.matmul_weight(g.transposed_weight(b), "rows", x)
+        y = g.linear(g.transposed_weight(b), "rows", x)
     else:
         w = operand(pn, 1, g)
         w = g.contiguous(w if k.get("transB") else g.ggml.ggml_transpose(g.ctx, w))
-    y = g.ggml.ggml_mul_mat(g.ctx, w, x)
+        y = g.ggml.ggml_mul_mat(g.ctx, w, x)
     alpha, beta = float(k.get("alpha", 1.0)), float(k.get("beta", 1.0))
     if alpha != 1.0:
         y = g.ggml.ggml_scale(g.ctx, y, alpha)
