@@ -276,6 +276,34 @@ def _worker(args):
     return run_case(name, backend)
 
 
+def _run_in_workers(ctx, jobs: int, per_child: int | None, tasks: list):
+    """Each task's result from a pool of ``jobs`` worker processes, in completion order. A worker
+    that dies (a native library aborting or crashing) does not hang the run: the cases it may have
+    held run again one per fresh process, and the one that kills its process is a failure saying so."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    pending = list(tasks)
+    with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=per_child) as pool:
+        futures = {pool.submit(_worker, t): t for t in pending}
+        try:
+            for f in as_completed(futures):
+                r = f.result()
+                pending.remove(futures[f])
+                yield r
+        except BrokenProcessPool:
+            pass
+    for t in pending:  # after a crash: one process per case, so a crash names its case
+        with ProcessPoolExecutor(1, mp_context=ctx) as alone:
+            try:
+                yield alone.submit(_worker, t).result()
+            except BrokenProcessPool:
+                name, backend = t
+                yield CaseResult(name, model_test_dirs()[name][0] if "/" in name else "node", "fail",
+                                 f"the worker process died running this case on {backend} (a native crash or abort)",
+                                 [], 0.0)
+
+
 def case_names(pattern: str | None = None, include_models: bool = True) -> list[str]:
     """Node cases (then model tests, ``kind/dir``) whose name matches ``pattern`` (a regex)."""
     if pattern:
@@ -316,20 +344,23 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
         if jobs > 1:
             import multiprocessing as mp
 
+            # ggml answers a failed assertion by running gdb for a backtrace before it aborts
+            # (minutes); a case that aborts is reported as a dead worker instead.
+            os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
             # XLA, torch and MLX deadlock in a child forked after the parent started their thread
             # pools, which a test session or an earlier backend may have done: their workers start
             # from a clean forkserver. NumPy workers fork directly (fast, nothing to deadlock).
             if backend in ("numpy", "c", "ggml"):
-                ctx, per_child = mp.get_context("fork"), 200
+                ctx, per_child = mp.get_context("fork"), None  # Python refuses max_tasks_per_child with fork
             else:
                 ctx, per_child = mp.get_context("forkserver"), None
                 ctx.set_forkserver_preload(["mithril.conformance"])
-            with ctx.Pool(jobs, maxtasksperchild=per_child) as pool:
-                for r in pool.imap_unordered(_worker, tasks, chunksize=4):
-                    results.append(r)
-                    passed += r.status == "pass"
-                    bar.update(task, advance=1, passed=passed)
-                    log_line()
+            for r in _run_in_workers(ctx, jobs, per_child, tasks):
+                results.append(r)
+                passed += r.status == "pass"
+                bar.update(task, advance=1, passed=passed)
+                log_line()
         else:
             for t in tasks:
                 r = _worker(t)
