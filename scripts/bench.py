@@ -425,7 +425,17 @@ def run_benchmark(args, backends, model_names, notes) -> list[dict]:
                         if threads != 0 and bname not in THREAD_LIMITED:
                             continue
                         if bname == "ggml-contrib":
-                            candidates.append((bname, lambda: _ggml_contrib_row(path, inputs)))
+                            _progress(f"{model} ({input_desc}), {_threads_label(threads)} threads: {bname}")
+                            peer = _ggml_contrib_row(path, inputs, threads, args)
+                            if "error" in peer:
+                                notes.append(f"{model} on ggml-contrib failed: {peer['error']}")
+                                print(notes[-1], flush=True)
+                                continue
+                            rows.append(dict(model=model, input=input_desc, threads=_threads_label(threads),
+                                             backend=bname, ratio=peer["ms"] / peer["ort_ms"], eager_ms=None,
+                                             vs_eager=None, ort_load_s=ort_load_s, load=load, weight_bytes=None,
+                                             xla_flags=os.environ.get("XLA_FLAGS", ""), **peer))
+                            print(_row_line(rows[-1]), flush=True)
                             continue
                         if bname in NUM_THREADS_OPTION:
                             backend = _backend_with_threads(bname, threads)
@@ -474,23 +484,50 @@ def _backend_with_threads(name: str, threads: int):
     return getattr(ml, attr)(**kwargs, num_threads=threads or _usable_cpus())
 
 
-def _ggml_contrib_row(path: str, inputs: dict[str, np.ndarray]):
-    """ggml.contrib.onnx (ggml-python's ONNX runtime, with its NumPy fallback for what it lacks) on the
-    same file: prepare seconds, first-call seconds, the call and its outputs. It picks its own threads."""
+def _ggml_contrib_child(path: str, inputs: dict[str, np.ndarray], threads: int, timing: tuple, conn) -> None:
+    """In a child process: ggml.contrib.onnx (ggml-python's ONNX runtime, with its NumPy fallback,
+    at its own thread count) on ``path``, timed in turns with onnxruntime; sends the row's numbers.
+    A child, because a failed GGML_ASSERT in the peer aborts its process."""
     import onnx
+    import onnxruntime as ort
     from ggml.contrib.onnx import GgmlRuntimeBackend
 
-    t = time.perf_counter()
-    rep = GgmlRuntimeBackend.prepare(onnx.load(path))
-    compile_s = time.perf_counter() - t
-    names = [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+    try:
+        t = time.perf_counter()
+        rep = GgmlRuntimeBackend.prepare(onnx.load(path))
+        compile_s = time.perf_counter() - t
+        names = [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+        t = time.perf_counter()
+        outs = dict(zip(names, rep.run(inputs)))
+        first_s = time.perf_counter() - t
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+        times, runs = _interleaved_times({"ort": lambda: sess.run(None, inputs), "peer": lambda: rep.run(inputs)},
+                                         *timing)
+        conn.send(dict(compile_s=compile_s, first_s=first_s, ms=times["peer"] * 1e3, ort_ms=times["ort"] * 1e3,
+                       runs=runs, diff=_max_diff(outs, ref)))
+    except Exception as exc:  # reported as the row's failure
+        conn.send(dict(error=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
-    def call():
-        return dict(zip(names, rep.run(inputs)))
 
-    t = time.perf_counter()
-    outs = call()
-    return compile_s, time.perf_counter() - t, call, outs, []
+def _ggml_contrib_row(path: str, inputs: dict[str, np.ndarray], threads: int, args) -> dict:
+    """The ggml.contrib.onnx row's numbers from :func:`_ggml_contrib_child`, or ``error``: why not."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort is reported, not debugged with gdb
+    proc = ctx.Process(target=_ggml_contrib_child, args=(path, inputs, threads, (
+        args.warmup, args.min_runs, args.runs, args.row_seconds), child))
+    proc.start()
+    child.close()
+    result = parent.recv() if parent.poll(1800) else None
+    proc.join(60)
+    if result is None:
+        return dict(error=f"its process ended with status {proc.exitcode} (a GGML_ASSERT aborts the process)")
+    return result
 
 
 @contextlib.contextmanager
