@@ -946,7 +946,14 @@ def _c_backend_main(args, model_names: list[str]) -> int:
     load = _load_average()
     notes: list[str] = []
     args.no_eager = True
-    backends = _make_backends(list(C_BACKENDS), notes)
+    from mithril.backends.c import build
+
+    names = list(C_BACKENDS)
+    if not build.blas_flags()[2]:  # without a BLAS, c and c-noblas are one build: timing it twice adds only noise
+        names.remove("c-noblas")
+        notes.append("scipy-openblas32 is not installed: c is built with the kernel library's own GEMM "
+                     "(c-noblas, the same build, is not run)")
+    backends = _make_backends(names, notes)
     rows = run_benchmark(args, backends, model_names, notes) if model_names else []
     targets = [t for t in _targets(rows, model_names, [b for b, _ in backends], {}) if t[0] == "18"]
     res = run_c_build(args)
