@@ -516,17 +516,25 @@ def _ggml_contrib_row(path: str, inputs: dict[str, np.ndarray], threads: int, ar
     """The ggml.contrib.onnx row's numbers from :func:`_ggml_contrib_child`, or ``error``: why not."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork")
+    # spawn, not fork: a child forked from this process (ggml, onnxruntime and OpenMP threads
+    # running) deadlocked before its first call.
+    ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # an abort is reported, not debugged with gdb
     proc = ctx.Process(target=_ggml_contrib_child, args=(path, inputs, threads, (
         args.warmup, args.min_runs, args.runs, args.row_seconds), child))
     proc.start()
     child.close()
-    result = parent.recv() if parent.poll(1800) else None
+    try:
+        result = parent.recv() if parent.poll(900) else None
+    except EOFError:  # the child died before sending
+        result = None
+    if result is None and proc.is_alive():
+        proc.kill()
     proc.join(60)
     if result is None:
-        return dict(error=f"its process ended with status {proc.exitcode} (a GGML_ASSERT aborts the process)")
+        return dict(error=f"its process ended with status {proc.exitcode} (a GGML_ASSERT aborts the process; "
+                          "-9: stopped after 15 minutes)")
     return result
 
 
