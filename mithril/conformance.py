@@ -276,16 +276,18 @@ def _worker(args):
     return run_case(name, backend)
 
 
-def _run_in_workers(ctx, jobs: int, per_child: int | None, tasks: list):
-    """Each task's result from a pool of ``jobs`` worker processes, in completion order. A worker
-    that dies (a native library aborting or crashing) does not hang the run: the cases it may have
-    held run again one per fresh process, and the one that kills its process is a failure saying so."""
+def _run_in_workers(ctx, jobs: int, tasks: list, worker=None):
+    """Each task's result (``worker(task)``, :func:`_worker` by default) from ``jobs`` worker
+    processes of the multiprocessing context ``ctx``, in completion order. A worker that dies (a
+    native library aborting or crashing) does not hang the run: the cases it may have held run
+    again one per fresh process, and the one that kills its process is a failure saying so."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
+    worker = worker or _worker
     pending = list(tasks)
-    with ProcessPoolExecutor(jobs, mp_context=ctx, max_tasks_per_child=per_child) as pool:
-        futures = {pool.submit(_worker, t): t for t in pending}
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(worker, t): t for t in pending}
         try:
             for f in as_completed(futures):
                 r = f.result()
@@ -296,7 +298,7 @@ def _run_in_workers(ctx, jobs: int, per_child: int | None, tasks: list):
     for t in pending:  # after a crash: one process per case, so a crash names its case
         with ProcessPoolExecutor(1, mp_context=ctx) as alone:
             try:
-                yield alone.submit(_worker, t).result()
+                yield alone.submit(worker, t).result()
             except BrokenProcessPool:
                 name, backend = t
                 yield CaseResult(name, model_test_dirs()[name][0] if "/" in name else "node", "fail",
@@ -348,15 +350,12 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
             # (minutes); a case that aborts is reported as a dead worker instead.
             os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
-            # XLA, torch and MLX deadlock in a child forked after the parent started their thread
-            # pools, which a test session or an earlier backend may have done: their workers start
-            # from a clean forkserver. NumPy workers fork directly (fast, nothing to deadlock).
-            if backend in ("numpy", "c", "ggml"):
-                ctx, per_child = mp.get_context("fork"), None  # Python refuses max_tasks_per_child with fork
-            else:
-                ctx, per_child = mp.get_context("forkserver"), None
-                ctx.set_forkserver_preload(["mithril.conformance"])
-            for r in _run_in_workers(ctx, jobs, per_child, tasks):
+            # Workers start from a clean forkserver: a child forked from this process (XLA's, torch's,
+            # MLX's, ggml's or OpenMP's threads running, as in a test session) can deadlock on a lock
+            # one of those threads held at the fork.
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["mithril.conformance"])
+            for r in _run_in_workers(ctx, jobs, tasks):
                 results.append(r)
                 passed += r.status == "pass"
                 bar.update(task, advance=1, passed=passed)

@@ -102,14 +102,14 @@ def _abort_on_crash_case(args):
     return conformance.CaseResult(name, "node", "pass", "", [], 0.0)
 
 
-def test_a_worker_that_dies_fails_its_case_and_the_run_goes_on(monkeypatch):
+def test_a_worker_that_dies_fails_its_case_and_the_run_goes_on():
     """A case that kills its worker process (ggml's GGML_ASSERT aborts) is a failure naming the
     case; the parallel run neither hangs nor loses the other cases."""
     import multiprocessing as mp
 
-    monkeypatch.setattr(conformance, "_worker", _abort_on_crash_case)  # forked workers inherit it
     tasks = [(f"ok{i}", "numpy") for i in range(6)] + [("crash", "numpy")] + [(f"ok{i}", "numpy") for i in range(6, 9)]
-    results = {r.name: r for r in conformance._run_in_workers(mp.get_context("fork"), 2, None, tasks)}
+    ctx = mp.get_context("forkserver")  # as run_suite's workers
+    results = {r.name: r for r in conformance._run_in_workers(ctx, 2, tasks, worker=_abort_on_crash_case)}
     assert sorted(results) == sorted(n for n, _ in tasks)
     assert results["crash"].status == "fail" and "worker process died" in results["crash"].reason
     assert all(r.status == "pass" for n, r in results.items() if n != "crash")
