@@ -88,11 +88,16 @@ def run(args, folder: Path) -> int:
 
     pretrained = model.backbone.pretrained_params()  # the ONNX file's weights, by parameter name
     backends = make_backends(args.backends)
-    trainer = next((b for b in backends if b.name in ("torch", "jax")), backends[0])  # any trains; these fastest
+    trainers = [b for b in backends if b.supports_gradients]  # GGML runs inference only
+    trainer = next((b for b in trainers if b.name in ("torch", "jax")), trainers[0] if trainers else None)
+    if trainer is None and args.steps > 0:
+        raise SystemExit("onnx_backbone: none of --backends trains; add numpy, jax, torch, mlx or c")
     losses = {}
     params = None
     for backend in backends:
-        pm = ml.compile(model, backend, shapes=shapes, trainable_keys=head)
+        # GGML runs inference only: there the loss is evaluated, not differentiated.
+        pm = (ml.compile(model, backend, shapes=shapes, trainable_keys=head) if backend.supports_gradients
+              else ml.compile(model, backend, shapes=shapes, inference=True))
         if params is None:
             params = {k: np.asarray(backend.to_numpy(v)) for k, v in pm.randomize_params().items()}
             params.update(pretrained)

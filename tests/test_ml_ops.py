@@ -657,11 +657,11 @@ def test_matches_onnxruntime(case, backend_name):
     with warnings.catch_warnings():
         # ZipMap's list of dicts cannot be traced: such graphs run un-jitted, with this warning.
         warnings.simplefilter("ignore", JitFallbackWarning)
-        pm = ml.compile(ml.load_onnx(model), backend) if backend_name != "c" else None
+        pm = ml.compile(ml.load_onnx(model), backend) if not backend.needs_static_shapes else None
         for run, want in zip(runs, expected):
-            if backend_name == "c":
-                # C compiles fixed shapes only: one program per run's shapes (the refusal of a
-                # symbolic dim is tested in tests/test_c_backend.py).
+            if backend.needs_static_shapes:
+                # C and GGML compile fixed shapes only: one program per run's shapes (the refusal
+                # of a symbolic dim is tested in tests/test_c_backend.py and test_ggml_backend.py).
                 shapes = {k: list(v.shape) for k, v in run.items() if isinstance(v, np.ndarray)}
                 pm = ml.compile(ml.load_onnx(model), backend, shapes=shapes)
             got = pm.evaluate(None, run)
