@@ -7,7 +7,8 @@ import numpy as np
 
 from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
 from ..numpy.backend import NumpyBackend
-from .program import GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram, why_not_ggml
+from .program import (DeferredGGMLProgram, GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram,
+                      pending_values, why_not_ggml)
 
 _WEIGHT_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -78,10 +79,24 @@ class GGMLBackend(NumpyBackend):
         if loose:
             raise CompileError("GGMLBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
                                f"for: {', '.join(loose)}")
+        pending = pending_values(plan)
+        if pending:  # built at the first evaluate, for the values of the inputs read at build time
+            self._check_rules(plan.nodes, pending)
+            return DeferredGGMLProgram(plan, pending, self._lower_fixed)
+        return self._lower_fixed(plan)
+
+    def _lower_fixed(self, plan):
+        """:meth:`lower` once every value a rule reads at build time is a constant."""
         from .fusion import fuse_gelu
 
         nodes = fuse_gelu(plan, lambda pn: why_not_ggml(pn) is None)
-        missing = [(pn, why_not_ggml(pn)) for pn in nodes if why_not_ggml(pn) is not None]
+        self._check_rules(nodes)
+        return GGMLProgram(plan, weight_type=self.weight_type, quantize=self.quantize,
+                           num_threads=self.num_threads, mem_size=self.mem_size, nodes=nodes)
+
+    def _check_rules(self, nodes, pending=frozenset()) -> None:
+        """Lists the nodes without a ggml rule: refused with ``fallback=None``, else warned."""
+        missing = [(pn, why) for pn in nodes if (why := why_not_ggml(pn, pending)) is not None]
         if missing:
             listed = ", ".join(f"{pn.label} ({pn.op_type}: {why})" for pn, why in missing)
             if self.fallback is None:
@@ -91,8 +106,6 @@ class GGMLBackend(NumpyBackend):
 
             warn_user(f"GGMLBackend: {len(missing)} node(s) run on NumPy (no ggml rule): {listed}",
                       GGMLFallbackWarning)
-        return GGMLProgram(plan, weight_type=self.weight_type, quantize=self.quantize,
-                           num_threads=self.num_threads, mem_size=self.mem_size, nodes=nodes)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         raise MithrilError("GGMLBackend runs inference only (ggml here has no backward pass); train with "

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue, reads_of
-from .ops import F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
+from .ops import BOOL, F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 from .ops import elementwise, movement, nn  # noqa: F401 - the families register their rules
 from .quantize import QuantizedTensor
 
@@ -46,33 +46,49 @@ def _ggml():
     return ggml
 
 
-def why_not_ggml(pn: PlanNode) -> str | None:
-    """Why ``pn`` cannot run in ggml; None when it can."""
+def why_not_ggml(pn: PlanNode, pending: frozenset | set = frozenset()) -> str | None:
+    """Why ``pn`` cannot run in ggml; None when it can. ``pending``: values known only at the first
+    evaluate (graph inputs a rule reads at build time, and the values whose shapes follow from
+    them, see :func:`pending_values`): a node reading one passes for now and is checked in full
+    when the program is built for those values."""
     rule = OPS.get((pn.domain, pn.op_type))
     if rule is None or pn.subgraphs:
         return "no ggml rule"
+    later = False
     for i in rule.folded:
         if i < len(pn.inputs) and pn.inputs[i] is not None and pn.inputs[i].kind != "constant":
-            return f"input {i} ({pn.inputs[i].name!r}) given at run time"
+            if pn.inputs[i] not in pending:
+                return f"input {i} ({pn.inputs[i].name!r}) given at run time"
+            later = True
     for i, v in enumerate(pn.inputs):
         if v is None or i in rule.folded:
             continue
-        problem = _why_not_value(v, INDEX_DTYPES if i in rule.indices else (F32,))
+        problem = _why_not_value(v, INDEX_DTYPES if i in rule.indices else rule.dtypes, v in pending)
         if problem:
             return problem
+        later |= v in pending
     for v in pn.outputs:
-        problem = _why_not_value(v, (F32,))
+        if not v.name:  # an omitted optional output
+            continue
+        problem = _why_not_value(v, rule.dtypes, v in pending)
         if problem:
             return problem
+        later |= v in pending
+    if later:
+        return None
     try:
         return rule.check(pn) if rule.check is not None else None
     except Exception as exc:  # a rule that cannot read this node's attributes: NumPy runs it
         return f"its ggml rule failed on it ({type(exc).__name__}: {exc})"
 
 
-def _why_not_value(v: PlanValue, dtypes) -> str | None:
+def _why_not_value(v: PlanValue, dtypes, pending: bool = False) -> str | None:
     if v.dtype not in dtypes:
-        return f"dtype {v.dtype} of {v.name!r} (ggml here computes {', '.join(map(str, dtypes))})"
+        return f"dtype {v.dtype} of {v.name!r} (ggml here computes {', '.join(sorted(map(str, dtypes)))})"
+    if v.shape is not None and len(v.shape) > MAX_DIMS:
+        return f"{v.name!r} has {len(v.shape)} dims (ggml has at most {MAX_DIMS})"
+    if pending and v.static_shape is None:
+        return None
     if v.static_shape is None:
         return f"shape of {v.name!r} not fixed"
     if len(v.static_shape) > MAX_DIMS:
@@ -82,6 +98,127 @@ def _why_not_value(v: PlanValue, dtypes) -> str | None:
     if v.kind == "constant" and tuple(np.shape(v.value)) != v.static_shape:
         return f"constant {v.name!r} holds shape {np.shape(v.value)}, typed {v.static_shape}"
     return None
+
+
+def pending_values(plan: Plan) -> set[PlanValue]:
+    """The graph inputs a ggml rule reads at build time (a Reshape's shape, a Slice's starts, a
+    ReduceSum's axes given as data), and the values whose unknown shapes follow from them and
+    from the fixed input shapes alone: the program is built at the first evaluate, for those
+    inputs' values. Empty when the plan has subgraphs (their nodes read the outer values)."""
+    if any(pn.subgraphs for pn in plan.nodes):
+        return set()
+    bound: set[PlanValue] = set()
+    for pn in plan.nodes:
+        rule = OPS.get((pn.domain, pn.op_type))
+        if rule is None:
+            continue
+        for i in rule.folded:
+            v = pn.inputs[i] if i < len(pn.inputs) else None
+            if v is not None and v.kind == "input" and v.static_shape is not None and v.dtype is not None \
+                    and v.dtype.kind in "biuf":
+                bound.add(v)
+    if not bound:
+        return set()
+    pending = set(bound)
+    for pn in plan.nodes:  # shapes a ggml rule makes from fixed or pending shapes and build-time values
+        rule = OPS.get((pn.domain, pn.op_type))
+        if rule is None:
+            continue
+        ins = [v for v in pn.inputs if v is not None]
+        if all(v.static_shape is not None or v in pending for v in ins) and \
+                all(v.kind == "constant" or v in pending for i, v in enumerate(pn.inputs)
+                    if i in rule.folded and v is not None):
+            pending.update(v for v in pn.outputs if v.static_shape is None)
+    return pending
+
+
+class DeferredGGMLProgram:
+    """A GGML program built at the first evaluate, when graph inputs a rule reads at build time
+    are given as data (:func:`pending_values`): the plan is specialized to those inputs' values
+    (they become constants, and the shapes that follow from them are read from one NumPy run of
+    the plan), lowered by ``lower`` (the backend's fixed-shape lowering, checks included) and
+    kept, keyed by the values' bytes; other values build another program (the last
+    ``keep`` are kept)."""
+
+    keep = 4
+    filename = None  # no generated source (runner.node_error reads these)
+    lines: dict = {}
+
+    def __init__(self, plan: Plan, pending: set[PlanValue], lower):
+        self.plan = plan
+        self.bound = [v for v in plan.inputs if v in pending]
+        self._lower = lower
+        self._built: dict[tuple, GGMLProgram] = {}
+        self.current: GGMLProgram | None = None
+
+    @property
+    def forward(self):
+        return self.run
+
+    def run(self, params: dict, data: dict) -> dict:
+        values = [np.asarray(data[v.name]) for v in self.bound]
+        key = tuple((a.dtype.str, a.shape, a.tobytes()) for a in values)
+        program = self._built.pop(key, None)
+        if program is None:
+            program = self._lower(self.specialize(params or {}, data))
+            while len(self._built) >= self.keep:
+                self._built.pop(next(iter(self._built)))
+        self._built[key] = program  # the newest last
+        self.current = program
+        return program.run(params, data)
+
+    def specialize(self, params: dict, data: dict) -> Plan:
+        """The plan with the bound inputs as constants of ``data``'s values and every shape that
+        follows from them filled in (read from the plan run once on NumPy)."""
+        from dataclasses import replace
+
+        from ..interpret import Interpreter
+
+        plan = self.plan
+        interpreter = Interpreter(plan)
+        env: dict = {}
+
+        def param(v):
+            value = params[v.name]
+            return value.dequantize() if isinstance(value, QuantizedTensor) else value
+
+        for v in plan.inputs:
+            env[v] = param(v) if v.kind == "param" else data[v.name]
+        for v in plan.params:
+            env.setdefault(v, param(v))
+        for pn in plan.nodes:
+            args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in pn.inputs]
+            env.update(zip(pn.outputs, interpreter.run_node(pn, args, env)))
+        copies: dict[PlanValue, PlanValue] = {}
+
+        def copy(v):
+            if v is None:
+                return None
+            if v not in copies:
+                if v in self.bound:
+                    value = np.asarray(env[v])
+                    copies[v] = replace(v, kind="constant", shape=tuple(value.shape), tensor=None, _array=value)
+                elif v.static_shape is None and isinstance(env.get(v), np.ndarray):
+                    copies[v] = replace(v, shape=tuple(env[v].shape))
+                else:
+                    copies[v] = v
+            return copies[v]
+
+        nodes = [replace(pn, inputs=tuple(map(copy, pn.inputs)), outputs=tuple(map(copy, pn.outputs)),
+                         frees=tuple(map(copy, pn.frees))) for pn in plan.nodes]
+        return replace(plan, inputs=[copy(v) for v in plan.inputs], params=[copy(v) for v in plan.params],
+                       constants=[copy(v) for v in plan.constants], nodes=nodes,
+                       outputs=[copy(v) for v in plan.outputs])
+
+    def __getattr__(self, name):
+        # The built program's reports (memory_report, quantization_report, segments...).
+        if name.startswith("_") or name in ("current", "plan", "bound"):
+            raise AttributeError(name)
+        if self.current is None:
+            raise MithrilError(f"GGMLBackend builds this program at its first evaluate (inputs "
+                               f"{[v.name for v in self.bound]} are read when the ggml graph is made): "
+                               f"{name} is known after it")
+        return getattr(self.current, name)
 
 
 @dataclass
@@ -139,6 +276,9 @@ class _Weight:
 
 class GGMLProgram:
     """A lowered GGML program: ``forward(params, data)`` runs the steps."""
+
+    filename = None  # no generated source: runner.node_error reports a failure as it is
+    lines: dict = {}
 
     def __init__(self, plan: Plan, *, weight_type: str = "f32", quantize: str | None = None,
                  num_threads: int | None = None, mem_size: int | None = None, nodes: list[PlanNode] | None = None):
@@ -243,6 +383,8 @@ class GGMLProgram:
                                 shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins]) from exc
             outs = out if isinstance(out, (list, tuple)) else [out]
             for v, t in zip(pn.outputs, outs):
+                if not v.name:  # an omitted optional output: nothing reads it
+                    continue
                 want = ne(v.static_shape)
                 got = list(t.contents.ne[:MAX_DIMS])
                 if got != want:  # the rule's result has the right elements in another shape
@@ -475,11 +617,11 @@ class GGMLProgram:
                                     dtypes=[str(x.dtype) for x in pn.inputs if x is not None])
                 np.copyto(stage, wrapped, casting="unsafe")
                 ptr = stage.ctypes.data
-            elif arr.flags.c_contiguous:
+            elif arr.flags.c_contiguous and arr.dtype == stage.dtype:
                 ptr = arr.ctypes.data  # the caller's buffer, read in place
                 keep.append(arr)
-            else:
-                np.copyto(stage, arr)
+            else:  # a strided view, or a bool as float32 0/1
+                np.copyto(stage, arr, casting="same_kind")
                 ptr = stage.ctypes.data
             t.contents.data = ptr
         for view, src, offset in seg.views:
@@ -491,7 +633,9 @@ class GGMLProgram:
         for v, t in seg.results.items():
             n = prod(v.static_shape)
             raw = (ctypes.c_float * n).from_address(t.contents.data)
-            env[v] = np.frombuffer(raw, dtype=np.float32, count=n).reshape(v.static_shape).copy()
+            out = np.frombuffer(raw, dtype=np.float32, count=n).reshape(v.static_shape)
+            # A bool back from float32 0/1; a small integer from its exact float32 value.
+            env[v] = out != 0 if v.dtype == BOOL else out.astype(v.dtype) if v.dtype != F32 else out.copy()
         del keep
 
 
@@ -510,5 +654,6 @@ def _free(ctx, cpu, pool, allocators) -> None:
     ggml.ggml_free(ctx)
 
 
-__all__ = ["GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram", "Segment",
-           "partition", "why_not_ggml"]
+__all__ = ["DeferredGGMLProgram", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram",
+           "Segment",
+           "partition", "pending_values", "why_not_ggml"]

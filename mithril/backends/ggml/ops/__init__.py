@@ -34,6 +34,11 @@ from ...plan import PlanNode, PlanValue
 
 MAX_DIMS = 4  # GGML_MAX_DIMS
 F32 = np.dtype(np.float32)
+BOOL = np.dtype(np.bool_)  # held as float32 0.0 / 1.0 inside ggml, converted at a segment's edges
+# Integers float32 holds exactly: ops that only compare, pick or move them (not arithmetic,
+# which would not wrap as the integer type does) take them as float32.
+SMALL_INTS = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.uint8), np.dtype(np.uint16))
+EXACT = (F32, BOOL, *SMALL_INTS)  # what data movement and comparisons take
 INDEX_DTYPES = frozenset({np.dtype(np.int64), np.dtype(np.int32)})
 
 
@@ -61,17 +66,22 @@ class GGMLOp:
     check: Callable[[PlanNode], str | None] | None
     folded: tuple[int, ...]
     indices: tuple[int, ...]
+    dtypes: frozenset = frozenset({np.dtype(np.float32)})  # of the other inputs and the outputs
 
 
 OPS: dict[tuple[str, str], GGMLOp] = {}
 
 
-def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...] = (), indices: tuple[int, ...] = ()):
-    """Registers ``build`` (and ``check``) for each of ``op_types``."""
+def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...] = (), indices: tuple[int, ...] = (),
+            dtypes=(F32,)):
+    """Registers ``build`` (and ``check``) for each of ``op_types``. ``dtypes``: the types its
+    inputs (but ``folded`` and ``indices``) and outputs may have; a bool is held as float32 0/1
+    inside a ggml graph (:data:`BOOL`)."""
 
     def register(build):
         for op_type in op_types:
-            OPS[(domain, op_type)] = GGMLOp(op_type, domain, build, check, tuple(folded), tuple(indices))
+            OPS[(domain, op_type)] = GGMLOp(op_type, domain, build, check, tuple(folded), tuple(indices),
+                                            frozenset(np.dtype(d) for d in dtypes))
         return build
 
     return register
@@ -178,4 +188,5 @@ class Builder:
         return self.ggml.ggml_repeat_4d(self.ctx, x, *n)
 
 
-__all__ = ["Builder", "GGMLOp", "INDEX_DTYPES", "MAX_DIMS", "OPS", "const_value", "ggml_axis", "ggml_op", "ne"]
+__all__ = ["BOOL", "Builder", "EXACT", "GGMLOp", "INDEX_DTYPES", "MAX_DIMS", "OPS", "SMALL_INTS", "const_value",
+           "ggml_axis", "ggml_op", "ne"]

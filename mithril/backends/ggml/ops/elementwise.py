@@ -7,13 +7,15 @@ first operand is repeated to the output's shape (``ggml_repeat_4d``) before the 
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 
-from . import Builder, const_value, ggml_op
+from . import BOOL, EXACT, F32, SMALL_INTS, Builder, const_value, ggml_op
 
 
 def operand(pn, i: int, g: Builder):
-    """Input ``i`` as a tensor: a weight (float32, as stored) or an activation."""
+    """Input ``i`` as a tensor: a weight (float32, as stored; a bool as 0/1) or an activation."""
     v = pn.inputs[i]
     return g.weight(v) if g.is_weight(v) else g.t(v)
 
@@ -56,7 +58,7 @@ def unary(pn, g: Builder):
     return getattr(g.ggml, UNARY[pn.op_type])(g.ctx, g.contiguous(operand(pn, 0, g)))
 
 
-@ggml_op("Identity")
+@ggml_op("Identity", dtypes=EXACT)
 def identity(pn, g: Builder):
     return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
 
@@ -126,7 +128,7 @@ def _check_clip(pn) -> str | None:
     return None
 
 
-@ggml_op("Clip", check=_check_clip, folded=(1, 2))
+@ggml_op("Clip", check=_check_clip, folded=(1, 2), dtypes=(F32, *SMALL_INTS))
 def clip(pn, g: Builder):
     lo, hi = _clip_bounds(pn)
     if lo > hi:
@@ -167,19 +169,30 @@ def reciprocal(pn, g: Builder):
 
 def _check_where(pn) -> str | None:
     cond, a, b = pn.inputs
-    if cond.kind != "constant":
-        return "a condition computed at run time"
-    if (a.kind == "constant") == (b.kind == "constant"):
-        return "both branches computed at run time" if a.kind != "constant" else "both branches constant"
+    if cond.dtype != BOOL:
+        return f"a {cond.dtype} condition"
+    if 2 * prod(pn.outputs[0].static_shape) >= 2 ** 24:
+        return "more than 2**23 elements (the picked positions are counted in float32)"
     return _check_broadcast(pn)
 
 
-@ggml_op("Where", check=_check_where, folded=(0,))
+@ggml_op("Where", check=_check_where, dtypes=EXACT)
 def where(pn, g: Builder):
-    """A constant condition (a causal mask): ``x * keep + fill``, ``keep`` 1 where the computed
-    branch is taken and ``fill`` the constant branch elsewhere (0 where ``keep`` is 1)."""
+    """A constant condition with one constant branch (a causal mask): ``x * keep + fill``,
+    ``keep`` 1 where the computed branch is taken and ``fill`` the constant branch elsewhere (0
+    where ``keep`` is 1). Otherwise each output element is picked by ``get_rows`` from the two
+    branches stacked (``x * c + y * (1 - c)`` would turn an infinite branch not taken into NaN)."""
     cond, a, b = pn.inputs
     out = pn.outputs[0].static_shape
+    if cond.kind != "constant" or (a.kind == "constant") == (b.kind == "constant"):
+        gg, ctx = g.ggml, g.ctx
+        n = prod(out)
+        c, x, y = (g.reshape(g.broadcast(g.contiguous(operand(pn, i, g)), out), (n, 1)) for i in range(3))
+        # Row i of x for c = 1, row n + i of y for c = 0.
+        rows = gg.ggml_add(ctx, gg.ggml_scale_bias(ctx, g.reshape(c, (n,)), -float(n), float(n)),
+                           g.constant(np.arange(n, dtype=np.float32)))
+        picked = gg.ggml_get_rows(ctx, gg.ggml_concat(ctx, x, y, 1), gg.ggml_cast(ctx, rows, gg.GGML_TYPE_I32))
+        return g.reshape(picked, out)
     keep = np.broadcast_to(np.asarray(cond.value, dtype=bool), out)
     computed, other = (1, b) if b.kind == "constant" else (2, a)
     if computed == 2:
@@ -191,13 +204,25 @@ def where(pn, g: Builder):
 
 
 def _check_same_dtype(pn) -> str | None:
-    # why_not_ggml has checked float32 in and out: a Cast between them is a copy.
-    return None if pn.inputs[0].dtype == pn.outputs[0].dtype else "a change of dtype"
+    # why_not_ggml has checked float32, bool or small integers in and out: the same dtype is a
+    # copy, bool or an integer to float32 too (exact), float32 to bool a test.
+    src, dst = pn.inputs[0].dtype, pn.outputs[0].dtype
+    if dst == src or dst == F32 or BOOL in (src, dst):
+        return None
+    return f"a cast from {src} to {dst}"
 
 
-@ggml_op("Cast", "CastLike", check=_check_same_dtype)
+@ggml_op("Cast", "CastLike", check=_check_same_dtype, dtypes=EXACT)
 def cast(pn, g: Builder):
-    return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+    x = operand(pn, 0, g)
+    if pn.outputs[0].dtype == BOOL and pn.inputs[0].dtype != BOOL:  # x != 0, NaN included
+        gg, ctx = g.ggml, g.ctx
+        x = g.contiguous(x)
+        finite = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_sub(ctx, x, x), 1.0, 1.0))
+        signed = gg.ggml_add(ctx, gg.ggml_step(ctx, x), gg.ggml_step(ctx, gg.ggml_neg(ctx, x)))
+        zero = gg.ggml_mul(ctx, finite, gg.ggml_scale_bias(ctx, signed, -1.0, 1.0))
+        return gg.ggml_scale_bias(ctx, zero, -1.0, 1.0)
+    return g.ggml.ggml_cont(g.ctx, x)
 
 
 def _negative_part(g: Builder, x):
@@ -284,10 +309,12 @@ def prelu(pn, g: Builder):
 def _check_variadic(pn) -> str | None:
     if not [v for v in pn.inputs if v is not None]:
         return "no inputs"
+    if pn.op_type in ("Sum", "Mean") and pn.outputs[0].dtype != F32:
+        return f"{pn.outputs[0].dtype} sums (float32 would not wrap as the integer type does)"
     return _check_broadcast(pn)
 
 
-@ggml_op("Sum", "Mean", "Max", "Min", check=_check_variadic)
+@ggml_op("Sum", "Mean", "Max", "Min", check=_check_variadic, dtypes=(F32, *SMALL_INTS))
 def variadic(pn, g: Builder):
     """Sum and Mean add; Max and Min pick with a 0/1 mask from ``step`` (exact, no rounding)."""
     gg = g.ggml
@@ -315,3 +342,87 @@ def hyperbolic(pn, g: Builder):
     fn = gg.ggml_expm1 if pn.op_type == "Sinh" else gg.ggml_exp
     a, b = fn(ctx, x), fn(ctx, gg.ggml_neg(ctx, x))
     return gg.ggml_scale(ctx, gg.ggml_sub(ctx, a, b) if pn.op_type == "Sinh" else gg.ggml_add(ctx, a, b), 0.5)
+
+
+# ---- bools: float32 0.0 / 1.0 inside a graph ------------------------------------------------
+def _not_nan(g: Builder, x):
+    """1 where ``x`` is not NaN: finite (``x - x + 1 > 0``; NaN for inf and NaN) or nonzero
+    (``step(x) + step(-x)``: 1 for +-inf, 0 for NaN)."""
+    gg, ctx = g.ggml, g.ctx
+    finite = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_sub(ctx, x, x), 1.0, 1.0))
+    signed = gg.ggml_add(ctx, gg.ggml_step(ctx, x), gg.ggml_step(ctx, gg.ggml_neg(ctx, x)))
+    return gg.ggml_add(ctx, finite, gg.ggml_mul(ctx, gg.ggml_scale_bias(ctx, finite, -1.0, 1.0), signed))
+
+
+def _greater(g: Builder, a, b):
+    """``a > b``: ``step(a - b)`` (inf - inf and NaN are not > 0; subnormal differences are kept)."""
+    return g.ggml.ggml_step(g.ctx, g.ggml.ggml_sub(g.ctx, a, b))
+
+
+def _equal(g: Builder, a, b):
+    """``a == b``: neither side greater, and neither NaN (inf - inf is NaN, inf == inf)."""
+    gg, ctx = g.ggml, g.ctx
+    either = gg.ggml_add(ctx, _greater(g, a, b), _greater(g, b, a))
+    same = gg.ggml_scale_bias(ctx, either, -1.0, 1.0)
+    return gg.ggml_mul(ctx, gg.ggml_mul(ctx, same, _not_nan(g, a)), _not_nan(g, b))
+
+
+def _check_compare(pn) -> str | None:
+    if pn.outputs[0].dtype != BOOL:
+        return "an output other than bool"
+    return _check_broadcast(pn)
+
+
+@ggml_op("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", check=_check_compare, dtypes=EXACT)
+def compare(pn, g: Builder):
+    out = pn.outputs[0].static_shape
+    a, b = (g.broadcast(g.contiguous(operand(pn, i, g)), out) for i in range(2))
+    op = pn.op_type
+    if op in ("Less", "LessOrEqual"):
+        a, b = b, a
+    if op == "Equal":
+        return _equal(g, a, b)
+    if op in ("Greater", "Less"):
+        return _greater(g, a, b)
+    return g.ggml.ggml_add(g.ctx, _greater(g, a, b), _equal(g, a, b))  # exclusive: a sum of 0/1
+
+
+def _check_logic(pn) -> str | None:
+    return _check_broadcast(pn)
+
+
+@ggml_op("Not", "And", "Or", "Xor", check=_check_logic, dtypes=(BOOL,))
+def logic(pn, g: Builder):
+    """On 0/1: not ``1 - a``, and ``a * b``, or ``step(a + b)``, xor ``|a - b|``."""
+    gg, ctx = g.ggml, g.ctx
+    if pn.op_type == "Not":
+        return gg.ggml_scale_bias(ctx, g.contiguous(operand(pn, 0, g)), -1.0, 1.0)
+    out = pn.outputs[0].static_shape
+    a, b = (g.broadcast(g.contiguous(operand(pn, i, g)), out) for i in range(2))
+    if pn.op_type == "And":
+        return gg.ggml_mul(ctx, a, b)
+    if pn.op_type == "Or":
+        return gg.ggml_step(ctx, gg.ggml_add(ctx, a, b))
+    return gg.ggml_abs(ctx, gg.ggml_sub(ctx, a, b))
+
+
+def _check_is(pn) -> str | None:
+    return None if pn.inputs[0].dtype == F32 and pn.outputs[0].dtype == BOOL else "an input other than float32"
+
+
+@ggml_op("IsNaN", "IsInf", check=_check_is, dtypes=(F32, BOOL))
+def is_special(pn, g: Builder):
+    gg, ctx = g.ggml, g.ctx
+    x = g.contiguous(operand(pn, 0, g))
+    not_nan = _not_nan(g, x)
+    if pn.op_type == "IsNaN":
+        return gg.ggml_scale_bias(ctx, not_nan, -1.0, 1.0)
+    finite = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_sub(ctx, x, x), 1.0, 1.0))
+    inf = gg.ggml_mul(ctx, not_nan, gg.ggml_scale_bias(ctx, finite, -1.0, 1.0))
+    positive, negative = int(pn.kwargs.get("detect_positive", 1)), int(pn.kwargs.get("detect_negative", 1))
+    if positive and negative:
+        return inf
+    if not positive and not negative:
+        return gg.ggml_scale(ctx, inf, 0.0)
+    side = gg.ggml_step(ctx, x if positive else gg.ggml_neg(ctx, x))
+    return gg.ggml_mul(ctx, inf, side)

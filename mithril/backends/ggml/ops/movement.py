@@ -8,7 +8,7 @@ from math import prod
 import numpy as np
 
 from ...plan import squeeze_output_problem
-from . import MAX_DIMS, Builder, ggml_axis, ggml_op
+from . import EXACT, MAX_DIMS, Builder, ggml_axis, ggml_op
 from .elementwise import operand
 
 
@@ -18,7 +18,7 @@ def _check_view(pn) -> str | None:
     return squeeze_output_problem(pn)
 
 
-@ggml_op("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_check_view, folded=(1,))
+@ggml_op("Reshape", "Flatten", "Squeeze", "Unsqueeze", check=_check_view, folded=(1,), dtypes=EXACT)
 def reshape(pn, g: Builder):
     return g.reshape(operand(pn, 0, g), pn.outputs[0].static_shape)
 
@@ -35,7 +35,7 @@ def permute(g: Builder, x, perm) -> object:
     return g.ggml.ggml_cont(g.ctx, g.ggml.ggml_permute(g.ctx, x, *axes))
 
 
-@ggml_op("Transpose")
+@ggml_op("Transpose", dtypes=EXACT)
 def transpose(pn, g: Builder):
     x = operand(pn, 0, g)
     rank = len(pn.inputs[0].static_shape)
@@ -51,7 +51,7 @@ def _check_concat(pn) -> str | None:
     return None
 
 
-@ggml_op("Concat", check=_check_concat)
+@ggml_op("Concat", check=_check_concat, dtypes=EXACT)
 def concat(pn, g: Builder):
     rank = len(pn.outputs[0].static_shape)
     dim = ggml_axis(int(pn.kwargs.get("axis", 0)), rank)
@@ -90,7 +90,7 @@ def _check_slice(pn) -> str | None:
     return None
 
 
-@ggml_op("Slice", check=_check_slice, folded=(1, 2, 3, 4))
+@ggml_op("Slice", check=_check_slice, folded=(1, 2, 3, 4), dtypes=EXACT)
 def slice_(pn, g: Builder):
     x = operand(pn, 0, g)
     rank = len(pn.inputs[0].static_shape)
@@ -110,7 +110,7 @@ def _check_gather(pn) -> str | None:
     return None
 
 
-@ggml_op("Gather", check=_check_gather, indices=(1,))
+@ggml_op("Gather", check=_check_gather, indices=(1,), dtypes=EXACT)
 def gather(pn, g: Builder):
     """``get_rows`` on a matrix: the gathered axis moved first and the others flattened into
     each row (a weight matrix gathered on axis 0 is read as stored, maybe quantized)."""
@@ -165,7 +165,7 @@ def _check_split(pn) -> str | None:
     return None
 
 
-@ggml_op("Split", check=_check_split, folded=(1,))
+@ggml_op("Split", check=_check_split, folded=(1,), dtypes=EXACT)
 def split(pn, g: Builder):
     """Each part a strided view of the input, made contiguous."""
     x = g.contiguous(operand(pn, 0, g))

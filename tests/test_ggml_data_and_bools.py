@@ -1,0 +1,169 @@
+"""GGMLBackend with bools and small integers inside ggml graphs (float32 0/1 and exact float32
+values, converted back to the ONNX dtype at the graph's edge), and with inputs a ggml rule
+reads when it builds the graph (a Reshape's shape, a ReduceSum's axes) given as data: the graph
+is built at the first evaluate and rebuilt for other values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ggml")
+
+import mithril as ml  # noqa: E402
+from mithril.backends.ggml.program import GGMLKernelMissingError  # noqa: E402
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+NP = {TensorProto.FLOAT: np.float32, TensorProto.BOOL: np.bool_, TensorProto.INT8: np.int8,
+      TensorProto.INT16: np.int16, TensorProto.UINT8: np.uint8, TensorProto.INT64: np.int64}
+
+
+def _model(nodes, inputs, outputs, opset=17):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _strict(model):
+    return ml.compile(model, ml.GGMLBackend(fallback=None), inference=True)
+
+
+EDGES = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3e38, -3e38, 2.5],
+                 np.float32)
+
+
+@pytest.mark.parametrize("op, fn", [("Greater", np.greater), ("Less", np.less), ("GreaterOrEqual", np.greater_equal),
+                                    ("LessOrEqual", np.less_equal), ("Equal", np.equal)])
+def test_comparisons_give_bools_equal_to_numpy_on_inf_nan_and_subnormals(op, fn):
+    n = EDGES.size
+    a = np.repeat(EDGES, n).reshape(n, n)
+    b = np.tile(EDGES, n).reshape(n, n)
+    model = _model([helper.make_node(op, ["a", "b"], ["y"])],
+                   [("a", TensorProto.FLOAT, [n, n]), ("b", TensorProto.FLOAT, [n])], [("y", TensorProto.BOOL, [n, n])])
+    y = _strict(model).evaluate({}, {"a": a, "b": EDGES})["y"]
+    assert y.dtype == np.bool_
+    np.testing.assert_array_equal(y, fn(a, b))
+
+
+def test_isnan_isinf_and_cast_to_bool():
+    n = EDGES.size
+    nodes = [helper.make_node("IsNaN", ["x"], ["nan"]), helper.make_node("IsInf", ["x"], ["inf"]),
+             helper.make_node("IsInf", ["x"], ["pos"], detect_negative=0),
+             helper.make_node("IsInf", ["x"], ["neg"], detect_positive=0),
+             helper.make_node("Cast", ["x"], ["nonzero"], to=TensorProto.BOOL)]
+    outs = [(name, TensorProto.BOOL, [n]) for name in ("nan", "inf", "pos", "neg", "nonzero")]
+    got = _strict(_model(nodes, [("x", TensorProto.FLOAT, [n])], outs)).evaluate({}, {"x": EDGES})
+    np.testing.assert_array_equal(got["nan"], np.isnan(EDGES))
+    np.testing.assert_array_equal(got["inf"], np.isinf(EDGES))
+    np.testing.assert_array_equal(got["pos"], np.isposinf(EDGES))
+    np.testing.assert_array_equal(got["neg"], np.isneginf(EDGES))
+    np.testing.assert_array_equal(got["nonzero"], EDGES.astype(bool))
+    assert all(v.dtype == np.bool_ for v in got.values())
+
+
+def test_where_with_a_computed_condition_keeps_infinite_branches_not_taken_out():
+    # Where(x > 0, x, -inf) and Where(mask, -inf, x): x * c + y * (1 - c) would give NaN.
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["c"]), helper.make_node("Where", ["c", "x", "fill"], ["y"]),
+             helper.make_node("Where", ["mask", "fill", "x"], ["z"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [3, 4]), ("mask", TensorProto.BOOL, [4])],
+                   [("y", TensorProto.FLOAT, [3, 4]), ("z", TensorProto.FLOAT, [3, 4])])
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.zeros(1, np.float32), "zero"),
+                                    onnx.numpy_helper.from_array(np.array([-np.inf], np.float32), "fill")])
+    x = np.array([[1, -2, np.inf, 0], [-np.inf, 3, -1, 5], [np.nan, 2, -3, 4]], np.float32)
+    mask = np.array([True, False, False, True])
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True, constant_keys=["zero", "fill"]).evaluate(
+        {}, {"x": x, "mask": mask})
+    np.testing.assert_array_equal(got["y"], np.where(x > 0, x, -np.inf))
+    np.testing.assert_array_equal(got["z"], np.where(mask, -np.inf, x))
+
+
+@pytest.mark.parametrize("op, fn", [("And", np.logical_and), ("Or", np.logical_or), ("Xor", np.logical_xor)])
+def test_logic_ops_broadcast_on_bools(op, fn):
+    rng = np.random.default_rng(0)
+    a, b = rng.random((2, 3, 4)) > 0.5, rng.random((4,)) > 0.5
+    nodes = [helper.make_node(op, ["a", "b"], ["t"]), helper.make_node("Not", ["t"], ["y"])]
+    model = _model(nodes, [("a", TensorProto.BOOL, [2, 3, 4]), ("b", TensorProto.BOOL, [4])],
+                   [("y", TensorProto.BOOL, [2, 3, 4])])
+    y = _strict(model).evaluate({}, {"a": a, "b": b})["y"]
+    assert y.dtype == np.bool_
+    np.testing.assert_array_equal(y, ~fn(a, b))
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT8, TensorProto.INT16, TensorProto.UINT8])
+def test_small_integers_compare_pick_and_clip_exactly_and_keep_their_dtype(dtype):
+    t = np.dtype(NP[dtype])
+    info = np.iinfo(t)
+    a = np.array([info.min, info.min + 1, -1 if info.min else 0, 0, 1, info.max - 1, info.max], t)
+    b = a[::-1].copy()
+    nodes = [helper.make_node("Max", ["a", "b"], ["hi"]), helper.make_node("Min", ["a", "b"], ["lo"]),
+             helper.make_node("Less", ["a", "b"], ["less"]), helper.make_node("Equal", ["a", "b"], ["eq"]),
+             helper.make_node("Clip", ["a", "cmin", "cmax"], ["clip"])]
+    model = _model(nodes, [("a", dtype, [7]), ("b", dtype, [7])],
+                   [("hi", dtype, [7]), ("lo", dtype, [7]), ("less", TensorProto.BOOL, [7]),
+                    ("eq", TensorProto.BOOL, [7]), ("clip", dtype, [7])])
+    cmin, cmax = np.array(info.min + 1, t), np.array(info.max - 1, t)
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(cmin, "cmin"),
+                                    onnx.numpy_helper.from_array(cmax, "cmax")])
+    got = _strict(model).evaluate({}, {"a": a, "b": b})
+    np.testing.assert_array_equal(got["hi"], np.maximum(a, b))
+    np.testing.assert_array_equal(got["lo"], np.minimum(a, b))
+    np.testing.assert_array_equal(got["less"], a < b)
+    np.testing.assert_array_equal(got["eq"], a == b)
+    np.testing.assert_array_equal(got["clip"], np.clip(a, cmin, cmax))
+    assert got["hi"].dtype == got["lo"].dtype == got["clip"].dtype == t
+
+
+def test_integer_arithmetic_and_wide_integers_stay_out_of_ggml():
+    # int8 sums wrap and int32 values past 2**24 are not exact in float32: both refused.
+    add = _model([helper.make_node("Add", ["a", "b"], ["y"])],
+                 [("a", TensorProto.INT8, [3]), ("b", TensorProto.INT8, [3])], [("y", TensorProto.INT8, [3])])
+    with pytest.raises(GGMLKernelMissingError, match="Add#0"):
+        _strict(add)
+    eq = _model([helper.make_node("Equal", ["a", "b"], ["y"])],
+                [("a", TensorProto.INT32, [3]), ("b", TensorProto.INT32, [3])], [("y", TensorProto.BOOL, [3])])
+    with pytest.raises(GGMLKernelMissingError, match="dtype int32"):
+        _strict(eq)
+
+
+def test_reshape_shape_and_reduce_axes_given_as_data_build_the_graph_per_value():
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=0)]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4]), ("shape", TensorProto.INT64, [2]),
+                           ("axes", TensorProto.INT64, [1])], [("y", TensorProto.FLOAT, None)], opset=13)
+    pm = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True,
+                    shapes={"x": [2, 3, 4], "shape": [2], "axes": [1]})
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for shape, axis in [((6, 4), 1), ((6, 4), 0), ((4, -1), 1), ((6, 4), 1)]:
+        got = pm.evaluate({}, {"x": x, "shape": np.array(shape, np.int64), "axes": np.array([axis], np.int64)})["y"]
+        np.testing.assert_allclose(got, x.reshape(shape).sum(axis=axis), rtol=1e-6)
+    assert len(pm.program._built) == 3  # one graph per distinct (shape, axes)
+    assert pm.program.current.segments  # the built program ran in ggml
+
+
+def test_a_node_refused_once_its_data_is_known_is_an_error_at_evaluate():
+    # Slice's steps arrive as data; ggml here slices with step 1 only.
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])
+    model = _model([node], [("x", TensorProto.FLOAT, [8]), ("starts", TensorProto.INT64, [1]),
+                            ("ends", TensorProto.INT64, [1]), ("axes", TensorProto.INT64, [1]),
+                            ("steps", TensorProto.INT64, [1])], [("y", TensorProto.FLOAT, None)], opset=13)
+    pm = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True,
+                    shapes={"x": [8], "starts": [1], "ends": [1], "axes": [1], "steps": [1]})
+    x = np.arange(8, dtype=np.float32)
+    data = {"x": x, "starts": np.array([1]), "ends": np.array([7]), "axes": np.array([0])}
+    np.testing.assert_array_equal(pm.evaluate({}, {**data, "steps": np.array([1])})["y"], x[1:7])
+    with pytest.raises(Exception, match="steps other than 1"):
+        pm.evaluate({}, {**data, "steps": np.array([2])})
+
+
+def test_omitted_optional_outputs_are_not_computed():
+    rng = np.random.default_rng(1)
+    w, r = rng.standard_normal((1, 12, 3), np.float32), rng.standard_normal((1, 12, 4), np.float32)
+    node = helper.make_node("GRU", ["x", "w", "r"], ["", "h"], hidden_size=4)
+    model = _model([node], [("x", TensorProto.FLOAT, [5, 2, 3])], [("h", TensorProto.FLOAT, [1, 2, 4])])
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(r, "r")])
+    x = rng.standard_normal((5, 2, 3), np.float32)
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True).evaluate({}, {"x": x})["h"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x})["h"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
