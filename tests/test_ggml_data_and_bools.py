@@ -167,3 +167,46 @@ def test_omitted_optional_outputs_are_not_computed():
     got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True).evaluate({}, {"x": x})["h"]
     want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x})["h"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("last", [0, 1])
+def test_argmax_argmin_pick_the_first_or_last_tie_as_int64(op, last):
+    x = np.array([[[1, 3, 3, 0], [-np.inf, -np.inf, -np.inf, -np.inf], [2, 2, 2, 5]],
+                  [[0, 0, 0, 0], [4, -1, 4, -1], [np.inf, 1, np.inf, 0]]], np.float32)
+    nodes = [helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keep, select_last_index=last)
+             for axis, keep in [(2, 1)]] + [helper.make_node(op, ["x"], ["z"], axis=1, keepdims=0,
+                                                              select_last_index=last)]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [2, 3, 4])],
+                   [("y", TensorProto.INT64, [2, 3, 1]), ("z", TensorProto.INT64, [2, 4])], opset=13)
+    got = _strict(model).evaluate({}, {"x": x})
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x})
+    for k in ("y", "z"):
+        assert got[k].dtype == np.int64
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_pad_expand_tile_shrink_and_dropout_mask():
+    x = np.array([[1.0, -np.inf], [np.inf, 0.25], [-3.0, 2.0]], np.float32)
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["pad"]),
+             helper.make_node("Expand", ["x", "shape"], ["expand"]),
+             helper.make_node("Tile", ["x", "repeats"], ["tile"]),
+             helper.make_node("Shrink", ["x"], ["shrink"], lambd=1.5, bias=0.5),
+             helper.make_node("Dropout", ["x"], ["drop", "mask"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [3, 2]), ("pads", TensorProto.INT64, [4]),
+                           ("value", TensorProto.FLOAT, []), ("shape", TensorProto.INT64, [3]),
+                           ("repeats", TensorProto.INT64, [2])],
+                   [("pad", TensorProto.FLOAT, None), ("expand", TensorProto.FLOAT, None),
+                    ("tile", TensorProto.FLOAT, None), ("shrink", TensorProto.FLOAT, [3, 2]),
+                    ("drop", TensorProto.FLOAT, [3, 2]), ("mask", TensorProto.BOOL, [3, 2])], opset=13)
+    pm = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True,
+                    shapes={"x": [3, 2], "pads": [4], "value": [], "shape": [3], "repeats": [2]})
+    data = {"x": x, "pads": np.array([1, 0, 0, 2]), "value": np.array(-np.inf, np.float32),
+            "shape": np.array([2, 3, 2]), "repeats": np.array([2, 3])}
+    got = pm.evaluate({}, data)
+    np.testing.assert_array_equal(got["pad"], np.pad(x, [(1, 0), (0, 2)], constant_values=-np.inf))
+    np.testing.assert_array_equal(got["expand"], np.broadcast_to(x, (2, 3, 2)))
+    np.testing.assert_array_equal(got["tile"], np.tile(x, (2, 3)))
+    np.testing.assert_array_equal(got["shrink"], np.where(x < -1.5, x + 0.5, np.where(x > 1.5, x - 0.5, 0)))
+    np.testing.assert_array_equal(got["drop"], x)
+    assert got["mask"].dtype == np.bool_ and got["mask"].all()

@@ -632,10 +632,11 @@ class GGMLProgram:
                                f"in segment {seg.index}")
         for v, t in seg.results.items():
             n = prod(v.static_shape)
-            raw = (ctypes.c_float * n).from_address(t.contents.data)
-            out = np.frombuffer(raw, dtype=np.float32, count=n).reshape(v.static_shape)
-            # A bool back from float32 0/1; a small integer from its exact float32 value.
-            env[v] = out != 0 if v.dtype == BOOL else out.astype(v.dtype) if v.dtype != F32 else out.copy()
+            i32 = t.contents.type == ggml.GGML_TYPE_I32
+            raw = ((ctypes.c_int32 if i32 else ctypes.c_float) * n).from_address(t.contents.data)
+            out = np.frombuffer(raw, dtype=np.int32 if i32 else np.float32, count=n).reshape(v.static_shape)
+            # A bool back from float32 0/1; an integer from its exact float32 (or int32) value.
+            env[v] = out != 0 if v.dtype == BOOL else out.astype(v.dtype)
         del keep
 
 

@@ -160,10 +160,13 @@ class Builder:
     def index(self, v: PlanValue, rows: int, pn: PlanNode):
         """The int32 tensor of the row indices ``v``, which ``pn`` reads from a ``rows``-row table:
         each call wraps negative indices and refuses out-of-range ones before ggml reads them."""
+        t = self._tensors[v]
+        if t.contents.type != self.ggml.GGML_TYPE_I32:  # computed in this graph (ArgMax): in range
+            return self.ggml.ggml_cast(self.ctx, self.contiguous(t), self.ggml.GGML_TYPE_I32)
         bound = self._bounds.get(v)
         if bound is None or bound[0] > rows:
             self._bounds[v] = (rows, pn)
-        return self._tensors[v]
+        return t
 
     def is_weight(self, v: PlanValue | None) -> bool:
         return v is not None and v.kind in ("param", "constant")

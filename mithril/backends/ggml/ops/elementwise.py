@@ -64,17 +64,25 @@ def identity(pn, g: Builder):
 
 
 def _check_dropout(pn) -> str | None:
-    if len(pn.outputs) > 1:
-        return "the mask output"
+    training = False
     if pn.op_type == "Dropout" and len(pn.inputs) > 2 and pn.inputs[2] is not None:
-        if pn.inputs[2].kind != "constant" or bool(np.asarray(pn.inputs[2].value)):
-            return "training mode"
+        training = bool(np.asarray(pn.inputs[2].value))
+    ratio = const_value(pn, 1) if pn.opset >= 12 else None
+    ratio = float(pn.kwargs.get("ratio", 0.5)) if ratio is None else float(ratio.reshape(()))
+    if training and ratio != 0:
+        return "training mode"
+    if len(pn.outputs) > 1 and pn.outputs[1].name and pn.outputs[1].dtype != BOOL:
+        return f"a {pn.outputs[1].dtype} mask"
     return None
 
 
-@ggml_op("Dropout", check=_check_dropout)
+@ggml_op("Dropout", check=_check_dropout, folded=(1, 2), dtypes=(F32, BOOL))
 def dropout(pn, g: Builder):
-    return g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+    """Inference (or a ratio of 0): the input, and a mask of ones (every element kept)."""
+    y = g.ggml.ggml_cont(g.ctx, operand(pn, 0, g))
+    if len(pn.outputs) < 2 or not pn.outputs[1].name:
+        return y
+    return y, g.ggml.ggml_cont(g.ctx, g.constant(np.ones(pn.outputs[1].static_shape, np.float32)))
 
 
 def _gelu_check(pn) -> str | None:
@@ -180,19 +188,11 @@ def _check_where(pn) -> str | None:
 def where(pn, g: Builder):
     """A constant condition with one constant branch (a causal mask): ``x * keep + fill``,
     ``keep`` 1 where the computed branch is taken and ``fill`` the constant branch elsewhere (0
-    where ``keep`` is 1). Otherwise each output element is picked by ``get_rows`` from the two
-    branches stacked (``x * c + y * (1 - c)`` would turn an infinite branch not taken into NaN)."""
+    where ``keep`` is 1). Otherwise each output element is picked by :func:`select`."""
     cond, a, b = pn.inputs
     out = pn.outputs[0].static_shape
     if cond.kind != "constant" or (a.kind == "constant") == (b.kind == "constant"):
-        gg, ctx = g.ggml, g.ctx
-        n = prod(out)
-        c, x, y = (g.reshape(g.broadcast(g.contiguous(operand(pn, i, g)), out), (n, 1)) for i in range(3))
-        # Row i of x for c = 1, row n + i of y for c = 0.
-        rows = gg.ggml_add(ctx, gg.ggml_scale_bias(ctx, g.reshape(c, (n,)), -float(n), float(n)),
-                           g.constant(np.arange(n, dtype=np.float32)))
-        picked = gg.ggml_get_rows(ctx, gg.ggml_concat(ctx, x, y, 1), gg.ggml_cast(ctx, rows, gg.GGML_TYPE_I32))
-        return g.reshape(picked, out)
+        return select(g, *(g.broadcast(g.contiguous(operand(pn, i, g)), out) for i in range(3)), out)
     keep = np.broadcast_to(np.asarray(cond.value, dtype=bool), out)
     computed, other = (1, b) if b.kind == "constant" else (2, a)
     if computed == 2:
@@ -426,3 +426,36 @@ def is_special(pn, g: Builder):
         return gg.ggml_scale(ctx, inf, 0.0)
     side = gg.ggml_step(ctx, x if positive else gg.ggml_neg(ctx, x))
     return gg.ggml_mul(ctx, inf, side)
+
+
+def _check_shrink(pn) -> str | None:
+    return None if 2 * prod(pn.outputs[0].static_shape) < 2 ** 24 else "more than 2**23 elements"
+
+
+@ggml_op("Shrink", check=_check_shrink)
+def shrink(pn, g: Builder):
+    """``x + bias`` below ``-lambd``, ``x - bias`` above ``lambd``, 0 between: picked by
+    :func:`select` (no product with an infinite ``x``)."""
+    gg, ctx = g.ggml, g.ctx
+    x = g.contiguous(operand(pn, 0, g))
+    lambd, bias = float(pn.kwargs.get("lambd", 0.5)), float(pn.kwargs.get("bias", 0.0))
+    out = pn.outputs[0].static_shape
+    above = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, x, 1.0, -lambd))  # x > lambd
+    below = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, x, -1.0, -lambd))  # x < -lambd
+    zero = g.constant(np.zeros(out, np.float32))
+    inner = select(g, below, gg.ggml_scale_bias(ctx, x, 1.0, bias), zero, out)
+    return select(g, above, gg.ggml_scale_bias(ctx, x, 1.0, -bias), inner, out)
+
+
+def select(g: Builder, c, x, y, shape):
+    """``x`` where ``c`` (float32 0/1) is 1, ``y`` where it is 0, all three of NumPy ``shape``
+    (at most 2**23 elements): each element picked by ``get_rows`` from ``x`` and ``y`` stacked
+    (``x * c + y * (1 - c)`` would turn an infinite value not taken into NaN)."""
+    gg, ctx = g.ggml, g.ctx
+    n = prod(shape)
+    c, x, y = (g.reshape(t, (n, 1)) for t in (c, x, y))
+    # Row i of x for c = 1, row n + i of y for c = 0.
+    rows = gg.ggml_add(ctx, gg.ggml_scale_bias(ctx, g.reshape(c, (n,)), -float(n), float(n)),
+                       g.constant(np.arange(n, dtype=np.float32)))
+    picked = gg.ggml_get_rows(ctx, gg.ggml_concat(ctx, x, y, 1), gg.ggml_cast(ctx, rows, gg.GGML_TYPE_I32))
+    return g.reshape(picked, shape)

@@ -8,7 +8,7 @@ from math import prod
 import numpy as np
 
 from ...plan import squeeze_output_problem
-from . import EXACT, MAX_DIMS, Builder, ggml_axis, ggml_op
+from . import EXACT, F32, MAX_DIMS, SMALL_INTS, Builder, ggml_axis, ggml_op, ne
 from .elementwise import operand
 
 
@@ -238,3 +238,82 @@ def depth_space(pn, g: Builder):
             parts.append(gg.ggml_reshape_4d(ctx, tile, wo, ho, 1, c * n) if crd else
                          gg.ggml_reshape_4d(ctx, tile, wo, ho, c, n))
     return gg.ggml_reshape_4d(ctx, cat(parts, 2), wo, ho, c * bs * bs, n)
+
+
+def _check_expand(pn) -> str | None:
+    x, out = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(x) > len(out) or any(d not in (1, o) for d, o in zip(reversed(x), reversed(out))):
+        return f"shape {list(x)} does not broadcast to {list(out)}"
+    return None
+
+
+@ggml_op("Expand", check=_check_expand, folded=(1,), dtypes=EXACT)
+def expand(pn, g: Builder):
+    return g.ggml.ggml_cont(g.ctx, g.broadcast(g.contiguous(operand(pn, 0, g)), pn.outputs[0].static_shape))
+
+
+def _check_tile(pn) -> str | None:
+    x, out = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(x) != len(out) or any(o % d for d, o in zip(x, out)):
+        return f"{list(out)} is not a whole number of {list(x)}"
+    return None
+
+
+@ggml_op("Tile", check=_check_tile, folded=(1,), dtypes=EXACT)
+def tile(pn, g: Builder):
+    """``ggml_repeat`` lays copies of the input side by side along each dim: ``np.tile``."""
+    x = g.contiguous(operand(pn, 0, g))
+    return g.ggml.ggml_repeat_4d(g.ctx, x, *ne(pn.outputs[0].static_shape))
+
+
+def _pads(pn) -> list[tuple[int, int]]:
+    """(before, after) per NumPy axis of input 0."""
+    rank = len(pn.inputs[0].static_shape)
+    if pn.opset < 11:
+        pads = [int(p) for p in pn.kwargs.get("pads")]
+        axes = list(range(rank))
+    else:
+        pads = [int(p) for p in np.asarray(pn.inputs[1].value).reshape(-1)]
+        axes_v = pn.inputs[3] if len(pn.inputs) > 3 and pn.inputs[3] is not None else None
+        axes = list(range(rank)) if axes_v is None else [int(a) % rank for a in np.asarray(axes_v.value).reshape(-1)]
+    out = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        out[a] = (pads[i], pads[i + len(axes)])
+    return out
+
+
+def _pad_value(pn) -> float:
+    if pn.opset < 11:
+        return float(pn.kwargs.get("value", 0.0))
+    v = pn.inputs[2] if len(pn.inputs) > 2 else None
+    return 0.0 if v is None else float(np.asarray(v.value).reshape(()))
+
+
+def _check_pad(pn) -> str | None:
+    mode = pn.kwargs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        return f"mode={mode!r}"
+    if pn.inputs[0].dtype not in (F32, *SMALL_INTS) and _pad_value(pn) != 0:
+        return "a fill value in a bool pad"
+    if any(b < 0 or a < 0 for b, a in _pads(pn)):
+        return "negative pads (a crop)"
+    return None
+
+
+@ggml_op("Pad", check=_check_pad, folded=(1, 2, 3), dtypes=EXACT)
+def pad(pn, g: Builder):
+    """``ggml_pad_ext`` pads with zeros; another fill value is added where the pads are (known
+    at build time, so the sum is exact: ``x + 0`` inside, ``0 + value`` outside)."""
+    pads = _pads(pn)
+    rank = len(pads)
+    flat = []
+    for d in range(MAX_DIMS):  # ggml's dims: ne[0] is the last NumPy axis
+        flat += list(pads[rank - 1 - d]) if d < rank else [0, 0]
+    y = g.ggml.ggml_pad_ext(g.ctx, g.contiguous(operand(pn, 0, g)), *flat)
+    value = _pad_value(pn)
+    if value == 0:
+        return y
+    inside = np.zeros(pn.outputs[0].static_shape, bool)
+    inside[tuple(slice(b, b + d) for (b, _), d in zip(pads, pn.inputs[0].static_shape))] = True
+    return g.ggml.ggml_add(g.ctx, y, g.constant(np.where(inside, 0.0, value).astype(np.float32)))

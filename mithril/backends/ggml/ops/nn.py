@@ -13,7 +13,7 @@ from math import prod
 import numpy as np
 
 from ...kernels.geometry import window
-from . import Builder, const_value, ggml_op, ne
+from . import F32, SMALL_INTS, Builder, const_value, ggml_op, ne
 from .elementwise import _check_broadcast, operand
 from .movement import permute
 
@@ -117,10 +117,17 @@ def _log_softmax_rows(g: Builder, rows):
     return gg.ggml_sub(g.ctx, shifted, lse)
 
 
+def _finite_below(g: Builder, rows):
+    """-inf raised to the lowest float32: the max pool starts from it, so a row of -inf would
+    have no element at its max (a row mixing -inf and -FLT_MAX as its max ties them)."""
+    return g.ggml.ggml_clamp(g.ctx, rows, float(np.finfo(np.float32).min), float("inf"))
+
+
 def _hardmax_rows(g: Builder, rows):
     """1 at each row's first maximum, 0 elsewhere: equality with the row max as 0/1 (exact),
     then a running count (``cumsum``) keeps only the first."""
     gg, ctx = g.ggml, g.ctx
+    rows = _finite_below(g, rows)
     below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, _row_max(g, rows)))  # max - x >= 0
     at_max = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, below), -1.0, 1.0)
     first = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_cumsum(ctx, at_max), -1.0, 1.5))
@@ -450,6 +457,41 @@ def reduce(pn, g: Builder):
     y = gg.ggml_sum_rows(ctx, pre(ctx, rows) if pre else rows)
     post = {"ReduceL2": gg.ggml_sqrt, "ReduceLogSum": gg.ggml_log}.get(op)
     return post(ctx, y) if post else y
+
+
+def _check_arg_extreme(pn) -> str | None:
+    if pn.inputs[0].dtype not in (F32, *SMALL_INTS) or pn.outputs[0].dtype != np.dtype(np.int64):
+        return f"{pn.inputs[0].dtype} values or {pn.outputs[0].dtype} indices"
+    s = pn.inputs[0].static_shape
+    if s[int(pn.kwargs.get("axis", 0)) % len(s)] >= 2 ** 24:
+        return "an axis of 2**24 or more"
+    return None
+
+
+@ggml_op("ArgMax", "ArgMin", check=_check_arg_extreme, dtypes=(F32, *SMALL_INTS, np.int64))
+def arg_extreme(pn, g: Builder):
+    """The reduced axis moved last: 1 where a row holds its max (of ``-x`` for ArgMin), the first
+    (or last) of those kept by a running count (``cumsum``), then the index sum of ``onehot *
+    arange``: exact in float32, read back as int64."""
+    gg, ctx = g.ggml, g.ctx
+    s = tuple(pn.inputs[0].static_shape)
+    axis = int(pn.kwargs.get("axis", 0)) % len(s)
+    x = g.contiguous(operand(pn, 0, g))
+    if pn.op_type == "ArgMin":
+        x = gg.ggml_neg(ctx, x)
+    kept = [a for a in range(len(s)) if a != axis]
+    n = s[axis]
+    rows = _finite_below(g, g.reshape(permute(g, x, kept + [axis]), (prod(s) // n, n)))
+    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, _row_max(g, rows)))  # max - x >= 0
+    at_max = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, below), -1.0, 1.0)
+    count = gg.ggml_cumsum(ctx, at_max)
+    if int(pn.kwargs.get("select_last_index", 0)):  # the count reaches the row's total there
+        count = gg.ggml_sub(ctx, count, gg.ggml_sum_rows(ctx, at_max))
+        pick = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, count, 1.0, 0.5))
+    else:
+        pick = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, count, -1.0, 1.5))
+    onehot = gg.ggml_mul(ctx, at_max, pick)
+    return gg.ggml_sum_rows(ctx, gg.ggml_mul(ctx, onehot, g.constant(np.arange(n, dtype=np.float32))))
 
 
 __all__ = ["ne"]
