@@ -108,6 +108,9 @@ class PhysicalModel:
         self._params_numpy = {
             name: tensor_array(graph.initializers[name].const_value) for name in param_names
         }
+        # Where each parameter and input goes on the backend's device mesh (compile's parallel= and
+        # sharding=; mithril.distributed.ShardingPlan), None on one device.
+        self.sharding = None
 
     @property
     def code(self) -> str:
@@ -126,8 +129,14 @@ class PhysicalModel:
         return plan_memory(self.plan, self.backend.name, self.program)
 
     def get_parameters(self) -> dict[str, Any]:
-        """The model's initializers (those not folded into the program) as backend arrays."""
-        return {k: self.backend.from_numpy(np.array(v)) for k, v in self._params_numpy.items()}
+        """The model's initializers (those not folded into the program) as backend arrays (on a
+        device mesh, placed by :attr:`sharding`)."""
+        return self._placed({k: np.array(v) for k, v in self._params_numpy.items()})
+
+    def _placed(self, params: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self.sharding is not None:
+            return self.backend.place(params, self.sharding)
+        return {k: self.backend.from_numpy(v) for k, v in params.items()}
 
     def randomize_params(self) -> dict[str, Any]:
         """Fresh random parameters with the same names, shapes and dtypes.
@@ -142,10 +151,10 @@ class PhysicalModel:
             if is_floating_np(v.dtype) and k not in self.buffer_keys:
                 fan_in = int(np.prod(v.shape[1:])) if v.ndim >= 2 else max(v.size, 1)
                 arr = rng.standard_normal(v.shape) / np.sqrt(max(fan_in, 1))
-                out[k] = self.backend.from_numpy(arr.astype(v.dtype))
+                out[k] = arr.astype(v.dtype)
             else:
-                out[k] = self.backend.from_numpy(np.array(v))
-        return out
+                out[k] = np.array(v)
+        return self._placed(out)
 
     # -- evaluation ------------------------------------------------------------------
     # What evaluate takes, checked before anything runs: names, then per value its kind (arrays of
@@ -313,6 +322,8 @@ class PhysicalModel:
             cotangents, unresolved = self._check_output_gradients(output_gradients, checked)
         data = self.backend.prepare_inputs(checked)
         params = self.backend.prepare_inputs(dict(params))
+        if self.sharding is not None:
+            data, params = self.backend.place(data, self.sharding), self.backend.place(params, self.sharding)
         if output_gradients is not None:
             if self.gradient_error is not None:
                 raise self.gradient_error
@@ -439,6 +450,8 @@ def compile(
     verbose: bool = False,
     gradient_checkpointing: bool = False,
     keep_io_types: bool = False,
+    parallel: str | Mapping[str, str] | None = None,
+    sharding: Mapping[str, Any] | None = None,
     **unknown_options,
 ) -> PhysicalModel:
     """Lower ``model`` (an ONNX path/bytes/proto, a loaded model, or a frontend ``Model`` or
@@ -462,6 +475,11 @@ def compile(
       run again before its gradients (``torch.utils.checkpoint``, ``mx.checkpoint``, a
       ``custom_vjp`` per segment on JAX; NumPy's gradient program re-runs them). Same gradients,
       less memory, about one more forward pass of work.
+    - ``parallel`` (on a backend with a ``device_mesh``): the strategy, ``"data"`` (the default
+      there), ``"fsdp"`` or ``"tensor"``, or a dict ``{strategy: mesh axis}`` such as
+      ``{"data": "data", "tensor": "model"}``; ``sharding`` overrides it per name,
+      ``{regex: spec}`` with one mesh axis or None per dim. ``pm.sharding`` is the resulting
+      :class:`~mithril.distributed.ShardingPlan` (docs/distributed.md).
     - A float32 model on a float16, bfloat16 or float64 backend is converted to that dtype
       (:mod:`mithril.backends.precision`; docs/precision.md); ``keep_io_types=True`` keeps its
       float inputs and outputs in the file's dtype, with Casts at the boundary.
@@ -553,9 +571,11 @@ def compile(
         warnings.warn("gradient_checkpointing=True does nothing with inference=True: no gradients are computed",
                       GradientCheckpointingWarning, stacklevel=3)
     checkpointing = bool(gradient_checkpointing) and not inference
+    sharding_plan = _sharding_plan(backend, plan, parallel, sharding)
     program = backend.lower(plan, file_path=file_path, gradient_checkpointing=checkpointing)
     stages.done("lower")
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, data_keys, inference)
+    pm.sharding = sharding_plan
     pm.buffer_keys = buffers & set(param_names)
     pm.plan = plan
     pm.auto_scalar_promotion = auto_scalar_promotion
@@ -594,7 +614,23 @@ def compile(
 
 _COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "inference", "jit",
                     "file_path", "jit_options", "static_shapes", "static_inference",
-                    "auto_scalar_promotion", "verbose", "gradient_checkpointing", "keep_io_types")
+                    "auto_scalar_promotion", "verbose", "gradient_checkpointing", "keep_io_types", "parallel",
+                    "sharding")
+
+
+def _sharding_plan(backend: Backend, plan: Plan, parallel, sharding):
+    """The ShardingPlan on a backend with a device mesh of several devices; None on one device,
+    where parallel= and sharding= are errors (nothing to split over)."""
+    mesh = backend.mesh
+    if mesh is None or mesh.size == 1:
+        if parallel is not None or sharding is not None:
+            option = "parallel" if parallel is not None else "sharding"
+            raise CompileError(f"{option}= splits a model over a device mesh, and {type(backend).__name__} has none: "
+                               f"create the backend with device_mesh=..., e.g. JaxBackend(device_mesh=(2,))")
+        return None
+    from .distributed import plan_sharding
+
+    return plan_sharding("compile", plan, mesh, parallel, sharding)
 
 
 def _as_model(model):

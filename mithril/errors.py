@@ -277,3 +277,15 @@ class BackendOptionWarning(UserWarning):
 
 class DeviceFallbackWarning(BackendOptionWarning):
     """The device asked for is not present here; the backend runs on the CPU instead."""
+
+
+# -- device meshes -----------------------------------------------------------------------------------
+class MeshError(MithrilError, ValueError):
+    """A device mesh that can't be built here (more devices than the engine sees, a process group
+    of another size), or an array or parameter that can't be split over it (a dim that is not a
+    multiple of its axis); the message says how to get the devices or which split to change."""
+
+
+class ReplicatedOpsWarning(UserWarning):
+    """A parallel strategy left some parameters whole on every device (a dim that does not divide,
+    an op the strategy can't split): one warning at compile, listing them."""

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import BackendDType, DType, as_dtype, float32
-from ..errors import (BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, ForeignArrayError, MithrilError,
-                      NotABackendError)
+from ..errors import (BackendOptionError, BackendOptionWarning, DeviceFallbackWarning, ForeignArrayError, MeshError,
+                      MithrilError, NotABackendError)
 from .table import BACKENDS, backend_of_array
 
 
@@ -236,6 +236,14 @@ class Backend(metaclass=TensorAPI):
         raise ForeignArrayError(f"{what}: {type(self).__name__} takes {takes}, got {got.array_type}; convert it "
                                 f"first ({convert}, then backend.array(...) to place it on the backend)")
 
+    # The mithril.distributed.DeviceMesh this backend runs on, where it runs on several devices.
+    mesh = None
+
+    def place(self, values: dict, plan) -> dict:
+        """Parameters or data placed on the mesh by a :class:`~mithril.distributed.ShardingPlan`
+        (a backend with device meshes overrides it)."""
+        raise MeshError(f"{type(self).__name__} runs on one device: it places nothing on a mesh")
+
     def prepare_inputs(self, values: dict) -> dict:
         """Params or data as the generated program takes them (a facade backend wraps natives here)."""
         return values
@@ -388,24 +396,21 @@ class Backend(metaclass=TensorAPI):
 
     def zeros(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
               tensor_split=None):
-        check_device_mesh(self, device_mesh, tensor_split)
-        return self._placed(self.from_numpy(np.zeros(_shape(shape), dtype=self.backend_dtype(dtype))), device)
+        return self._on_mesh(np.zeros(_shape(shape), dtype=self.backend_dtype(dtype)), device, device_mesh, tensor_split)
 
     def ones(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
              tensor_split=None):
-        check_device_mesh(self, device_mesh, tensor_split)
-        return self._placed(self.from_numpy(np.ones(_shape(shape), dtype=self.backend_dtype(dtype))), device)
+        return self._on_mesh(np.ones(_shape(shape), dtype=self.backend_dtype(dtype)), device, device_mesh, tensor_split)
 
     def randn(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
               tensor_split=None):
-        check_device_mesh(self, device_mesh, tensor_split)
         values = self.rng.standard_normal(_shape(shape)).astype(self.backend_dtype(dtype))
-        return self._placed(self.from_numpy(values), device)
+        return self._on_mesh(values, device, device_mesh, tensor_split)
 
     def rand(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
              tensor_split=None):
-        check_device_mesh(self, device_mesh, tensor_split)
-        return self._placed(self.from_numpy(self.rng.random(_shape(shape)).astype(self.backend_dtype(dtype))), device)
+        return self._on_mesh(self.rng.random(_shape(shape)).astype(self.backend_dtype(dtype)), device, device_mesh,
+                             tensor_split)
 
     def arange(self, *args, dtype: DType | None = None, device: str | None = None):
         if dtype is None:
@@ -424,6 +429,13 @@ class Backend(metaclass=TensorAPI):
 
     def _placed(self, x, device):
         return x if device is None else self.to_device(x, device)
+
+    def _on_mesh(self, values: np.ndarray, device, device_mesh, tensor_split):
+        """A created array (NumPy ``values``) on ``device``, or split over ``device_mesh`` by
+        ``tensor_split`` (:mod:`mithril.distributed.mesh`). A backend without meshes takes a
+        one-device mesh only."""
+        check_device_mesh(self, device_mesh, tensor_split)
+        return self._placed(self.from_numpy(values), device)
 
     # -- devices -----------------------------------------------------------------------
     def to_device(self, x, device):
@@ -591,7 +603,7 @@ def cpu_device(backend: Backend, device) -> str:
 
 def check_device_mesh(backend: Backend, mesh, tensor_split=None):
     """``device_mesh``: None or a mesh of one device ((1,), (1, 1)) -> the mesh as a tuple (or
-    None). Larger meshes are refused: Mithril does not shard programs or arrays yet."""
+    None), for a backend that runs on one device: larger meshes are refused."""
     if mesh is None:
         if tensor_split is not None:
             raise BackendOptionError(f"{type(backend).__name__}: tensor_split needs a device_mesh")
@@ -601,10 +613,10 @@ def check_device_mesh(backend: Backend, mesh, tensor_split=None):
         raise BackendOptionError(f"{type(backend).__name__}: device_mesh must be a tuple of positive ints "
                                  f"such as (1,) or (2, 2), got {mesh!r}")
     if int(np.prod(dims)) > 1:
-        raise MithrilError(
-            f"{type(backend).__name__}: device_mesh={tuple(dims)} asks for {int(np.prod(dims))} devices, but "
-            "device meshes (sharding a program or an array over several devices) are not implemented yet "
-            "(issue 20); use device_mesh=None or a one-device mesh such as (1,)")
+        raise MeshError(
+            f"{type(backend).__name__}: device_mesh={tuple(dims)} asks for {int(np.prod(dims))} devices; "
+            f"{type(backend).__name__} runs on one device (use device_mesh=None or (1,)). JaxBackend shards "
+            "programs over device meshes (docs/distributed.md)")
     return tuple(dims)
 
 

@@ -69,8 +69,10 @@ def one_warning(record, category, pattern):
 
 @pytest.mark.parametrize("cls, valid", [
     (ml.NumpyBackend, "dtype, device, num_threads, device_mesh"),
-    (ml.JaxBackend, "dtype, device, compiler_options, precision, pre_allocate, jit, debug, platform, device_mesh"),
-    (ml.TorchBackend, "dtype, device, compile, jit, enable_amp, cudnn_benchmark, parallel_strategy, devices, device_mesh"),
+    (ml.JaxBackend, "dtype, device, compiler_options, precision, pre_allocate, jit, debug, platform, device_mesh, "
+                    "axis_names"),
+    (ml.TorchBackend, "dtype, device, compile, jit, enable_amp, cudnn_benchmark, parallel_strategy, devices, device_mesh, "
+                      "axis_names"),
     (ml.MLXBackend, "dtype, device, random_seed, compute_precision, use_graph, jit, memory_limit, auto_free_tensors, "
                     "enable_mps_optimization, use_ane, device_mesh"),
 ], ids=["numpy", "jax", "torch", "mlx"])
@@ -87,28 +89,36 @@ def test_unknown_option_lists_the_valid_ones(cls, valid):
                          ids=["numpy", "jax", "torch", "mlx"])
 def test_device_mesh_of_one_device_and_larger(cls):
     """001 backends, "Device Mesh for Parallelism" (``device_mesh=(2, 2)``, ``(4,)``) and 000
-    "Backend Initialization Reference": a mesh of one device is accepted; a larger one is an
-    error saying device meshes are not implemented yet (issue 20), never a silent single device."""
+    "Backend Initialization Reference": a mesh of one device is accepted everywhere. JAX builds
+    larger ones over its devices (tests/conftest.py gives it four host devices); Torch needs a
+    process per device (torchrun), so outside one it says so; NumPy and MLX run on one device and
+    refuse, never a silent single device."""
     for mesh in (None, (1,), (1, 1)):
         backend = cls(device_mesh=mesh)
         assert backend.device_mesh == mesh
         assert backend.to_numpy(backend.ones(2)).tolist() == [1.0, 1.0]
     for mesh, count in (((2, 2), 4), ((4,), 4), ((2,), 2)):
-        with pytest.raises(ml.MithrilError, match=rf"device_mesh={re.escape(repr(mesh))} asks for {count} devices.*not implemented yet "
-                                                  r"\(issue 20\); use device_mesh=None or a one-device mesh"):
+        if cls is ml.JaxBackend:
+            backend = cls(device_mesh=mesh)
+            assert backend.device_mesh == mesh and backend.mesh.size == count
+            assert len(backend.ones(2).sharding.device_set) == count  # whole on each device of the mesh
+            continue
+        with pytest.raises(ml.errors.MeshError, match=rf"device_mesh={re.escape(repr(mesh))}"):
             cls(device_mesh=mesh)
     with pytest.raises(BackendOptionError, match="device_mesh must be a tuple of positive ints"):
         cls(device_mesh=(0, "x"))
 
 
 def test_initialization_reference_meshes():
-    """000 backend comparison, "Backend Initialization Reference": the JAX (2x2) and PyTorch
-    (4,) meshes as written are refused naming issue 20; the MLX and NumPy constructors run."""
-    with pytest.raises(ml.MithrilError, match=r"device_mesh=\(2, 2\).*issue 20"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", BackendOptionWarning)
-            ml.JaxBackend(dtype=ml.float32, device="gpu", device_mesh=(2, 2), pre_allocate=True, precision="bfloat16")
-    with pytest.raises(ml.MithrilError, match=r"device_mesh=\(4,\).*issue 20"):
+    """000 backend comparison, "Backend Initialization Reference": the JAX 2x2 mesh as written
+    (no GPU here: the CPU's host devices, with a warning); PyTorch's (4,) mesh needs four
+    processes (torchrun), and outside them says so; the MLX and NumPy constructors run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendOptionWarning)
+        backend = ml.JaxBackend(dtype=ml.float32, device="gpu", device_mesh=(2, 2), pre_allocate=True,
+                                precision="bfloat16")
+    assert backend.mesh.axis_names == ("data", "model") and backend.mesh.size == 4
+    with pytest.raises(ml.errors.MeshError, match=r"device_mesh=\(4,\)"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", BackendOptionWarning)
             ml.TorchBackend(dtype=ml.float32, device="cuda:0", device_mesh=(4,), enable_amp=True, cudnn_benchmark=True)
@@ -157,7 +167,8 @@ def test_jax_optimization_techniques_backend():
         warnings.simplefilter("always")
         backend = ml.JaxBackend(device="gpu", precision="bfloat16", pre_allocate=True)
     if NO_JAX_GPU:
-        one_warning(record, DeviceFallbackWarning, r"^JaxBackend: device 'gpu' is not present \(present devices: cpu:0\); running on cpu$")
+        one_warning(record, DeviceFallbackWarning, r"^JaxBackend: device 'gpu' is not present \(present devices: cpu:0(, cpu:\d)*\); "
+                    r"running on cpu$")
         one_warning(record, BackendOptionWarning, r"^JaxBackend: pre_allocate=True sets XLA's GPU allocator, and there is no GPU here; ignored$")
         assert backend.device == "cpu"
     assert backend.precision == "bfloat16" and backend.pre_allocate is True

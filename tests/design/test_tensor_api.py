@@ -335,16 +335,37 @@ def test_custom_backend():
     assert pm.evaluate({}, {"x": np.array([-1.0, 2.0], np.float32)})["y"].tolist() == [0.0, 2.0]
 
 
-def test_sharded_tensors_need_device_meshes():
-    """003 JAX backend, "Sharded Tensors": ``backend.ones(128, 64, device_mesh=(2,))`` and
-    ``(..., device_mesh=(2,), tensor_split=(0,))``. Sharding over several devices is not
-    implemented yet (issue 20): a clear error rather than an unsharded array; a one-device mesh
-    gives the plain array."""
-    backend = ml.JaxBackend()
+def test_sharded_tensors():
+    """003 JAX backend, "Sharded Tensors": ``backend.ones(128, 64, device_mesh=(2,))`` (split on
+    dim 0 by default) and ``(..., device_mesh=(2,), tensor_split=(0,))`` on a backend made with
+    that mesh; a one-device mesh gives the plain array; a mesh the backend lacks is an error."""
+    backend = ml.JaxBackend(device_mesh=(2,))
     for kwargs in ({"device_mesh": (2,)}, {"device_mesh": (2,), "tensor_split": (0,)}):
-        with pytest.raises(ml.MithrilError, match=r"device_mesh=\(2,\) asks for 2 devices.*not implemented yet \(issue 20\)"):
-            backend.ones(128, 64, **kwargs)
-    sharded_tensor = backend.ones(128, 64, device_mesh=(1,), tensor_split=(0,))
-    assert backend.shape(sharded_tensor) == (128, 64)
+        sharded_tensor = backend.ones(128, 64, **kwargs)
+        assert backend.shape(sharded_tensor) == (128, 64)
+        assert [s.data.shape for s in sharded_tensor.addressable_shards] == [(64, 64), (64, 64)]
+    single = ml.JaxBackend()
+    sharded_tensor = single.ones(128, 64, device_mesh=(1,), tensor_split=(0,))
+    assert single.shape(sharded_tensor) == (128, 64)
+    with pytest.raises(ml.errors.MeshError, match=r"needs a backend on that mesh: JaxBackend\(device_mesh=\(2,\)\)"):
+        single.ones(128, 64, device_mesh=(2,))
     with pytest.raises(ml.errors.BackendOptionError, match="tensor_split needs a device_mesh"):
-        backend.ones(128, 64, tensor_split=(0,))
+        single.ones(128, 64, tensor_split=(0,))
+
+
+def test_parallel_evaluation():
+    """003 JAX backend, "Parallel Evaluation", as written: a model compiled for a 2-device mesh
+    (data parallel by default; the batch stays symbolic), parameters from the compiled model, a
+    batch split over the mesh; the outputs are split the same way and equal one device's."""
+    model = ml.models.MLP(input_size=1024, hidden_sizes=[2048, 2048], output_size=1024)
+    backend = ml.JaxBackend(device_mesh=(2,))
+    compiled_model = ml.compile(model, backend)
+    params = compiled_model.randomize_params()
+    batch_size = 128
+    inputs = {"input": backend.ones(batch_size, 1024, device_mesh=(2,), tensor_split=(0,))}
+    outputs = compiled_model.evaluate(params, inputs)
+    out = outputs["output"]
+    assert out.shape == (128, 1024) and [s.data.shape for s in out.addressable_shards] == [(64, 1024)] * 2
+    single = ml.compile(model, ml.JaxBackend())
+    want = single.evaluate({k: np.asarray(v) for k, v in params.items()}, {"input": np.ones((128, 1024), np.float32)})
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want["output"]), rtol=1e-5, atol=1e-5)

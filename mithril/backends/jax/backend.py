@@ -10,7 +10,11 @@ import os
 import numpy as np
 
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
-from ..backend import Backend, check_device_mesh, device_kind, process_memory_info, warn_user
+from ...distributed.mesh import parse_mesh, split_spec
+from ...distributed.sharding import check_batch
+from ...errors import MeshError
+from ..backend import Backend, device_kind, process_memory_info, warn_user
+from . import mesh as _mesh
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
 jax = jnp = Hoisted = None
@@ -280,7 +284,7 @@ class JaxBackend(Backend):
 
     def __init__(self, dtype=None, device: str | None = None, compiler_options: dict | None = None, *,
                  precision=None, pre_allocate: bool | None = None, jit: bool = True, debug: bool = False,
-                 platform: str | None = None, device_mesh=None, **unknown):
+                 platform: str | None = None, device_mesh=None, axis_names=None, **unknown):
         from ... import dtypes
 
         _import_jax()
@@ -292,6 +296,9 @@ class JaxBackend(Backend):
                 raise BackendOptionError(f"JaxBackend: platform={platform!r} is an alias of device, which is "
                                          f"{device!r}; give one of them")
             device = platform
+        self.mesh = parse_mesh("JaxBackend", device_mesh, axis_names)
+        if self.mesh is not None and self.mesh.size > 1 and (device is None or device.startswith("cpu")):
+            _mesh.ask_host_devices(jax, self.mesh)  # before the device lookup starts jax's backends
         if pre_allocate is not None:
             _set_pre_allocate(pre_allocate)  # before the device lookup starts jax's backends
         self._device = _parse_device(self, "cpu" if device is None else device)
@@ -299,7 +306,10 @@ class JaxBackend(Backend):
         self.debug = bool(debug)
         self.pre_allocate = pre_allocate
         self.jit_by_default = bool(jit)
-        self.device_mesh = check_device_mesh(self, device_mesh)
+        self.device_mesh = None if self.mesh is None else self.mesh.shape
+        # The jax.sharding.Mesh; None on one device (a one-device mesh is the plain path).
+        self._jmesh = _mesh.build_mesh(jax, self._device.platform, self.mesh) if self.mesh and self.mesh.size > 1 \
+            else None
         if compiler_options is None:
             # The CPU default, or as much of it as this jaxlib knows.
             defaults = _CPU_COMPILER_OPTIONS if self._device.platform == "cpu" else _OTHER_COMPILER_OPTIONS
@@ -372,7 +382,52 @@ class JaxBackend(Backend):
         if arr.dtype == object:
             return arr
         with self.scope():
-            return jax.device_put(arr, self._device)
+            # On a mesh every array the backend makes is on the mesh (whole on each device), so it
+            # meets sharded ones in one program.
+            return jax.device_put(arr, self._device if self._jmesh is None else self._replicated)
+
+    # -- device meshes -----------------------------------------------------------------
+    @functools.cached_property
+    def _replicated(self):
+        return _mesh.sharding(jax, self._jmesh, ())
+
+    def _on_mesh(self, values, device, device_mesh, tensor_split):
+        if device_mesh is None and tensor_split is None:
+            return self._placed(self.from_numpy(values), device)
+        mesh = self.mesh if device_mesh is None else parse_mesh("JaxBackend", device_mesh)
+        if mesh is None:
+            raise BackendOptionError("JaxBackend: tensor_split needs a device_mesh (on the array or the backend)")
+        if self._jmesh is None or mesh.shape != self.mesh.shape:
+            if mesh.size == 1:  # one device: nothing to split
+                return self._placed(self.from_numpy(values), device)
+            raise MeshError(f"JaxBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
+                            f"JaxBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
+        return self.shard(values, split_spec("JaxBackend", self.mesh, np.shape(values), tensor_split))
+
+    def shard(self, value, spec):
+        """``value`` (NumPy or JAX) split over the backend's mesh by ``spec`` (the mesh axis of
+        each dim, None for whole): ``jax.device_put`` with a ``NamedSharding``."""
+        with self.scope():
+            return jax.device_put(value, _mesh.sharding(jax, self._jmesh, tuple(spec)))
+
+    def place(self, values: dict, plan) -> dict:
+        """Parameters or data placed by a :class:`~mithril.distributed.ShardingPlan`: NumPy arrays
+        and arrays off the mesh by the plan's spec; arrays already on the mesh keep the user's
+        placement."""
+        out = {}
+        for name, v in values.items():
+            if _is_host_only(v) or _mesh.on_mesh(jax, self._jmesh, v):
+                out[name] = v
+                continue
+            spec = plan.specs.get(name, ())
+            if name in plan.input_shapes:
+                check_batch("evaluate", self.mesh, name, np.shape(v), spec)
+            out[name] = self.shard(v, spec)
+        return out
+
+    def per_device_bytes(self, arrays) -> dict:
+        """``{device id: bytes}`` that ``arrays`` (a dict or a list) hold on each device."""
+        return _mesh.per_device_bytes(arrays.values() if isinstance(arrays, dict) else arrays)
 
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)

@@ -1,0 +1,247 @@
+"""Device meshes on JAX (issue 20): sharded arrays, and data / fully sharded / tensor parallel
+training proven equal to one device, on JAX host devices (tests/conftest.py asks for four).
+
+Each strategy trains for 20 steps from the same initial parameters on the same batches as the
+one-device run; the loss curves and the final parameters must agree within float32 tolerance
+(the partitioned program sums in another order, nothing else changes).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import mithril as ml
+import models_zoo
+from mithril.errors import CompileError, MeshError, ReplicatedOpsWarning
+from mithril.models import CrossEntropy, Mean, Model, OnnxBlock, TrainModel, Transpose
+from mithril.optimizers import SGD, Adam, fit
+
+jax = pytest.importorskip("jax")
+if len(jax.devices("cpu")) < 4:  # JAX started before conftest could ask for host devices
+    pytest.skip("needs 4 JAX host devices (XLA_FLAGS=--xla_force_host_platform_device_count=4 before JAX starts)",
+                allow_module_level=True)
+
+STEPS = 20
+
+
+# -- meshes and sharded arrays ------------------------------------------------------------------------
+def test_mesh_axes_and_sharded_creation():
+    backend = ml.JaxBackend(device_mesh=(2, 2))
+    assert backend.mesh.axis_names == ("data", "model") and backend.device_mesh == (2, 2)
+    x = backend.ones(128, 64, device_mesh=(2, 2), tensor_split=(0, 1))
+    assert x.shape == (128, 64) and {s.data.shape for s in x.addressable_shards} == {(64, 32)}
+    assert np.asarray(x).sum() == 128 * 64
+    # The design's form: dim 0 over the first axis; replicated over the second.
+    y = ml.JaxBackend(device_mesh=(2,)).ones(128, 64, device_mesh=(2,), tensor_split=(0,))
+    assert {s.data.shape for s in y.addressable_shards} == {(64, 64)} and len(y.sharding.device_set) == 2
+    z = backend.randn(8, 6, tensor_split=(None, 0))  # whole over "data", rows over "model"
+    assert {s.data.shape for s in z.addressable_shards} == {(4, 6)}
+    named = ml.JaxBackend(device_mesh=(4,), axis_names=("batch",))
+    assert named.mesh.axis_names == ("batch",)
+    assert named.array(np.arange(3)).sharding.is_fully_replicated
+
+
+def test_mesh_errors_say_how_to_fix_them():
+    with pytest.raises(MeshError, match=r"device_mesh=\(8,\) needs 8 devices, but jax sees 4 cpu device\(s\).*"
+                                        r"xla_force_host_platform_device_count=8.*already started"):
+        ml.JaxBackend(device_mesh=(8,))
+    backend = ml.JaxBackend(device_mesh=(4,))
+    with pytest.raises(MeshError, match=r"shape \(6, 2\) can't be split on dim 0 \(6\) over mesh axis 'data' of 4 "
+                                        r"devices"):
+        backend.ones(6, 2, tensor_split=(0,))
+    with pytest.raises(MeshError, match=r"needs a backend on that mesh: JaxBackend\(device_mesh=\(2,\)\)"):
+        backend.ones(4, 2, device_mesh=(2,))
+    with pytest.raises(ml.errors.BackendOptionError, match="axis_names must be 2 distinct strings"):
+        ml.JaxBackend(device_mesh=(2, 2), axis_names=("a", "a"))
+    pm_args = dict(shapes={"input": [8, 16]})
+    with pytest.raises(CompileError, match=r"parallel= splits a model over a device mesh, and JaxBackend has none"):
+        ml.compile(models_zoo.mlp((8,)), ml.JaxBackend(), parallel="data", **pm_args)
+    with pytest.raises(MeshError, match=r"puts tensor on axis 'model', but the mesh's axes are \('data',\)"):
+        ml.compile(models_zoo.mlp((8,)), backend, parallel={"tensor": "model"}, **pm_args)
+    with pytest.raises(MeshError, match=r"unknown parallel strategy 'zero2'"):
+        ml.compile(models_zoo.mlp((8,)), backend, parallel="zero2", **pm_args)
+    with pytest.raises(MeshError, match=r"the batch of input 'input' \(6, dim 0 of \(6, 16\)\) is not a multiple of "
+                                        r"the 4 devices"):
+        ml.compile(models_zoo.mlp((8,)), backend, shapes={"input": [6, 16]})
+    with pytest.raises(MeshError, match=r"sharding rule 'nothing' matches no parameter or input"):
+        ml.compile(models_zoo.mlp((8,)), backend, sharding={"nothing": ()}, **pm_args)
+
+
+def test_compile_takes_sharded_inputs_and_outputs_follow():
+    """The design's "Parallel Evaluation": a model compiled for a mesh, parameters from the
+    compiled model, a batch split with tensor_split; outputs equal the one-device run."""
+    backend = ml.JaxBackend(device_mesh=(2,))
+    model = models_zoo.mlp((64, 32))
+    pm = ml.compile(model, backend, shapes={"input": [16, 24]})
+    params = pm.randomize_params()
+    x = backend.randn(16, 24, device_mesh=(2,), tensor_split=(0,))
+    out = pm.evaluate(params, {"input": x})["output"]
+    assert out.sharding.spec[0] == "data" and {s.data.shape for s in out.addressable_shards} == {(8, 32)}
+    single = ml.compile(model, ml.JaxBackend(), shapes={"input": [16, 24]})
+    want = single.evaluate({k: np.asarray(v) for k, v in params.items()}, {"input": np.asarray(x)})["output"]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6, atol=1e-6)
+    # NumPy data is placed by the plan (batch over "data"); so are NumPy parameters.
+    out2 = pm.evaluate({k: np.asarray(v) for k, v in params.items()}, {"input": np.asarray(x)})["output"]
+    assert out2.sharding.spec[0] == "data"
+    np.testing.assert_array_equal(np.asarray(out2), np.asarray(out))
+
+
+# -- strategies, each equal to one device --------------------------------------------------------------
+def _trainer(model, backend, shapes, data_keys=("input", "target"), **kwargs):
+    tm = TrainModel(model)
+    tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    return ml.compile(tm, backend, shapes=shapes, data_keys=set(data_keys), **kwargs)
+
+
+def _mlp_case():
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((16, 8))  # a learnable target: the class a fixed linear map picks
+    xs = [rng.standard_normal((8, 16)).astype(np.float32) for _ in range(STEPS)]
+    batches = [{"input": x, "target": (x @ teacher).argmax(1)} for x in xs]
+    return (lambda: models_zoo.mlp((64, 32, 8))), {"input": [8, 16], "target": [8]}, batches
+
+
+def _gpt_case():
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 64, (4, 16)) for _ in range(STEPS)]
+    batches = [{"input": x, "target": (x + 1) % 64} for x in ids]  # learnable: each id's successor
+    def build():  # logits [N, T, vocab] -> [N, vocab, T]: CrossEntropy's classes are on axis 1
+        gpt = models_zoo.create_gpt(bias=True, block_size=16, dims=32, num_heads=4, num_layers=2, vocab_size=64)
+        model = Model()
+        model |= gpt(input="input", output="logits")
+        model += Transpose(axes=(0, 2, 1))(output="output")
+        return model
+
+    return build, {"input": [4, 16], "target": [4, 16]}, batches
+
+
+_RESNET: dict = {}
+
+
+def _resnet_case():
+    """torchvision's ResNet-18 (random weights, batch norms folded by the exporter), imported from
+    its torch.onnx export; 32x32 images, batch 4."""
+    if "proto" not in _RESNET:
+        pytest.importorskip("torch")
+        from models_zoo import torch_reference
+
+        _RESNET["proto"] = torch_reference.export_onnx(torch_reference.build("resnet18", image_size=32), "torchscript")
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((3 * 32 * 32, 10))
+    xs = [rng.standard_normal((4, 3, 32, 32)).astype(np.float32) for _ in range(STEPS)]
+    batches = [{"input": x, "target": (x.reshape(4, -1) @ teacher).argmax(1)} for x in xs]
+    def build():
+        model = Model()
+        model |= OnnxBlock(ml.load_onnx(_RESNET["proto"]), name="resnet")(input="input", output="output")
+        return model
+
+    return build, {"input": [4, 3, 32, 32], "target": [4]}, batches
+
+
+CASES = {"mlp": _mlp_case, "gpt": _gpt_case, "resnet18": _resnet_case}
+# (strategy, mesh): data and fully sharded over 4 devices; tensor over 4; both over a 2x2 mesh.
+STRATEGIES = [("data", (4,)), ("fsdp", (4,)), ("tensor", (4,)), ({"data": "data", "tensor": "model"}, (2, 2))]
+
+
+def _train(pm, backend, init, batches):
+    params = {k: backend.array(v) for k, v in init.items()} if backend.mesh is None else pm._placed(dict(init))
+    # SGD, not Adam: Adam divides each gradient by its own scale, so a gradient that is zero in exact
+    # arithmetic (attention's key bias: softmax ignores a shift) becomes steps of float noise.
+    lr = 0.01 if any(k.startswith("resnet.") for k in params) else 0.1  # ResNet's pretrained-like start
+    params, _, losses = fit(pm, params, lambda epoch: batches, SGD(lr, momentum=0.9), 1, progress=False)
+    return {k: np.asarray(v) for k, v in params.items()}, np.array(losses)
+
+
+_REFERENCE: dict = {}
+
+
+def _reference(case: str):
+    if case not in _REFERENCE:
+        build, shapes, batches = CASES[case]()
+        backend = ml.JaxBackend()
+        pm = _trainer(build(), backend, shapes)
+        backend.set_seed(0)
+        # The imported ResNet starts from its exported weights (torchvision's initialization, batch
+        # norms folded); the zoo's models from the backend's seeded draws.
+        init = {k: np.asarray(v) for k, v in (pm.get_parameters() if case == "resnet18" else
+                                              pm.randomize_params()).items()}
+        _REFERENCE[case] = (init, *_train(pm, backend, init, batches))
+    return _REFERENCE[case]
+
+
+@pytest.mark.parametrize("strategy, mesh", STRATEGIES, ids=["data", "fsdp", "tensor", "data+tensor"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_strategy_trains_like_one_device(case, strategy, mesh):
+    init, want_params, want_losses = _reference(case)
+    build, shapes, batches = CASES[case]()
+    backend = ml.JaxBackend(device_mesh=mesh)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReplicatedOpsWarning)
+        pm = _trainer(build(), backend, shapes, parallel=strategy)
+    got_params, got_losses = _train(pm, backend, init, batches)
+    assert want_losses[-1] < want_losses[0]
+    np.testing.assert_allclose(got_losses, want_losses, rtol=2e-5, atol=2e-6)
+    for name, want in want_params.items():
+        np.testing.assert_allclose(got_params[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    split = {n for n, spec in pm.sharding.specs.items() if n in want_params}
+    if strategy in ("fsdp", "tensor") or isinstance(strategy, dict):
+        assert split, "the strategy split no parameter"
+
+
+def test_tensor_parallel_pairs_columns_then_rows():
+    """Megatron's pairing on an MLP block and on attention: the first matmul of a pair split on its
+    output features, the second on its input features, with their biases following."""
+    backend = ml.JaxBackend(device_mesh=(2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReplicatedOpsWarning)
+        pm = ml.compile(models_zoo.mlp((64, 32, 8)), backend, shapes={"input": [8, 16]},
+                        parallel={"data": "data", "tensor": "model"})
+    specs = pm.sharding.specs
+    # Linear weights are [out, in] (read through a Transpose): columns = dim 0, rows = dim 1.
+    assert specs["linear_0.weight"] == ("model", None) and specs["linear_0.bias"] == ("model",)
+    assert specs["linear_1.weight"] == (None, "model") and "linear_1.bias" not in specs
+    assert specs["linear_2.weight"] == ("model", None)
+    assert specs["input"] == ("data", None)
+    gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
+    split = {n: s for n, s in gpt.sharding.specs.items() if n in gpt.sharding.shapes}
+    assert any(re.search(r"attn", n) for n in split), sorted(split)
+    text = str(gpt.sharding)
+    assert "mesh (data=2, model=2); tensor over 'model'" in text
+
+
+def test_fully_sharded_parameters_take_a_quarter_per_device():
+    """ZeRO-3: each of 4 devices holds about a quarter of the parameters (measured from the arrays'
+    shards), and the optimizer state follows the parameters."""
+    build, shapes, batches = _mlp_case()
+    backend = ml.JaxBackend(device_mesh=(4,))
+    with pytest.warns(ReplicatedOpsWarning, match=r"fsdp parallel leaves 1 parameter\(s\) whole on every device: "
+                                                  r"linear_2.bias \(10,\): no dim of \(10,\) is a multiple of 4"):
+        pm = _trainer(models_zoo.mlp((64, 32, 10)), backend, shapes, parallel="fsdp")
+    params = pm.randomize_params()
+    total = sum(np.asarray(v).nbytes for v in params.values())
+    per_device = backend.per_device_bytes(params)
+    assert len(per_device) == 4
+    for used in per_device.values():
+        assert used <= total / 4 + 64, (used, total)  # the 10-float bias is whole on each device
+    assert max(per_device.values()) == pm.sharding.per_device_bytes()
+    state = Adam(1e-3).init(params)
+    assert max(backend.per_device_bytes(state["mu"]).values()) == max(per_device.values())
+
+
+def test_sharding_rules_override_by_name():
+    backend = ml.JaxBackend(device_mesh=(2, 2))
+    pm = ml.compile(models_zoo.mlp((64, 32)), backend, shapes={"input": [8, 16]},
+                    sharding={r"linear_0\.weight": (None, "model"), "input": ()})
+    assert pm.sharding.specs["linear_0.weight"] == (None, "model") and "input" not in pm.sharding.specs
+    out = pm.evaluate(pm.get_parameters(), {"input": np.ones((8, 16), np.float32)})["output"]
+    single = ml.compile(models_zoo.mlp((64, 32)), ml.JaxBackend(), shapes={"input": [8, 16]})
+    want = single.evaluate({k: np.asarray(v) for k, v in pm.get_parameters().items()},
+                           {"input": np.ones((8, 16), np.float32)})["output"]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-5, atol=1e-6)
+    with pytest.raises(MeshError, match=r"gives \('model',\) for 'linear_0.weight', which has 2 dims"):
+        ml.compile(models_zoo.mlp((64, 32)), backend, shapes={"input": [8, 16]},
+                   sharding={r"linear_0\.weight": ("model",)})
