@@ -24,6 +24,12 @@
 #define MT_GEMM_VBYTES 16
 #define MT_GEMM_MR 4
 #endif
+#ifndef MT_GEMM_NV
+#define MT_GEMM_NV 2                   /* vectors per register-tile row (NR = NV vectors of T) */
+#endif
+#ifndef MT_GEMM_DOT
+#define MT_GEMM_DOT 4                  /* a ragged panel's columns past whole vectors done as dot products */
+#endif
 #ifndef MT_GEMM_KC
 #define MT_GEMM_KC 128                 /* depth of a packed block: a B micro-panel fills half of L1 */
 #endif

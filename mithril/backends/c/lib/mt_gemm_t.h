@@ -5,7 +5,8 @@
  * B(k,j) = B[k*br + j*bc], C (may be NULL) C(i,j) = C[i*cr + j*cc]; Y is C-contiguous and shares
  * no memory with A, B or C. */
 
-#define MT_GEMM_NR ((mt_i)(2 * MT_GEMM_VBYTES / sizeof(T))) /* two vectors of T */
+#define MT_GEMM_VL ((mt_i)(MT_GEMM_VBYTES / sizeof(T)))  /* elements of T per vector */
+#define MT_GEMM_NR (MT_GEMM_NV * MT_GEMM_VL)               /* NV vectors of T */
 #define MT_GEMM_NC (MT_GEMM_NR * MT_GEMM_NBLK)
 
 /* y += a * b as one fused multiply-add where the target has one (-std=c11 turns off contraction). */
@@ -104,68 +105,154 @@ static inline void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt
     }
 }
 
-/* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + A-panel @ pb-panel, where
+/* The epilogue a register tile applies as it stores its last K block: y = clamp(y * alpha + the
+ * row's C value, lo, hi), the operations in the order of the pass over Y it replaces. */
+typedef struct {
+    T alpha, beta, lo, hi;
+    const T *c; /* C at the tile's first row (one value per row, cc == 0), or NULL */
+    mt_i cr;
+} MT_FN(mt_gemm_ep);
+
+/* Y[0:mr, 0:nr] = (add ? Y : 0) + acc (rows W apart), then the epilogue when ep is given. */
+static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restrict y, mt_i ldy, mt_i mr, mt_i nr,
+                                        int add, const MT_FN(mt_gemm_ep) *ep) {
+    if (ep) {
+        const T alpha = ep->alpha, lo = ep->lo, hi = ep->hi;
+        for (mt_i r = 0; r < mr; r++) {
+            T *yr = y + r * ldy;
+            const T *ar = acc + r * W;
+            const T ci = ep->c ? ep->beta * ep->c[r * ep->cr] : (T)0;
+            /* each case its own vector loop, full width with a constant trip count; Y is not read
+             * unless added to (a load of Y's line, not yet in cache, would wait where a store does not) */
+#define MT_GEMM_EP_LOOP(n, V, BIAS)                                                                    \
+    _Pragma("omp simd")                                                                               \
+    for (mt_i c = 0; c < (n); c++) {                                                                  \
+        T v = V;                                                                                      \
+        v *= alpha;                                                                                   \
+        BIAS;                                                                                         \
+        yr[c] = MT_GEMM_CLAMP(v, lo, hi);                                                             \
+    }
+#define MT_GEMM_EP_CASES(n)                                                                            \
+    if (add && ep->c) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], v += ci) }                                  \
+    else if (add) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], (void)0) }                                      \
+    else if (ep->c) { MT_GEMM_EP_LOOP(n, ar[c], v += ci) }                                            \
+    else { MT_GEMM_EP_LOOP(n, ar[c], (void)0) }
+            if (nr == W) {
+                MT_GEMM_EP_CASES(W)
+            } else {
+                MT_GEMM_EP_CASES(nr)
+            }
+#undef MT_GEMM_EP_CASES
+#undef MT_GEMM_EP_LOOP
+        }
+        return;
+    }
+    if (mr == MT_GEMM_MR && nr == W) {
+        for (mt_i r = 0; r < MT_GEMM_MR; r++) {
+            T *yr = y + r * ldy;
+            const T *ar = acc + r * W;
+            if (add) {
+                _Pragma("omp simd")
+                for (mt_i c = 0; c < W; c++) yr[c] += ar[c];
+            } else {
+                _Pragma("omp simd")
+                for (mt_i c = 0; c < W; c++) yr[c] = ar[c];
+            }
+        }
+    } else {
+        for (mt_i r = 0; r < mr; r++)
+            for (mt_i c = 0; c < nr; c++) y[r * ldy + c] = add ? y[r * ldy + c] + acc[r * W + c] : acc[r * W + c];
+    }
+}
+
+/* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + A-panel @ the first W
+ * columns of a pb micro-panel (W: NR, or one vector for a ragged last panel), where
  * A(r, k) = a[r*rs + k*ks]: a packed panel (rs 1, ks MR) or rows of A read in place (rs ar, ks 1).
- * The accumulators are a fixed-size array the compiler keeps in vector registers; the two layouts
- * are separate functions so each gets constant strides. */
-#define MT_GEMM_MICRO_BODY(RS, KS)                                                                     \
-    T acc[MT_GEMM_MR][2 * MT_GEMM_VBYTES / sizeof(T)];                                                 \
+ * The accumulators are a fixed-size array the compiler keeps in vector registers; each layout and
+ * width is a function of its own so that its strides and trip counts are constants. */
+#define MT_GEMM_MICRO_BODY(RS, KS, W)                                                                  \
+    T acc[MT_GEMM_MR][W];                                                                              \
     const T *b = __builtin_assume_aligned(pb, 64);                                                     \
     for (mt_i r = 0; r < MT_GEMM_MR; r++)                                                              \
-        for (mt_i c = 0; c < MT_GEMM_NR; c++) acc[r][c] = 0;                                           \
+        for (mt_i c = 0; c < (W); c++) acc[r][c] = 0;                                                  \
     for (mt_i k = 0; k < kc; k++) {                                                                    \
         const T *bk = b + k * MT_GEMM_NR;                                                              \
         for (mt_i r = 0; r < MT_GEMM_MR; r++) {                                                        \
             T ark = a[r * (RS) + k * (KS)];                                                            \
             _Pragma("omp simd")                                                                        \
-            for (mt_i c = 0; c < MT_GEMM_NR; c++) MT_GEMM_MAC(acc[r][c], ark, bk[c]);                  \
+            for (mt_i c = 0; c < (W); c++) MT_GEMM_MAC(acc[r][c], ark, bk[c]);                         \
         }                                                                                              \
     }                                                                                                  \
-    MT_FN(mt_gemm_store)(&acc[0][0], y, ldy, mr, nr, add);
-
-static inline void MT_FN(mt_gemm_store)(const T *restrict acc, T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add) {
-    if (mr == MT_GEMM_MR && nr == MT_GEMM_NR) {
-        for (mt_i r = 0; r < MT_GEMM_MR; r++) {
-            T *yr = y + r * ldy;
-            const T *ar = acc + r * MT_GEMM_NR;
-            if (add) {
-                _Pragma("omp simd")
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] += ar[c];
-            } else {
-                _Pragma("omp simd")
-                for (mt_i c = 0; c < MT_GEMM_NR; c++) yr[c] = ar[c];
-            }
-        }
-    } else {
-        for (mt_i r = 0; r < mr; r++)
-            for (mt_i c = 0; c < nr; c++)
-                y[r * ldy + c] = add ? y[r * ldy + c] + acc[r * MT_GEMM_NR + c] : acc[r * MT_GEMM_NR + c];
-    }
-}
+    MT_FN(mt_gemm_store)(&acc[0][0], (W), y, ldy, mr, nr, add, ep);
 
 static inline void MT_FN(mt_gemm_micro)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
-                                        mt_i ldy, mt_i mr, mt_i nr, int add) {
+                                        mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
     const T *a = __builtin_assume_aligned(pa, 64);
-    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR)
+    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, MT_GEMM_NR)
 }
 
 /* A's rows in place (row stride lda, unit column stride; all MR rows exist). */
 static inline void MT_FN(mt_gemm_micro_rows)(mt_i kc, const T *restrict a, mt_i lda, const T *restrict pb,
-                                             T *restrict y, mt_i ldy, mt_i nr, int add) {
+                                             T *restrict y, mt_i ldy, mt_i nr, int add,
+                                             const MT_FN(mt_gemm_ep) *ep) {
     const mt_i mr = MT_GEMM_MR;
-    MT_GEMM_MICRO_BODY(lda, 1)
+    MT_GEMM_MICRO_BODY(lda, 1, MT_GEMM_NR)
+}
+
+/* The same, one vector wide (nr <= MT_GEMM_VL). */
+static inline void MT_FN(mt_gemm_micro1)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
+                                         mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
+    const T *a = __builtin_assume_aligned(pa, 64);
+    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, MT_GEMM_VL)
+}
+
+static inline void MT_FN(mt_gemm_micro1_rows)(mt_i kc, const T *restrict a, mt_i lda, const T *restrict pb,
+                                              T *restrict y, mt_i ldy, mt_i nr, int add,
+                                              const MT_FN(mt_gemm_ep) *ep) {
+    const mt_i mr = MT_GEMM_MR;
+    MT_GEMM_MICRO_BODY(lda, 1, MT_GEMM_VL)
 }
 #undef MT_GEMM_MICRO_BODY
 
+/* The last few columns of a ragged panel (nr <= MT_GEMM_DOT), as dot products over k: bt holds
+ * them k-contiguous (bt[c*kc + k]). A register tile would spend a whole vector per row on them
+ * (N = 49, a 7x7 plane: 64 columns computed for 49). Same epilogue as mt_gemm_store. */
+static inline void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, const T *restrict bt, T *restrict y,
+                                      mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
+    for (mt_i r = 0; r < mr; r++) {
+        const T *ar = a + r * rs;
+        for (mt_i c = 0; c < nr; c++) {
+            const T *b = bt + c * kc;
+            T s = 0;
+            if (ks == 1) {
+                _Pragma("omp simd reduction(+:s)")
+                for (mt_i k = 0; k < kc; k++) s += ar[k] * b[k];
+            } else {
+                for (mt_i k = 0; k < kc; k++) MT_GEMM_MAC(s, ar[k * ks], b[k]);
+            }
+            T v = add ? y[r * ldy + c] + s : s;
+            if (ep) {
+                v *= ep->alpha;
+                if (ep->c) v += ep->beta * ep->c[r * ep->cr];
+                v = MT_GEMM_CLAMP(v, ep->lo, ep->hi);
+            }
+            y[r * ldy + c] = v;
+        }
+    }
+}
+
 /* One MC x NC tile of Y: over K in KC steps, pack the A block and the B panel into this thread's
- * scratch, run the register tiles, then apply alpha and beta * C while the tile is in cache.
+ * scratch and run the register tiles, which apply alpha, a per-row C and the clamp as they store.
+ * A ragged last panel runs one vector wide when its columns fit one, and leaves its last
+ * columns past whole vectors, up to MT_GEMM_DOT of them, to mt_gemm_dot.
  * The scratch is static thread-local (allocated once per thread, never per call), so threads of
  * one GEMM and GEMMs running in different threads never share it. */
 static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *restrict Y, mt_i N, mt_i K,
                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
                                        T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
-    static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * 2 * MT_GEMM_VBYTES / sizeof(T) * MT_GEMM_NBLK];
+    static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * MT_GEMM_NR * MT_GEMM_NBLK];
+    static _Thread_local _Alignas(64) T bt[MT_GEMM_KC * MT_GEMM_DOT];
     /* A tile has at most NBLK B micro-panels, so each A element is used a few times only: packing
      * A costs more than it saves (measured: 512x49x4608 float 26 -> 78 GFLOP/s, ResNet-18's conv
      * GEMMs 47 -> 43 ms on one thread), and full row panels of a row-major A are read in place;
@@ -173,36 +260,54 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
      * 1024^3 float 35 GFLOP/s in place) and the tile is wide enough to repay the packing. */
     int direct = ac == 1 && (nc <= 2 * MT_GEMM_NR || (ar * (mt_i)sizeof(T)) % 2048 != 0);
     mt_i full = direct ? mc / MT_GEMM_MR * MT_GEMM_MR : 0; /* rows read in place; the rest is packed */
+    int clamp = lo > -(T)INFINITY || hi < (T)INFINITY;
+    /* alpha, a C value per row and the clamp are applied by the register tiles as they store the
+     * last K block, while the tile is in registers; a C varying along rows takes a pass over Y. */
+    int fuse = (alpha != (T)1 || C || clamp) && (!C || cc == 0);
+    /* The ragged last panel: its first `head` columns go to a register tile, `tail` to mt_gemm_dot. */
+    const mt_i qlast = (nc - 1) / MT_GEMM_NR, last = nc - qlast * MT_GEMM_NR;
+    const mt_i tail = last % MT_GEMM_VL <= MT_GEMM_DOT ? last % MT_GEMM_VL : 0, head = last - tail;
     for (mt_i k0 = 0; k0 < K; k0 += MT_GEMM_KC) {
         mt_i kc = K - k0 < MT_GEMM_KC ? K - k0 : MT_GEMM_KC;
         MT_FN(mt_gemm_pack_b)(B + k0 * br + j0 * bc, pb, kc, nc, br, bc);
         if (full < mc) MT_FN(mt_gemm_pack_a)(A + (i0 + full) * ar + k0 * ac, pa, mc - full, kc, ar, ac);
-        for (mt_i q = 0; q * MT_GEMM_NR < nc; q++) {
-            mt_i nr = nc - q * MT_GEMM_NR < MT_GEMM_NR ? nc - q * MT_GEMM_NR : MT_GEMM_NR;
+        for (mt_i c = 0; c < tail; c++)
+            for (mt_i k = 0; k < kc; k++) bt[c * kc + k] = pb[(qlast * kc + k) * MT_GEMM_NR + head + c];
+        for (mt_i q = 0; q <= qlast; q++) {
+            mt_i nr = q < qlast ? MT_GEMM_NR : head;
+            const T *pq = pb + q * kc * MT_GEMM_NR;
             for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
                 mt_i row = p * MT_GEMM_MR, mr = mc - row < MT_GEMM_MR ? mc - row : MT_GEMM_MR;
                 T *y = Y + (i0 + row) * N + j0 + q * MT_GEMM_NR;
-                if (row < full)
-                    MT_FN(mt_gemm_micro_rows)(kc, A + (i0 + row) * ar + k0, ar, pb + q * kc * MT_GEMM_NR, y, N, nr,
-                                              k0 > 0);
-                else
-                    MT_FN(mt_gemm_micro)(kc, pa + (row - full) * kc, pb + q * kc * MT_GEMM_NR, y, N, mr, nr, k0 > 0);
+                MT_FN(mt_gemm_ep) ep = {alpha, beta, lo, hi, C ? C + (i0 + row) * cr : 0, cr};
+                const MT_FN(mt_gemm_ep) *epp = fuse && k0 + kc >= K ? &ep : 0;
+                const T *arow = A + (i0 + row) * ar + k0, *apack = pa + (row - full) * kc;
+                if (nr > MT_GEMM_VL) {
+                    if (row < full)
+                        MT_FN(mt_gemm_micro_rows)(kc, arow, ar, pq, y, N, nr, k0 > 0, epp);
+                    else
+                        MT_FN(mt_gemm_micro)(kc, apack, pq, y, N, mr, nr, k0 > 0, epp);
+                } else if (nr > 0) {
+                    if (row < full)
+                        MT_FN(mt_gemm_micro1_rows)(kc, arow, ar, pq, y, N, nr, k0 > 0, epp);
+                    else
+                        MT_FN(mt_gemm_micro1)(kc, apack, pq, y, N, mr, nr, k0 > 0, epp);
+                }
+                if (q == qlast && tail > 0) {
+                    if (row < full)
+                        MT_FN(mt_gemm_dot)(kc, arow, ar, 1, bt, y + head, N, mr, tail, k0 > 0, epp);
+                    else
+                        MT_FN(mt_gemm_dot)(kc, apack, 1, MT_GEMM_MR, bt, y + head, N, mr, tail, k0 > 0, epp);
+                }
             }
         }
     }
-    int clamp = lo > -(T)INFINITY || hi < (T)INFINITY;
-    if (alpha != (T)1 || C || clamp)
+    if (!fuse && (alpha != (T)1 || C || clamp))
         for (mt_i i = i0; i < i0 + mc; i++) {
             T *restrict y = Y + i * N;
             if (alpha != (T)1)
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] *= alpha;
-            if (C && cc == 0) { /* one value per row: a convolution's bias */
-                T ci = beta * C[i * cr];
-                _Pragma("omp simd")
-                for (mt_i j = j0; j < j0 + nc; j++) y[j] += ci;
-            } else if (C) {
-                for (mt_i j = j0; j < j0 + nc; j++) y[j] += beta * C[i * cr + j * cc];
-            }
+            for (mt_i j = j0; j < j0 + nc; j++) y[j] += beta * C[i * cr + j * cc];
             if (clamp) {
                 _Pragma("omp simd")
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] = MT_GEMM_CLAMP(y[j], lo, hi);
@@ -254,6 +359,10 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
     mt_i mc = MT_GEMM_MC, nc = MT_GEMM_NC, threads = 1;
     if (M * N * K > 8 * MT_GEMM_SMALL) threads = mt_threads();
     if (threads > 1) mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, MT_GEMM_MC, MT_GEMM_NC, &mc, &nc);
+    /* One thread, Y one tile wide and A's rows read in place (mt_gemm_tile's `direct`; the packed
+     * rows stay under MR): all rows in one tile, so that B is packed once, not once per MC rows. */
+    else if (N <= nc && ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0)
+        mc = M;
     mt_i mt = (M + mc - 1) / mc, nt = (N + nc - 1) / nc;
     _Pragma("omp parallel for collapse(2) schedule(dynamic) if(threads > 1 && mt * nt > 1)")
     for (mt_i ib = 0; ib < mt; ib++)
@@ -271,5 +380,6 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
 
 #undef MT_GEMM_CLAMP
 #undef MT_GEMM_NR
+#undef MT_GEMM_VL
 #undef MT_GEMM_NC
 #undef MT_GEMM_MAC
