@@ -1,11 +1,12 @@
 """The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
-``conformance``, ``ops``, ``export-c``.
+``conformance``, ``ops``, ``export-c``, ``launch``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
     mithril conformance --backend numpy
     mithril ops Conv
     mithril export-c model.onnx out_dir --shape input=1,3,32,32
+    mithril launch --nproc 4 train.py --epochs 3
 
 Every command exits 0 on success and non-zero otherwise (:data:`EXIT_STATUS`); an error is one
 line on stderr, with the traceback only under ``--debug``; nothing is written into the package's
@@ -418,11 +419,51 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--name", default="model", help="the files' stem and the C API's prefix (default: model)")
     sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
                    add_help=False)
+    sub.add_parser("launch", help="run a script on N processes of one torch.distributed group (torchrun)",
+                   add_help=False)
     o = sub.add_parser("ops", help="which kernel runs an op on each backend, per opset, and where it is defined",
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     o.add_argument("op", nargs="?", help="an op type (Conv); without it, every op with counts per backend")
     o.add_argument("--domain", default=None, help="the op's domain (default: ai.onnx; com.microsoft, ai.onnx.ml...)")
     return p
+
+
+def _launch_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mithril launch", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run SCRIPT on NPROC processes of one torch.distributed process group, through torchrun "
+                    "(python -m torch.distributed.run); inside it, TorchBackend(device_mesh=(NPROC,)) joins the "
+                    "group. When a worker fails, torchrun ends the others and its summary names the first failing "
+                    "rank with its traceback.",
+        epilog="Two hosts, 4 processes each: on the first (rank-0) host\n"
+               "  mithril launch --nproc 4 --nnodes 2 --node-rank 0 --master-addr HOST0 --master-port 29500 train.py\n"
+               "and the same with --node-rank 1 on the second.\n\n"
+               "exit status: 0 every worker succeeded, 1 a worker failed, 2 a usage error.")
+    p.add_argument("--nproc", type=int, required=True, help="processes on this node (one per device)")
+    p.add_argument("--nnodes", default="1", help="nodes (hosts) in all (default 1: this one, torchrun --standalone)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank among the nodes (default 0)")
+    p.add_argument("--master-addr", default=None, help="the rank-0 node's address (several nodes)")
+    p.add_argument("--master-port", type=int, default=None, help="the port the rank-0 node listens on (several nodes)")
+    p.add_argument("--timeout", type=float, default=None, help="end every worker after this many seconds")
+    p.add_argument("script", help="the Python script each process runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return p
+
+
+def cmd_launch(argv: list[str]) -> int:
+    """``mithril launch``: the script through torchrun; 0 when every worker succeeded, 1 when one failed."""
+    from .distributed.launch import run_script
+
+    args = _launch_parser().parse_args(argv)
+    if not os.path.isfile(args.script):
+        raise MithrilError(f"launch: no script {args.script!r}")
+    status = run_script(args.script, args.nproc, args.args, timeout=args.timeout, nnodes=args.nnodes,
+                        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
+    if status != 0:
+        print(f"mithril: launch: a worker of {args.script} failed (exit status {status}); torchrun's summary above "
+              "names the first failing rank", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _report(exc: BaseException, debug: bool) -> None:
@@ -444,10 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     tolerance; conformance: a case failed that is not an expected failure), 2 an error (bad
     arguments or input, an unsupported model, a usage error), 3 an internal error, 130 interrupted."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    launched = argv  # launch passes every argument after the script to it, --debug included
     debug = "--debug" in argv or os.environ.get("MITHRIL_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     try:
+        if launched and launched[0] == "launch":
+            return cmd_launch(launched[1:])
         if argv and argv[0] == "conformance":
             return cmd_conformance(argv[1:])
         args = parser.parse_args(argv)

@@ -5,16 +5,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import os
 import types
 import warnings
 
 import numpy as np
 
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MithrilError
-from ..backend import Backend, check_device_mesh, process_memory_info, warn_user
+from ...distributed.mesh import parse_mesh, split_spec
+from ...errors import (BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MeshError,
+                       MithrilError)
+from ..backend import Backend, process_memory_info, warn_user
 
-# Imported by the first TorchBackend(), so `import mithril` never imports torch.
-torch = txp = None
+# Imported by the first TorchBackend(), so `import mithril` never imports torch; _tmesh (this
+# folder's mesh.py, torch.distributed.tensor) by the first one with a device mesh.
+torch = txp = _tmesh = None
 
 
 def _import_torch() -> None:
@@ -104,6 +108,22 @@ class TorchBackend(Backend):
     device, see :class:`_DataParallel`), "model_parallel" runs on ``devices[0]`` and says so.
     An absent device warns once and runs on the CPU; so does each absent entry of ``devices``.
 
+    ``device_mesh=(N,)`` or ``(a, b)`` (axis names ``axis_names``, by default ``("data",)`` and
+    ``("data", "model")``) runs over a ``torch.distributed`` process group of that many
+    processes, one per device (torchrun, ``mithril launch --nproc N script.py``, or
+    :func:`mithril.distributed.launch.spawn`): the backend joins the group from torchrun's
+    environment (gloo on the CPU, NCCL on CUDA, each process on the GPU of its ``LOCAL_RANK``)
+    and builds a ``DeviceMesh`` with named axes. Arrays split over it are DTensors
+    (``ones(..., tensor_split=(0,))``, :meth:`shard`), and ``ml.compile(..., parallel="data" |
+    "fsdp" | "tensor")`` places parameters and data by its plan (:meth:`place`). The program
+    runs on DTensors, which split each op and insert the collectives; an op DTensor can't split
+    runs on whole tensors (one ``ReplicatedOpsWarning`` listing them). ``evaluate`` returns
+    DTensors, as JAX returns sharded arrays: each acts as the whole tensor, a batch output stays
+    split over the batch, and :meth:`to_numpy` gives the whole array (``full_tensor()``, a
+    collective: every process calls it). Gradients have their parameter's placements (a
+    data-parallel gradient all-reduced, an FSDP one reduce-scattered), so the optimizers update
+    DTensors unchanged.
+
     uint16/uint32/uint64 are reported unsupported (torch has no arithmetic kernels for them);
     strings stay NumPy object arrays and the string kernels run on the host.
 
@@ -119,7 +139,7 @@ class TorchBackend(Backend):
 
     def __init__(self, dtype=None, device=None, compile: bool = False, *, jit: bool | None = None,
                  enable_amp: bool = False, cudnn_benchmark: bool = False, parallel_strategy: str | None = None,
-                 devices: list | None = None, device_mesh=None, **unknown):
+                 devices: list | None = None, device_mesh=None, axis_names=None, **unknown):
         from ... import dtypes
 
         _import_torch()
@@ -129,10 +149,19 @@ class TorchBackend(Backend):
         if jit is not None and compile and not jit:
             raise BackendOptionError("TorchBackend: compile=True asks for torch.compile and jit=False refuses it; "
                                      "give one of them")
-        self.device_mesh = check_device_mesh(self, device_mesh)
+        self.mesh = parse_mesh("TorchBackend", device_mesh, axis_names)
+        self.device_mesh = None if self.mesh is None else self.mesh.shape
+        if self.mesh is not None and parallel_strategy is not None:
+            raise BackendOptionError("TorchBackend: device_mesh= and parallel_strategy= are two ways to use several "
+                                     "devices; give one (device_mesh=(N,) with compile(..., parallel='data') is "
+                                     "data parallel over N processes)")
         self._devices = self._parallel_devices(device, parallel_strategy, devices)
         self.parallel_strategy = parallel_strategy
         self._device = self._devices[0] if self._devices else _parse_device("cpu" if device is None else device)
+        # The torch.distributed DeviceMesh; None on one device (a one-device mesh is the plain path).
+        self._torch_mesh = None
+        if self.mesh is not None and self.mesh.size > 1:
+            self._torch_mesh = self._build_mesh()
         self.xp = txp
         self.jit_by_default = bool(compile or jit)
         self.compile = self.jit_by_default
@@ -147,6 +176,70 @@ class TorchBackend(Backend):
                 warn_user("TorchBackend: cudnn_benchmark=True tunes cuDNN's convolutions, and CUDA is not "
                           "available here; ignored")
         super().__init__(dtype if dtype is not None else dtypes.float32, str(self._device))
+
+    def _build_mesh(self):
+        """The process group's DeviceMesh; on CUDA each process takes the GPU of its LOCAL_RANK."""
+        global _tmesh
+        if _tmesh is None:
+            from . import mesh as _mesh_module
+
+            _tmesh = _mesh_module
+        if self._device.type == "cuda":
+            self._device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self._device)
+        elif self._device.type != "cpu":
+            raise MeshError(f"TorchBackend: device_mesh runs on cpu (gloo) or cuda (NCCL), not {self._device}")
+        return _tmesh.build_mesh(self._device.type, self.mesh)
+
+    # -- device meshes -------------------------------------------------------------------
+    def _on_mesh(self, values, device, device_mesh, tensor_split):
+        if device_mesh is None and tensor_split is None:
+            return self._placed(self.from_numpy(values), device)
+        mesh = self.mesh if device_mesh is None else parse_mesh("TorchBackend", device_mesh)
+        if mesh is None:
+            raise BackendOptionError("TorchBackend: tensor_split needs a device_mesh (on the array or the backend)")
+        if self._torch_mesh is None or mesh.shape != self.mesh.shape:
+            if mesh.size == 1:  # one device: nothing to split
+                return self._placed(self.from_numpy(values), device)
+            raise MeshError(f"TorchBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
+                            f"TorchBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
+        return self.shard(values, split_spec("TorchBackend", self.mesh, np.shape(values), tensor_split))
+
+    def shard(self, value, spec):
+        """``value`` (NumPy or a tensor, the whole array, the same on every process) split over
+        the backend's mesh by ``spec`` (the mesh axis of each dim, None for whole): a DTensor
+        (``distribute_tensor`` with ``Shard(d)`` or ``Replicate()`` per mesh dim)."""
+        if self._torch_mesh is None:
+            raise MeshError("TorchBackend: shard needs a backend with a device_mesh of several devices")
+        return _tmesh.shard(self._torch_mesh, self.mesh, _native(value, self._device).to(self._device), tuple(spec))
+
+    def place(self, values: dict, plan) -> dict:
+        """Parameters or data placed by a :class:`~mithril.distributed.ShardingPlan`: NumPy
+        arrays and plain tensors as DTensors by the plan's spec; DTensors keep the user's
+        placement; strings stay NumPy. Facades (the program's inputs) stay facades."""
+        out = {}
+        for name, v in values.items():
+            t = v.native if isinstance(v, txp.TorchArray) else v
+            if isinstance(t, torch.Tensor):
+                keep = _tmesh.is_dtensor(t)
+            else:  # strings and sequences stay as they are
+                keep = not isinstance(t, (np.ndarray, np.generic)) or np.asarray(t).dtype == object
+            if keep:
+                out[name] = v
+                continue
+            placed = self.shard(t, plan.spec(name) if name in plan.specs else ())
+            out[name] = txp.TorchArray(placed) if isinstance(v, txp.TorchArray) else placed
+        return out
+
+    def per_device_bytes(self, arrays) -> dict:
+        """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold in this process (a DTensor's
+        local shard; each process sees only its own)."""
+        values = arrays.values() if isinstance(arrays, dict) else arrays
+        values = [v.native if isinstance(v, txp.TorchArray) else v for v in values]
+        rank = torch.distributed.get_rank() if self._torch_mesh is not None else 0
+        if self._torch_mesh is None:
+            return {rank: sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))}
+        return {rank: _tmesh.local_bytes(values)}
 
     def _parallel_devices(self, device, strategy, devices) -> list:
         """``devices`` as torch.devices (absent ones warned about once, and replaced by the CPU),
@@ -285,6 +378,8 @@ class TorchBackend(Backend):
             forward = _DataParallel([per_device[d] for d in self._devices], self._devices, main, _batched_outputs(plan))
         elif self.parallel_strategy == "data_parallel" and len(self._devices) > 1:
             forward = _DataParallel([forward] * len(self._devices), self._devices, self._device, _batched_outputs(plan))
+        if self._torch_mesh is not None:
+            forward = _tmesh.OnMesh(forward)
         if self.enable_amp:
             declared = {v.name: txp.TO_TORCH.get(v.dtype) for v in plan.outputs if v.dtype is not None}
             # A float16/bfloat16 backend's graph already computes in its dtype (backends/precision.py):
@@ -296,8 +391,15 @@ class TorchBackend(Backend):
 
     def jit(self, forward, options: dict | None = None):
         """``torch.compile`` of the whole forward; ``options`` are torch.compile's keyword
-        arguments (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ``disable``)."""
-        return _Compiled(forward, self.check_jit_options(options))
+        arguments (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ``disable``).
+        On a device mesh the program runs eagerly (one warning): its DTensor ops go through a
+        torch function mode that torch.compile is not asked to trace."""
+        options = self.check_jit_options(options)
+        if self._torch_mesh is not None:
+            warn_user("TorchBackend: on a device mesh the program runs eagerly over DTensors (torch.compile is not "
+                      "used)")
+            return forward
+        return _Compiled(forward, options)
 
     # -- devices, memory -----------------------------------------------------------------
     def to_device(self, x, device):
@@ -345,14 +447,19 @@ class TorchBackend(Backend):
                 if t is None or not t.requires_grad or g is None:
                     continue
                 roots.append(t)
-                cots.append(_native(g, self._device))  # evaluate checked its dtype and shape: no cast, no broadcast
+                g = _native(g, self._device)  # evaluate checked its dtype and shape: no cast, no broadcast
+                if self._torch_mesh is not None:  # a cotangent placed as its output is
+                    g = _tmesh.like_output(g, t)
+                cots.append(g)
             if roots:
                 grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
             else:
                 grads = [None] * len(leaves)
         out = {k: v.native.detach() if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
-        return out, {k: g if g is not None else torch.zeros_like(leaf).detach()
-                     for (k, leaf), g in zip(leaves.items(), grads)}
+        grads = {k: g if g is not None else torch.zeros_like(leaf).detach() for (k, leaf), g in zip(leaves.items(), grads)}
+        if self._torch_mesh is not None:  # each gradient placed as its parameter: all-reduced or reduce-scattered
+            grads = {k: _tmesh.like(g, leaves[k]) for k, g in grads.items()}
+        return out, grads
 
     def checkpoint(self, fn, *args):
         """``torch.utils.checkpoint`` (non-reentrant) of a segment of the generated forward

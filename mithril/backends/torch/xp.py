@@ -111,7 +111,14 @@ def tensor_from_numpy(arr: np.ndarray, device=None) -> torch.Tensor:
     return t if dev.type == "cpu" else t.to(dev)
 
 
+# torch.distributed.tensor.DTensor once a TorchBackend has a device mesh (mesh.py sets it; the
+# import costs 0.7 s, so a plain backend never pays it): NumPy sees a DTensor's whole array.
+_DTENSOR = None
+
+
 def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    if _DTENSOR is not None and isinstance(t, _DTENSOR):
+        t = t.full_tensor()
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -252,7 +259,7 @@ def _ints(shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         return (int(shape),)
     if isinstance(shape, TorchArray):
-        return tuple(shape.native.reshape(-1).tolist())
+        return tuple(tensor_to_numpy(shape.native).reshape(-1).tolist())
     if isinstance(shape, np.ndarray):
         return tuple(shape.reshape(-1).tolist())
     return tuple(int(s) for s in shape)
@@ -393,22 +400,27 @@ class TorchArray:
             raise TypeError("iteration over a 0-d array")
         return (TorchArray(t) for t in self.native.unbind(0))
 
+    def _whole(self) -> torch.Tensor:
+        """The tensor, or a DTensor's whole value (a shard or a pending sum is not the value)."""
+        t = self.native
+        return t.full_tensor() if _DTENSOR is not None and isinstance(t, _DTENSOR) else t
+
     def __bool__(self) -> bool:
-        return bool(self.native)
+        return bool(self._whole())
 
     def __int__(self) -> int:
-        return int(self.native.item())
+        return int(self._whole().item())
 
     def __float__(self) -> float:
-        return float(self.native.item())
+        return float(self._whole().item())
 
     def __complex__(self) -> complex:
-        return complex(self.native.item())
+        return complex(self._whole().item())
 
     def __index__(self) -> int:
         if self.native.dtype.is_floating_point:
             raise TypeError("only integer arrays can be converted to an index")
-        return int(self.native.item())
+        return int(self._whole().item())
 
     def __round__(self, ndigits=None):
         return builtins.round(self.item(), ndigits)

@@ -1,0 +1,203 @@
+"""TorchBackend's device mesh: ``torch.distributed``'s ``DeviceMesh`` and DTensor placements.
+
+One process per device (torchrun, ``mithril launch``, or
+:func:`mithril.distributed.launch.spawn`): the mesh spans the process group, and an array split
+over it is a ``DTensor`` whose placements (``Shard(d)`` or ``Replicate()`` per mesh dim) come
+from Mithril's per-dim spec. Nothing here partitions a program: DTensor does, op by op, from
+its inputs' placements, inserting the collectives (all-reduce, all-gather, reduce-scatter);
+this module builds the mesh, places arrays on it, and runs the ops DTensor has no sharding rule
+for on whole (replicated) tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.overrides import TorchFunctionMode
+
+from ...distributed.mesh import DeviceMesh, Spec
+from ...errors import MeshError, ReplicatedOpsWarning
+from . import xp as _xp
+
+_xp._DTENSOR = DTensor  # the facade gives NumPy the whole array of a DTensor
+
+
+def _how_to_launch(mesh: DeviceMesh) -> str:
+    return (f"start one process per device: torchrun --nproc-per-node {mesh.size} script.py, or "
+            f"mithril launch --nproc {mesh.size} script.py (from Python: "
+            f"mithril.distributed.launch.spawn(fn, {mesh.size}))")
+
+
+def join_process_group(mesh: DeviceMesh, device_type: str) -> None:
+    """The default process group, initialized from torchrun's environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) where nobody has yet: gloo on the CPU,
+    NCCL on CUDA. Its size must be the mesh's."""
+    if not dist.is_available():
+        raise MeshError(f"TorchBackend: device_mesh={mesh.shape} needs torch.distributed, which this torch build "
+                        f"lacks")
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise MeshError(f"TorchBackend: device_mesh={mesh.shape} runs over {mesh.size} processes, and this "
+                            f"process is not one of a process group (no torch.distributed process group, no "
+                            f"RANK/WORLD_SIZE in the environment): {_how_to_launch(mesh)}")
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    world = dist.get_world_size()
+    if world != mesh.size:
+        raise MeshError(f"TorchBackend: device_mesh={mesh.shape} needs {mesh.size} processes, but the process group "
+                        f"has {world}: {_how_to_launch(mesh)}")
+
+
+def build_mesh(device_type: str, mesh: DeviceMesh):
+    """``torch.distributed.device_mesh.init_device_mesh`` over the process group, named axes."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    join_process_group(mesh, device_type)
+    return init_device_mesh(device_type, mesh.shape, mesh_dim_names=mesh.axis_names)
+
+
+def placements(mesh: DeviceMesh, spec: Spec) -> tuple:
+    """Per mesh axis: ``Shard(d)`` for the array dim ``d`` the spec splits over it, else ``Replicate()``."""
+    return tuple(next((Shard(d) for d, a in enumerate(spec) if a == axis), Replicate()) for axis in mesh.axis_names)
+
+
+def is_dtensor(value) -> bool:
+    return isinstance(value, DTensor)
+
+
+def shard(tmesh, mesh: DeviceMesh, value: torch.Tensor, spec: Spec) -> DTensor:
+    """``value`` (the whole array, the same on every rank: rank 0's is scattered) as a DTensor
+    split by ``spec``."""
+    return distribute_tensor(value, tmesh, placements(mesh, spec))
+
+
+def no_partial(value):
+    """A DTensor with a pending sum (``Partial``) reduced to whole (``Replicate``) on that axis;
+    anything else as it is. Outputs handed to users hold no pending sums."""
+    if isinstance(value, DTensor) and any(p.is_partial() for p in value.placements):
+        return value.redistribute(value.device_mesh, [Replicate() if p.is_partial() else p for p in value.placements])
+    return value
+
+
+def like(grad, param):
+    """``grad`` with ``param``'s placements (a data-parallel gradient's pending sum becomes an
+    all-reduce, a sharded parameter's a reduce-scatter), so an optimizer meets equal placements."""
+    if isinstance(param, DTensor):
+        if not isinstance(grad, DTensor):
+            return DTensor.from_local(grad, param.device_mesh, [Replicate()] * param.device_mesh.ndim,
+                                      run_check=False).redistribute(param.device_mesh, param.placements)
+        if tuple(grad.placements) != tuple(param.placements):
+            return grad.redistribute(param.device_mesh, param.placements)
+    return grad
+
+
+def like_output(cotangent, output):
+    """A cotangent (a whole tensor, the same on every process) placed as its DTensor output is
+    (a pending sum counts as whole)."""
+    if isinstance(output, DTensor) and not isinstance(cotangent, DTensor):
+        whole = [Replicate() if p.is_partial() else p for p in output.placements]
+        return distribute_tensor(cotangent, output.device_mesh, whole)
+    return cotangent
+
+
+def local_bytes(values) -> int:
+    """Bytes this process holds of ``values``: a DTensor's local shard, a tensor's whole."""
+    total = 0
+    for v in values:
+        t = v.to_local() if isinstance(v, DTensor) else v
+        if isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _is_missing_rule(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "sharding strategy" in text or "sharding propagation" in text or "does not have a sharding" in text
+
+
+class MeshMode(TorchFunctionMode):
+    """The torch ops of a program over DTensors. A plain tensor that meets a DTensor (a constant,
+    positions made by Range, a value computed on the host) becomes a replicated DTensor: the
+    same on every process, as each process computed it. (DTensor's own ``implicit_replication``
+    does this only inside each op, and loses gradients: ``index_select``'s backward of a
+    pending-sum gradient with a plain index came out zero, torch 2.13.) An op DTensor can't split
+    (no sharding rule) runs on whole tensors: its DTensor arguments redistributed to
+    ``Replicate()``, the op on the local (whole) tensors, its tensor outputs replicated DTensors;
+    autograd follows (``to_local``/``from_local`` are differentiable). Those ops are collected
+    in ``ops``."""
+
+    def __init__(self, ops: set):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tmesh = _mesh_of(args, kwargs)
+        if tmesh is None:
+            return func(*args, **kwargs)
+        whole = [Replicate()] * tmesh.ndim
+
+        def replicated(v):
+            if isinstance(v, torch.Tensor) and not isinstance(v, DTensor):
+                return DTensor.from_local(v, tmesh, whole, run_check=False)
+            if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+                return type(v)(replicated(x) for x in v)
+            return v
+
+        args, kwargs = replicated(args), {k: replicated(v) for k, v in kwargs.items()}
+        try:
+            return func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as exc:
+            if not _is_missing_rule(exc):
+                raise
+        self.ops.add(getattr(func, "__name__", str(func)))
+
+        def local(v):
+            if isinstance(v, DTensor):
+                return v.redistribute(tmesh, whole).to_local()
+            if isinstance(v, (list, tuple)):
+                return type(v)(local(x) for x in v)
+            return v
+
+        out = func(*local(args), **{k: local(v) for k, v in kwargs.items()})
+        return replicated(out)
+
+
+def _mesh_of(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, DTensor):
+            return v.device_mesh
+        if isinstance(v, (list, tuple)):
+            m = _mesh_of(v, {})
+            if m is not None:
+                return m
+    return None
+
+
+class OnMesh:
+    """The generated forward over DTensors, under :class:`MeshMode` (plain tensors meeting
+    DTensors are replicated ones; ops without a sharding rule run replicated, one
+    :class:`ReplicatedOpsWarning` per program listing them); outputs hold no pending sums."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.ops: set = set()
+        self._warned: set = set()
+
+    def __call__(self, params, data):
+        with MeshMode(self.ops):
+            out = self.forward(params, data)
+        new = self.ops - self._warned
+        if new:
+            self._warned |= new
+            warnings.warn(f"TorchBackend: DTensor has no sharding rule for {', '.join(sorted(new))}: "
+                          f"{'these ops run' if len(new) > 1 else 'this op runs'} on whole (replicated) tensors, "
+                          f"gathered from their shards", ReplicatedOpsWarning, stacklevel=2)
+        return {k: _xp.TorchArray(no_partial(v.native)) if isinstance(v, _xp.TorchArray) else v
+                for k, v in out.items()}
+
+
+__all__ = ["DTensor", "OnMesh", "Partial", "build_mesh", "like", "local_bytes", "no_partial", "placements", "shard"]

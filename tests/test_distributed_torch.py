@@ -1,0 +1,245 @@
+"""TorchBackend on a device mesh (torch.distributed, DTensor): 2 local gloo processes train the
+zoo's MLP under data, fsdp and tensor parallelism, and each run equals one process's; the
+launcher ends its workers and names the failing rank.
+
+Every test that starts processes bounds them with a timeout (spawn's, <= 120 s)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import mithril as ml
+import models_zoo
+from mithril.distributed.launch import WorkerError, spawn, torchrun_command
+from mithril.errors import MeshError, ReplicatedOpsWarning
+from mithril.models import CrossEntropy, Mean, Model, TrainModel, Transpose
+from mithril.optimizers import SGD, Adam, fit
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
+
+NPROC, STEPS = 2, 20
+TIMEOUT = 120
+
+
+def _mlp_case():
+    """The zoo's MLP on 8 x 12 batches labelled by a linear teacher (learnable)."""
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((12, 4))
+    xs = [rng.standard_normal((8, 12)).astype(np.float32) for _ in range(4)]
+    batches = [{"input": xs[i % 4], "target": (xs[i % 4] @ teacher).argmax(1)} for i in range(STEPS)]
+    return (lambda: models_zoo.mlp((16, 8, 4))), {"input": [8, 12], "target": [8]}, batches, Adam(1e-2)
+
+
+def _gpt_case():
+    """The zoo's GPT (1 layer, 2 heads, 16 dims) learning each token's successor (a layer of
+    DTensor ops takes about 10 s of 20 steps on 2 processes here)."""
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 32, (2, 8)) for _ in range(4)]
+    batches = [{"input": ids[i % 4], "target": (ids[i % 4] + 1) % 32} for i in range(STEPS)]
+
+    def build():  # logits [N, T, vocab] -> [N, vocab, T]: CrossEntropy's classes are on axis 1
+        gpt = models_zoo.create_gpt(bias=True, block_size=8, dims=16, num_heads=2, num_layers=1, vocab_size=32)
+        model = Model()
+        model |= gpt(input="input", output="logits")
+        model += Transpose(axes=(0, 2, 1))(output="output")
+        return model
+
+    # SGD: Adam divides a gradient that is zero in exact arithmetic (attention's key bias) by its
+    # own scale, so float noise would become steps.
+    return build, {"input": [2, 8], "target": [2, 8]}, batches, SGD(0.1, momentum=0.9)
+
+
+CASES = {"mlp": _mlp_case, "gpt": _gpt_case}
+
+
+def _train(case, parallel=None):
+    """20 steps of ``case``: (losses, final parameters as NumPy, bytes of parameters this process
+    holds, replicated-op warnings). On one process without ``parallel``."""
+    build, shapes, batches, optimizer = CASES[case]()
+    backend = ml.TorchBackend(device_mesh=None if parallel is None else (NPROC,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tm = TrainModel(build())
+        tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+        pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"},
+                        **({} if parallel is None else {"parallel": parallel}))
+        params = pm.randomize_params()  # the backend's seed 0 on every process
+        held = sum(backend.per_device_bytes(params).values())
+        data = [{k: backend.from_numpy(v) for k, v in b.items()} for b in batches]
+        params, _, losses = fit(pm, params, lambda epoch: data, optimizer, 1, progress=False)
+    final = {k: backend.to_numpy(v) for k, v in sorted(params.items())}
+    ops = [str(w.message) for w in caught if issubclass(w.category, ReplicatedOpsWarning)
+           and "no sharding rule" in str(w.message)]  # ops run replicated (not compile's whole parameters)
+    return np.array(losses), final, held, ops
+
+
+_reference: dict = {}
+
+
+def _one_process(case):
+    if case not in _reference:
+        _reference[case] = _train(case)
+    return _reference[case]
+
+
+@pytest.mark.parametrize("parallel", ["data", "fsdp", "tensor"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_strategy_trains_as_one_process(case, parallel):
+    want_losses, want_params, whole_bytes, _ = _one_process(case)
+    results = spawn(_train, NPROC, args=(case, parallel), timeout=TIMEOUT)
+    for rank, (losses, params, held, ops) in enumerate(results):
+        assert len(losses) == STEPS and losses[-1] < losses[0]
+        np.testing.assert_allclose(losses, want_losses, rtol=1e-5, err_msg=f"rank {rank}")
+        for k, v in want_params.items():
+            np.testing.assert_allclose(params[k], v, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {k}")
+        if parallel == "data":
+            assert held == whole_bytes
+        elif parallel == "fsdp":  # every weight and bias of the MLP has a dim divisible by 2
+            assert held == whole_bytes // NPROC, (held, whole_bytes)
+        else:
+            assert held < whole_bytes
+        assert not ops, ops  # DTensor splits every op of the MLP and the GPT: none ran replicated
+
+
+# -- meshes, sharded arrays, evaluate -------------------------------------------------------------------
+def _mesh_worker():
+    """On 2 processes: sharded creation, evaluate over a sharded batch (DTensor outputs that equal
+    one process's), the replicated fallback, and the mesh errors."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from mithril.backends.torch.mesh import MeshMode
+
+    backend = ml.TorchBackend(device_mesh=(NPROC,))
+    assert backend.mesh.axis_names == ("data",) and backend.device_mesh == (NPROC,)
+    x = backend.ones(8, 6, device_mesh=(NPROC,), tensor_split=(0,))
+    assert isinstance(x, DTensor) and tuple(x.to_local().shape) == (4, 6) and backend.to_numpy(x).sum() == 48
+    cols = backend.randn(4, 6, tensor_split=(1,))
+    assert tuple(cols.to_local().shape) == (4, 3) and backend.to_numpy(cols).shape == (4, 6)
+    whole = backend.zeros(3, 5, tensor_split=(None,))
+    assert tuple(whole.to_local().shape) == (3, 5)
+    errors = []
+    for bad in (lambda: backend.ones(5, 2, tensor_split=(0,)), lambda: backend.ones(4, 2, device_mesh=(4,)),
+                lambda: ml.TorchBackend(device_mesh=(4,))):
+        try:
+            bad()
+        except MeshError as exc:
+            errors.append(str(exc))
+
+    model = models_zoo.mlp((16, 4))
+    pm = ml.compile(model, backend, shapes={"input": [8, 12]})
+    params = pm.randomize_params()
+    data = np.random.default_rng(0).standard_normal((8, 12)).astype(np.float32)
+    out = pm.evaluate(params, {"input": backend.shard(data, ("data", None))})["output"]
+    placement = tuple(out.placements)
+    single = ml.compile(model, ml.TorchBackend(), shapes={"input": [8, 12]})
+    want = single.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
+    from_numpy = pm.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
+
+    ops: set = set()
+    with MeshMode(ops):  # torch.unique has no sharding rule: it runs on the whole tensor
+        u = torch.unique(backend.shard(np.array([3.0, 1.0, 3.0, 2.0]), ("data",)))
+    return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
+            "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops,
+            "unique": backend.to_numpy(u)}
+
+
+def test_mesh_arrays_and_evaluate():
+    for got in spawn(_mesh_worker, NPROC, timeout=TIMEOUT):
+        bad_split, other_mesh, too_big = got["errors"]
+        assert "shape (5, 2) can't be split on dim 0 (5) over mesh axis 'data' of 2 devices" in bad_split
+        assert "needs a backend on that mesh: TorchBackend(device_mesh=(4,))" in other_mesh
+        assert "device_mesh=(4,) needs 4 processes, but the process group has 2" in too_big
+        assert "torchrun --nproc-per-node 4" in too_big and "mithril launch --nproc 4" in too_big
+        assert got["placement"]  # the output follows the batch: split on dim 0
+        np.testing.assert_allclose(got["out"], got["want"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["from_numpy"], got["want"], rtol=1e-6, atol=1e-6)
+        assert got["ops"] == {"unique"} and got["unique"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_mesh_outside_a_process_group_says_how_to_launch(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(MeshError, match=r"device_mesh=\(2,\) runs over 2 processes.*torchrun --nproc-per-node 2 "
+                                        r"script.py, or mithril launch --nproc 2 script.py"):
+        ml.TorchBackend(device_mesh=(2,))
+    one = ml.TorchBackend(device_mesh=(1,))  # a one-device mesh is the plain path: no process group
+    assert one.mesh.size == 1 and isinstance(one.ones(2, tensor_split=None), torch.Tensor)
+    with pytest.raises(ml.errors.BackendOptionError, match="give one"):
+        ml.TorchBackend(device_mesh=(2,), parallel_strategy="data_parallel")
+
+
+# -- the launcher ---------------------------------------------------------------------------------------
+def _fail_on_rank_1(seconds):
+    import time
+
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one is broken")
+    time.sleep(seconds)
+    return os.environ["RANK"]
+
+
+def test_spawn_ends_the_workers_and_names_the_failing_rank():
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: rank one is broken") as info:
+        spawn(_fail_on_rank_1, NPROC, args=(60,), timeout=TIMEOUT)
+    assert info.value.rank == 1 and "_fail_on_rank_1" in info.value.traceback
+    assert time.monotonic() - start < 30  # rank 0 (sleeping 60 s) was ended, not waited for
+    with pytest.raises(WorkerError, match=r"ran past the timeout of 2 s on rank\(s\) \[0, 1\]"):
+        spawn(_sleep, NPROC, args=(60,), timeout=2)
+    assert time.monotonic() - start < 60
+
+
+def _sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+
+
+def test_launch_command_line(tmp_path):
+    """``mithril launch`` runs a script on 2 processes through torchrun; a failing rank ends
+    the others (rank 0 would sleep 60 s) and torchrun's summary names it."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        import mithril as ml
+        backend = ml.TorchBackend(device_mesh=(2,))
+        x = backend.ones(4, 3, tensor_split=(0,))
+        with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
+            print(f"holds {tuple(x.to_local().shape)} of {float(backend.to_numpy(x).sum())}", sys.argv[2:], file=f)
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank one is broken")
+        time.sleep(60)
+    """))
+    failed = subprocess.run([sys.executable, "-m", "mithril", "launch", "--nproc", "2", "--timeout", "100", str(script),
+                             str(tmp_path), "--debug"], capture_output=True, text=True, timeout=TIMEOUT)
+    for rank in (0, 1):  # both joined the group and split an array; the script's arguments reached them
+        said = (tmp_path / f"rank{rank}.txt").read_text()
+        assert said == "holds (2, 3) of 12.0 ['--debug']\n", failed.stderr[-2000:]
+    assert failed.returncode == 1
+    root = failed.stderr[failed.stderr.index("Root Cause"):]
+    assert "rank      : 1" in root and "ValueError: rank one is broken" in root
+
+
+def test_torchrun_command_for_several_hosts():
+    cmd = torchrun_command("train.py", ["--epochs", "3"], nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1",
+                           master_port=29500)
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--node-rank=1",
+                       "--master-addr=10.0.0.1", "--master-port=29500", "-m", "mithril.distributed.launch",
+                       "train.py", "--epochs", "3"]
+    assert "--standalone" in torchrun_command("train.py", nproc=2)
+    with pytest.raises(ml.errors.MithrilError, match="--master-port 0"):
+        torchrun_command("train.py", nproc=2, nnodes=2, master_addr="h", master_port=0)
+    with pytest.raises(ml.errors.MithrilError, match="needs --master-addr"):
+        torchrun_command("train.py", nproc=2, nnodes=2)
