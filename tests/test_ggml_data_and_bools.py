@@ -210,3 +210,47 @@ def test_pad_expand_tile_shrink_and_dropout_mask():
     np.testing.assert_array_equal(got["shrink"], np.where(x < -1.5, x + 0.5, np.where(x > 1.5, x - 0.5, 0)))
     np.testing.assert_array_equal(got["drop"], x)
     assert got["mask"].dtype == np.bool_ and got["mask"].all()
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(mode="nearest", coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil"),
+    dict(mode="linear", coordinate_transformation_mode="align_corners"),
+    dict(mode="cubic", coordinate_transformation_mode="half_pixel", exclude_outside=1, cubic_coeff_a=-0.5),
+    dict(mode="linear", antialias=1),
+    dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.0),
+    dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.0),
+])
+def test_resize_matches_the_numpy_kernel(attrs):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    roi = np.array([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32)
+    node = helper.make_node("Resize", ["x", "roi", "", "sizes"], ["y"], **attrs)
+    model = _model([node], [("x", TensorProto.FLOAT, [2, 3, 5, 6]), ("roi", TensorProto.FLOAT, [8]),
+                            ("sizes", TensorProto.INT64, [4])], [("y", TensorProto.FLOAT, None)], opset=19)
+    data = {"x": x, "roi": roi, "sizes": np.array([2, 3, 4, 9])}
+    shapes = {k: list(v.shape) for k, v in data.items()}
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True, shapes=shapes).evaluate({}, data)["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, data)["y"]
+    assert got.shape == want.shape == (2, 3, 4, 9)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_float16_and_bfloat16_casts_are_made_by_ggml():
+    import ml_dtypes
+
+    x = np.array([1.0, 1 + 2 ** -11, 65504.0, 1e5, -3.14159, np.inf, np.nan, 2 ** -20], np.float32)
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["x"], ["b"], to=TensorProto.BFLOAT16),
+             helper.make_node("Cast", ["h"], ["back"], to=TensorProto.FLOAT),
+             helper.make_node("CastLike", ["hin", "x"], ["widened"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [8]), ("hin", TensorProto.FLOAT16, [8])],
+                   [("h", TensorProto.FLOAT16, [8]), ("b", TensorProto.BFLOAT16, [8]),
+                    ("back", TensorProto.FLOAT, [8]), ("widened", TensorProto.FLOAT, [8])])
+    with np.errstate(over="ignore"):  # 1e5 is inf in float16
+        hin = x.astype(np.float16)
+    got = _strict(model).evaluate({}, {"x": x, "hin": hin})
+    assert got["h"].dtype == np.float16 and got["b"].dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got["h"], hin)  # round to nearest even, subnormals and overflow too
+    np.testing.assert_array_equal(got["b"].astype(np.float32), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(got["back"], hin.astype(np.float32))
+    np.testing.assert_array_equal(got["widened"], hin.astype(np.float32))

@@ -23,8 +23,8 @@ import numpy as np
 
 from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue, reads_of
-from .ops import BOOL, F32, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
-from .ops import elementwise, movement, nn  # noqa: F401 - the families register their rules
+from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
+from .ops import elementwise, image, movement, nn  # noqa: F401 - the families register their rules
 from .quantize import QuantizedTensor
 
 
@@ -62,6 +62,8 @@ def why_not_ggml(pn: PlanNode, pending: frozenset | set = frozenset()) -> str | 
             later = True
     for i, v in enumerate(pn.inputs):
         if v is None or i in rule.folded:
+            continue
+        if i in rule.dtype_only:  # only its type is read
             continue
         problem = _why_not_value(v, INDEX_DTYPES if i in rule.indices else rule.dtypes, v in pending)
         if problem:
@@ -214,8 +216,8 @@ class DeferredGGMLProgram:
         # The built program's reports (memory_report, quantization_report, segments...).
         if name.startswith("_") or name in ("current", "plan", "bound"):
             raise AttributeError(name)
-        if self.current is None:
-            raise MithrilError(f"GGMLBackend builds this program at its first evaluate (inputs "
+        if self.current is None:  # an AttributeError: getattr(program, name, default) still answers
+            raise AttributeError(f"GGMLBackend builds this program at its first evaluate (inputs "
                                f"{[v.name for v in self.bound]} are read when the ggml graph is made): "
                                f"{name} is known after it")
         return getattr(self.current, name)
@@ -294,6 +296,9 @@ class GGMLProgram:
         self.fallback = [s for s in self.steps if not isinstance(s, Segment)]
         self.segments = [s for s in self.steps if isinstance(s, Segment)]
         self._interpreter = Interpreter(plan)
+        # How a result's bytes read, by ggml type (float32 unless listed).
+        self._result_types = {int(ggml.GGML_TYPE_I32): np.dtype(np.int32),
+                              **{int(getattr(ggml, name)): dtype for name, dtype in HALF.items()}}
         self._weights: dict[tuple[PlanValue, str], _Weight] = {}
         self._constants: list[np.ndarray] = []
         self._find_io()
@@ -344,7 +349,7 @@ class GGMLProgram:
             for pn in seg.nodes:
                 rule = OPS[(pn.domain, pn.op_type)]
                 for i, v in enumerate(pn.inputs):
-                    if v is None or i in rule.folded or v in produced:
+                    if v is None or i in rule.folded or i in rule.dtype_only or v in produced:
                         continue
                     target = seg.weights if v.kind in ("param", "constant") and i not in rule.indices else seg.inputs
                     if v not in target:
@@ -356,9 +361,16 @@ class GGMLProgram:
     def _build(self, seg: Segment, graph_size: int) -> None:
         ggml = _ggml()
         tensors: dict[PlanValue, Any] = {}
+        half = {dtype: name for name, dtype in HALF.items()}
         for v in seg.inputs:
-            dtype = np.dtype(np.int32) if v.dtype in INDEX_DTYPES else F32
-            t = self._new_tensor(v.static_shape, ggml.GGML_TYPE_I32 if dtype == np.int32 else ggml.GGML_TYPE_F32)
+            # Indices as int32; a float16 or bfloat16 input as it is (a Cast converts it); else float32.
+            if v.dtype in half:
+                dtype, type_ = v.dtype, getattr(ggml, half[v.dtype])
+            elif v.dtype in INDEX_DTYPES:
+                dtype, type_ = np.dtype(np.int32), ggml.GGML_TYPE_I32
+            else:
+                dtype, type_ = F32, ggml.GGML_TYPE_F32
+            t = self._new_tensor(v.static_shape, type_)
             stage = np.zeros(v.static_shape, dtype)
             t.contents.data = stage.ctypes.data
             ggml.ggml_set_input(t)
@@ -632,9 +644,9 @@ class GGMLProgram:
                                f"in segment {seg.index}")
         for v, t in seg.results.items():
             n = prod(v.static_shape)
-            i32 = t.contents.type == ggml.GGML_TYPE_I32
-            raw = ((ctypes.c_int32 if i32 else ctypes.c_float) * n).from_address(t.contents.data)
-            out = np.frombuffer(raw, dtype=np.int32 if i32 else np.float32, count=n).reshape(v.static_shape)
+            dtype = self._result_types.get(int(t.contents.type), F32)
+            raw = (ctypes.c_uint8 * (n * dtype.itemsize)).from_address(t.contents.data)
+            out = np.frombuffer(raw, dtype=dtype, count=n).reshape(v.static_shape)
             # A bool back from float32 0/1; an integer from its exact float32 (or int32) value.
             env[v] = out != 0 if v.dtype == BOOL else out.astype(v.dtype)
         del keep

@@ -39,6 +39,16 @@ BOOL = np.dtype(np.bool_)  # held as float32 0.0 / 1.0 inside ggml, converted at
 # which would not wrap as the integer type does) take them as float32.
 SMALL_INTS = (np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.uint8), np.dtype(np.uint16))
 EXACT = (F32, BOOL, *SMALL_INTS)  # what data movement and comparisons take
+
+
+def _bfloat16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+# Half types ggml stores as they are (a Cast's input or output): name -> NumPy dtype.
+HALF = {"GGML_TYPE_F16": np.dtype(np.float16), "GGML_TYPE_BF16": _bfloat16()}
 INDEX_DTYPES = frozenset({np.dtype(np.int64), np.dtype(np.int32)})
 
 
@@ -67,13 +77,14 @@ class GGMLOp:
     folded: tuple[int, ...]
     indices: tuple[int, ...]
     dtypes: frozenset = frozenset({np.dtype(np.float32)})  # of the other inputs and the outputs
+    dtype_only: tuple[int, ...] = ()  # inputs read for their dtype alone (CastLike's target)
 
 
 OPS: dict[tuple[str, str], GGMLOp] = {}
 
 
 def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...] = (), indices: tuple[int, ...] = (),
-            dtypes=(F32,)):
+            dtypes=(F32,), dtype_only: tuple[int, ...] = ()):
     """Registers ``build`` (and ``check``) for each of ``op_types``. ``dtypes``: the types its
     inputs (but ``folded`` and ``indices``) and outputs may have; a bool is held as float32 0/1
     inside a ggml graph (:data:`BOOL`)."""
@@ -81,7 +92,7 @@ def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...
     def register(build):
         for op_type in op_types:
             OPS[(domain, op_type)] = GGMLOp(op_type, domain, build, check, tuple(folded), tuple(indices),
-                                            frozenset(np.dtype(d) for d in dtypes))
+                                            frozenset(np.dtype(d) for d in dtypes), tuple(dtype_only))
         return build
 
     return register
@@ -191,5 +202,5 @@ class Builder:
         return self.ggml.ggml_repeat_4d(self.ctx, x, *n)
 
 
-__all__ = ["BOOL", "Builder", "EXACT", "GGMLOp", "INDEX_DTYPES", "MAX_DIMS", "OPS", "SMALL_INTS", "const_value",
+__all__ = ["BOOL", "Builder", "EXACT", "GGMLOp", "HALF", "INDEX_DTYPES", "MAX_DIMS", "OPS", "SMALL_INTS", "const_value",
            "ggml_axis", "ggml_op", "ne"]

@@ -11,7 +11,7 @@ from math import prod
 
 import numpy as np
 
-from . import BOOL, EXACT, F32, SMALL_INTS, Builder, const_value, ggml_op
+from . import BOOL, EXACT, F32, HALF, SMALL_INTS, Builder, const_value, ggml_op
 
 
 def operand(pn, i: int, g: Builder):
@@ -207,14 +207,24 @@ def _check_same_dtype(pn) -> str | None:
     # why_not_ggml has checked float32, bool or small integers in and out: the same dtype is a
     # copy, bool or an integer to float32 too (exact), float32 to bool a test.
     src, dst = pn.inputs[0].dtype, pn.outputs[0].dtype
+    half = tuple(HALF.values())
+    if src in half or dst in half:  # ggml converts float32 to and from float16 or bfloat16
+        return None if F32 in (src, dst) or src == dst else f"a cast from {src} to {dst}"
     if dst == src or dst == F32 or BOOL in (src, dst):
         return None
     return f"a cast from {src} to {dst}"
 
 
-@ggml_op("Cast", "CastLike", check=_check_same_dtype, dtypes=EXACT)
+@ggml_op("Cast", "CastLike", check=_check_same_dtype, dtypes=(*EXACT, *HALF.values()), dtype_only=(1,))
 def cast(pn, g: Builder):
     x = operand(pn, 0, g)
+    types = {dtype: getattr(g.ggml, name) for name, dtype in HALF.items()}
+    src, dst = pn.inputs[0].dtype, pn.outputs[0].dtype
+    if src in types or dst in types:  # a half input stays half until here (a constant is float32)
+        want = types.get(dst, g.ggml.GGML_TYPE_F32)
+        if x.contents.type != want:
+            return g.ggml.ggml_cast(g.ctx, g.contiguous(x), want)
+        return g.ggml.ggml_cont(g.ctx, x)
     if pn.outputs[0].dtype == BOOL and pn.inputs[0].dtype != BOOL:  # x != 0, NaN included
         gg, ctx = g.ggml, g.ctx
         x = g.contiguous(x)
