@@ -24,7 +24,8 @@ import numpy as np
 from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue, reads_of
 from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
-from .ops import elementwise, image, movement, nn  # noqa: F401 - the families register their rules
+# The families register their rules when imported.
+from .ops import attention, elementwise, image, movement, nn, recurrent  # noqa: F401
 from .quantize import QuantizedTensor
 
 

@@ -1,12 +1,14 @@
 """ggml rules, Python side: for each ONNX op, when a node can run in ggml and the ggml calls
 that build it.
 
-A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`) registers its ops with
-:func:`ggml_op` when it is imported (:mod:`mithril.backends.ggml.program` imports them all; this
-package holds only the registry and the :class:`Builder`). A rule has two parts:
-``check(pn)`` says why a node cannot run in ggml (None when it can) beyond what
-:func:`mithril.backends.ggml.program.why_not_ggml` checks for every node (static shapes, at most
-four dims, float32 activations), and ``build(pn, g)`` returns the node's output tensors, made
+A family module (:mod:`.elementwise`, :mod:`.movement`, :mod:`.nn`, :mod:`.attention`,
+:mod:`.recurrent`, :mod:`.image`) registers its ops with :func:`ggml_op` when it is imported
+(:mod:`mithril.backends.ggml.program` imports them all; this package holds only the registry
+and the :class:`Builder`). A rule has two parts: ``check(pn)`` says why a node cannot run in
+ggml (None when it can) beyond what :func:`mithril.backends.ggml.program.why_not_ggml` checks
+for every node (static shapes, at most four dims, the dtypes the rule takes: float32 by
+default; bools as float32 0/1 and int8/int16/uint8/uint16 as exact float32 where a rule says
+so), and ``build(pn, g)`` returns the node's output tensors, made
 with ggml calls through the :class:`Builder` ``g``::
 
     @ggml_op("Relu")
@@ -18,8 +20,9 @@ non-contiguous operand, more than four dims), so ``check`` refuses every such ca
 rule's ``build`` only ever sees nodes its ``check`` accepted. Shapes cross into ggml in one
 place, :func:`ne`: ggml's ``ne[0]`` is the innermost (last NumPy) dimension.
 
-``folded`` lists input positions read at build time (Reshape's shape, Slice's starts): they must
-be constants. ``indices`` lists inputs read as int32 row indices (Gather's): int64 ones are
+``folded`` lists input positions read at build time (Reshape's shape, Slice's starts): constants,
+or graph inputs, when the program is built at the first evaluate for their values
+(:class:`mithril.backends.ggml.program.DeferredGGMLProgram`). ``indices`` lists inputs read as int32 row indices (Gather's): int64 ones are
 narrowed at the segment boundary, with a range check.
 """
 
