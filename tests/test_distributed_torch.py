@@ -60,11 +60,11 @@ def _gpt_case():
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case}
 
 
-def _train(case, parallel=None):
+def _train(case, parallel=None, mesh=(NPROC,)):
     """20 steps of ``case``: (losses, final parameters as NumPy, bytes of parameters this process
     holds, replicated-op warnings). On one process without ``parallel``."""
     build, shapes, batches, optimizer = CASES[case]()
-    backend = ml.TorchBackend(device_mesh=None if parallel is None else (NPROC,))
+    backend = ml.TorchBackend(device_mesh=None if parallel is None else mesh)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tm = TrainModel(build())
@@ -90,11 +90,17 @@ def _one_process(case):
     return _reference[case]
 
 
-@pytest.mark.parametrize("parallel", ["data", "fsdp", "tensor"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_strategy_trains_as_one_process(case, parallel):
+# (case, strategy, mesh): each strategy on 2 processes; data and tensor parallel together on a 2x2
+# mesh (4 processes) for the MLP.
+RUNS = [(case, strategy, (NPROC,)) for case in CASES for strategy in ("data", "fsdp", "tensor")] + [
+    ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
+
+
+@pytest.mark.parametrize("case, parallel, mesh", RUNS, ids=[f"{c}-{p if isinstance(p, str) else 'data+tensor'}"
+                                                              for c, p, _ in RUNS])
+def test_strategy_trains_as_one_process(case, parallel, mesh):
     want_losses, want_params, whole_bytes, _ = _one_process(case)
-    results = spawn(_train, NPROC, args=(case, parallel), timeout=TIMEOUT)
+    results = spawn(_train, int(np.prod(mesh)), args=(case, parallel, mesh), timeout=TIMEOUT)
     for rank, (losses, params, held, ops) in enumerate(results):
         assert len(losses) == STEPS and losses[-1] < losses[0]
         np.testing.assert_allclose(losses, want_losses, rtol=1e-5, err_msg=f"rank {rank}")
@@ -102,7 +108,7 @@ def test_strategy_trains_as_one_process(case, parallel):
             np.testing.assert_allclose(params[k], v, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {k}")
         if parallel == "data":
             assert held == whole_bytes
-        elif parallel == "fsdp":  # every weight and bias of the MLP has a dim divisible by 2
+        elif parallel == "fsdp":  # every parameter of both models has a dim divisible by 2
             assert held == whole_bytes // NPROC, (held, whole_bytes)
         else:
             assert held < whole_bytes
@@ -110,9 +116,10 @@ def test_strategy_trains_as_one_process(case, parallel):
 
 
 # -- meshes, sharded arrays, evaluate -------------------------------------------------------------------
-def _mesh_worker():
+def _mesh_worker(folder):
     """On 2 processes: sharded creation, evaluate over a sharded batch (DTensor outputs that equal
-    one process's), the replicated fallback, and the mesh errors."""
+    one process's), a checkpoint of fully sharded parameters read on one device and back, the
+    replicated fallback, and the mesh errors."""
     from torch.distributed.tensor import DTensor, Shard
 
     from mithril.backends.torch.mesh import MeshMode
@@ -143,16 +150,27 @@ def _mesh_worker():
     want = single.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
     from_numpy = pm.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
 
+    fsdp = ml.compile(model, backend, shapes={"input": [8, 12]}, parallel="fsdp")
+    sharded = fsdp.randomize_params()
+    path = os.path.join(folder, f"rank{os.environ['RANK']}.safetensors")  # every process gathers, each writes
+    ml.save_params(sharded, path)
+    loaded = ml.load_params(path, ml.TorchBackend())  # whole tensors on one device
+    on_one = single.evaluate(loaded, {"input": data})["output"]
+    back = fsdp.evaluate(ml.load_params(path, backend), {"input": data})["output"]  # placed by the plan again
+    checkpoint = {"sharded": sorted(k for k, v in sharded.items() if v.to_local().shape != v.shape),
+                  "on_one": on_one.numpy(), "back": backend.to_numpy(back),
+                  "want": backend.to_numpy(fsdp.evaluate(sharded, {"input": data})["output"])}
+
     ops: set = set()
     with MeshMode(ops):  # torch.unique has no sharding rule: it runs on the whole tensor
         u = torch.unique(backend.shard(np.array([3.0, 1.0, 3.0, 2.0]), ("data",)))
     return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
             "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops,
-            "unique": backend.to_numpy(u)}
+            "unique": backend.to_numpy(u), "checkpoint": checkpoint}
 
 
-def test_mesh_arrays_and_evaluate():
-    for got in spawn(_mesh_worker, NPROC, timeout=TIMEOUT):
+def test_mesh_arrays_and_evaluate(tmp_path):
+    for got in spawn(_mesh_worker, NPROC, args=(str(tmp_path),), timeout=TIMEOUT):
         bad_split, other_mesh, too_big = got["errors"]
         assert "shape (5, 2) can't be split on dim 0 (5) over mesh axis 'data' of 2 devices" in bad_split
         assert "needs a backend on that mesh: TorchBackend(device_mesh=(4,))" in other_mesh
@@ -162,6 +180,10 @@ def test_mesh_arrays_and_evaluate():
         np.testing.assert_allclose(got["out"], got["want"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got["from_numpy"], got["want"], rtol=1e-6, atol=1e-6)
         assert got["ops"] == {"unique"} and got["unique"].tolist() == [1.0, 2.0, 3.0]
+        checkpoint = got["checkpoint"]
+        assert len(checkpoint["sharded"]) == 4  # both weights and both biases of the MLP were split
+        np.testing.assert_allclose(checkpoint["on_one"], checkpoint["want"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(checkpoint["back"], checkpoint["want"], rtol=1e-6, atol=1e-6)
 
 
 def test_mesh_outside_a_process_group_says_how_to_launch(monkeypatch):

@@ -83,8 +83,9 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = 120.0, start_method
     ``start_method``: ``"forkserver"`` (the default: workers fork from a clean server process
     that imported torch and mithril once), ``"spawn"`` (a fresh interpreter per worker) or
     ``"fork"`` (only from a process that has no threads holding locks). With the first two,
-    ``fn`` must be importable (a module-level function) and ``args`` must pickle. On the first failure, a worker that dies, or ``timeout``
-    seconds, every worker is ended and :class:`WorkerError` names the rank and its traceback.
+    ``fn`` must be importable (a module-level function) and ``args`` must pickle. On the first
+    failure, a worker that dies, or ``timeout`` seconds, every worker is ended and
+    :class:`WorkerError` names the rank and its traceback.
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise MithrilError(f"spawn: nproc must be a positive int, got {nproc!r}")

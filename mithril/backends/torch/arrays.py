@@ -8,12 +8,17 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from . import xp as _xp
+
 sqrt = torch.sqrt
 zeros_like = torch.zeros_like
 
 
 def to_numpy(value) -> np.ndarray:
-    """A NumPy copy of a tensor on any device (bfloat16 included)."""
+    """A NumPy copy of a tensor on any device (bfloat16 included); a DTensor's whole value
+    (``full_tensor()``: every process of its mesh calls it)."""
+    if _xp._DTENSOR is not None and isinstance(value, _xp._DTENSOR):
+        value = value.full_tensor()
     t = value.detach().cpu()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: go through float32, exactly
         return t.float().numpy().astype(ml_dtypes.bfloat16)

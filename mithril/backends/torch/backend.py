@@ -456,7 +456,8 @@ class TorchBackend(Backend):
             else:
                 grads = [None] * len(leaves)
         out = {k: v.native.detach() if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
-        grads = {k: g if g is not None else torch.zeros_like(leaf).detach() for (k, leaf), g in zip(leaves.items(), grads)}
+        grads = {k: g if g is not None else torch.zeros_like(leaf).detach()
+                 for (k, leaf), g in zip(leaves.items(), grads)}
         if self._torch_mesh is not None:  # each gradient placed as its parameter: all-reduced or reduce-scattered
             grads = {k: _tmesh.like(g, leaves[k]) for k, g in grads.items()}
         return out, grads
