@@ -122,7 +122,7 @@ def _mesh_worker(folder):
     replicated fallback, and the mesh errors."""
     from torch.distributed.tensor import DTensor, Shard
 
-    from mithril.backends.torch.mesh import MeshMode
+    from mithril.backends.torch.mesh import MeshMode, OnMesh
 
     backend = ml.TorchBackend(device_mesh=(NPROC,))
     assert backend.mesh.axis_names == ("data",) and backend.device_mesh == (NPROC,)
@@ -149,6 +149,8 @@ def _mesh_worker(folder):
     single = ml.compile(model, ml.TorchBackend(), shapes={"input": [8, 12]})
     want = single.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
     from_numpy = pm.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
+    rank = int(os.environ["RANK"])  # each process passes only its own rows
+    own_rows = pm.evaluate(params, {"input": backend.from_local(data[4 * rank:4 * rank + 4], ("data", None))})["output"]
 
     fsdp = ml.compile(model, backend, shapes={"input": [8, 12]}, parallel="fsdp")
     sharded = fsdp.randomize_params()
@@ -164,8 +166,17 @@ def _mesh_worker(folder):
     ops: set = set()
     with MeshMode(ops):  # torch.unique has no sharding rule: it runs on the whole tensor
         u = torch.unique(backend.shard(np.array([3.0, 1.0, 3.0, 2.0]), ("data",)))
+    # In a program: one warning listing such ops, the first time only.
+    program = OnMesh(lambda params, data: {"u": ml.backends.torch.xp.TorchArray(torch.unique(data["x"].native))})
+    x = {"x": ml.backends.torch.xp.TorchArray(backend.shard(np.array([2.0, 2.0]), ("data",)))}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program({}, x)
+        program({}, x)
+    warned = [str(w.message) for w in caught if issubclass(w.category, ReplicatedOpsWarning)]
     return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
-            "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops,
+            "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops, "warned": warned,
+            "own_rows": backend.to_numpy(own_rows),
             "unique": backend.to_numpy(u), "checkpoint": checkpoint}
 
 
@@ -179,7 +190,9 @@ def test_mesh_arrays_and_evaluate(tmp_path):
         assert got["placement"]  # the output follows the batch: split on dim 0
         np.testing.assert_allclose(got["out"], got["want"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got["from_numpy"], got["want"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["own_rows"], got["want"], rtol=1e-6, atol=1e-6)
         assert got["ops"] == {"unique"} and got["unique"].tolist() == [1.0, 2.0, 3.0]
+        assert len(got["warned"]) == 1 and "no sharding rule for unique: this op runs on whole" in got["warned"][0]
         checkpoint = got["checkpoint"]
         assert len(checkpoint["sharded"]) == 4  # both weights and both biases of the MLP were split
         np.testing.assert_allclose(checkpoint["on_one"], checkpoint["want"], rtol=1e-6, atol=1e-6)

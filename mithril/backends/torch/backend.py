@@ -206,12 +206,31 @@ class TorchBackend(Backend):
         return self.shard(values, split_spec("TorchBackend", self.mesh, np.shape(values), tensor_split))
 
     def shard(self, value, spec):
-        """``value`` (NumPy or a tensor, the whole array, the same on every process) split over
-        the backend's mesh by ``spec`` (the mesh axis of each dim, None for whole): a DTensor
-        (``distribute_tensor`` with ``Shard(d)`` or ``Replicate()`` per mesh dim)."""
-        if self._torch_mesh is None:
-            raise MeshError("TorchBackend: shard needs a backend with a device_mesh of several devices")
+        """``value`` (NumPy or a tensor, the whole array) split over the backend's mesh by
+        ``spec`` (the mesh axis of each dim, None for whole): a DTensor (``distribute_tensor``
+        with ``Shard(d)`` or ``Replicate()`` per mesh dim). Rank 0's ``value`` is the one
+        scattered; where each process holds only its own part, use :meth:`from_local`."""
+        self._need_mesh("shard")
         return _tmesh.shard(self._torch_mesh, self.mesh, _native(value, self._device).to(self._device), tuple(spec))
+
+    def from_local(self, part, spec):
+        """This process's ``part`` of an array split by ``spec`` (each process passes its own:
+        the batch rows its data loader read) as the DTensor of the whole array
+        (``DTensor.from_local``; parts are equal in shape, in rank order along each split dim)."""
+        self._need_mesh("from_local")
+        return _tmesh.from_local(self._torch_mesh, self.mesh, _native(part, self._device).to(self._device),
+                                 tuple(spec))
+
+    @property
+    def torch_mesh(self):
+        """The ``torch.distributed.device_mesh.DeviceMesh`` (None on one device), for torch code
+        that works with the same DTensors."""
+        return self._torch_mesh
+
+    def _need_mesh(self, what: str) -> None:
+        if self._torch_mesh is None:
+            raise MeshError(f"TorchBackend: {what} needs a backend with a device_mesh of several devices "
+                            f"(this one has device_mesh={self.device_mesh})")
 
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed by a :class:`~mithril.distributed.ShardingPlan`: NumPy

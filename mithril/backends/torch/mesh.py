@@ -16,7 +16,7 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.overrides import TorchFunctionMode
 
 from ...distributed.mesh import DeviceMesh, Spec
@@ -72,6 +72,11 @@ def shard(tmesh, mesh: DeviceMesh, value: torch.Tensor, spec: Spec) -> DTensor:
     """``value`` (the whole array, the same on every rank: rank 0's is scattered) as a DTensor
     split by ``spec``."""
     return distribute_tensor(value, tmesh, placements(mesh, spec))
+
+
+def from_local(tmesh, mesh: DeviceMesh, part: torch.Tensor, spec: Spec) -> DTensor:
+    """This process's ``part`` of an array split by ``spec``, as the DTensor of the whole."""
+    return DTensor.from_local(part, tmesh, placements(mesh, spec), run_check=False)
 
 
 def no_partial(value):
@@ -200,4 +205,5 @@ class OnMesh:
                 for k, v in out.items()}
 
 
-__all__ = ["DTensor", "OnMesh", "Partial", "build_mesh", "like", "local_bytes", "no_partial", "placements", "shard"]
+__all__ = ["DTensor", "MeshMode", "OnMesh", "build_mesh", "from_local", "like", "like_output", "local_bytes",
+           "no_partial", "placements", "shard"]
