@@ -438,7 +438,7 @@ def _launch_parser() -> argparse.ArgumentParser:
         epilog="Two hosts, 4 processes each: on the first (rank-0) host\n"
                "  mithril launch --nproc 4 --nnodes 2 --node-rank 0 --master-addr HOST0 --master-port 29500 train.py\n"
                "and the same with --node-rank 1 on the second.\n\n"
-               "exit status: 0 every worker succeeded, 1 a worker failed, 2 a usage error.")
+               "exit status: 0 every worker succeeded, 1 a worker failed or ran past --timeout, 2 a usage error.")
     p.add_argument("--nproc", type=int, required=True, help="processes on this node (one per device)")
     p.add_argument("--nnodes", default="1", help="nodes (hosts) in all (default 1: this one, torchrun --standalone)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank among the nodes (default 0)")
@@ -452,13 +452,17 @@ def _launch_parser() -> argparse.ArgumentParser:
 
 def cmd_launch(argv: list[str]) -> int:
     """``mithril launch``: the script through torchrun; 0 when every worker succeeded, 1 when one failed."""
-    from .distributed.launch import run_script
+    from .distributed.launch import WorkerError, run_script
 
     args = _launch_parser().parse_args(argv)
     if not os.path.isfile(args.script):
         raise MithrilError(f"launch: no script {args.script!r}")
-    status = run_script(args.script, args.nproc, args.args, timeout=args.timeout, nnodes=args.nnodes,
-                        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
+    try:
+        status = run_script(args.script, args.nproc, args.args, timeout=args.timeout, nnodes=args.nnodes,
+                            node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
+    except WorkerError as exc:  # past --timeout: every worker was ended
+        print(f"mithril: {exc}", file=sys.stderr)
+        return 1
     if status != 0:
         print(f"mithril: launch: a worker of {args.script} failed (exit status {status}); torchrun's summary above "
               "names the first failing rank", file=sys.stderr)

@@ -267,6 +267,14 @@ def test_launch_command_line(tmp_path):
     assert "rank      : 1" in root and "ValueError: rank one is broken" in root
 
 
+def test_launch_usage_errors(capsys):
+    from mithril.cli import main
+
+    assert main(["launch", "train.py"]) == 2  # no --nproc
+    assert main(["launch", "--nproc", "2", "no_such_script.py"]) == 2
+    assert "launch: no script 'no_such_script.py'" in capsys.readouterr().err
+
+
 def test_torchrun_command_for_several_hosts():
     cmd = torchrun_command("train.py", ["--epochs", "3"], nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1",
                            master_port=29500)
