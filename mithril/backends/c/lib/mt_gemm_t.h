@@ -166,10 +166,11 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
 }
 
 /* The register tile: Y[0:mr, 0:nr] (row stride ldy) = (add ? Y : 0) + A-panel @ the first W
- * columns of a pb micro-panel (W: NR, or one vector for a ragged last panel), where
- * A(r, k) = a[r*rs + k*ks]: a packed panel (rs 1, ks MR) or rows of A read in place (rs ar, ks 1).
- * The accumulators are a fixed-size array the compiler keeps in vector registers; each layout and
- * width is a function of its own so that its strides and trip counts are constants. */
+ * columns of a pb micro-panel, where A(r, k) = a[r*rs + k*ks]: a packed panel (rs 1, ks MR) or
+ * rows of A read in place (rs ar, ks 1). The accumulators are a fixed-size array the compiler
+ * keeps in vector registers; each layout and width is a function of its own so that its strides
+ * and trip counts are constants: W is NR (NV vectors) for whole micro-panels, fewer vectors for
+ * the ragged last one (N = 49 on AVX-512: 48 columns computed, not 64). */
 #define MT_GEMM_MICRO_BODY(RS, KS, W)                                                                  \
     T acc[MT_GEMM_MR][W];                                                                              \
     const T *b = __builtin_assume_aligned(pb, 64);                                                     \
@@ -185,34 +186,62 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
     }                                                                                                  \
     MT_FN(mt_gemm_store)(&acc[0][0], (W), y, ldy, mr, nr, add, ep);
 
-static inline void MT_FN(mt_gemm_micro)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
-                                        mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
-    const T *a = __builtin_assume_aligned(pa, 64);
-    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, MT_GEMM_NR)
-}
-
-/* A's rows in place (row stride lda, unit column stride; all MR rows exist). */
-static inline void MT_FN(mt_gemm_micro_rows)(mt_i kc, const T *restrict a, mt_i lda, const T *restrict pb,
-                                             T *restrict y, mt_i ldy, mt_i nr, int add,
-                                             const MT_FN(mt_gemm_ep) *ep) {
-    const mt_i mr = MT_GEMM_MR;
-    MT_GEMM_MICRO_BODY(lda, 1, MT_GEMM_NR)
-}
-
-/* The same, one vector wide (nr <= MT_GEMM_VL). */
-static inline void MT_FN(mt_gemm_micro1)(mt_i kc, const T *restrict pa, const T *restrict pb, T *restrict y,
-                                         mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
-    const T *a = __builtin_assume_aligned(pa, 64);
-    MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, MT_GEMM_VL)
-}
-
-static inline void MT_FN(mt_gemm_micro1_rows)(mt_i kc, const T *restrict a, mt_i lda, const T *restrict pb,
-                                              T *restrict y, mt_i ldy, mt_i nr, int add,
-                                              const MT_FN(mt_gemm_ep) *ep) {
-    const mt_i mr = MT_GEMM_MR;
-    MT_GEMM_MICRO_BODY(lda, 1, MT_GEMM_VL)
-}
+/* mt_gemm_micro<V>: a packed A panel; mt_gemm_micro<V>_rows: A's rows in place (row stride lda,
+ * unit column stride; all MR rows exist); V vectors wide. */
+#define MT_GEMM_MICRO_FNS(V)                                                                           \
+    static inline void MT_FN(mt_gemm_micro##V)(mt_i kc, const T *restrict pa, const T *restrict pb,    \
+                                               T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add,     \
+                                               const MT_FN(mt_gemm_ep) *ep) {                          \
+        const T *a = __builtin_assume_aligned(pa, 64);                                                 \
+        MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, (V) * MT_GEMM_VL)                                            \
+    }                                                                                                  \
+    static inline void MT_FN(mt_gemm_micro##V##_rows)(mt_i kc, const T *restrict a, mt_i lda,          \
+                                                      const T *restrict pb, T *restrict y, mt_i ldy,   \
+                                                      mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) { \
+        const mt_i mr = MT_GEMM_MR;                                                                    \
+        MT_GEMM_MICRO_BODY(lda, 1, (V) * MT_GEMM_VL)                                                   \
+    }
+MT_GEMM_MICRO_FNS(1)
+#if MT_GEMM_NV >= 2
+MT_GEMM_MICRO_FNS(2)
+#endif
+#if MT_GEMM_NV >= 3
+MT_GEMM_MICRO_FNS(3)
+#endif
+#if MT_GEMM_NV >= 4
+MT_GEMM_MICRO_FNS(4)
+#endif
+#undef MT_GEMM_MICRO_FNS
 #undef MT_GEMM_MICRO_BODY
+
+/* The register tile nr columns need: ceil(nr / VL) vectors wide (A packed: apack, mr rows; in
+ * place: arow, lda). */
+static inline void MT_FN(mt_gemm_micro_any)(mt_i kc, const T *apack, const T *arow, mt_i lda, const T *pb,
+                                            T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add,
+                                            const MT_FN(mt_gemm_ep) *ep) {
+    switch ((nr + MT_GEMM_VL - 1) / MT_GEMM_VL) {
+#define MT_GEMM_CASE(V)                                                                                \
+    case V:                                                                                            \
+        if (arow)                                                                                      \
+            MT_FN(mt_gemm_micro##V##_rows)(kc, arow, lda, pb, y, ldy, nr, add, ep);                     \
+        else                                                                                           \
+            MT_FN(mt_gemm_micro##V)(kc, apack, pb, y, ldy, mr, nr, add, ep);                           \
+        break;
+        MT_GEMM_CASE(1)
+#if MT_GEMM_NV >= 2
+        MT_GEMM_CASE(2)
+#endif
+#if MT_GEMM_NV >= 3
+        MT_GEMM_CASE(3)
+#endif
+#if MT_GEMM_NV >= 4
+        MT_GEMM_CASE(4)
+#endif
+#undef MT_GEMM_CASE
+    default:
+        break;
+    }
+}
 
 /* The last few columns of a ragged panel (nr <= MT_GEMM_DOT), as dot products over k: bt holds
  * them k-contiguous (bt[c*kc + k]). A register tile would spend a whole vector per row on them
@@ -252,7 +281,7 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
                                        T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
     static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * MT_GEMM_NR * MT_GEMM_NBLK];
-    static _Thread_local _Alignas(64) T bt[MT_GEMM_KC * MT_GEMM_DOT];
+    static _Thread_local _Alignas(64) T bt[MT_GEMM_KC * MT_GEMM_NBLK * MT_GEMM_DOT / 2];
     /* A tile has at most NBLK B micro-panels, so each A element is used a few times only: packing
      * A costs more than it saves (measured: 512x49x4608 float 26 -> 78 GFLOP/s, ResNet-18's conv
      * GEMMs 47 -> 43 ms on one thread), and full row panels of a row-major A are read in place;
@@ -267,8 +296,15 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
     /* The ragged last panel: its first `head` columns go to a register tile, `tail` to mt_gemm_dot. */
     const mt_i qlast = (nc - 1) / MT_GEMM_NR, last = nc - qlast * MT_GEMM_NR;
     const mt_i tail = last % MT_GEMM_VL <= MT_GEMM_DOT ? last % MT_GEMM_VL : 0, head = last - tail;
-    for (mt_i k0 = 0; k0 < K; k0 += MT_GEMM_KC) {
-        mt_i kc = K - k0 < MT_GEMM_KC ? K - k0 : MT_GEMM_KC;
+    /* K blocks: KC deep, or for a tile of a micro-panel or two with A's rows in place (N = 49) as
+     * deep as the B scratch holds, 4 * KC: fewer passes adding into Y and longer runs of A's rows
+     * (the rows packed stay under MR: their scratch holds MC / MR times that). */
+    const mt_i kwide = MT_GEMM_KC * MT_GEMM_NBLK / 2 < MT_GEMM_KC * (MT_GEMM_MC / MT_GEMM_MR)
+                           ? MT_GEMM_KC * MT_GEMM_NBLK / 2 : MT_GEMM_KC * (MT_GEMM_MC / MT_GEMM_MR);
+    const mt_i kcap = direct && qlast < 2 && kwide > MT_GEMM_KC ? kwide : MT_GEMM_KC;
+    const mt_i kstep = (K + (K + kcap - 1) / kcap - 1) / ((K + kcap - 1) / kcap); /* equal blocks */
+    for (mt_i k0 = 0; k0 < K; k0 += kstep) {
+        mt_i kc = K - k0 < kstep ? K - k0 : kstep;
         MT_FN(mt_gemm_pack_b)(B + k0 * br + j0 * bc, pb, kc, nc, br, bc);
         if (full < mc) MT_FN(mt_gemm_pack_a)(A + (i0 + full) * ar + k0 * ac, pa, mc - full, kc, ar, ac);
         for (mt_i c = 0; c < tail; c++)
@@ -282,17 +318,7 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
                 MT_FN(mt_gemm_ep) ep = {alpha, beta, lo, hi, C ? C + (i0 + row) * cr : 0, cr};
                 const MT_FN(mt_gemm_ep) *epp = fuse && k0 + kc >= K ? &ep : 0;
                 const T *arow = A + (i0 + row) * ar + k0, *apack = pa + (row - full) * kc;
-                if (nr > MT_GEMM_VL) {
-                    if (row < full)
-                        MT_FN(mt_gemm_micro_rows)(kc, arow, ar, pq, y, N, nr, k0 > 0, epp);
-                    else
-                        MT_FN(mt_gemm_micro)(kc, apack, pq, y, N, mr, nr, k0 > 0, epp);
-                } else if (nr > 0) {
-                    if (row < full)
-                        MT_FN(mt_gemm_micro1_rows)(kc, arow, ar, pq, y, N, nr, k0 > 0, epp);
-                    else
-                        MT_FN(mt_gemm_micro1)(kc, apack, pq, y, N, mr, nr, k0 > 0, epp);
-                }
+                if (nr > 0) MT_FN(mt_gemm_micro_any)(kc, apack, row < full ? arow : 0, ar, pq, y, N, mr, nr, k0 > 0, epp);
                 if (q == qlast && tail > 0) {
                     if (row < full)
                         MT_FN(mt_gemm_dot)(kc, arow, ar, 1, bt, y + head, N, mr, tail, k0 > 0, epp);

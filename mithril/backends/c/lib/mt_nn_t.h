@@ -29,6 +29,10 @@ static inline void MT_FN(mt_im2col)(const T *x, T *restrict col, const mt_i *g, 
                     const T *s = src + (lo - pw + kw * dw);
                     _Pragma("omp simd")
                     for (mt_i ow = lo; ow < hi; ow++) dst[ow] = s[ow - lo];
+                } else if (sw == 2 && hi > lo) { /* a constant stride: vectorized (a stem's 3x3/2 conv) */
+                    const T *s = src + (lo * 2 - pw + kw * dw);
+                    _Pragma("omp simd")
+                    for (mt_i ow = lo; ow < hi; ow++) dst[ow] = s[2 * (ow - lo)];
                 } else {
                     for (mt_i ow = lo; ow < hi; ow++) dst[ow] = src[ow * sw - pw + kw * dw];
                 }
