@@ -254,3 +254,19 @@ def test_float16_and_bfloat16_casts_are_made_by_ggml():
     np.testing.assert_array_equal(got["b"].astype(np.float32), x.astype(ml_dtypes.bfloat16).astype(np.float32))
     np.testing.assert_array_equal(got["back"], hin.astype(np.float32))
     np.testing.assert_array_equal(got["widened"], hin.astype(np.float32))
+
+
+@pytest.mark.parametrize("exponents", [[0.0, 1.0, 2.0, 3.0, -1.0, 0.5, 2.5, -3.0],
+                                       list(np.linspace(-3, 3, 13)) + [5.0, 7.0, -2.5]])
+def test_pow_with_exponents_given_as_data_matches_numpy(exponents):
+    # Eight values or fewer: one power per value; more: exp(e * log|x|) with the odd powers' sign.
+    x = np.array([-2.0, -0.5, 0.0, 0.5, 2.0, 3.0, np.inf, -np.inf, np.nan], np.float32)
+    e = np.array(exponents, np.float32)
+    xs, es = np.meshgrid(x, e)
+    model = _model([helper.make_node("Pow", ["x", "e"], ["y"])],
+                   [("x", TensorProto.FLOAT, list(xs.shape)), ("e", TensorProto.FLOAT, list(es.shape))],
+                   [("y", TensorProto.FLOAT, list(xs.shape))])
+    got = _strict(model).evaluate({}, {"x": xs.astype(np.float32), "e": es.astype(np.float32)})["y"]
+    with np.errstate(all="ignore"):
+        want = np.power(xs, es)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)

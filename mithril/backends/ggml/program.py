@@ -189,9 +189,10 @@ class DeferredGGMLProgram:
             env[v] = param(v) if v.kind == "param" else data[v.name]
         for v in plan.params:
             env.setdefault(v, param(v))
-        for pn in plan.nodes:
-            args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in pn.inputs]
-            env.update(zip(pn.outputs, interpreter.run_node(pn, args, env)))
+        with np.errstate(all="ignore"):  # NumPy reads the shapes here; ggml computes the values
+            for pn in plan.nodes:
+                args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in pn.inputs]
+                env.update(zip(pn.outputs, interpreter.run_node(pn, args, env)))
         copies: dict[PlanValue, PlanValue] = {}
 
         def copy(v):

@@ -22,8 +22,9 @@ place, :func:`ne`: ggml's ``ne[0]`` is the innermost (last NumPy) dimension.
 
 ``folded`` lists input positions read at build time (Reshape's shape, Slice's starts): constants,
 or graph inputs, when the program is built at the first evaluate for their values
-(:class:`mithril.backends.ggml.program.DeferredGGMLProgram`). ``indices`` lists inputs read as int32 row indices (Gather's): int64 ones are
-narrowed at the segment boundary, with a range check.
+(:class:`mithril.backends.ggml.program.DeferredGGMLProgram`). ``indices`` lists inputs read as
+int32 row indices (Gather's): int64 ones are narrowed at the segment boundary, with a range
+check. ``dtype_only`` lists inputs of which only the dtype is read (CastLike's target).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from math import prod
 
 import numpy as np
 
-from . import Builder, ggml_op
+from . import BOOL, F32, Builder, ggml_op
 from .elementwise import operand
 from .movement import permute
 from .nn import _row_max, _text
@@ -74,6 +74,9 @@ def _check_attention(pn) -> str | None:
     q, k, v, mask, past_k, past_v, nonpad = ins[:7]
     if nonpad is not None:
         return "nonpad_kv_seqlen (lengths known only at run time)"
+    others = [x for i, x in enumerate(list(pn.inputs) + list(pn.outputs)) if x is not None and i != 3]
+    if any(x.dtype == BOOL for x in others):
+        return "a bool input other than the mask"
     if (past_k is None) != (past_v is None):
         return "past_key without past_value"
     if len(q.static_shape) != len(k.static_shape) or len(q.static_shape) not in (3, 4):
@@ -103,7 +106,7 @@ def _check_attention(pn) -> str | None:
     return None
 
 
-@ggml_op("Attention", check=_check_attention)
+@ggml_op("Attention", check=_check_attention, dtypes=(F32, BOOL))
 def attention(pn, g: Builder):
     """``softmax(Q K^T * scale (+ softcap, mask)) V`` with two ``mul_mat`` (ggml broadcasts K/V
     heads over query heads as GQA does); the causal/window mask is a constant, and a row with
@@ -135,7 +138,10 @@ def attention(pn, g: Builder):
     capped = gg.ggml_scale(ctx, gg.ggml_tanh(ctx, gg.ggml_scale(ctx, qk, 1 / softcap)), softcap) if softcap else qk
     scores = capped
     if ins[3] is not None:
-        scores = gg.ggml_add(ctx, scores, g.contiguous(operand(pn, 3, g)))
+        mask = g.contiguous(operand(pn, 3, g))
+        if ins[3].dtype == BOOL:  # log(1) = 0 where a key is seen, log(0) = -inf where it is not
+            mask = gg.ggml_log(ctx, mask)
+        scores = gg.ggml_add(ctx, scores, mask)
     offset = ins[4].static_shape[2] if past else 0
     allowed = _allowed_keys(s, t, offset, bool(kw.get("is_causal")), None, int(kw.get("left_window_size", -1)),
                             int(kw.get("right_window_size", -1)), np)

@@ -145,27 +145,89 @@ def clip(pn, g: Builder):
     return g.ggml.ggml_clamp(g.ctx, g.contiguous(operand(pn, 0, g)), lo, hi)
 
 
+def _exponents(pn) -> np.ndarray:
+    """The exponent, broadcast to the output: a constant, or data the program was built for."""
+    return np.broadcast_to(np.asarray(pn.inputs[1].value, dtype=np.float64), pn.outputs[0].static_shape)
+
+
 def _check_pow(pn) -> str | None:
-    e = pn.inputs[1]
-    if e.kind != "constant" or np.size(e.value) != 1:
-        return "exponent given at run time or not a scalar"
-    if float(np.asarray(e.value).reshape(())) not in (0.5, 1.0, 2.0, 3.0):
-        return f"exponent {float(np.asarray(e.value).reshape(()))} (ggml has x**0.5, x**2, x**3)"
+    x, out = pn.inputs[0].static_shape, pn.outputs[0].static_shape
+    if len(x) > len(out) or any(d not in (1, o) for d, o in zip(reversed(x), reversed(out))):
+        return f"shape {list(x)} does not broadcast to {list(out)}"
+    values = np.unique(_exponents(pn))
+    if not np.isfinite(values).all():
+        return "an infinite or NaN exponent"
+    if len(values) > 1 and 2 * prod(out) >= 2 ** 24:
+        return "more than 2**23 elements (the picked positions are counted in float32)"
     return None
+
+
+def _power(g: Builder, x, e: float, shape):
+    """``x ** e``: an integer power by squaring (a negative one its reciprocal), ``sqrt`` for 0.5,
+    else ``exp(e * log(x))`` (NaN below 0, as NumPy's float power)."""
+    gg, ctx = g.ggml, g.ctx
+    if e != round(e):
+        size = gg.ggml_abs(ctx, x)
+        y = gg.ggml_sqrt(ctx, size) if e == 0.5 else gg.ggml_exp(ctx, gg.ggml_scale(ctx, gg.ggml_log(ctx, size), e))
+        return _nan_below_zero(g, x, y, None, shape)
+    n, y, base = abs(int(e)), None, x
+    while n:
+        if n & 1:
+            y = base if y is None else gg.ggml_mul(ctx, y, base)
+        n >>= 1
+        if n:
+            base = gg.ggml_sqr(ctx, base)
+    if y is None:  # x ** 0 is 1, NaN and inf included
+        return gg.ggml_cont(ctx, g.constant(np.ones(shape, np.float32)))
+    if y is x:
+        y = gg.ggml_cont(ctx, x)
+    return gg.ggml_div(ctx, g.constant(np.ones(shape, np.float32)), y) if e < 0 else y
+
+
+def _nan_below_zero(g: Builder, x, y, where, shape):
+    """``y`` with NaN where ``x`` is negative and finite (a fractional power of it; -inf's is
+    inf or 0, as C's pow), and only where the constant 0/1 ``where`` is 1 when given."""
+    gg, ctx = g.ggml, g.ctx
+    finite = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_sub(ctx, x, x), 1.0, 1.0))
+    mask = gg.ggml_mul(ctx, gg.ggml_step(ctx, gg.ggml_neg(ctx, x)), finite)
+    if where is not None:
+        mask = gg.ggml_mul(ctx, mask, g.constant(where))
+    return select(g, mask, g.constant(np.full(shape, np.nan, np.float32)), y, shape)
+
+
+def _general_power(g: Builder, x, e: np.ndarray, shape):
+    """``x ** e`` for many exponents: ``exp(e * log|x|)``, then the sign of an odd whole power,
+    NaN for a fractional power of a negative number, 1 where ``e`` is 0."""
+    gg, ctx = g.ggml, g.ctx
+    whole = e == np.round(e)
+    log = gg.ggml_log(ctx, gg.ggml_abs(ctx, x))
+    y = gg.ggml_exp(ctx, gg.ggml_mul(ctx, log, g.constant(e.astype(np.float32))))
+    if not whole.all():
+        y = _nan_below_zero(g, x, y, (~whole).astype(np.float32), shape)
+    odd = (whole & (np.abs(np.fmod(e, 2)) == 1)).astype(np.float32)
+    if odd.any():  # times -1 where x < 0 and the power is odd (exact)
+        flip = gg.ggml_mul(ctx, gg.ggml_step(ctx, gg.ggml_neg(ctx, x)), g.constant(-2 * odd))
+        y = gg.ggml_mul(ctx, y, gg.ggml_scale_bias(ctx, flip, 1.0, 1.0))
+    if (e == 0).any():
+        y = select(g, g.constant((e == 0).astype(np.float32)), g.constant(np.ones(shape, np.float32)), y, shape)
+    return y
 
 
 @ggml_op("Pow", check=_check_pow, folded=(1,))
 def power(pn, g: Builder):
-    e = float(np.asarray(pn.inputs[1].value).reshape(()))
-    x = g.contiguous(operand(pn, 0, g))
-    gg = g.ggml
-    if e == 0.5:
-        return gg.ggml_sqrt(g.ctx, x)
-    if e == 1.0:
-        return gg.ggml_cont(g.ctx, x)
-    if e == 2.0:
-        return gg.ggml_sqr(g.ctx, x)
-    return gg.ggml_mul(g.ctx, gg.ggml_sqr(g.ctx, x), x)
+    """One power per distinct exponent value (at most 8; integers up to 64 by squaring), each
+    element picked from its own (:func:`select` by a constant mask); more values:
+    :func:`_general_power`."""
+    out = pn.outputs[0].static_shape
+    x = g.broadcast(g.contiguous(operand(pn, 0, g)), out)
+    e = _exponents(pn)
+    values = np.unique(e)
+    if len(values) > 8 or (np.abs(values[values == np.round(values)]) > 64).any():
+        return _general_power(g, x, np.ascontiguousarray(e), out)
+    y = _power(g, x, float(values[0]), out)
+    for value in values[1:]:
+        y = select(g, g.constant((e == value).astype(np.float32)), _power(g, x, float(value), out), y, out)
+    return y
 
 
 @ggml_op("Reciprocal")
