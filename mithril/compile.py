@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import dataclasses
+import functools
 import time
 import warnings
 import weakref
@@ -308,14 +309,61 @@ class PhysicalModel:
             dtype = np_dtype_of_onnx(int(next(v for v in self.ir.graph.outputs if v.name == self.loss_key).dtype))
             output_gradients = {self.loss_key: self.backend.from_numpy(np.ones((), dtype))}
         with self.backend.scope():  # JAX: x64 and the device, for this call only
+            if self.sharding is not None and self.sharding.microbatches > 1:
+                return self._evaluate_parts(params, data, output_gradients, self.sharding.microbatches)
             return self._evaluate(params, data, output_gradients)
 
-    def _evaluate(self, params, data, output_gradients):
+    def _evaluate_parts(self, params, data, output_gradients, parts: int):
+        """A pipeline's evaluate: the batch cut into ``parts`` micro-batches, each run through the
+        stages; per-row outputs concatenated, the others (a batch-mean loss) averaged, gradients
+        summed (:mod:`mithril.distributed.pipeline`)."""
+        from .distributed.pipeline import split_batch
+
+        data = {} if data is None else dict(data)
+        batched = [k for k in self.input_keys if k in data and np.ndim(data[k]) >= 1]
+        datas = split_batch("evaluate", data, batched, parts)
+        rows = np.shape(datas[0][batched[0]])[0] if batched else None
+        if params is None or (isinstance(params, Mapping) and not params):
+            params = self.get_parameters()
+        if output_gradients is None:
+            return self._join([self._evaluate(params, d, None) for d in datas], rows, parts)
+        prepared = []
+        for i, d in enumerate(datas):
+            cots = {}
+            for k, g in output_gradients.items():
+                if g is not None and np.ndim(g) >= 1 and np.shape(g)[0] == rows * parts:
+                    cots[k] = g[i * rows:(i + 1) * rows]
+                else:  # an output the parts average: each part's share of its cotangent
+                    cots[k] = None if g is None else g * (1.0 / parts)
+            p, d, c, _ = self._prepare(params, d, cots)
+            prepared.append((p, d, dict(c)))
+        diff_params, diff_data = self._diff_names()
+        program = Program(self.program.forward, None, self.backward)
+        # GPipe: the backend issues every part's forward before the backward passes (vjp_parts).
+        results = self._run("gradients", program, lambda prog: self.backend.vjp_parts(
+            prog, prepared, diff_params, diff_data))
+        outputs = self._join([self.backend.finalize_outputs(r[0]) for r in results], rows, parts)
+        grads = {k: functools.reduce(lambda a, b: a + b, (r[1][k] for r in results)) for k in results[0][1]}
+        return outputs, grads
+
+    def _join(self, outs: list[dict], rows, parts: int) -> dict:
+        joined = {}
+        for k, first in outs[0].items():
+            shape = np.shape(first)
+            if rows is not None and len(shape) >= 1 and shape[0] == rows:
+                joined[k] = self.backend.concat([o[k] for o in outs], axis=0)
+            else:
+                joined[k] = functools.reduce(lambda a, b: a + b, (o[k] for o in outs)) * (1.0 / parts)
+        return joined
+
+    def _prepare(self, params, data, output_gradients):
+        """Checked and placed ``(params, data, cotangents, unresolved)`` for one run."""
         if params is None or (isinstance(params, Mapping) and not params):  # the model's own parameters
             params = self.get_parameters()
         else:
             self._check_params(params)
         checked = self._check_data({} if data is None else data)
+        cotangents, unresolved = None, []
         if output_gradients is not None:
             if self.inference:
                 raise MithrilError("this model was compiled with inference=True: it computes no gradients")
@@ -324,12 +372,20 @@ class PhysicalModel:
         params = self.backend.prepare_inputs(dict(params))
         if self.sharding is not None:
             data, params = self.backend.place(data, self.sharding), self.backend.place(params, self.sharding)
+        if output_gradients is not None and self.gradient_error is not None:
+            raise self.gradient_error
+        return params, data, cotangents, unresolved
+
+    def _diff_names(self) -> tuple[list[str], list[str]]:
+        diff_params = [k for k in self._param_names if k in self.trainable_keys]
+        diff_data = [k for k in self.input_keys if k in self.data_keys and
+                     is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
+        return diff_params, diff_data
+
+    def _evaluate(self, params, data, output_gradients):
+        params, data, cotangents, unresolved = self._prepare(params, data, output_gradients)
         if output_gradients is not None:
-            if self.gradient_error is not None:
-                raise self.gradient_error
-            diff_params = [k for k in self._param_names if k in self.trainable_keys]
-            diff_data = [k for k in self.input_keys if k in self.data_keys and
-                         is_floating_np(np_dtype_of_onnx(int(self._inputs[k].dtype)))]
+            diff_params, diff_data = self._diff_names()
             program = Program(self.program.forward, self._jitted if self._gradients_jit else None, self.backward)
             try:
                 outputs, grads = self._run("gradients", program, lambda prog: self.backend.vjp(
@@ -503,6 +559,9 @@ def compile(
     inference = inference or static_inference
     if jit is None:
         jit = backend.jit_by_default
+    parts = _microbatches(backend, parallel)
+    if parts > 1 and shapes:  # a pipeline's program runs one micro-batch: its batch is the given one's part
+        shapes = _micro_shapes(shapes, parts)
     stages = _Stages(verbose, backend)
     buffers: set[str] = set()
     loss_key, buffer_outputs = None, {}
@@ -572,7 +631,14 @@ def compile(
                       GradientCheckpointingWarning, stacklevel=3)
     checkpointing = bool(gradient_checkpointing) and not inference
     sharding_plan = _sharding_plan(backend, plan, parallel, sharding)
-    program = backend.lower(plan, file_path=file_path, gradient_checkpointing=checkpointing)
+    if sharding_plan is not None and sharding_plan.pipeline is not None:
+        if checkpointing:
+            raise CompileError("gradient_checkpointing=True and a pipeline: each pipeline stage keeps its "
+                               "activations; choose one")
+        # Each stage is its own program on its devices (backend.pipeline_stage), not one jitted whole.
+        program, jit = backend.lower_stages(plan, sharding_plan.pipeline, file_path=file_path), False
+    else:
+        program = backend.lower(plan, file_path=file_path, gradient_checkpointing=checkpointing)
     stages.done("lower")
     pm = PhysicalModel(model, backend, work, program, param_names, trainable, data_keys, inference)
     pm.sharding = sharding_plan
@@ -616,6 +682,28 @@ _COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "i
                     "file_path", "jit_options", "static_shapes", "static_inference",
                     "auto_scalar_promotion", "verbose", "gradient_checkpointing", "keep_io_types", "parallel",
                     "sharding")
+
+
+def _microbatches(backend: Backend, parallel) -> int:
+    if parallel is None or backend.mesh is None:
+        return 1
+    from .distributed.sharding import microbatches
+
+    return microbatches("compile", parallel, backend.mesh)
+
+
+def _micro_shapes(shapes: Mapping[str, Iterable[int]], parts: int) -> dict[str, list]:
+    """``shapes`` with each fixed batch (dim 0) cut into ``parts``."""
+    out = {}
+    for name, shape in shapes.items():
+        shape = list(shape)
+        if shape and isinstance(shape[0], int):
+            if shape[0] % parts:
+                raise CompileError(f"shapes[{name!r}] = {shape}: its batch ({shape[0]}) is not a multiple of the "
+                                   f"pipeline's {parts} micro-batches")
+            shape[0] //= parts
+        out[name] = shape
+    return out
 
 
 def _sharding_plan(backend: Backend, plan: Plan, parallel, sharding):

@@ -93,8 +93,16 @@ class Optimizer:
         p = {k: params[k] for k in grads}
         slots = {s: {k: state[s][k] for k in grads} for s in self.slots}
         arrays = arrays_of(grads.values())
+        # Parameters on different devices (a pipeline's stages) update in one program per device set.
+        groups = getattr(arrays, "device_groups", lambda values: [list(values)])(grads)
+        new_p, new_slots = {}, {s: {} for s in self.slots}
         with arrays.update_scope():
-            new_p, new_slots = self._program(arrays)(p, dict(grads), slots, scalars)
+            for keys in groups:
+                gp, gs = self._program(arrays)({k: p[k] for k in keys}, {k: grads[k] for k in keys},
+                                               {s: {k: slots[s][k] for k in keys} for s in self.slots}, scalars)
+                new_p.update(gp)
+                for s in self.slots:
+                    new_slots[s].update(gs[s])
         params = {**params, **new_p}
         return params, {"step": step + 1, **{s: {**state[s], **new_slots[s]} for s in self.slots}}
 

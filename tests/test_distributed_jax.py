@@ -143,8 +143,10 @@ def _resnet_case():
 
 
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case, "resnet18": _resnet_case}
-# (strategy, mesh): data and fully sharded over 4 devices; tensor over 4; both over a 2x2 mesh.
-STRATEGIES = [("data", (4,)), ("fsdp", (4,)), ("tensor", (4,)), ({"data": "data", "tensor": "model"}, (2, 2))]
+# (strategy, mesh): data and fully sharded over 4 devices; tensor over 4; both over a 2x2 mesh; a
+# pipeline of 4 stages, each batch in 4 micro-batches.
+STRATEGIES = [("data", (4,)), ("fsdp", (4,)), ("tensor", (4,)), ({"data": "data", "tensor": "model"}, (2, 2)),
+              ("pipeline", (4,))]
 
 
 def _train(pm, backend, init, batches):
@@ -173,7 +175,7 @@ def _reference(case: str):
     return _REFERENCE[case]
 
 
-@pytest.mark.parametrize("strategy, mesh", STRATEGIES, ids=["data", "fsdp", "tensor", "data+tensor"])
+@pytest.mark.parametrize("strategy, mesh", STRATEGIES, ids=["data", "fsdp", "tensor", "data+tensor", "pipeline"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_strategy_trains_like_one_device(case, strategy, mesh):
     init, want_params, want_losses = _reference(case)
@@ -190,6 +192,12 @@ def test_strategy_trains_like_one_device(case, strategy, mesh):
     split = {n for n, spec in pm.sharding.specs.items() if n in want_params}
     if strategy in ("fsdp", "tensor") or isinstance(strategy, dict):
         assert split, "the strategy split no parameter"
+    if strategy == "pipeline":  # the parameters spread over the stages, each stage on its own device
+        stages = pm.sharding.stages
+        assert len(set(stages.values())) >= 3 and len(pm.sharding.pipeline.segments) == 4
+        placed = pm._placed(dict(init))
+        devices = {stages[k]: next(iter(v.sharding.device_set)) for k, v in placed.items()}
+        assert len(set(devices.values())) == len(devices)
 
 
 def test_tensor_parallel_pairs_columns_then_rows():
@@ -206,7 +214,10 @@ def test_tensor_parallel_pairs_columns_then_rows():
     assert specs["linear_1.weight"] == (None, "model") and "linear_1.bias" not in specs
     assert specs["linear_2.weight"] == ("model", None)
     assert specs["input"] == ("data", None)
-    gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
+    # The embedding tables have no tensor rule: one warning names them, and they stay whole.
+    with pytest.warns(ReplicatedOpsWarning, match=r"tensor parallel leaves 2 parameter\(s\) whole on every device: "
+                                                  r"model_0.wte.weight \(64, 32\): no rule splits it"):
+        gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
     split = {n: s for n, s in gpt.sharding.specs.items() if n in gpt.sharding.shapes}
     assert any(re.search(r"attn", n) for n in split), sorted(split)
     text = str(gpt.sharding)

@@ -287,6 +287,23 @@ class Backend(metaclass=TensorAPI):
         return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
                            checkpointing=segments)
 
+    def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
+        """:meth:`vjp` of each ``(params, data, cotangents)`` of ``parts`` (a pipeline's
+        micro-batches) -> ``[(outputs, gradients)...]``. Here one after the other; a backend that
+        dispatches asynchronously issues every forward pass first (GPipe)."""
+        return [self.vjp(program, p, d, diff_params, diff_data, c) for p, d, c in parts]
+
+    def lower_stages(self, plan, stages, *, file_path: str | None = None):
+        """The plan as :meth:`lower` prints it, with ``stages`` (a pipeline's
+        :class:`~mithril.backends.checkpoint.Checkpointing`) each called through
+        ``pipeline_stage(index, fn, *live_in)``: a backend with device meshes defines it."""
+        from .emit_python import emit_python
+
+        if not hasattr(self, "pipeline_stage"):
+            raise MeshError(f"{type(self).__name__} has no pipeline stages")
+        return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
+                           checkpointing=stages)
+
     def program_namespace(self) -> dict:
         """What generated Python code reads besides its kernels: the array namespace and the backend."""
         return {"xp": self.xp, "_backend": self}

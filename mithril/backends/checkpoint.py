@@ -80,6 +80,9 @@ class Checkpointing:
     plan: Plan
     segments: list[Segment]
     left_out: list[tuple[PlanNode, str]]
+    # The backend method the printed program calls each segment through: ``checkpoint(s<i>,
+    # live-in...)``; ``pipeline_stage`` (device meshes' pipeline stages) also takes the index first.
+    call: str = "checkpoint"
 
     def segment_starting_at(self) -> dict[PlanNode, Segment]:
         """First node -> its segment (a printer walks the plan's nodes and opens a segment there)."""
@@ -145,7 +148,32 @@ def checkpoint_segments(plan: Plan) -> Checkpointing:
     # bytes defined by the nodes before index c
     before = np.concatenate([[0], np.cumsum([sum(_nbytes(o) for o in pn.outputs) for pn in nodes])])
     bounds = _cuts(crossing, before, np.array([pn in blocked for pn in nodes], dtype=bool))
+    segments = segments_between(plan, bounds, last_read)
 
+    untraceable = [f"{pn.label} ({why})" for pn, why in left_out
+                   if why in ("subgraphs", "output shape depends on input values")]
+    if untraceable:
+        shown = ", ".join(untraceable[:5]) + (f" and {len(untraceable) - 5} more" if len(untraceable) > 5 else "")
+        warnings.warn(f"gradient_checkpointing: {len(untraceable)} node(s) keep their activations (not recomputed): "
+                      f"{shown}", GradientCheckpointingWarning, stacklevel=4)
+    return Checkpointing(plan, segments, left_out)
+
+
+def last_reads(plan: Plan) -> dict[PlanValue, int]:
+    """Each value -> the index of the last top-level node reading it (len(nodes) for outputs)."""
+    last_read: dict[PlanValue, int] = {}
+    for i, pn in enumerate(plan.nodes):
+        for v in _reads(pn):
+            last_read[v] = i
+    for v in plan.outputs:
+        last_read[v] = len(plan.nodes)
+    return last_read
+
+
+def segments_between(plan: Plan, bounds, last_read: dict[PlanValue, int] | None = None) -> list[Segment]:
+    """The :class:`Segment` of each ``(start, stop)`` range of ``plan``'s top-level nodes."""
+    nodes = plan.nodes
+    last_read = last_reads(plan) if last_read is None else last_read
     segments = []
     for a, b in bounds:
         members = nodes[a:b]
@@ -158,14 +186,7 @@ def checkpoint_segments(plan: Plan) -> Checkpointing:
         live_out = tuple(o for pn in members for o in pn.outputs if last_read.get(o, -1) >= b)
         frees = tuple(dict.fromkeys(v for pn in members for v in pn.frees if v not in inside))
         segments.append(Segment(len(segments), members, tuple(live_in), tuple(dict.fromkeys(live_out)), frees))
-
-    untraceable = [f"{pn.label} ({why})" for pn, why in left_out
-                   if why in ("subgraphs", "output shape depends on input values")]
-    if untraceable:
-        shown = ", ".join(untraceable[:5]) + (f" and {len(untraceable) - 5} more" if len(untraceable) > 5 else "")
-        warnings.warn(f"gradient_checkpointing: {len(untraceable)} node(s) keep their activations (not recomputed): "
-                      f"{shown}", GradientCheckpointingWarning, stacklevel=4)
-    return Checkpointing(plan, segments, left_out)
+    return segments
 
 
 def _cuts(crossing: np.ndarray, before: np.ndarray, blocked: np.ndarray,

@@ -172,26 +172,29 @@ class PythonEmitter:
         segmented = checkpointing.segment_of() if checkpointing is not None else {}
         for pn in plan.nodes:
             if pn in starts:
-                self.emit_segment(starts[pn], indent)
+                self.emit_segment(starts[pn], indent, checkpointing.call)
             elif pn not in segmented:
                 self.emit_node(pn, indent)
                 self.emit_del(indent, pn.frees)
         self.emit(indent, outputs_expr(plan))
 
-    def emit_segment(self, segment: Segment, indent: int) -> None:
+    def emit_segment(self, segment: Segment, indent: int, call: str = "checkpoint") -> None:
         """``def s<i>(live-in...)``: the segment's nodes returning its live-out values, then
         ``live-out... = _backend.checkpoint(s<i>, live-in...)``: the backend's autodiff keeps the
-        arguments and recomputes the rest in the backward pass (:mod:`.checkpoint`)."""
+        arguments and recomputes the rest in the backward pass (:mod:`.checkpoint`). Another
+        ``call`` (a pipeline stage) takes the segment's index first."""
         name = f"s{segment.index}"
         args = ", ".join(self.var(v) for v in segment.inputs)
-        self.emit(indent, f"def {name}({args}):  # checkpointed segment: nodes "
+        what = "checkpointed segment" if call == "checkpoint" else f"{call} {segment.index}"
+        self.emit(indent, f"def {name}({args}):  # {what}: nodes "
                           f"{segment.nodes[0].label!r} to {segment.nodes[-1].label!r}")
         for pn in segment.nodes:
             self.emit_node(pn, indent + 1)
             self.emit_del(indent + 1, pn.frees)
         outs = "".join(self.var(v) + ", " for v in segment.outputs)
         self.emit(indent + 1, f"return ({outs})")
-        call = f"_backend.checkpoint({name}{', ' if args else ''}{args})"
+        head = name if call == "checkpoint" else f"{segment.index}, {name}"
+        call = f"_backend.{call}({head}{', ' if args else ''}{args})"
         self.emit(indent, f"{outs}= {call}" if outs else call)
         self.emit_del(indent, segment.frees, [name])
 

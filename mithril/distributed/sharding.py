@@ -58,6 +58,11 @@ class ShardingPlan:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # parameters'
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # data inputs'
     itemsizes: dict[str, int] = field(default_factory=dict)
+    # Pipeline parallel: the stages (a Checkpointing whose segments the program calls through
+    # backend.pipeline_stage), each parameter's stage, and the micro-batches a batch is cut into.
+    pipeline: object = None
+    stages: dict[str, int] = field(default_factory=dict)
+    microbatches: int = 1
 
     def spec(self, name: str) -> Spec:
         shape = self.shapes.get(name, self.input_shapes.get(name, ()))
@@ -66,7 +71,15 @@ class ShardingPlan:
     def per_device_bytes(self, names=None) -> int:
         """Bytes one device holds of ``names`` (default: every parameter planned) by the specs."""
         total = 0
-        for name in self.shapes if names is None else names:
+        names = list(self.shapes if names is None else names)
+        if self.stages:  # pipeline: each device holds its stage's parameters; the largest stage's
+            per_stage: dict[int, int] = {}
+            for name in names:
+                stage = self.stages.get(name, 0)
+                per_stage[stage] = per_stage.get(stage, 0) + int(np.prod(self.shapes[name], dtype=np.int64)) * \
+                    self.itemsizes.get(name, 4)
+            return max(per_stage.values(), default=0)
+        for name in names:
             n = int(np.prod(self.shapes[name], dtype=np.int64))
             for axis in self.spec(name):
                 if axis is not None:
@@ -75,12 +88,13 @@ class ShardingPlan:
         return total
 
     def __str__(self) -> str:
-        lines = [f"mesh {self.mesh}; " + ", ".join(f"{s} over {a!r}" for s, a in self.strategies.items())]
+        lines = [f"mesh {self.mesh}; " + ", ".join(f"{s} over {a!r}" for s, a in self.strategies.items())
+                 + (f", {self.microbatches} micro-batches" if self.pipeline is not None else "")]
         width = max((len(n) for n in self.shapes), default=4)
         for name, shape in self.shapes.items():
             why = self.replicated.get(name)
-            lines.append(f"  {name:<{width}}  {str(tuple(shape)):<18} {spec_str(self.spec(name))}"
-                         + (f"  ({why})" if why else ""))
+            where = f"stage {self.stages[name]}" if name in self.stages else spec_str(self.spec(name))
+            lines.append(f"  {name:<{width}}  {str(tuple(shape)):<18} {where}" + (f"  ({why})" if why else ""))
         return "\n".join(lines)
 
 
@@ -89,6 +103,8 @@ def parse_parallel(owner: str, parallel, mesh: DeviceMesh) -> dict[str, str]:
     against the mesh's axes."""
     if isinstance(parallel, str):
         parallel = {parallel: None}
+    if isinstance(parallel, Mapping):
+        parallel = {k: v for k, v in parallel.items() if k != "microbatches"}
     if not isinstance(parallel, Mapping) or not parallel:
         raise MeshError(f"{owner}: parallel= takes a strategy ({', '.join(STRATEGIES)}) or a dict "
                         f"{{strategy: mesh axis}} such as {{'data': 'data', 'tensor': 'model'}}, got {parallel!r}")
@@ -107,6 +123,9 @@ def parse_parallel(owner: str, parallel, mesh: DeviceMesh) -> dict[str, str]:
         if strategy in out:
             raise MeshError(f"{owner}: parallel names {strategy} twice")
         out[strategy] = axis
+    if "pipeline" in out and len(out) > 1:
+        raise MeshError(f"{owner}: pipeline parallel runs alone for now (its stages are whole programs on their "
+                        f"devices); got {dict(parallel)}")
     if "data" in out and "fsdp" in out and out["data"] != out["fsdp"]:
         raise MeshError(f"{owner}: fsdp shards parameters over the data axis; give it the data axis "
                         f"({out['data']!r}) or leave data out")
@@ -114,9 +133,21 @@ def parse_parallel(owner: str, parallel, mesh: DeviceMesh) -> dict[str, str]:
     if len(used) != len(set(used)):
         raise MeshError(f"{owner}: parallel={dict(parallel)} gives one mesh axis to two strategies; give each its "
                         f"own axis (device_mesh=(2, 2) has 'data' and 'model')")
-    if "pipeline" in out:
-        raise MeshError(f"{owner}: pipeline parallelism is not implemented yet (issue 20); use data, fsdp or tensor")
     return out
+
+
+def microbatches(owner: str, parallel, mesh: DeviceMesh | None) -> int:
+    """The micro-batches a pipeline cuts each batch into: ``parallel``'s ``"microbatches"``
+    (default: one per stage); 1 without a pipeline."""
+    if mesh is None or parallel is None or "pipeline" not in parse_parallel(owner, parallel, mesh):
+        if isinstance(parallel, Mapping) and "microbatches" in parallel:
+            raise MeshError(f"{owner}: microbatches is a pipeline option; parallel={dict(parallel)} has no pipeline")
+        return 1
+    axis = parse_parallel(owner, parallel, mesh)["pipeline"]
+    n = parallel.get("microbatches", mesh.axis_size(axis)) if isinstance(parallel, Mapping) else mesh.axis_size(axis)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise MeshError(f"{owner}: microbatches must be a positive int, got {n!r}")
+    return n
 
 
 def plan_sharding(owner: str, plan, mesh: DeviceMesh, parallel, rules=None) -> ShardingPlan:
@@ -136,6 +167,11 @@ def plan_sharding(owner: str, plan, mesh: DeviceMesh, parallel, rules=None) -> S
         _tensor_parallel(plan, mesh, strategies["tensor"], specs, floating, out.replicated)
     if "fsdp" in strategies:
         _fully_sharded(mesh, strategies["fsdp"], specs, out.shapes, floating, out.replicated)
+    if "pipeline" in strategies:
+        from .pipeline import pipeline_stages
+
+        out.pipeline, out.stages = pipeline_stages(owner, plan, mesh.axis_size(strategies["pipeline"]))
+        out.microbatches = microbatches(owner, parallel, mesh)
     batch_axis = strategies.get("data") or strategies.get("fsdp")
     if batch_axis is not None:
         for name, v in inputs.items():

@@ -24,3 +24,13 @@ def update_scope():
 def jit(fn):
     """``fn`` as one XLA program (eager JAX dispatches each small op separately, which is slow)."""
     return jax.jit(fn)
+
+
+def device_groups(values: dict) -> list[list]:
+    """``values``' keys grouped by the devices their arrays are on (one group unless a pipeline
+    put parameters on different devices): a jitted program takes arrays of one device set."""
+    groups: dict = {}
+    for k, v in values.items():
+        devices = frozenset(getattr(getattr(v, "sharding", None), "device_set", ()) or ())
+        groups.setdefault(devices, []).append(k)
+    return list(groups.values())

@@ -419,11 +419,61 @@ class JaxBackend(Backend):
             if _is_host_only(v) or _mesh.on_mesh(jax, self._jmesh, v):
                 out[name] = v
                 continue
+            if name in plan.stages:  # a pipeline's parameter: on its stage's devices
+                with self.scope():
+                    out[name] = jax.device_put(v, self.stage_sharding(plan.stages[name]))
+                continue
             spec = plan.specs.get(name, ())
             if name in plan.input_shapes:
                 check_batch("evaluate", self.mesh, name, np.shape(v), spec)
             out[name] = self.shard(v, spec)
         return out
+
+    @functools.cached_property
+    def _stage_cache(self) -> dict:
+        return {}
+
+    def stage_sharding(self, index: int):
+        """Where pipeline stage ``index`` runs: the mesh's devices at that index of its pipeline
+        axis (the last axis named ``"pipe"``, else the first), whole on each."""
+        names = self.mesh.axis_names
+        axis = names.index("pipe") if "pipe" in names else 0
+        devices = np.take(self._jmesh.devices, index, axis=axis)
+        rest = tuple(n for i, n in enumerate(names) if i != axis)
+        sub = jax.sharding.Mesh(np.asarray(devices).reshape([d for i, d in enumerate(self.mesh.shape) if i != axis]),
+                                rest) if rest else jax.sharding.Mesh(np.asarray([devices]), ("stage",))
+        return _mesh.sharding(jax, sub, ())
+
+    def pipeline_stage(self, index: int, fn, *args):
+        """Pipeline stage ``index`` (a segment of the printed program, :mod:`mithril.distributed.
+        pipeline`) as one jitted program on its devices; the arrays it reads are moved there
+        first (``jax.device_put``, differentiable). Host values (shape arithmetic) stay concrete:
+        the compiled stage is keyed by them, as :func:`_checkpointed` keeps them."""
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        traced = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array)]
+        host_key = tuple((i, _static_key(x)) for i, x in enumerate(leaves) if i not in set(traced))
+        key = (index, fn.__code__, tree, host_key)
+        entry = self._stage_cache.get(key)
+        if entry is None:
+            box: dict = {}
+            host_leaves = list(leaves)
+
+            def on_arrays(*arrays):
+                full = list(host_leaves)
+                for i, x in zip(traced, arrays):
+                    full[i] = x
+                out_leaves, box["tree"] = jax.tree_util.tree_flatten(fn(*jax.tree_util.tree_unflatten(tree, full)))
+                box["host"] = [_ON_DEVICE if isinstance(x, jax.Array) else x for x in out_leaves]
+                return [x for x in out_leaves if isinstance(x, jax.Array)]
+
+            # Plain jax.jit: jax.vjp traces a stage as a nested jit, which takes no compiler_options.
+            entry = self._stage_cache[key] = (jax.jit(on_arrays), box, self.stage_sharding(index))
+        jitted, box, sharding = entry
+        # Under jax.vjp the arrays are tracers (no .sharding to compare): device_put is a no-op for
+        # an array already there, and its transpose brings the cotangent back.
+        arrays = [jax.device_put(leaves[i], sharding) for i in traced]
+        out = iter(jitted(*arrays))
+        return jax.tree_util.tree_unflatten(box["tree"], [next(out) if x is _ON_DEVICE else x for x in box["host"]])
 
     def per_device_bytes(self, arrays) -> dict:
         """``{device id: bytes}`` that ``arrays`` (a dict or a list) hold on each device."""
@@ -517,6 +567,23 @@ class JaxBackend(Backend):
                 return run.jitted(dict(params), dict(data), cot)
             return run(dict(params), dict(data), cot)
 
+    def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
+        """GPipe: the forward pass of every micro-batch is issued (``jax.vjp``; each stage runs
+        asynchronously on its devices, so stage 0 starts part 2 while stage 1 runs part 1), then
+        the backward passes, last part first."""
+        with self.scope():
+            pending = []
+            for params, data, cotangents in parts:
+                f, primal_p, primal_d = _split_for_vjp(program.forward, params, data, diff_params, diff_data)
+                outputs, pullback = jax.vjp(f, primal_p, primal_d)
+                pending.append((outputs, pullback, cotangents))
+            results = [None] * len(pending)
+            for i in reversed(range(len(pending))):
+                outputs, pullback, cotangents = pending[i]
+                gp, gd = pullback({k: _cotangent(v, cotangents.get(k)) for k, v in outputs.items()})
+                results[i] = (outputs, {**gp, **gd})
+            return results
+
     def checkpoint(self, fn, *args):
         """A segment of the generated forward whose backward pass computes it again (see
         :func:`_checkpointed`) while the backend differentiates (vjp); a plain call otherwise,
@@ -586,14 +653,7 @@ def _make_vjp(forward, diff_params, diff_data, compiler_options):
             _DIFFERENTIATING.reset(token)
 
     def _vjp(params, data, cotangents):
-        fixed_p = {k: v for k, v in params.items() if k not in diff_params}
-        fixed_d = {k: v for k, v in data.items() if k not in diff_data}
-
-        def f(dp, dd):
-            return forward({**fixed_p, **dp}, {**fixed_d, **dd})
-
-        primal_p = {k: params[k] for k in diff_params}
-        primal_d = {k: data[k] for k in diff_data}
+        f, primal_p, primal_d = _split_for_vjp(forward, params, data, diff_params, diff_data)
         outputs, pullback = jax.vjp(f, primal_p, primal_d)
         cots = {k: _cotangent(v, cotangents.get(k)) for k, v in outputs.items()}
         gp, gd = pullback(cots)
@@ -601,6 +661,31 @@ def _make_vjp(forward, diff_params, diff_data, compiler_options):
 
     run.jitted = _jit(run, compiler_options)
     return run
+
+
+def _split_for_vjp(forward, params, data, diff_params, diff_data):
+    """``f(differentiated params, differentiated data)`` over ``forward`` with the rest fixed, and
+    the primal values of its two arguments."""
+    fixed_p = {k: v for k, v in params.items() if k not in diff_params}
+    fixed_d = {k: v for k, v in data.items() if k not in diff_data}
+
+    def f(dp, dd):
+        return forward({**fixed_p, **dp}, {**fixed_d, **dd})
+
+    return f, {k: params[k] for k in diff_params}, {k: data[k] for k in diff_data}
+
+
+_ON_DEVICE = object()  # a pipeline stage's output computed on its devices (not a host value)
+
+
+def _static_key(value):
+    """A host value as a cache key: its type, dtype, shape and bytes."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_static_key(v) for v in value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    arr = np.asarray(value)
+    return (arr.dtype.str, arr.shape, arr.tobytes() if arr.dtype != object else repr(arr.tolist()))
 
 
 def _cotangent(out, given):
@@ -613,8 +698,12 @@ def _cotangent(out, given):
     if not jnp.issubdtype(dtype, jnp.inexact):
         return np.zeros(np.shape(out), dtype=jax.dtypes.float0)
     if given is None:
-        return jnp.zeros(np.shape(out), dtype=dtype)
-    return jnp.asarray(given, dtype=dtype)
+        given = jnp.zeros(np.shape(out), dtype=dtype)
+    given = jnp.asarray(given, dtype=dtype)
+    if (isinstance(out, jax.Array) and not isinstance(out, jax.core.Tracer) and not isinstance(given, jax.core.Tracer)
+            and given.sharding != out.sharding):  # a pipeline's output lives on its last stage's devices
+        given = jax.device_put(given, out.sharding)
+    return given
 
 
 def _scoped(fn):
