@@ -1,9 +1,10 @@
 """The C backend's depthwise convolution (lib/mt_nn_t.h, mt_conv_depthwise): group == C Conv in
 each of its paths (3x3 planes that fit the stack: flat for stride 1 with one column of padding
 each side, flat2 for stride 2 over even planes, small for the other strides 1 and 2; outputs up
-to 8x8 by blocks of channels; larger 3x3 planes by output rows; the generic loop for other kernels, strides and dilations), with odd and
-tiny planes, asymmetric pads, channel multipliers and fused Relu / Clip, equal to NumPy and to
-onnxruntime."""
+to 8x8 by blocks of channels; larger 3x3 planes by output rows, through a ring of padded input
+rows or, too wide for it or with unequal strides, from the input rows; the generic loop for other
+kernels, strides and dilations), with odd and tiny planes, asymmetric pads, channel multipliers
+and fused Relu / Clip, equal to NumPy and to onnxruntime."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def _case(name, C, H, W, *, M=None, k=3, bias=True, **attrs):
 
 # name, channels, input height and width, Conv options: every path and edge of mt_conv_depthwise
 CASES = [
-    ("s1_112", 3, 112, 112, dict(pads=[1, 1, 1, 1])),                 # rows path
-    ("s2_112", 3, 112, 112, dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # rows path, stride 2
-    ("s1_100", 2, 100, 70, dict(pads=[1, 1, 1, 1], bias=False)),      # rows path, no bias
+    ("s1_112", 3, 112, 112, dict(pads=[1, 1, 1, 1])),                 # ring path
+    ("s2_112", 3, 112, 112, dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # ring path, stride 2
+    ("s1_100", 2, 100, 70, dict(pads=[1, 1, 1, 1], bias=False)),      # ring path, no bias
     ("s1_56", 5, 56, 56, dict(pads=[1, 1, 1, 1])),                    # flat path (rows in float64)
     ("s2_56", 5, 56, 56, dict(pads=[1, 1, 1, 1], strides=[2, 2])),    # flat2 path (parity planes)
     ("s2_2x2", 3, 2, 2, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
@@ -51,13 +52,16 @@ CASES = [
     ("s1_1x1", 3, 1, 1, dict(pads=[1, 1, 1, 1])),
     ("s2_1x1", 3, 1, 1, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     ("s1_2x9", 3, 2, 9, dict(pads=[1, 1, 1, 1])),
-    ("s1_2x3000", 3, 2, 3000, dict(pads=[1, 1, 1, 1])),               # rows path: no row has all 3 taps
+    ("s1_2x3000", 3, 2, 3000, dict(pads=[1, 1, 1, 1])),               # ring path: no row has all 3 taps
+    ("s1_2x3100", 3, 2, 3100, dict(pads=[1, 1, 1, 1])),               # rows path (too wide for the ring in float32)
+    ("s2_9x2000", 2, 9, 2000, dict(pads=[0, 2, 1, 1], strides=[2, 2])),  # ring in float32, rows in float64
     ("asym_s1", 3, 9, 8, dict(pads=[0, 2, 2, 1])),                    # pads: top, left, bottom, right
     ("flat_top0", 3, 9, 8, dict(pads=[0, 1, 2, 1])),
     ("flat_top2", 3, 9, 8, dict(pads=[2, 1, 0, 1])),
     ("flat_1x5", 3, 1, 5, dict(pads=[1, 1, 1, 1])),
     ("asym_s2", 3, 9, 8, dict(pads=[2, 0, 1, 2], strides=[2, 2])),
-    ("asym_rows", 3, 100, 130, dict(pads=[0, 2, 1, 0], strides=[2, 2])),
+    ("asym_rows", 3, 100, 130, dict(pads=[0, 2, 1, 0], strides=[2, 2])),  # ring path, stride 2
+    ("asym_ring", 3, 90, 120, dict(pads=[2, 0, 0, 2])),               # ring path, stride 1
     ("nopad", 3, 8, 8, dict()),
     ("s21", 3, 9, 10, dict(pads=[1, 1, 1, 1], strides=[2, 1])),       # unequal strides: rows path
     ("s12", 3, 9, 10, dict(pads=[1, 1, 1, 1], strides=[1, 2])),

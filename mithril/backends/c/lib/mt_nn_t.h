@@ -130,6 +130,69 @@ static inline void MT_FN(mt_dw3_plane)(const T *x, const T *w, T b, T *restrict 
 #undef MT_DW3_LOW
 #undef MT_DW3_HIGH
 
+/* Planes too large for the copies below, equal strides s (1 or 2): each input row copied once into
+ * a ring of three zero-padded rows (stride 2: its even columns, then its odd ones), so that each
+ * output row is one unit-stride loop, every column in it (mt_dw3_plane leaves two per row to a
+ * scalar loop: 112x112 planes 1.5x slower). Rows above and below the input read a zero row; w * 0
+ * added for padding, as the copies below do. */
+static inline int MT_FN(mt_dw3_ring)(const T *x, const T *w, T b, T *restrict y, mt_i IH, mt_i IW, mt_i OH,
+                                     mt_i OW, mt_i s, mt_i ph, mt_i pw, T clo, T chi) {
+    const mt_i PW = (OW - 1) * s + 3, RW = s == 1 ? PW : 2 * (OW + 1); /* padded width; a stored row */
+    if (4 * RW > MT_DW3_SMALL) return 0;
+    const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    T buf[MT_DW3_SMALL];
+    T *zero = buf + 3 * RW;
+    memset(zero, 0, sizeof(T) * (size_t)RW);
+    mt_i held[3] = {-1, -1, -1}, e0, e1, o0, o1; /* the padded row in each slot; columns from the input */
+    mt_window_range(s == 1 ? PW : OW + 1, IW, s, -pw, &e0, &e1);
+    mt_window_range(OW, IW, 2, 1 - pw, &o0, &o1);
+    for (mt_i oh = 0; oh < OH; oh++, y += OW) {
+        const T *t[3];
+        for (mt_i kh = 0; kh < 3; kh++) {
+            const mt_i pr = oh * s + kh, ih = pr - ph;
+            if (ih < 0 || ih >= IH) {
+                t[kh] = zero;
+                continue;
+            }
+            T *restrict row = buf + pr % 3 * RW;
+            t[kh] = row;
+            if (held[pr % 3] == pr) continue;
+            held[pr % 3] = pr;
+            const T *src = x + ih * IW - pw; /* padded column c is src[c] */
+            if (s == 1) {
+                for (mt_i c = 0; c < e0; c++) row[c] = 0;
+                _Pragma("omp simd")
+                for (mt_i c = e0; c < e1; c++) row[c] = src[c];
+                for (mt_i c = e1; c < PW; c++) row[c] = 0;
+            } else { /* even columns 2q at row[q], odd 2q + 1 at row[OW + 1 + q] */
+                T *restrict od = row + OW + 1;
+                for (mt_i q = 0; q < e0; q++) row[q] = 0;
+                _Pragma("omp simd")
+                for (mt_i q = e0; q < e1; q++) row[q] = src[2 * q];
+                for (mt_i q = e1; q <= OW; q++) row[q] = 0;
+                for (mt_i q = 0; q < o0; q++) od[q] = 0;
+                _Pragma("omp simd")
+                for (mt_i q = o0; q < o1; q++) od[q] = src[2 * q + 1];
+                for (mt_i q = o1; q < OW; q++) od[q] = 0;
+            }
+        }
+        /* tap kw of row kh: (s 1) t[kh][ow + kw]; (s 2) even half at ow + kw / 2 for kw 0 and 2,
+         * odd half at ow for kw 1 */
+        const mt_i h1 = s == 1 ? 1 : OW + 1, h2 = s == 1 ? 2 : 1;
+        const T *a0 = t[0], *a1 = t[1], *a2 = t[2], *b0 = a0 + h1, *b1 = a1 + h1, *b2 = a2 + h1;
+        const T *c0 = a0 + h2, *c1 = a1 + h2, *c2 = a2 + h2;
+        _Pragma("omp simd")
+        for (mt_i ow = 0; ow < OW; ow++) {
+            T a = b;
+            a += w0 * a0[ow]; a += w3 * a1[ow]; a += w6 * a2[ow];
+            a += w1 * b0[ow]; a += w4 * b1[ow]; a += w7 * b2[ow];
+            a += w2 * c0[ow]; a += w5 * c1[ow]; a += w8 * c2[ow];
+            y[ow] = a < clo ? clo : (a > chi ? chi : a);
+        }
+    }
+    return 1;
+}
+
 /* y[p] = clamp(b + the 9 taps at t[k][p], k = kh*3 + kw), p < P: one unit-stride loop, in 256-bit
  * vectors for short planes (under 256 outputs: 14x14, 7x7), where 512-bit ones would leave much of
  * the plane to the scalar remainder (960x7x7 20%, 576x14x14 10% faster; 144x56x56 was 10% slower). */
@@ -343,7 +406,8 @@ static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bia
             if (sh == 2 && sw == 2 && ph == 1 && pw == 1 && IH % 2 == 0 && IW % 2 == 0 && OH == IH / 2 &&
                 OW == IW / 2 && MT_FN(mt_dw3_flat2)(x, w, b, y, IH, IW, OH, OW, clo, chi))
                 continue;
-            if (sh != sw || !MT_FN(mt_dw3_small)(x, w, b, y, IH, IW, OH, OW, sw, ph, pw, clo, chi))
+            if (sh != sw || !(MT_FN(mt_dw3_small)(x, w, b, y, IH, IW, OH, OW, sw, ph, pw, clo, chi) ||
+                              MT_FN(mt_dw3_ring)(x, w, b, y, IH, IW, OH, OW, sw, ph, pw, clo, chi)))
                 MT_FN(mt_dw3_plane)(x, w, b, y, IH, IW, OH, OW, sh, sw, ph, pw, clo, chi);
             continue;
         }
