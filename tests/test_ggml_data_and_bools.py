@@ -270,3 +270,36 @@ def test_pow_with_exponents_given_as_data_matches_numpy(exponents):
     with np.errstate(all="ignore"):
         want = np.power(xs, es)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+
+
+def test_clip_leaves_its_input_as_it_was():
+    # ggml_clamp writes into its operand: the rule clamps a copy (the caller's array and a second
+    # reader of the same value see it unchanged).
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"]), helper.make_node("Relu", ["x"], ["z"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [5])],
+                   [("y", TensorProto.FLOAT, [5]), ("z", TensorProto.FLOAT, [5])])
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(-1.0, np.float32), "lo"),
+                                    onnx.numpy_helper.from_array(np.array(1.0, np.float32), "hi")])
+    x = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], np.float32)
+    before = x.copy()
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True, constant_keys=["lo", "hi"]).evaluate(
+        {}, {"x": x})
+    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(got["y"], np.clip(before, -1, 1))
+    np.testing.assert_array_equal(got["z"], np.maximum(before, 0))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+def test_grid_sample_matches_the_numpy_kernel(mode, padding, align):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    grid = rng.uniform(-1.6, 1.6, (2, 3, 6, 2)).astype(np.float32)
+    grid[0, 0, :4] = [[-1, -1], [1, 1], [0.25, -0.2], [-0.6, 0.75]]  # corners and half-pixel ties
+    node = helper.make_node("GridSample", ["x", "g"], ["y"], mode=mode, padding_mode=padding, align_corners=align)
+    model = _model([node], [("x", TensorProto.FLOAT, [2, 3, 4, 5]), ("g", TensorProto.FLOAT, [2, 3, 6, 2])],
+                   [("y", TensorProto.FLOAT, [2, 3, 3, 6])], opset=20)
+    got = _strict(model).evaluate({}, {"x": x, "g": grid})["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x, "g": grid})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

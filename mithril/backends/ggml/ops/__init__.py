@@ -190,6 +190,11 @@ class Builder:
         """``x``, copied into a contiguous tensor when it is a strided view."""
         return x if self.ggml.ggml_is_contiguous(x) else self.ggml.ggml_cont(self.ctx, x)
 
+    def clamp(self, x, lo: float, hi: float):
+        """``x`` clamped to ``[lo, hi]`` in a new tensor: ``ggml_clamp`` writes into its operand
+        (it returns a view of it), which may be a caller's array or a value read again later."""
+        return self.ggml.ggml_clamp(self.ctx, self.ggml.ggml_cont(self.ctx, x), float(lo), float(hi))
+
     def reshape(self, x, shape):
         """``x`` (made contiguous if it is not) with the NumPy shape ``shape``."""
         g = self.ggml

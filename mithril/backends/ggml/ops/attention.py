@@ -33,7 +33,7 @@ def _masked_softmax(g: Builder, scores):
     then 0 / (0 + 1)."""
     gg, ctx = g.ggml, g.ctx
     big = float(np.finfo(np.float32).max)
-    top = gg.ggml_clamp(ctx, _row_max(g, scores), -big, big)
+    top = g.clamp(_row_max(g, scores), -big, big)
     e = gg.ggml_exp(ctx, gg.ggml_sub(ctx, scores, top))
     total = gg.ggml_sum_rows(ctx, e)
     empty = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, total), -1.0, 1.0)

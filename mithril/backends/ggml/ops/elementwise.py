@@ -116,7 +116,7 @@ def leaky_relu(pn, g: Builder):
 def hard_sigmoid(pn, g: Builder):
     x = g.ggml.ggml_scale_bias(g.ctx, g.contiguous(operand(pn, 0, g)), float(pn.kwargs.get("alpha", 0.2)),
                                float(pn.kwargs.get("beta", 0.5)))
-    return g.ggml.ggml_clamp(g.ctx, x, 0.0, 1.0)
+    return g.clamp(x, 0.0, 1.0)
 
 
 def _clip_bounds(pn):
@@ -142,7 +142,7 @@ def clip(pn, g: Builder):
     if lo > hi:
         lo = hi  # ONNX: min > max gives max everywhere
     # ggml_clamp takes float bounds; infinities pass through ctypes as IEEE values.
-    return g.ggml.ggml_clamp(g.ctx, g.contiguous(operand(pn, 0, g)), lo, hi)
+    return g.clamp(operand(pn, 0, g), lo, hi)
 
 
 def _exponents(pn) -> np.ndarray:

@@ -10,6 +10,7 @@ would not). ``tf_crop_and_resize`` positions outside the input get the extrapola
 
 from __future__ import annotations
 
+import itertools
 from math import prod
 
 import numpy as np
@@ -114,3 +115,134 @@ def resize(pn, g: Builder):
     if fill != 0 and outside.any():  # x + 0 inside, 0 + fill outside: exact
         y = gg.ggml_add(ctx, g.contiguous(y), g.constant(np.where(outside, fill, 0.0)))
     return y if y is not x else gg.ggml_cont(ctx, x)
+
+
+def _grid_mode(pn) -> str:
+    mode = pn.kwargs.get("mode", "linear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+
+
+def _check_grid_sample(pn) -> str | None:
+    x, grid = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(x) != 4 or len(grid) != 4 or grid[-1] != 2 or grid[0] != x[0]:
+        return "an input other than (N, C, H, W) with an (N, H', W', 2) grid"
+    if _grid_mode(pn) not in ("nearest", "linear", "cubic"):
+        return f"mode={_grid_mode(pn)!r}"
+    padding = pn.kwargs.get("padding_mode", "zeros")
+    if (padding.decode() if isinstance(padding, bytes) else padding) not in ("zeros", "border", "reflection"):
+        return f"padding_mode={padding!r}"
+    n, c, h, w = x
+    if 2 * n * c * h * w >= 2 ** 24 or 2 * n * grid[1] * grid[2] >= 2 ** 24:
+        return "more than 2**23 elements (positions are counted in float32)"
+    return None
+
+
+@ggml_op("GridSample", check=_check_grid_sample)
+def grid_sample(pn, g: Builder):
+    """The NumPy kernel's steps, on float32 in ggml: per spatial axis the grid's coordinate is
+    mapped to pixels (rounded half to even for ``nearest``), clamped or reflected by the padding
+    mode, split into taps (index, weight); each pair of taps reads the input by ``get_rows`` on its
+    elements and adds ``value * weight``. Every choice is a :func:`select` (exact)."""
+    from .elementwise import select
+
+    gg, ctx = g.ggml, g.ctx
+    n, c, h, w = pn.inputs[0].static_shape
+    _, ho, wo, _ = pn.inputs[1].static_shape
+    p = ho * wo
+    shape = (n, p)
+    mode = _grid_mode(pn)
+    padding = pn.kwargs.get("padding_mode", "zeros")
+    padding = padding.decode() if isinstance(padding, bytes) else padding
+    align = bool(int(pn.kwargs.get("align_corners", 0)))
+    grid = g.contiguous(operand(pn, 1, g))
+
+    def affine(t, scale, bias):
+        return gg.ggml_scale_bias(ctx, t, float(scale), float(bias))
+
+    def above(t, bound):  # 1 where t > bound
+        return gg.ggml_step(ctx, affine(t, 1.0, -bound))
+
+    def below(t, bound):  # 1 where t < bound
+        return gg.ggml_step(ctx, affine(t, -1.0, bound))
+
+    def either(a, b):  # 0/1 or
+        return gg.ggml_step(ctx, gg.ggml_add(ctx, a, b))
+
+    def pick(mask, a, b):
+        return select(g, mask, a, b, shape)
+
+    def reflect(t, lo, hi):
+        span = hi - lo
+        if span <= 0:
+            return affine(t, 0.0, lo)  # every coordinate is lo (t is finite here)
+        low = below(t, lo)
+        dist = pick(low, affine(t, -1.0, lo), affine(t, 1.0, -hi))
+        folds = gg.ggml_floor(ctx, affine(dist, 1.0 / span, 0.0))
+        rest = gg.ggml_sub(ctx, dist, affine(folds, span, 0.0))
+        odd = gg.ggml_sub(ctx, folds, affine(gg.ggml_floor(ctx, affine(folds, 0.5, 0.0)), 2.0, 0.0))
+        even = affine(odd, -1.0, 1.0)
+        from_lo, from_hi = affine(rest, 1.0, lo), affine(rest, -1.0, hi)
+        folded = pick(low, pick(even, from_lo, from_hi), pick(even, from_hi, from_lo))
+        return pick(either(low, above(t, hi)), folded, t)
+
+    def keys(d, near):  # Keys' cubic (a = -0.75) at |d| <= 1 (near) or 1 < |d| < 2
+        a = -0.75
+        d2 = gg.ggml_sqr(ctx, d)
+        if near:
+            return affine(gg.ggml_mul(ctx, affine(d, a + 2, -(a + 3)), d2), 1.0, 1.0)
+        return affine(gg.ggml_mul(ctx, affine(gg.ggml_mul(ctx, affine(d, a, -5 * a), d), 1.0, 8 * a), d), 1.0, -4 * a)
+
+    axes = []
+    for i, size in enumerate((h, w)):
+        # The grid's last axis lists x (width) first.
+        nb = list(grid.contents.nb)
+        u = gg.ggml_view_4d(ctx, grid, 1, wo, ho, n, nb[1], nb[2], nb[3], (1 - i) * nb[0])
+        u = g.reshape(gg.ggml_cont(ctx, u), shape)
+        if align:
+            coord, lo, hi = affine(u, (size - 1) / 2, (size - 1) / 2), 0.0, size - 1.0
+        else:
+            coord, lo, hi = affine(u, size / 2, (size - 1) / 2), -0.5, size - 0.5
+        if mode == "nearest":  # round half to even: floor(t + 0.5), less 1 on an odd tie
+            r = gg.ggml_floor(ctx, affine(coord, 1.0, 0.5))
+            tie = affine(gg.ggml_step(ctx, gg.ggml_sub(ctx, affine(coord, 1.0, 0.5), r)), -1.0, 1.0)
+            odd = gg.ggml_sub(ctx, r, affine(gg.ggml_floor(ctx, affine(r, 0.5, 0.0)), 2.0, 0.0))
+            coord = gg.ggml_sub(ctx, r, gg.ggml_mul(ctx, tie, odd))
+        outside = either(below(coord, lo), above(coord, hi))
+        if padding == "border" and mode != "cubic":
+            coord = pick(outside, g.clamp(coord, 0.0, size - 1), coord)
+        elif padding == "reflection":
+            coord = reflect(coord, lo, hi)
+        if mode == "nearest":
+            bases, weights = [gg.ggml_trunc(ctx, coord)], [None]
+        else:
+            f = gg.ggml_floor(ctx, coord)
+            t = gg.ggml_sub(ctx, coord, f)
+            if mode == "linear":
+                bases, weights = [f, affine(f, 1.0, 1.0)], [affine(t, -1.0, 1.0), t]
+            else:
+                bases = [affine(f, 1.0, k) for k in (-1.0, 0.0, 1.0, 2.0)]
+                weights = [keys(affine(t, 1.0, 1.0), False), keys(t, True), keys(affine(t, -1.0, 1.0), True),
+                           keys(affine(t, -1.0, 2.0), False)]
+        taps = []
+        for base, weight in zip(bases, weights):
+            if padding == "zeros":  # no weight outside [0, size - 1]
+                inside = affine(either(below(base, 0.0), above(base, size - 1.0)), -1.0, 1.0)
+                weight = inside if weight is None else gg.ggml_mul(ctx, weight, inside)
+            elif padding == "reflection":
+                base = gg.ggml_trunc(ctx, reflect(base, lo, hi))
+            taps.append((g.clamp(base, 0.0, size - 1), weight))
+        axes.append(taps)
+    table = g.reshape(g.contiguous(operand(pn, 0, g)), (n * c * h * w, 1))
+    # Element (n, c, y, x) is row (n * C + c) * H * W + y * W + x.
+    first = g.constant((np.arange(n * c, dtype=np.float32) * (h * w)).reshape(n, c, 1))
+    y = None
+    for (row, wy), (col, wx) in itertools.product(*axes):
+        index = g.reshape(gg.ggml_add(ctx, affine(row, w, 0.0), col), (n, 1, p))
+        index = gg.ggml_add(ctx, g.broadcast(index, (n, c, p)), first)
+        picked = gg.ggml_get_rows(ctx, table, g.reshape(gg.ggml_cast(ctx, index, gg.GGML_TYPE_I32), (n * c * p,)))
+        picked = g.reshape(picked, (n, c, p))
+        weight = wy if wx is None else wx if wy is None else gg.ggml_mul(ctx, wy, wx)
+        term = picked if weight is None else gg.ggml_mul(ctx, picked, g.reshape(weight, (n, 1, p)))
+        y = term if y is None else gg.ggml_add(ctx, y, term)
+    return g.reshape(y if y is not picked else gg.ggml_cont(ctx, y), (n, c, ho, wo))

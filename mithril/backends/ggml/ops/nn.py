@@ -121,7 +121,7 @@ def _log_softmax_rows(g: Builder, rows):
 def _finite_below(g: Builder, rows):
     """-inf raised to the lowest float32: the max pool starts from it, so a row of -inf would
     have no element at its max (a row mixing -inf and -FLT_MAX as its max ties them)."""
-    return g.ggml.ggml_clamp(g.ctx, rows, float(np.finfo(np.float32).min), float("inf"))
+    return g.clamp(rows, float(np.finfo(np.float32).min), float("inf"))
 
 
 def _hardmax_rows(g: Builder, rows):
