@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from .backends import kernels  # noqa: F401  (registers every kernel)
 from .backends.backend import Backend
+from .backends.table import backend_of_array
 from .backends.checkpoint import GradientCheckpointingWarning
 from .backends.runner import JitFallbackWarning, Program, jit_fallback_reason, node_error
 from .backends.emit_python import LoweredProgram
@@ -132,12 +133,17 @@ class PhysicalModel:
     def get_parameters(self) -> dict[str, Any]:
         """The model's initializers (those not folded into the program) as backend arrays (on a
         device mesh, placed by :attr:`sharding`)."""
-        return self._placed({k: np.array(v) for k, v in self._params_numpy.items()})
+        return self.place({k: np.array(v) for k, v in self._params_numpy.items()})
 
-    def _placed(self, params: dict[str, np.ndarray]) -> dict[str, Any]:
+    def place(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` (NumPy or backend arrays) as the model runs them: on a device mesh, each
+        where :attr:`sharding` puts it (split, or on its pipeline stage); else backend arrays.
+        Place parameters once before a training loop, so the optimizer state follows them."""
         if self.sharding is not None:
-            return self.backend.place(params, self.sharding)
-        return {k: self.backend.from_numpy(v) for k, v in params.items()}
+            return self.backend.place(dict(params), self.sharding)
+        native = self.backend.name
+        return {k: v if backend_of_array(v).name == native != "numpy" else self.backend.from_numpy(np.asarray(v))
+                for k, v in params.items()}
 
     def randomize_params(self) -> dict[str, Any]:
         """Fresh random parameters with the same names, shapes and dtypes.
@@ -155,7 +161,7 @@ class PhysicalModel:
                 out[k] = arr.astype(v.dtype)
             else:
                 out[k] = np.array(v)
-        return self._placed(out)
+        return self.place(out)
 
     # -- evaluation ------------------------------------------------------------------
     # What evaluate takes, checked before anything runs: names, then per value its kind (arrays of

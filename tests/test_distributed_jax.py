@@ -150,7 +150,7 @@ STRATEGIES = [("data", (4,)), ("fsdp", (4,)), ("tensor", (4,)), ({"data": "data"
 
 
 def _train(pm, backend, init, batches):
-    params = {k: backend.array(v) for k, v in init.items()} if backend.mesh is None else pm._placed(dict(init))
+    params = {k: backend.array(v) for k, v in init.items()} if backend.mesh is None else pm.place(init)
     # SGD, not Adam: Adam divides each gradient by its own scale, so a gradient that is zero in exact
     # arithmetic (attention's key bias: softmax ignores a shift) becomes steps of float noise.
     lr = 0.01 if any(k.startswith("resnet.") for k in params) else 0.1  # ResNet's pretrained-like start
@@ -195,7 +195,7 @@ def test_strategy_trains_like_one_device(case, strategy, mesh):
     if strategy == "pipeline":  # the parameters spread over the stages, each stage on its own device
         stages = pm.sharding.stages
         assert len(set(stages.values())) >= 3 and len(pm.sharding.pipeline.segments) == 4
-        placed = pm._placed(dict(init))
+        placed = pm.place(init)
         devices = {stages[k]: next(iter(v.sharding.device_set)) for k, v in placed.items()}
         assert len(set(devices.values())) == len(devices)
 
@@ -214,14 +214,27 @@ def test_tensor_parallel_pairs_columns_then_rows():
     assert specs["linear_1.weight"] == (None, "model") and "linear_1.bias" not in specs
     assert specs["linear_2.weight"] == ("model", None)
     assert specs["input"] == ("data", None)
-    # The embedding tables have no tensor rule: one warning names them, and they stay whole.
-    with pytest.warns(ReplicatedOpsWarning, match=r"tensor parallel leaves 2 parameter\(s\) whole on every device: "
-                                                  r"model_0.wte.weight \(64, 32\): no rule splits it"):
-        gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
+    gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
+    assert gpt.sharding.specs["model_0.wte.weight"] == ("model", None)  # vocab-parallel embedding
     split = {n: s for n, s in gpt.sharding.specs.items() if n in gpt.sharding.shapes}
     assert any(re.search(r"attn", n) for n in split), sorted(split)
     text = str(gpt.sharding)
     assert "mesh (data=2, model=2); tensor over 'model'" in text
+
+
+def test_what_a_strategy_cannot_split_is_named_once():
+    """A weight whose features don't divide over the axis stays whole on every device: one
+    warning at compile lists each with why; the model still runs (replicated there)."""
+    backend = ml.JaxBackend(device_mesh=(4,), axis_names=("model",))
+    with pytest.warns(ReplicatedOpsWarning, match=r"tensor parallel leaves 1 parameter\(s\) whole on every device: "
+                                                  r"linear_2.weight \(10, 32\): MatMulAdd output features 10 not a "
+                                                  r"multiple of 4$"):
+        pm = ml.compile(models_zoo.mlp((64, 32, 10)), backend, shapes={"input": [8, 16]}, parallel="tensor")
+    params = pm.randomize_params()
+    out = pm.evaluate(params, {"input": np.ones((8, 16), np.float32)})["output"]
+    single = ml.compile(models_zoo.mlp((64, 32, 10)), ml.JaxBackend(), shapes={"input": [8, 16]})
+    want = single.evaluate({k: np.asarray(v) for k, v in params.items()}, {"input": np.ones((8, 16), np.float32)})
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want["output"]), rtol=1e-5, atol=1e-6)
 
 
 def test_fully_sharded_parameters_take_a_quarter_per_device():

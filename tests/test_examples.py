@@ -56,6 +56,10 @@ COMMANDS = {
         Expect([r"wrote gpt\.onnx", r"every backend matches onnxruntime"], keeps={"gpt.onnx"}),
     "python examples/onnx_backbone.py --image-size 64 --steps 20":
         Expect([r"trained the head on \w+ for 20 steps", r"onnxruntime agrees: True"], needs=("torch",), slow=True),
+    "python examples/distributed_jax.py --steps 10":
+        Expect([r"one device: loss", *(rf"{s} +mesh \(.*\): loss curve differs by (\d\.\de-0[5-9]|0\.0e\+00)"
+                                       for s in ("data", "fsdp", "tensor", "data\\+tensor", "pipeline"))],
+               needs=("jax",), slow=True),
     "python examples/train_lenet_digits.py --backend jax --epochs 15":
         Expect([r"jax: 345 steps", r"onnxruntime agrees: True"], needs=("jax", "sklearn"), slow=True),
     "python examples/train_lenet_digits.py --backend torch --epochs 2 --out lenet":

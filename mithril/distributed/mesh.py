@@ -111,4 +111,4 @@ def spec_str(spec: Spec) -> str:
     """A spec as JAX's PartitionSpec prints: ``('data', None)``; ``()`` for replicated."""
     if not any(a is not None for a in spec):
         return "replicated"
-    return "(" + ", ".join("None" if a is None else repr(a) for a in spec) + ")"
+    return repr(tuple(spec))

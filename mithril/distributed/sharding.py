@@ -19,7 +19,8 @@ Strategies (``parallel=``, a name or a dict ``{strategy: mesh axis}``):
   input features), so an MLP block's two matmuls and attention's Q/K/V and output projections
   pair up with one partial sum between them; the split is followed through elementwise ops,
   reshapes, transposes, softmax and matmuls between activations (attention heads). Conv weights
-  are split on output channels (or input channels after a split), the same way.
+  are split on output channels (or input channels after a split), the same way; embedding
+  tables (a Gather's parameter) on their rows, the vocabulary.
 
 ``sharding={regex: spec}`` overrides per name (parameters and data inputs): a spec is a tuple
 with one mesh axis name or None per dim (JAX's PartitionSpec), ``()`` or None for whole.
@@ -232,6 +233,16 @@ def _tensor_parallel(plan, mesh, axis, specs, floating, replicated) -> None:
                     if bias is not None and bias.kind == "param" and len(specs.get(bias.name, ())) == 1 \
                             and bias.name in floating and bias.static_shape[0] == dims[out_dim]:
                         specs[bias.name][0] = axis
+            continue
+        table = pn.inputs[0] if pn.op_type == "Gather" and pn.inputs else None
+        if table is not None and table.kind == "param" and table.name in floating and \
+                int(pn.kwargs.get("axis", 0) or 0) == 0 and len(specs.get(table.name, ())) >= 1:
+            # An embedding: its rows (the vocabulary) split, as Megatron's vocab-parallel embedding;
+            # each device looks up the ids in its rows and the results are summed.
+            if table.static_shape[0] % n == 0:
+                specs[table.name][0] = axis
+            else:
+                replicated[table.name] = f"embedding rows {table.static_shape[0]} not a multiple of {n}"
             continue
         if not any(id(v) in split for v in ins):
             continue
