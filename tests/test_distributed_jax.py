@@ -8,6 +8,7 @@ one-device run; the loss curves and the final parameters must agree within float
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
@@ -155,7 +156,7 @@ def _train(pm, backend, init, batches):
     # arithmetic (attention's key bias: softmax ignores a shift) becomes steps of float noise.
     lr = 0.01 if any(k.startswith("resnet.") for k in params) else 0.1  # ResNet's pretrained-like start
     params, _, losses = fit(pm, params, lambda epoch: batches, SGD(lr, momentum=0.9), 1, progress=False)
-    return {k: np.asarray(v) for k, v in params.items()}, np.array(losses)
+    return {k: backend.to_numpy(v) for k, v in params.items()}, np.array(losses)
 
 
 _REFERENCE: dict = {}
@@ -269,3 +270,64 @@ def test_sharding_rules_override_by_name():
     with pytest.raises(MeshError, match=r"gives \('model',\) for 'linear_0.weight', which has 2 dims"):
         ml.compile(models_zoo.mlp((64, 32)), backend, shapes={"input": [8, 16]},
                    sharding={r"linear_0\.weight": ("model",)})
+
+
+# -- two hosts ------------------------------------------------------------------------------------------
+_HOST = r"""
+import os, sys
+rank, port = int(sys.argv[1]), sys.argv[2]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # two devices per "host"
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives between CPU processes
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=rank)
+import numpy as np
+import mithril as ml
+sys.path.insert(0, os.getcwd())
+from tests.test_distributed_jax import _mlp_case, _trainer, _train
+build, shapes, batches = _mlp_case()
+init, want = dict(np.load(sys.argv[3])), dict(np.load(sys.argv[4]))
+for strategy in ("data", "fsdp"):
+    backend = ml.JaxBackend(device_mesh=(4,))  # the mesh spans both processes' devices
+    pm = _trainer(build(), backend, shapes, parallel=strategy)
+    params, losses = _train(pm, backend, init, batches)
+    diff = max(float(np.abs(params[k] - want[k]).max()) for k in want)
+    print(strategy, rank, len(jax.devices()), len(jax.local_devices()), f"{diff:.3g}",
+          " ".join(f"{x:.7f}" for x in losses), flush=True)
+"""
+
+
+def test_two_hosts_train_like_one_device(tmp_path):
+    """Multi-host as JAX runs it: two processes ("hosts") of two devices each, joined by
+    jax.distributed.initialize on localhost; a mesh of 4 spans both, and data parallel and fully
+    sharded training give one device's loss curve on every process."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    init, want_params, want = _reference("mlp")
+    np.savez(tmp_path / "init.npz", **init)
+    np.savez(tmp_path / "want.npz", **want_params)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([sys.executable, "-c", _HOST, str(rank), str(port), str(tmp_path / "init.npz"),
+                               str(tmp_path / "want.npz")],
+                              cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    lines = [line.split() for out, _ in outs for line in out.splitlines() if line.startswith(("data", "fsdp"))]
+    assert len(lines) == 4
+    for strategy, rank, n_global, n_local, diff, *rest in lines:
+        assert (n_global, n_local) == ("4", "2")
+        assert float(diff) < 1e-4, f"{strategy} on process {rank}: final parameters differ by {diff}"
+        losses = np.array([float(x) for x in rest[-STEPS:]])
+        np.testing.assert_allclose(losses, want, rtol=2e-5, atol=2e-6, err_msg=f"{strategy} on process {rank}")

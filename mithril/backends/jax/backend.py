@@ -480,6 +480,11 @@ class JaxBackend(Backend):
         return _mesh.per_device_bytes(arrays.values() if isinstance(arrays, dict) else arrays)
 
     def to_numpy(self, arr) -> np.ndarray:
+        if isinstance(arr, jax.Array) and not arr.is_fully_addressable and not arr.is_fully_replicated:
+            # A mesh spanning several processes (hosts): every process gets the whole array.
+            from jax.experimental import multihost_utils
+
+            return np.asarray(multihost_utils.process_allgather(arr, tiled=True))
         return np.asarray(arr)
 
     def finalize_outputs(self, outputs: dict) -> dict:
