@@ -303,3 +303,46 @@ def test_grid_sample_matches_the_numpy_kernel(mode, padding, align):
     got = _strict(model).evaluate({}, {"x": x, "g": grid})["y"]
     want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x, "g": grid})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [0, 2])
+@pytest.mark.parametrize("qtype", [TensorProto.UINT8, TensorProto.INT8, TensorProto.INT16])
+def test_quantize_dequantize_round_half_to_even_and_saturate_as_numpy(block, qtype):
+    t = NP[qtype]
+    x = np.array([[-300.0, -2.5, -1.5, -0.5, 0.5], [1.5, 2.5, 3.49, 1e6, -1e6], [0.0, 7.5, -7.5, 126.5, 127.5],
+                  [250.5, 255.5, -128.5, 33.3, -1.0]], np.float32)
+    scale = np.array([[1.0, 0.5, 2.0], [1.0, 1.0, 0.25], [0.5, 2.0, 1.0], [1.0, 3.0, 0.5]], np.float32)
+    zp = np.array([[3, 0, 1], [0, 2, 0], [1, 1, 0], [0, 0, 5]], t)
+    if not block:  # per axis 0
+        scale, zp = scale[:, 0].copy(), zp[:, 0].copy()
+    attrs = dict(axis=1, block_size=block) if block else dict(axis=0)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], **attrs),
+             helper.make_node("Round", ["x"], ["r"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [4, 5]), ("s", TensorProto.FLOAT, list(scale.shape)),
+                           ("z", qtype, list(zp.shape))],
+                   [("q", qtype, [4, 5]), ("d", TensorProto.FLOAT, [4, 5]), ("r", TensorProto.FLOAT, [4, 5])],
+                   opset=21)
+    if block:  # a block of 2 over 5 columns is not whole: refused
+        with pytest.raises(GGMLKernelMissingError, match="blocked"):
+            _strict(model)
+        return
+    data = {"x": x, "s": scale, "z": zp}
+    got = _strict(model).evaluate({}, data)
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, data)
+    assert got["q"].dtype == t
+    for k in ("q", "d", "r"):
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_dynamic_quantize_linear_matches_numpy():
+    x = np.array([[-3.3, 0.0, 2.5], [7.1, -0.2, 1.0]], np.float32)
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    model = _model([node], [("x", TensorProto.FLOAT, [2, 3])],
+                   [("y", TensorProto.UINT8, [2, 3]), ("s", TensorProto.FLOAT, []), ("z", TensorProto.UINT8, [])])
+    for data in (x, np.abs(x), -np.abs(x), np.zeros_like(x)):
+        got = _strict(model).evaluate({}, {"x": data})
+        want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": data})
+        for k in ("y", "s", "z"):
+            assert got[k].dtype == want[k].dtype
+            np.testing.assert_array_equal(got[k], want[k])

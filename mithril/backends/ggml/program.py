@@ -25,7 +25,7 @@ from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeErro
 from ..plan import Plan, PlanNode, PlanValue, reads_of
 from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 # The families register their rules when imported.
-from .ops import attention, elementwise, image, movement, nn, recurrent  # noqa: F401
+from .ops import attention, elementwise, image, movement, nn, quantize_linear, recurrent  # noqa: F401
 from .quantize import QuantizedTensor
 
 

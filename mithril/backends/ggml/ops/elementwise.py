@@ -269,6 +269,8 @@ def _check_same_dtype(pn) -> str | None:
     # why_not_ggml has checked float32, bool or small integers in and out: the same dtype is a
     # copy, bool or an integer to float32 too (exact), float32 to bool a test.
     src, dst = pn.inputs[0].dtype, pn.outputs[0].dtype
+    if src == F32 and dst in SMALL_INTS:  # truncated in ggml; out of range as NumPy's cast
+        return None
     half = tuple(HALF.values())
     if src in half or dst in half:  # ggml converts float32 to and from float16 or bfloat16
         return None if F32 in (src, dst) or src == dst else f"a cast from {src} to {dst}"
@@ -287,6 +289,8 @@ def cast(pn, g: Builder):
         if x.contents.type != want:
             return g.ggml.ggml_cast(g.ctx, g.contiguous(x), want)
         return g.ggml.ggml_cont(g.ctx, x)
+    if pn.outputs[0].dtype in SMALL_INTS and pn.inputs[0].dtype == F32:  # toward zero, as C's cast
+        return g.ggml.ggml_trunc(g.ctx, g.contiguous(x))
     if pn.outputs[0].dtype == BOOL and pn.inputs[0].dtype != BOOL:  # x != 0, NaN included
         gg, ctx = g.ggml, g.ctx
         x = g.contiguous(x)
@@ -531,3 +535,11 @@ def select(g: Builder, c, x, y, shape):
                        g.constant(np.arange(n, dtype=np.float32)))
     picked = gg.ggml_get_rows(ctx, gg.ggml_concat(ctx, x, y, 1), gg.ggml_cast(ctx, rows, gg.GGML_TYPE_I32))
     return g.reshape(picked, shape)
+
+
+@ggml_op("Round")
+def round_(pn, g: Builder):
+    """Half to even, as NumPy (``ggml_round`` rounds half away from zero)."""
+    from .quantize_linear import round_half_even
+
+    return round_half_even(g, g.contiguous(operand(pn, 0, g)))
