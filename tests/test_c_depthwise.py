@@ -1,7 +1,7 @@
 """The C backend's depthwise convolution (lib/mt_nn_t.h, mt_conv_depthwise): group == C Conv in
 each of its paths (3x3 planes that fit the stack: flat for stride 1 with one column of padding
 each side, flat2 for stride 2 over even planes, small for the other strides 1 and 2; outputs up
-to 8x8 by blocks of channels; larger 3x3 planes by output rows, through a ring of padded input
+to 8x8 (16x16 in float32 on AVX-512) by blocks of channels; larger 3x3 planes by output rows, through a ring of padded input
 rows or, too wide for it or with unequal strides, from the input rows; the generic loop for other
 kernels, strides and dilations), with odd and tiny planes, asymmetric pads, channel multipliers
 and fused Relu / Clip, equal to NumPy and to onnxruntime."""
@@ -72,13 +72,16 @@ CASES = [
     ("k5", 3, 12, 11, dict(pads=[2, 2, 2, 2], k=5)),                  # generic loop
     ("dil2", 3, 12, 11, dict(pads=[2, 2, 2, 2], dilations=[2, 2])),   # generic loop
     ("same", 3, 13, 13, dict(auto_pad="SAME_UPPER", strides=[2, 2])),
-    # block path (outputs up to 8x8, channels a vector at a time): whole blocks and a ragged one
+    # block path (outputs up to 8x8, 16x16 in float32 on AVX-512; channels a vector at a time):
+    # whole blocks and a ragged one, planes not a multiple of 16 pixels
     ("blk_7", 37, 7, 7, dict(pads=[1, 1, 1, 1])),
     ("blk_s2_14", 20, 14, 14, dict(pads=[1, 1, 1, 1], strides=[2, 2])),
     ("blk_s2_odd", 18, 7, 9, dict(pads=[1, 1, 1, 1], strides=[2, 2], bias=False)),
     ("blk_asym", 17, 6, 9, dict(pads=[2, 0, 1, 2])),
     ("blk_nopad", 16, 8, 8, dict()),
     ("blk_mult", 16, 7, 7, dict(pads=[1, 1, 1, 1], M=32)),            # channel multiplier 2
+    ("blk_14", 33, 14, 14, dict(pads=[1, 1, 1, 1])),                  # float32 AVX-512: transposed blocks
+    ("blk_15x13", 16, 15, 13, dict(pads=[1, 0, 1, 2])),
 ]
 
 
@@ -156,7 +159,7 @@ def test_depthwise_with_fused_activation(after):
 
 def test_depthwise_nan_and_inf_propagate():
     """A NaN or infinite input reaches exactly the outputs whose windows hold it, in each path."""
-    cases = [c for c in CASES if c[0] in ("s1_112", "s1_56", "s2_56", "s1_7", "s1_5x6", "blk_7", "blk_s2_14")]
+    cases = [c for c in CASES if c[0] in ("s1_112", "s1_56", "s2_56", "s1_7", "s1_5x6", "blk_7", "blk_s2_14", "blk_14")]
     model, feeds = _model(cases, np.float32)
     for k in feeds:
         if k.startswith("x_"):

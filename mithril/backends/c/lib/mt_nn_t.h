@@ -67,7 +67,8 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *rest
  * same sums, but for the sign of a zero result and an infinite weight next to padding. ---- */
 #define MT_DW3_SMALL (49152 / (mt_i)sizeof(T)) /* 48 KiB */
 #ifndef MT_DW3_BLOCK_MAX
-#define MT_DW3_BLOCK_MAX 64 /* output planes up to which mt_dw3_block runs (7x7; 14x14 ran as fast by planes) */
+#define MT_DW3_BLOCK_MAX 64     /* output planes up to which mt_dw3_block runs (7x7; 14x14 gathered ran as fast by planes) */
+#define MT_DW3_BLOCK_MAX_TR 256 /* the same, float with AVX-512 transposes (14x14) */
 #endif
 
 /* By output rows, for planes too large for the stack: r0..r2 are the input rows under the window,
@@ -326,7 +327,10 @@ static inline int MT_FN(mt_dw3_block)(const T *X, const T *W, const T *Bias, T *
     const mt_i IH = g[1], IW = g[2], OH = g[4], OW = g[5], s = g[10], ph = g[13], pw = g[14];
     const mt_i PH = (OH - 1) * s + 3, PW = (OW - 1) * s + 3, S = IH * IW, P = OH * OW, Mg = M / C;
     const mt_i CB = MT_DW3_CB, nb = (M + CB - 1) / CB;
-    if ((PH * PW + P) * CB > MT_DW3_CB_MAX) return 0;
+    /* float blocks (16 lanes) through mt_tr16_f32 where it is fast: its input plane goes to a
+     * scratch of S pixels after o (the cast pointers are used only when T is float) */
+    const int tr = MT_TR16 && sizeof(T) == sizeof(float) && CB == 16;
+    if ((PH * PW + P + (tr ? S : 0)) * CB > MT_DW3_CB_MAX) return 0;
     _Pragma("omp parallel for if(N * M * P * 9 > MT_PAR_MIN)")
     for (mt_i nb_ = 0; nb_ < N * nb; nb_++) {
         const mt_i n = nb_ / nb, m0 = nb_ % nb * CB, cb = M - m0 < CB ? M - m0 : CB;
@@ -339,7 +343,18 @@ static inline int MT_FN(mt_dw3_block)(const T *X, const T *W, const T *Bias, T *
         memset(t, 0, sizeof(T) * (size_t)(PH * PW * CB));
         mt_i c0, c1; /* input columns inside the padded plane */
         mt_window_range(PW, IW, 1, -pw, &c0, &c1);
-        if (Mg == 1 && cb == CB) { /* a whole block of planes S apart: gathers across them */
+        if (tr && Mg == 1 && cb == CB) { /* 16 float planes: transposed 16 pixels at a time, then rows placed */
+            const float *x = (const float *)(X + (n * C + m0) * S);
+            float *restrict xt = (float *)(o + P * CB);
+            mt_i p = 0;
+            for (; p + 16 <= S; p += 16) mt_tr16_f32(x + p, S, xt + p * 16, 16);
+            for (; p < S; p++)
+                for (mt_i l = 0; l < 16; l++) xt[p * 16 + l] = x[l * S + p];
+            for (mt_i pr = ph; pr < PH && pr - ph < IH; pr++)
+                if (c1 > c0)
+                    memcpy(t + (pr * PW + c0) * CB, xt + ((pr - ph) * IW + c0 - pw) * 16,
+                           sizeof(T) * (size_t)((c1 - c0) * CB));
+        } else if (Mg == 1 && cb == CB) { /* a whole block of planes S apart: gathers across them */
             const T *x = X + (n * C + m0) * S;
             for (mt_i pr = ph; pr < PH && pr - ph < IH; pr++)
                 for (mt_i pc = c0; pc < c1; pc++) {
@@ -371,10 +386,14 @@ static inline int MT_FN(mt_dw3_block)(const T *X, const T *W, const T *Bias, T *
                     op[l] = a < clo ? clo : (a > chi ? chi : a);
                 }
             }
+        mt_i p0 = 0; /* pixels gone out by transposes; the rest lane by lane */
+        if (tr && cb == CB)
+            for (; p0 + 16 <= P; p0 += 16)
+                mt_tr16_f32((const float *)(o + p0 * CB), 16, (float *)(Y + (n * M + m0) * P + p0), P);
         for (mt_i l = 0; l < cb; l++) {
             T *restrict y = Y + (n * M + m0 + l) * P;
             _Pragma("omp simd")
-            for (mt_i p = 0; p < P; p++) y[p] = o[p * MT_DW3_CB + l];
+            for (mt_i p = p0; p < P; p++) y[p] = o[p * MT_DW3_CB + l];
         }
     }
     return 1;
@@ -392,7 +411,8 @@ static inline void MT_FN(mt_conv_depthwise)(const T *X, const T *W, const T *Bia
     const mt_i pd = g[12], ph = g[13], pw = g[14], dd = g[15], dh = g[16], dw = g[17];
     const mt_i Mg = M / C, S = ID * IH * IW, P = OD * OH * OW, K = KD * KH * KW;
     if (ID == 1 && OD == 1 && pd == 0 && KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2) &&
-        P <= MT_DW3_BLOCK_MAX && MT_FN(mt_dw3_block)(X, W, Bias, Y, N, C, M, g, clo, chi))
+        P <= (MT_TR16 && sizeof(T) == sizeof(float) ? MT_DW3_BLOCK_MAX_TR : MT_DW3_BLOCK_MAX) &&
+        MT_FN(mt_dw3_block)(X, W, Bias, Y, N, C, M, g, clo, chi))
         return;
     _Pragma("omp parallel for if(N * M * P * K > MT_PAR_MIN)")
     for (mt_i nm = 0; nm < N * M; nm++) {
