@@ -163,6 +163,27 @@ def _mesh_worker(folder):
                   "on_one": on_one.numpy(), "back": backend.to_numpy(back),
                   "want": backend.to_numpy(fsdp.evaluate(sharded, {"input": data})["output"])}
 
+    # LeNet's convolutions under FSDP: their split weights are gathered whole for the op (DTensor's
+    # convolution rule ignores a weight's split), their gradients reduce-scattered back; the
+    # backward pass's avg_pool2d_backward, which has no sharding rule, runs on whole tensors.
+    lenet = TrainModel(models_zoo.lenet(num_classes=4))
+    lenet.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    images = {"input": np.random.default_rng(1).standard_normal((4, 1, 32, 32)).astype(np.float32),
+              "target": np.arange(4) % 4}
+    shapes = {"input": [4, 1, 32, 32], "target": [4]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        conv_pm = ml.compile(lenet, backend, shapes=shapes, parallel="fsdp")
+        conv_params = conv_pm.randomize_params()
+        conv_out, conv_grads = conv_pm.evaluate(conv_params, images)
+        conv_pm.evaluate(conv_params, images)  # warned once
+    conv_one = ml.compile(lenet, ml.TorchBackend(), shapes=shapes)
+    want_out, want_grads = conv_one.evaluate({k: backend.to_numpy(v) for k, v in conv_params.items()}, images)
+    conv = {"warned": [str(w.message) for w in caught if "sharding rule" in str(w.message)],
+            "split": [tuple(conv_grads[k].placements) == tuple(conv_params[k].placements) for k in conv_grads],
+            "loss": (backend.to_numpy(conv_out["loss"]), want_out["loss"].numpy()),
+            "grads": {k: (backend.to_numpy(g), want_grads[k].numpy()) for k, g in conv_grads.items()}}
+
     ops: set = set()
     with MeshMode(ops):  # torch.unique has no sharding rule: it runs on the whole tensor
         u = torch.unique(backend.shard(np.array([3.0, 1.0, 3.0, 2.0]), ("data",)))
@@ -177,7 +198,7 @@ def _mesh_worker(folder):
     return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
             "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops, "warned": warned,
             "own_rows": backend.to_numpy(own_rows),
-            "unique": backend.to_numpy(u), "checkpoint": checkpoint}
+            "unique": backend.to_numpy(u), "checkpoint": checkpoint, "conv": conv}
 
 
 def test_mesh_arrays_and_evaluate(tmp_path):
@@ -193,6 +214,13 @@ def test_mesh_arrays_and_evaluate(tmp_path):
         np.testing.assert_allclose(got["own_rows"], got["want"], rtol=1e-6, atol=1e-6)
         assert got["ops"] == {"unique"} and got["unique"].tolist() == [1.0, 2.0, 3.0]
         assert len(got["warned"]) == 1 and "no sharding rule for unique: this op runs on whole" in got["warned"][0]
+        conv = got["conv"]
+        assert all(conv["split"])  # each gradient placed as its parameter
+        assert len(conv["warned"]) == 1, conv["warned"]  # the forward's and the backward's ops, once
+        assert "rule for avg_pool2d_backward, conv2d's split weights: these ops run on whole" in conv["warned"][0]
+        np.testing.assert_allclose(*conv["loss"], rtol=1e-6)
+        for k, (g, want) in conv["grads"].items():
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=k)
         checkpoint = got["checkpoint"]
         assert len(checkpoint["sharded"]) == 4  # both weights and both biases of the MLP were split
         np.testing.assert_allclose(checkpoint["on_one"], checkpoint["want"], rtol=1e-6, atol=1e-6)

@@ -449,6 +449,14 @@ class TorchBackend(Backend):
         return process_memory_info()
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        if self._torch_mesh is not None:
+            # An op of the backward pass without a DTensor sharding rule gets a replicated one, and
+            # the pass runs again (every process meets the same op, so all of them do).
+            return _tmesh.replicating_missing_ops(
+                lambda: self._vjp(program, params, data, diff_params, diff_data, output_gradients))
+        return self._vjp(program, params, data, diff_params, diff_data, output_gradients)
+
+    def _vjp(self, program, params, data, diff_params, diff_data, output_gradients):
         forward = program.jitted or program.forward  # torch.compile's program differentiates too
         params, data = dict(params), dict(data)
         leaves = {}

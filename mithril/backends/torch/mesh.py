@@ -12,6 +12,7 @@ for on whole (replicated) tensors.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import torch
@@ -118,9 +119,84 @@ def local_bytes(values) -> int:
     return total
 
 
+# aten ops this process gave a replicated sharding rule (they had none), and ops reported in a warning.
+_REGISTERED: set = set()
+_WARNED: set = set()
+_COLLECTING: list = []  # while a gradient pass runs: the ops its forward ran replicated, warned with its own
+_MISSING = re.compile(r"Operator (aten\.\w+\.\w+) does not have a sharding strategy")
+
+
+def replicating_missing_ops(run, attempts: int = 16):
+    """``run()``; where DTensor has no sharding rule for an aten op (a backward op such as
+    ``avg_pool2d_backward``, which no torch function mode sees), that op gets one that runs it on
+    whole tensors (every input ``Replicate()``: DTensor gathers them) and ``run`` runs again.
+    One :class:`ReplicatedOpsWarning` lists the ops found."""
+    found = set()
+    _COLLECTING.append(found)
+    try:
+        for _ in range(attempts):
+            try:
+                return run()
+            except (NotImplementedError, RuntimeError) as exc:
+                op = _missing_op(exc)
+                if op is None or op in _REGISTERED:
+                    raise
+                _register_replicated(op)
+                found.add(str(op).removeprefix("aten.").removesuffix(".default"))
+        return run()
+    finally:
+        _COLLECTING.remove(found)
+        warn_replicated(found)
+
+
+def _missing_op(exc: Exception):
+    m = _MISSING.search(str(exc))
+    if m is None:
+        return None
+    _, name, overload = m.group(1).split(".")
+    try:
+        return getattr(getattr(torch.ops.aten, name), overload)
+    except AttributeError:
+        return None
+
+
+def _register_replicated(op) -> None:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor.experimental import register_sharding
+
+    returns = len(op._schema.returns)
+
+    def whole(*args, **kwargs):
+        return [([Replicate()] * returns, [Replicate() if isinstance(a, DTensorSpec) else None for a in args])]
+
+    register_sharding(op)(whole)
+    _REGISTERED.add(op)
+
+
+def warn_replicated(ops) -> None:
+    """One :class:`ReplicatedOpsWarning` for the ops of ``ops`` not reported yet in this process."""
+    if _COLLECTING:
+        _COLLECTING[-1].update(ops)
+        return
+    new = set(ops) - _WARNED
+    if new:
+        _WARNED.update(new)
+        warnings.warn(f"TorchBackend: DTensor has no sharding rule for {', '.join(sorted(new))}: "
+                      f"{'these ops run' if len(new) > 1 else 'this op runs'} on whole (replicated) tensors, "
+                      f"gathered from their shards", ReplicatedOpsWarning, stacklevel=3)
+
+
 def _is_missing_rule(exc: Exception) -> bool:
     text = str(exc).lower()
     return "sharding strategy" in text or "sharding propagation" in text or "does not have a sharding" in text
+
+
+# DTensor's convolution rule gives the output the input's placement and ignores the weight's: a
+# weight split by FSDP or tensor parallelism computed wrong local channels (ResNet-18, torch 2.13).
+_CONVOLUTIONS = frozenset(f for f in (
+    getattr(torch.nn.functional, name, None) for name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                                                          "conv_transpose2d", "conv_transpose3d")) if f is not None) | {
+    torch.convolution}
 
 
 class MeshMode(TorchFunctionMode):
@@ -131,8 +207,10 @@ class MeshMode(TorchFunctionMode):
     pending-sum gradient with a plain index came out zero, torch 2.13.) An op DTensor can't split
     (no sharding rule) runs on whole tensors: its DTensor arguments redistributed to
     ``Replicate()``, the op on the local (whole) tensors, its tensor outputs replicated DTensors;
-    autograd follows (``to_local``/``from_local`` are differentiable). Those ops are collected
-    in ``ops``."""
+    autograd follows (``to_local``/``from_local`` are differentiable). A convolution's split
+    weight and bias are gathered whole first (DTensor's rule would ignore their split), and its
+    input's split channels or positions too; its batch stays split. Those ops are collected in
+    ``ops``."""
 
     def __init__(self, ops: set):
         super().__init__()
@@ -153,6 +231,8 @@ class MeshMode(TorchFunctionMode):
             return v
 
         args, kwargs = replicated(args), {k: replicated(v) for k, v in kwargs.items()}
+        if func in _CONVOLUTIONS:
+            args, kwargs = self._conv_arguments(func, tmesh, args, kwargs)
         try:
             return func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as exc:
@@ -169,6 +249,24 @@ class MeshMode(TorchFunctionMode):
 
         out = func(*local(args), **{k: local(v) for k, v in kwargs.items()})
         return replicated(out)
+
+    def _conv_arguments(self, func, tmesh, args, kwargs):
+        def gathered(v, keep_batch):
+            if not isinstance(v, DTensor):
+                return v
+            want = [p if not p.is_shard() or (keep_batch and p.dim == 0) else Replicate() for p in v.placements]
+            if want == list(v.placements):
+                return v
+            self.ops.add(f"{getattr(func, '__name__', 'convolution')}'s split weights")
+            return v.redistribute(tmesh, want)
+
+        args = list(args)
+        for i in range(min(len(args), 3)):
+            args[i] = gathered(args[i], keep_batch=i == 0)
+        for name in ("input", "weight", "bias"):
+            if name in kwargs:
+                kwargs[name] = gathered(kwargs[name], keep_batch=name == "input")
+        return tuple(args), kwargs
 
 
 def _mesh_of(args, kwargs):
@@ -190,17 +288,11 @@ class OnMesh:
     def __init__(self, forward):
         self.forward = forward
         self.ops: set = set()
-        self._warned: set = set()
 
     def __call__(self, params, data):
         with MeshMode(self.ops):
             out = self.forward(params, data)
-        new = self.ops - self._warned
-        if new:
-            self._warned |= new
-            warnings.warn(f"TorchBackend: DTensor has no sharding rule for {', '.join(sorted(new))}: "
-                          f"{'these ops run' if len(new) > 1 else 'this op runs'} on whole (replicated) tensors, "
-                          f"gathered from their shards", ReplicatedOpsWarning, stacklevel=2)
+        warn_replicated(self.ops)
         return {k: _xp.TorchArray(no_partial(v.native)) if isinstance(v, _xp.TorchArray) else v
                 for k, v in out.items()}
 
