@@ -346,3 +346,29 @@ def test_dynamic_quantize_linear_matches_numpy():
         for k in ("y", "s", "z"):
             assert got[k].dtype == want[k].dtype
             np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_legacy_matches_numpy(mode):
+    x = np.random.default_rng(4).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)
+    model = _model([node], [("x", TensorProto.FLOAT, [1, 2, 3, 4]), ("scales", TensorProto.FLOAT, [4])],
+                   [("y", TensorProto.FLOAT, None)], opset=9)
+    data = {"x": x, "scales": np.array([1, 1, 2, 1.5], np.float32)}
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True,
+                     shapes={"x": [1, 2, 3, 4], "scales": [4]}).evaluate({}, data)["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, data)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_constant_of_shape_and_eye_like_give_their_dtype():
+    value = onnx.numpy_helper.from_array(np.array([7], np.int64), "value")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["c"], value=value),
+             helper.make_node("EyeLike", ["m"], ["e"], k=1)]
+    model = _model(nodes, [("shape", TensorProto.INT64, [2]), ("m", TensorProto.INT32, [3, 4])],
+                   [("c", TensorProto.INT64, None), ("e", TensorProto.INT32, [3, 4])])
+    pm = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True, shapes={"shape": [2], "m": [3, 4]})
+    got = pm.evaluate({}, {"shape": np.array([2, 5]), "m": np.zeros((3, 4), np.int32)})
+    assert got["c"].dtype == np.int64 and got["e"].dtype == np.int32
+    np.testing.assert_array_equal(got["c"], np.full((2, 5), 7))
+    np.testing.assert_array_equal(got["e"], np.eye(3, 4, k=1))

@@ -1,4 +1,4 @@
-"""Image resampling in ggml: Resize (opset 11+), with the tables the shared NumPy kernel
+"""Image resampling in ggml: Resize and Upsample, with the tables the shared NumPy kernel
 (:mod:`mithril.backends.kernels.image`) computes, made once when the graph is built.
 
 Resize is separable and, per axis, linear in its input: ``nearest`` picks one input element per
@@ -25,7 +25,18 @@ _ATTRIBUTES = ("mode", "coordinate_transformation_mode", "cubic_coeff_a", "exclu
 _DEFAULTS = {"antialias": 0, "axes": None, "keep_aspect_ratio_policy": "stretch"}
 
 
+def _legacy(pn) -> bool:
+    """Upsample and Resize-10: asymmetric coordinates and onnxruntime's legacy nearest rounding."""
+    return pn.op_type == "Upsample" or pn.opset < 11
+
+
 def _attributes(pn) -> dict:
+    if _legacy(pn):
+        mode = pn.kwargs.get("mode", "nearest")
+        return {"mode": mode.decode() if isinstance(mode, bytes) else mode,
+                "coordinate_transformation_mode": "asymmetric", "cubic_coeff_a": -0.75, "exclude_outside": 0,
+                "extrapolation_value": 0.0, "nearest_mode": "legacy", "antialias": 0, "axes": None,
+                "keep_aspect_ratio_policy": "stretch"}
     out = {}
     for name in _ATTRIBUTES:
         value = pn.kwargs.get(name, _DEFAULTS.get(name))
@@ -34,6 +45,10 @@ def _attributes(pn) -> dict:
 
 
 def _inputs(pn):
+    """(roi, scales, sizes)."""
+    if _legacy(pn):
+        scales = pn.kwargs.get("scales") if pn.op_type == "Upsample" and pn.opset < 9 else const_value(pn, 1)
+        return None, np.asarray(scales, dtype=np.float32), None
     return const_value(pn, 1), const_value(pn, 2), const_value(pn, 3)
 
 
@@ -76,8 +91,6 @@ def _axis_tables(pn) -> list[tuple[int, np.ndarray, np.ndarray]]:
 
 
 def _check_resize(pn) -> str | None:
-    if pn.opset < 11:
-        return "Resize-10 (legacy rounding)"
     a = _attributes(pn)
     if a["mode"] not in ("nearest", "linear", "cubic"):
         return f"mode={a['mode']!r}"
@@ -86,6 +99,7 @@ def _check_resize(pn) -> str | None:
     return None
 
 
+@ggml_op("Upsample", check=_check_resize, folded=(1,))
 @ggml_op("Resize", check=_check_resize, folded=(1, 2, 3))
 def resize(pn, g: Builder):
     gg, ctx = g.ggml, g.ctx
