@@ -8,6 +8,7 @@
     python scripts/bench.py --training-memory      # only the training-memory section (gradient checkpointing)
     python scripts/bench.py --precision            # only the precision section (float16, bfloat16, float64)
     python scripts/bench.py --c-backend            # only the C section (latency, ResNet-50 build time, arena)
+    python scripts/bench.py --mesh                 # only the device-mesh section (JAX strategies on host devices)
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
@@ -1426,6 +1427,21 @@ def _precision_main(args, backend_names: list[str], model_names: list[str]) -> i
     return _print_and_write_section(args, PRECISION_HEADING, section, "precision")
 
 
+MESH_HEADING = "## Device meshes (issue 20)"
+
+
+def _mesh_main(args) -> int:
+    """The device-mesh section (scripts/bench_mesh.py measures in a child with 4 host devices)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_mesh
+
+    started, load = time.strftime("%Y-%m-%d %H:%M %Z"), _fmt_load(_load_average())
+    steps = 3 if args.quick else 10
+    rows = bench_mesh.measure(steps=steps, warmup=1 if args.quick else 3)
+    section = bench_mesh.render(rows, started, load, os.cpu_count() or 0)
+    return _print_and_write_section(args, MESH_HEADING, section, "device-mesh")
+
+
 def _print_and_write_section(args, heading: str, section: str, label: str) -> int:
     """Print a section run on its own (--precision, --training-memory) and, unless --no-write,
     replace only that section of the performance document."""
@@ -1505,6 +1521,9 @@ def main(argv=None) -> int:
                     help=f"only the C backend section ({', '.join(C_BACKENDS)} on --models among {', '.join(C_MODELS)}, "
                          "3 s of timing per row unless --row-seconds; ResNet-50 compile cold and from the cache; "
                          "ResNet-18 arena bytes vs the naive sum); replaces that section of --output and leaves the rest")
+    ap.add_argument("--mesh", action="store_true",
+                    help="only the device-mesh section (a GPT training step per strategy on 1, 2 and 4 JAX host "
+                         "devices, scripts/bench_mesh.py); replaces that section of --output and leaves the rest")
     ap.add_argument("--ggml-backend", action="store_true",
                     help=f"only the GGML backend section ({', '.join(GGML_BACKENDS)} on --models among "
                          f"{', '.join(GGML_MODELS)}, 3 s of timing per row unless --row-seconds); replaces that "
@@ -1542,6 +1561,8 @@ def main(argv=None) -> int:
             if m not in MODELS:
                 ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
         return _ggml_backend_main(args, models)
+    if args.mesh:
+        return _mesh_main(args)
     if args.training_memory:
         return _training_memory_main(args, [n for n in names if n in TRAIN_MEMORY_BACKENDS])
     if args.precision:
@@ -1591,7 +1612,7 @@ def main(argv=None) -> int:
         text = _render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started)
         # The training-memory, precision and C build sections are regenerated on their own
         # (--training-memory, --precision, --c-backend): kept as found.
-        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING):
+        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING, MESH_HEADING):
             text = _splice_section(text, heading, _existing_section(out, heading))
         out.write_text(text)
         print(f"wrote {out}")
