@@ -269,8 +269,14 @@ class JaxBackend(Backend):
     or inf produced raise (``jax.debug_nans``/``debug_infs``, and NumPy's errstate for host
     work); ``pre_allocate`` sets XLA's GPU allocator flag (process-wide, read when jax starts its
     GPU client: a warning where there is no GPU, or when it has started); ``platform`` is
-    ``device``'s alias; ``jit`` is what ``compile(jit=None)`` does; ``device_mesh`` takes one
-    device. An absent ``device`` warns once and runs on the CPU.
+    ``device``'s alias; ``jit`` is what ``compile(jit=None)`` does. An absent ``device`` warns
+    once and runs on the CPU.
+
+    ``device_mesh=(2, 2)`` (with ``axis_names``, default ``("data", "model")``) runs over a
+    ``jax.sharding.Mesh`` of that many devices: arrays the backend makes are whole on each of
+    them unless ``tensor_split`` splits them, and ``ml.compile(..., parallel=...)`` places
+    parameters and inputs by a strategy (docs/distributed.md). On the CPU, a backend made before
+    any other JAX work has JAX create the host devices the mesh needs.
 
     >>> import mithril as ml
     >>> b = ml.JaxBackend(dtype=ml.float32, device="cpu")
