@@ -372,3 +372,19 @@ def test_constant_of_shape_and_eye_like_give_their_dtype():
     assert got["c"].dtype == np.int64 and got["e"].dtype == np.int32
     np.testing.assert_array_equal(got["c"], np.full((2, 5), 7))
     np.testing.assert_array_equal(got["e"], np.eye(3, 4, k=1))
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_top_k_keeps_the_lower_index_first_on_ties(largest, axis):
+    x = np.array([[3, 1, 3, 2, 1], [0, 0, 5, 5, -1], [2, 2, 2, 2, 2]], np.float32)
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
+    model = _model([node], [("x", TensorProto.FLOAT, [3, 5]), ("k", TensorProto.INT64, [1])],
+                   [("v", TensorProto.FLOAT, None), ("i", TensorProto.INT64, None)], opset=11)
+    data = {"x": x, "k": np.array([2])}
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True, shapes={"x": [3, 5], "k": [1]}).evaluate(
+        {}, data)
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, data)
+    assert got["i"].dtype == np.int64
+    np.testing.assert_array_equal(got["v"], want["v"])
+    np.testing.assert_array_equal(got["i"], want["i"])

@@ -495,6 +495,55 @@ def arg_extreme(pn, g: Builder):
     return gg.ggml_sum_rows(ctx, gg.ggml_mul(ctx, onehot, g.constant(np.arange(n, dtype=np.float32))))
 
 
+def _check_top_k(pn) -> str | None:
+    x = pn.inputs[0]
+    if x.dtype not in (F32, *SMALL_INTS) or pn.outputs[1].dtype != np.dtype(np.int64):
+        return f"{x.dtype} values or {pn.outputs[1].dtype} indices"
+    s = x.static_shape
+    n = s[int(pn.kwargs.get("axis", -1)) % len(s)]
+    k = int(np.asarray(pn.inputs[1].value).reshape(-1)[0])
+    if not 0 < k <= n:
+        return f"k={k} for an axis of {n}"
+    if prod(s) * n >= 2 ** 24 or prod(s) // n * k * n >= 2 ** 24:
+        return "more than 2**24 comparisons (the ranks are counted in float32)"
+    return None
+
+
+@ggml_op("TopK", check=_check_top_k, folded=(1,), dtypes=(F32, *SMALL_INTS, np.int64))
+def top_k(pn, g: Builder):
+    """Each element's rank along the axis counted from all pairs (the larger ones, then the equal
+    ones before it: ties keep the lower index first, as ONNX asks), then the element of rank r for
+    each of the k slots: its index as the sum of ``onehot * arange``, its value by ``get_rows``."""
+    gg, ctx = g.ggml, g.ctx
+    s = tuple(pn.inputs[0].static_shape)
+    rank_ = len(s)
+    axis = int(pn.kwargs.get("axis", -1)) % rank_
+    n = s[axis]
+    k = int(np.asarray(pn.inputs[1].value).reshape(-1)[0])
+    order = [a for a in range(rank_) if a != axis] + [axis]
+    rows = g.reshape(permute(g, g.contiguous(operand(pn, 0, g)), order), (prod(s) // n, n))
+    r = prod(s) // n
+    keys = rows if int(pn.kwargs.get("largest", 1)) else gg.ggml_neg(ctx, rows)
+    mine = g.broadcast(g.reshape(keys, (r, n, 1)), (r, n, n))  # [row, i, j] = x_i
+    other = g.broadcast(g.reshape(keys, (r, 1, n)), (r, n, n))  # [row, i, j] = x_j
+    diff = gg.ggml_sub(ctx, other, mine)
+    greater = gg.ggml_step(ctx, diff)
+    equal = gg.ggml_scale_bias(ctx, gg.ggml_add(ctx, greater, gg.ggml_step(ctx, gg.ggml_neg(ctx, diff))), -1.0, 1.0)
+    earlier = g.constant(np.tri(n, n, -1, dtype=np.float32))  # j < i
+    ranks = gg.ggml_sum_rows(ctx, gg.ggml_add(ctx, greater, gg.ggml_mul(ctx, equal, earlier)))  # [row, i, 1]
+    slots = g.reshape(ranks, (r, 1, n))
+    off = gg.ggml_sub(ctx, g.broadcast(slots, (r, k, n)), g.constant(np.arange(k, dtype=np.float32).reshape(k, 1)))
+    onehot = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_abs(ctx, off), -1.0, 0.5))  # rank == slot
+    index = gg.ggml_sum_rows(ctx, gg.ggml_mul(ctx, onehot, g.constant(np.arange(n, dtype=np.float32))))  # [row, k, 1]
+    index = g.reshape(index, (r, k))
+    flat = gg.ggml_add(ctx, index, g.constant((np.arange(r, dtype=np.float32) * n).reshape(r, 1)))
+    values = gg.ggml_get_rows(ctx, g.reshape(rows, (r * n, 1)),
+                              gg.ggml_cast(ctx, g.reshape(flat, (r * k,)), gg.GGML_TYPE_I32))
+    staged = [s[a] for a in order[:-1]] + [k]
+    back = [order.index(a) for a in range(rank_)]
+    return (permute(g, g.reshape(values, staged), back), permute(g, g.reshape(index, staged), back))
+
+
 __all__ = ["ne"]
 
 
