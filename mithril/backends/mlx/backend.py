@@ -10,12 +10,14 @@ import sys
 
 import numpy as np
 
+from ...distributed.mesh import parse_mesh, split_spec
 from ...dtypes import as_dtype, is_floating_np
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MithrilError
-from ..backend import Backend, check_device_mesh, device_kind, parse_bytes, warn_user
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError, MithrilError
+from ..backend import Backend, device_kind, parse_bytes, warn_user
 
-# Imported by the first MlxBackend(), so `import mithril` never imports mlx.
-mx = xp = None
+# Imported by the first MlxBackend(), so `import mithril` never imports mlx; _mmesh (this folder's
+# mesh.py, mlx.core.distributed) by the first one with a mesh of several devices.
+mx = xp = _mmesh = None
 
 
 def _import_mlx() -> None:
@@ -134,6 +136,22 @@ class MlxBackend(Backend):
     buffer cache after each evaluation. ``enable_mps_optimization`` and ``use_ane`` warn where
     Metal / the Neural Engine are not available (MLX never runs on the Neural Engine).
 
+    **Device meshes** (``device_mesh=(N,)``, ``axis_names``; docs/distributed.md): ``(1,)`` is
+    the plain path. ``N > 1`` runs over ``mlx.core.distributed``'s ring backend, one process per
+    device, started by ``mlx.launch --backend ring -n N script.py`` (or with ``MLX_RANK`` and
+    ``MLX_HOSTFILE`` set); the ring group's size must be N. MLX arrays are local, so the run is
+    single-program-multiple-data: every process passes the same whole batch and parameters,
+    each computes its own rows (:meth:`place` cuts the data on dim 0), and ``evaluate`` returns
+    what one process computes on the whole batch, on every rank: per-row outputs (dim 0 is the
+    batch) gathered in rank order with ``all_gather``, other outputs (a batch-mean loss)
+    averaged over the ranks; gradients of parameters summed over the ranks with ``all_sum``
+    (each rank's is its rows' share of the batch-mean loss, so the sum is the one-process
+    gradient), gradients of the data's rows gathered. The strategy is data parallel
+    (``compile(..., parallel="data")``, the default on a mesh); fsdp, tensor and pipeline
+    parallelism are refused with a :class:`~mithril.errors.MeshError` (JaxBackend and
+    TorchBackend run them). Seed every process alike (``random_seed=``): the processes must
+    start from the same parameters.
+
     >>> import mithril as ml
     >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
     >>> b.add(b.ones(2), b.ones(2)).tolist()
@@ -147,7 +165,7 @@ class MlxBackend(Backend):
     def __init__(self, dtype=None, device=None, *, random_seed: int | None = None, compute_precision=None,
                  use_graph: bool = True, jit: bool | None = None, memory_limit=None,
                  auto_free_tensors: bool = False, enable_mps_optimization: bool = False, use_ane: bool = False,
-                 device_mesh=None, **unknown):
+                 device_mesh=None, axis_names=None, **unknown):
         from ... import dtypes
 
         _import_mlx()
@@ -156,7 +174,17 @@ class MlxBackend(Backend):
 
         if jit and use_graph is False:  # use_graph defaults to True: only an explicit False disagrees
             raise BackendOptionError(f"MlxBackend: jit={jit} and use_graph={use_graph} disagree; give one of them")
-        self.device_mesh = check_device_mesh(self, device_mesh)
+        self.mesh = parse_mesh("MlxBackend", device_mesh, axis_names)
+        self.device_mesh = None if self.mesh is None else self.mesh.shape
+        # The mx.distributed group (None on one device: a one-device mesh is the plain path).
+        self._group = None
+        if self.mesh is not None and self.mesh.size > 1:
+            global _mmesh
+            if _mmesh is None:
+                from . import mesh as _mesh_module
+
+                _mmesh = _mesh_module
+            self._group = _mmesh.join_group(self.mesh)
         if enable_mps_optimization and not _on_apple_silicon():
             warn_user("MlxBackend: enable_mps_optimization=True needs Metal (Apple silicon), which is not here; "
                       "running on cpu")
@@ -212,6 +240,82 @@ class MlxBackend(Backend):
         stack.callback(mx.clear_cache)
         stack.enter_context(mx.stream(self._device))
         return stack
+
+    # -- device meshes -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the mesh's ring group (0 on one device)."""
+        return 0 if self._group is None else self._group.rank()
+
+    @property
+    def group(self):
+        """The ``mx.distributed.Group`` of the mesh (None on one device), for MLX code of your own."""
+        return self._group
+
+    def _on_mesh(self, values, device, device_mesh, tensor_split):
+        """A created array on a mesh of several processes: this rank's part of it by
+        ``tensor_split`` (MLX arrays are local; every rank draws the same whole array from the
+        same seed and keeps its part)."""
+        if device_mesh is None and tensor_split is None:
+            return self._placed(self.from_numpy(values), device)
+        mesh = self.mesh if device_mesh is None else parse_mesh("MlxBackend", device_mesh)
+        if mesh is None:
+            raise BackendOptionError("MlxBackend: tensor_split needs a device_mesh (on the array or the backend)")
+        if self._group is None or mesh.shape != self.mesh.shape:
+            if mesh.size == 1:  # one device: nothing to split
+                return self._placed(self.from_numpy(values), device)
+            raise MeshError(f"MlxBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
+                            f"MlxBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
+        spec = split_spec("MlxBackend", self.mesh, np.shape(values), tensor_split)
+        return self.from_numpy(np.ascontiguousarray(_mmesh.local_part(values, self.mesh, self.rank, spec)))
+
+    def place(self, values: dict, plan) -> dict:
+        """Parameters or data as this process runs them under a data-parallel
+        :class:`~mithril.distributed.ShardingPlan`: parameters whole (every rank holds them all),
+        data inputs cut on dim 0 to this rank's rows (the values given are the whole batch, the
+        same on every rank). NumPy values become mx.arrays; facades stay facades. Other
+        strategies, and splits a ``sharding=`` rule asks for beyond the batch, are a MeshError."""
+        if self._group is None:
+            return super().place(values, plan)
+        self._check_plan(plan)
+        axis = plan.strategies.get("data")
+        out = {}
+        for name, v in values.items():
+            spec = plan.specs.get(name)
+            if name in plan.shapes or not spec or isinstance(v, np.ndarray) and v.dtype == object:
+                out[name] = v if isinstance(v, (xp.MlxArray, mx.array)) or not hasattr(v, "shape") \
+                    or np.asarray(v).dtype == object else self.from_numpy(np.asarray(v))
+                continue
+            native = _unwrap(v) if isinstance(v, (xp.MlxArray, mx.array)) else self.from_numpy(np.asarray(v))
+            part = _mmesh.local_part(native, self.mesh, self.rank, (axis,) + (None,) * (native.ndim - 1))
+            out[name] = xp.MlxArray(part) if isinstance(v, xp.MlxArray) else part
+        return out
+
+    def _check_plan(self, plan) -> None:
+        """The plans :meth:`place` runs: data parallel over an axis holding every process, every
+        parameter whole, every batched data input split on dim 0."""
+        other = [s for s in plan.strategies if s != "data"]
+        if other:
+            raise MeshError(f"MlxBackend runs data parallel over a device mesh; {', '.join(other)} parallelism is not "
+                            f"implemented on MLX (JaxBackend and TorchBackend run it): compile with parallel='data'")
+        axis = plan.strategies["data"]
+        if self.mesh.axis_size(axis) != self.mesh.size:
+            raise MeshError(f"MlxBackend: data parallel over axis {axis!r} of mesh {self.mesh} leaves other axes "
+                            f"unused; give the data axis every process (device_mesh=({self.mesh.size},))")
+        split_params = [n for n in plan.shapes if n in plan.specs]
+        if split_params:
+            raise MeshError(f"MlxBackend keeps parameters whole on every process; sharding= splits "
+                            f"{', '.join(split_params[:4])}")
+        for name, shape in plan.input_shapes.items():
+            spec = plan.specs.get(name, ())
+            if len(shape) and tuple(spec) != (axis,) + (None,) * (len(shape) - 1):
+                raise MeshError(f"MlxBackend splits every data input's batch (dim 0) over {axis!r}; input {name!r} is "
+                                f"placed {spec or 'whole'} (a sharding= rule): keep it on the batch")
+
+    def per_device_bytes(self, arrays) -> dict:
+        """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold in this process."""
+        values = arrays.values() if isinstance(arrays, dict) else arrays
+        return {self.rank: sum(_unwrap(v).nbytes for v in values if isinstance(_unwrap(v), mx.array))}
 
     # -- dtypes and conversion -------------------------------------------------------
     def unsupported_dtype_reason(self, dtype) -> str | None:
@@ -309,13 +413,17 @@ class MlxBackend(Backend):
     # -- compilation hooks -----------------------------------------------------------
     def lower(self, plan, **kwargs):
         """The generated program; with ``compute_precision``, floating params and inputs are cast
-        to it on the way in and floating outputs back to their declared dtypes on the way out."""
+        to it on the way in and floating outputs back to their declared dtypes on the way out; on
+        a mesh of several processes, its outputs joined over the ranks (:class:`~.mesh.OnMesh`)."""
         program = super().lower(plan, **kwargs)
-        if self.compute_precision is None:
-            return program
-        declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
-                    if v.dtype is not None and xp.is_supported(v.dtype)}
-        return program.with_forward(_ComputeIn(program.forward, self.compute_precision, declared))
+        forward = program.forward
+        if self.compute_precision is not None:
+            declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
+                        if v.dtype is not None and xp.is_supported(v.dtype)}
+            forward = _ComputeIn(forward, self.compute_precision, declared)
+        if self._group is not None:  # this rank's rows in, the whole batch's outputs out
+            forward = _mmesh.OnMesh(forward, self._group, plan, _wrap, _unwrap)
+        return program if forward is program.forward else program.with_forward(forward)
 
     def jit(self, forward, options: dict | None = None):
         """``mx.compile`` of the whole forward; ``options``: ``shapeless``."""
@@ -344,9 +452,12 @@ class MlxBackend(Backend):
         primals = [params[k] for k in diff_params] + [data[k] for k in diff_data]
         with mx.stream(self._device):
             (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
+        grads = dict(zip(names, grads))
+        if isinstance(forward, _mmesh.OnMesh if _mmesh is not None else ()):
+            grads = _mmesh.reduce_gradients(grads, self._group, forward.split_inputs)
         if self.auto_free_tensors:
-            mx.eval(list(outputs.values()), grads)
-        return outputs, dict(zip(names, grads))
+            mx.eval(list(outputs.values()), list(grads.values()))
+        return outputs, grads
 
     # -- devices, random keys, memory, interchange -------------------------------------------
     def to_device(self, x, device):

@@ -1,0 +1,162 @@
+"""MlxBackend on a device mesh (issue 20, Must 4): ``device_mesh=(1,)`` is the plain path; on 2
+local processes joined by mlx.core.distributed's ring backend, data-parallel training of the
+zoo's MLP equals one process (loss curve and final parameters), evaluate's outputs are the whole
+batch's on every rank, and what MLX does not run (tensor parallel, a mesh larger than the ring)
+is a MeshError saying so.
+
+The workers are started once (mithril.distributed.launch.spawn, bounded by TIMEOUT) and every
+test reads their results."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import mithril as ml
+import models_zoo
+from mithril.distributed.launch import free_port, spawn
+from mithril.errors import MeshError
+from mithril.models import CrossEntropy, Mean, TrainModel
+from mithril.optimizers import SGD, fit
+
+mx = pytest.importorskip("mlx.core")
+if not mx.distributed.is_available():
+    pytest.skip("this mlx build has no mlx.core.distributed", allow_module_level=True)
+
+NPROC, STEPS, TIMEOUT = 2, 20, 120
+
+
+def _mlp_case():
+    """As tests/test_distributed_jax.py: the zoo's MLP on 8 x 16 batches labelled by a linear teacher."""
+    rng = np.random.default_rng(0)
+    teacher = rng.standard_normal((16, 8))
+    xs = [rng.standard_normal((8, 16)).astype(np.float32) for _ in range(STEPS)]
+    batches = [{"input": x, "target": (x @ teacher).argmax(1)} for x in xs]
+    return (lambda: models_zoo.mlp((64, 32, 8))), {"input": [8, 16], "target": [8]}, batches
+
+
+def _trainer(model, backend, shapes, **kwargs):
+    tm = TrainModel(model)
+    tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    return ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"}, **kwargs)
+
+
+def _train(pm, backend, init, batches):
+    params = pm.place(init)
+    params, _, losses = fit(pm, params, lambda epoch: batches, SGD(0.1, momentum=0.9), 1, progress=False)
+    return {k: backend.to_numpy(v) for k, v in params.items()}, np.array(losses)
+
+
+def _forward_case(pm, backend, init):
+    """A TrainModel's evaluate on one batch: its outputs and gradients, as NumPy."""
+    _, _, batches = _mlp_case()
+    outputs, grads = pm.evaluate(pm.place(init), batches[0])
+    return ({k: backend.to_numpy(v) for k, v in outputs.items()}, {k: backend.to_numpy(v) for k, v in grads.items()})
+
+
+def _on_mesh(init):
+    """One worker: the mesh's checks, one evaluate, 20 training steps (data parallel)."""
+    build, shapes, batches = _mlp_case()
+    backend = ml.MLXBackend(device_mesh=(NPROC,), device="cpu")
+    out = {"rank": backend.rank, "mesh": (backend.mesh.axis_names, backend.device_mesh)}
+    part = backend.ones(8, 4, tensor_split=(0,))
+    out["part"] = (tuple(part.shape), tuple(backend.randn(6, 4, tensor_split=(None,)).shape))
+    try:
+        ml.MLXBackend(device_mesh=(4,), device="cpu")
+    except MeshError as exc:
+        out["too_large"] = str(exc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tensor = _trainer(build(), backend, shapes, parallel="tensor")
+    try:
+        tensor.randomize_params()
+    except MeshError as exc:
+        out["tensor"] = str(exc)
+    pm = _trainer(build(), backend, shapes, parallel="data")
+    out["step"] = _forward_case(pm, backend, init)
+    out["params"], out["losses"] = _train(pm, backend, init, batches)
+    return out
+
+
+_RUN: dict = {}
+
+
+def _reference():
+    """One process: initial parameters, one evaluate, 20 steps."""
+    if "one" not in _RUN:
+        build, shapes, batches = _mlp_case()
+        backend = ml.MLXBackend(device="cpu", random_seed=0)
+        pm = _trainer(build(), backend, shapes)
+        init = {k: backend.to_numpy(v) for k, v in pm.randomize_params().items()}
+        _RUN["one"] = (init, _forward_case(pm, backend, init), *_train(pm, backend, init, batches))
+    return _RUN["one"]
+
+
+def _mesh_run(tmp_path_factory):
+    if "mesh" not in _RUN:
+        init = _reference()[0]
+        hosts = tmp_path_factory.mktemp("ring") / "hosts.json"
+        hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(NPROC)]))
+        _RUN["mesh"] = spawn(_on_mesh, NPROC, args=(init,), timeout=TIMEOUT, env={"MLX_HOSTFILE": str(hosts)})
+    return _RUN["mesh"]
+
+
+def test_one_device_mesh_is_the_plain_path():
+    """The design's ``MLXBackend(device_mesh=(1,))``: same results as no mesh, nothing split."""
+    backend = ml.MLXBackend(device_mesh=(1,), device="cpu")
+    assert backend.device_mesh == (1,) and backend.mesh.axis_names == ("data",) and backend.rank == 0
+    model = models_zoo.mlp((8, 4))
+    pm = ml.compile(model, backend, shapes={"input": [4, 6]})
+    assert pm.sharding is None
+    params = pm.randomize_params()
+    x = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+    got = np.array(pm.evaluate(params, {"input": x})["output"])
+    plain = ml.compile(model, ml.MLXBackend(device="cpu"), shapes={"input": [4, 6]})
+    want = np.array(plain.evaluate({k: np.array(v) for k, v in params.items()}, {"input": x})["output"])
+    np.testing.assert_array_equal(got, want)
+    assert backend.ones(4, 2, device_mesh=(1,), tensor_split=(0,)).shape == (4, 2)
+
+
+def test_a_mesh_outside_a_ring_says_how_to_launch(monkeypatch):
+    for name in ("MLX_RANK", "MLX_HOSTFILE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(MeshError, match=r"device_mesh=\(2,\) runs over 2 processes.*mlx.launch --backend ring -n 2"):
+        ml.MLXBackend(device_mesh=(2,), device="cpu")
+    with pytest.raises(MeshError, match=r"needs a backend on that mesh: MlxBackend\(device_mesh=\(2,\)\)"):
+        ml.MLXBackend(device="cpu").ones(4, 2, device_mesh=(2,))
+
+
+def test_data_parallel_trains_as_one_process(tmp_path_factory):
+    """20 SGD steps with momentum on 2 ring processes, each computing half of every batch and
+    all_sum-ing the gradients: the one-process loss curve and final parameters on both ranks."""
+    init, _, want_params, want_losses = _reference()
+    assert want_losses[-1] < want_losses[0]
+    for rank, got in enumerate(_mesh_run(tmp_path_factory)):
+        assert got["rank"] == rank and got["mesh"] == (("data",), (NPROC,))
+        np.testing.assert_allclose(got["losses"], want_losses, rtol=2e-5, atol=2e-6, err_msg=f"rank {rank}")
+        for name, want in want_params.items():
+            np.testing.assert_allclose(got["params"][name], want, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+
+
+def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory):
+    """One evaluate of the TrainModel: the per-row logits gathered (8 rows, rank 0's first), the
+    batch-mean loss averaged, the parameters' gradients summed: the one-process values."""
+    (want_out, want_grads) = _reference()[1]
+    for rank, got in enumerate(_mesh_run(tmp_path_factory)):
+        outputs, grads = got["step"]
+        assert set(outputs) == set(want_out) and set(grads) == set(want_grads)
+        for name, want in want_out.items():
+            assert outputs[name].shape == want.shape, name
+            np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
+        for name, want in want_grads.items():
+            np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-6, err_msg=f"rank {rank}: {name}")
+
+
+def test_what_mlx_meshes_do_not_run_is_a_mesh_error(tmp_path_factory):
+    for rank, got in enumerate(_mesh_run(tmp_path_factory)):
+        assert got["part"] == ((4, 4), (6, 4))  # this rank's rows of a split array; a whole one whole
+        assert "device_mesh=(4,) needs 4 processes, but the ring group has 2" in got["too_large"]
+        assert "tensor parallelism is not implemented on MLX" in got["tensor"]
