@@ -308,6 +308,39 @@ def test_launch_command_line(tmp_path):
     assert "rank      : 1" in root and "ValueError: rank one is broken" in root
 
 
+def test_launch_two_hosts(tmp_path):
+    """Two "hosts" on localhost: two ``mithril launch --nnodes 2`` (one process each) meet at
+    the rank-0 node's address and port and form one process group of 2."""
+    import subprocess
+
+    from mithril.distributed.launch import free_port
+
+    script = tmp_path / "host.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import mithril as ml
+        backend = ml.TorchBackend(device_mesh=(2,))
+        x = backend.ones(4, 3, tensor_split=(0,))
+        with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
+            print(os.environ["GROUP_RANK"], tuple(x.to_local().shape), float(backend.to_numpy(x).sum()), file=f)
+    """))
+    port = str(free_port())
+    hosts = [subprocess.Popen([sys.executable, "-m", "mithril", "launch", "--nproc", "1", "--nnodes", "2",
+                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port,
+                               "--timeout", "100", str(script), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    try:
+        logs = [host.communicate(timeout=TIMEOUT)[0] for host in hosts]
+    finally:
+        for host in hosts:
+            if host.poll() is None:
+                host.terminate()  # the launcher ends its torchrun and workers on SIGTERM
+                host.wait(30)
+    assert [host.returncode for host in hosts] == [0, 0], logs
+    # Each host's process is one rank of the group; the array is split over both.
+    assert sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)) == ["0 (2, 3) 12.0\n", "1 (2, 3) 12.0\n"]
+
+
 def test_launch_usage_errors(capsys):
     from mithril.cli import main
 

@@ -178,14 +178,21 @@ def torchrun_command(script: str, script_args=(), nproc: int = 1, nnodes: int | 
 def run_script(script: str, nproc: int, args=(), timeout: float | None = None, **torchrun_options) -> int:
     """Run ``script`` on ``nproc`` local processes through torchrun and wait; returns its exit
     status. Past ``timeout`` seconds, torchrun and every worker are ended and :class:`WorkerError`
-    is raised."""
+    is raised. Interrupted (Ctrl-C, or SIGTERM to this process), it ends them too."""
+    import threading
+
     cmd = torchrun_command(script, args, nproc, **torchrun_options)
     proc = subprocess.Popen(cmd, start_new_session=True)  # its own process group: ended as one
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         raise WorkerError(f"launch: {script} ran past the timeout of {timeout:g} s; all workers ended") from None
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -193,6 +200,10 @@ def run_script(script: str, nproc: int, args=(), timeout: float | None = None, *
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds run_script, which ends torchrun's process group
 
 
 def _main(argv: list[str]) -> None:
