@@ -28,6 +28,9 @@
 #ifndef MT_GEMM_NV
 #define MT_GEMM_NV 2                   /* vectors per register-tile row (NR = NV vectors of T) */
 #endif
+#if MT_GEMM_NV < 1 || MT_GEMM_NV > 4
+#error "MT_GEMM_NV: 1 to 4 vectors per register-tile row"
+#endif
 #ifndef MT_GEMM_DOT
 #define MT_GEMM_DOT 4                  /* a ragged panel's columns past whole vectors done as dot products */
 #endif

@@ -302,7 +302,9 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
     const mt_i kwide = MT_GEMM_KC * MT_GEMM_NBLK / 2 < MT_GEMM_KC * (MT_GEMM_MC / MT_GEMM_MR)
                            ? MT_GEMM_KC * MT_GEMM_NBLK / 2 : MT_GEMM_KC * (MT_GEMM_MC / MT_GEMM_MR);
     const mt_i kcap = direct && qlast < 2 && kwide > MT_GEMM_KC ? kwide : MT_GEMM_KC;
-    const mt_i kstep = (K + (K + kcap - 1) / kcap - 1) / ((K + kcap - 1) / kcap); /* equal blocks */
+    /* blocks of equal depth rounded up to whole cache lines of A's rows, never deeper than kcap */
+    const mt_i nkb = (K + kcap - 1) / kcap, kline = (mt_i)(64 / sizeof(T));
+    const mt_i kround = ((K + nkb - 1) / nkb + kline - 1) / kline * kline, kstep = kround < kcap ? kround : kcap;
     for (mt_i k0 = 0; k0 < K; k0 += kstep) {
         mt_i kc = K - k0 < kstep ? K - k0 : kstep;
         MT_FN(mt_gemm_pack_b)(B + k0 * br + j0 * bc, pb, kc, nc, br, bc);
