@@ -75,7 +75,7 @@ def _train(case, parallel=None, mesh=(NPROC,)):
         pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"},
                         **({} if parallel is None else {"parallel": parallel}))
         params = pm.randomize_params()  # the backend's seed 0 on every process
-        held = sum(backend.per_device_bytes(params).values())
+        held = backend.per_device_bytes(params)[int(os.environ.get("RANK", "0"))]  # this process's
         data = [{k: backend.from_numpy(v) for k, v in b.items()} for b in batches]
         params, _, losses = fit(pm, params, lambda epoch: data, optimizer, 1, progress=False)
     final = {k: backend.to_numpy(v) for k, v in sorted(params.items())}
@@ -139,6 +139,7 @@ def _mesh_worker(folder):
 
     backend = ml.TorchBackend(device_mesh=(NPROC,))
     assert backend.mesh.axis_names == ("data",) and backend.device_mesh == (NPROC,)
+    assert ml.TorchBackend(device_mesh=(NPROC,), axis_names=("batch",)).torch_mesh.mesh_dim_names == ("batch",)
     x = backend.ones(8, 6, device_mesh=(NPROC,), tensor_split=(0,))
     assert isinstance(x, DTensor) and tuple(x.to_local().shape) == (4, 6) and backend.to_numpy(x).sum() == 48
     cols = backend.randn(4, 6, tensor_split=(1,))
@@ -173,6 +174,7 @@ def _mesh_worker(folder):
     on_one = single.evaluate(loaded, {"input": data})["output"]
     back = fsdp.evaluate(ml.load_params(path, backend), {"input": data})["output"]  # placed by the plan again
     checkpoint = {"sharded": sorted(k for k, v in sharded.items() if v.to_local().shape != v.shape),
+                  "bytes": backend.per_device_bytes(sharded),
                   "on_one": on_one.numpy(), "back": backend.to_numpy(back),
                   "want": backend.to_numpy(fsdp.evaluate(sharded, {"input": data})["output"])}
 
@@ -236,6 +238,7 @@ def test_mesh_arrays_and_evaluate(tmp_path):
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=k)
         checkpoint = got["checkpoint"]
         assert len(checkpoint["sharded"]) == 4  # both weights and both biases of the MLP were split
+        assert checkpoint["bytes"] == {0: (12 * 16 + 16 + 16 * 4 + 4) * 4 // 2, 1: (12 * 16 + 16 + 16 * 4 + 4) * 4 // 2}
         np.testing.assert_allclose(checkpoint["on_one"], checkpoint["want"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(checkpoint["back"], checkpoint["want"], rtol=1e-6, atol=1e-6)
 

@@ -234,8 +234,9 @@ class TorchBackend(Backend):
 
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed by a :class:`~mithril.distributed.ShardingPlan`: NumPy
-        arrays and plain tensors as DTensors by the plan's spec; DTensors keep the user's
-        placement; strings stay NumPy. Facades (the program's inputs) stay facades."""
+        arrays and plain tensors (whole arrays: rank 0's is the one scattered, as :meth:`shard`)
+        as DTensors by the plan's spec; DTensors (:meth:`from_local` for a process's own rows)
+        keep their placement; strings stay NumPy. Facades (the program's inputs) stay facades."""
         out = {}
         for name, v in values.items():
             t = v.native if isinstance(v, txp.TorchArray) else v
@@ -251,14 +252,16 @@ class TorchBackend(Backend):
         return out
 
     def per_device_bytes(self, arrays) -> dict:
-        """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold in this process (a DTensor's
-        local shard; each process sees only its own)."""
+        """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold on each process of the mesh
+        (a DTensor's local shard, a tensor's whole; ``{0: bytes}`` on one device). On a mesh
+        the counts are gathered from every process: every process calls it."""
         values = arrays.values() if isinstance(arrays, dict) else arrays
         values = [v.native if isinstance(v, txp.TorchArray) else v for v in values]
-        rank = torch.distributed.get_rank() if self._torch_mesh is not None else 0
         if self._torch_mesh is None:
-            return {rank: sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))}
-        return {rank: _tmesh.local_bytes(values)}
+            return {0: sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))}
+        counts = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(counts, _tmesh.local_bytes(values))
+        return dict(enumerate(counts))
 
     def _parallel_devices(self, device, strategy, devices) -> list:
         """``devices`` as torch.devices (absent ones warned about once, and replaced by the CPU),
