@@ -388,3 +388,14 @@ def test_top_k_keeps_the_lower_index_first_on_ties(largest, axis):
     assert got["i"].dtype == np.int64
     np.testing.assert_array_equal(got["v"], want["v"])
     np.testing.assert_array_equal(got["i"], want["i"])
+
+
+def test_erf_is_within_a_few_ulps_of_scipy():
+    from scipy.special import erf
+
+    z = np.concatenate([np.linspace(-7, 7, 4001), [0.0, -0.0, 1e-30, 1e-8, 0.5, -0.5, np.inf, -np.inf, np.nan]])
+    z = z.astype(np.float32)
+    model = _model([helper.make_node("Erf", ["x"], ["y"])], [("x", TensorProto.FLOAT, [z.size])],
+                   [("y", TensorProto.FLOAT, [z.size])])
+    got = _strict(model).evaluate({}, {"x": z})["y"]
+    np.testing.assert_allclose(got, erf(z.astype(np.float64)), rtol=2e-6, atol=1e-37)

@@ -1,6 +1,6 @@
 """Node patterns GGML runs as one ggml op: exporters write GELU as ``x * 0.5 * (1 + erf(x / sqrt 2))``
-(five nodes, and Erf has no ggml kernel, so the graph would leave ggml twice per layer); the
-pattern becomes one ``Gelu`` node, which ``ggml_gelu_erf`` computes exactly in float32.
+(five nodes; ggml has no erf kernel, the Erf rule composes one from ``ggml_gelu_erf`` and a
+series); the pattern becomes one ``Gelu`` node, which ``ggml_gelu_erf`` computes exactly in float32.
 
 Only patterns whose scalars are constants are fused (a float initializer that is a parameter may
 be given another value at run time), and only when the fused node runs in ggml: a node left to

@@ -543,3 +543,29 @@ def round_(pn, g: Builder):
     from .quantize_linear import round_half_even
 
     return round_half_even(g, g.contiguous(operand(pn, 0, g)))
+
+
+def _check_erf(pn) -> str | None:
+    return None if 2 * prod(pn.outputs[0].static_shape) < 2 ** 24 else "more than 2**23 elements"
+
+
+@ggml_op("Erf", check=_check_erf)
+def erf(pn, g: Builder):
+    """ggml has erf only inside ``gelu_erf(u) = u (1 + erf(u / sqrt 2)) / 2``: ``erf(z) =
+    2 gelu_erf(z sqrt 2) / (z sqrt 2) - 1`` for |z| >= 0.5, and below, where that subtraction
+    cancels, the Taylor series to z**11 (both within 5e-7 of erf in float32); z is clamped to
+    [-10, 10] first (erf is +-1 there in float32; inf / inf would be NaN), and NaN kept."""
+    gg, ctx = g.ggml, g.ctx
+    x = g.contiguous(operand(pn, 0, g))
+    z = g.clamp(x, -10.0, 10.0)
+    out = pn.outputs[0].static_shape
+    u = gg.ggml_scale(ctx, z, float(np.sqrt(2.0)))
+    wide = gg.ggml_scale_bias(ctx, gg.ggml_div(ctx, gg.ggml_scale(ctx, gg.ggml_gelu_erf(ctx, u), 2.0), u), 1.0, -1.0)
+    square = gg.ggml_sqr(ctx, z)
+    series = gg.ggml_scale_bias(ctx, square, -1.0 / 1320, 1.0 / 216)
+    for c in (-1.0 / 42, 1.0 / 10, -1.0 / 3, 1.0):  # Horner in z**2
+        series = gg.ggml_scale_bias(ctx, gg.ggml_mul(ctx, series, square), 1.0, c)
+    near = gg.ggml_scale(ctx, gg.ggml_mul(ctx, series, z), float(2 / np.sqrt(np.pi)))
+    small = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_abs(ctx, z), -1.0, 0.5))  # |z| < 0.5
+    y = select(g, small, near, wide, out)
+    return select(g, gg.ggml_scale_bias(ctx, _not_nan(g, x), -1.0, 1.0), x, y, out)  # NaN stays NaN
