@@ -17,7 +17,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 NP = {TensorProto.FLOAT: np.float32, TensorProto.BOOL: np.bool_, TensorProto.INT8: np.int8,
-      TensorProto.INT16: np.int16, TensorProto.UINT8: np.uint8, TensorProto.INT64: np.int64}
+      TensorProto.INT16: np.int16, TensorProto.UINT8: np.uint8, TensorProto.UINT16: np.uint16,
+      TensorProto.INT64: np.int64}
 
 
 def _model(nodes, inputs, outputs, opset=17):
@@ -399,3 +400,22 @@ def test_erf_is_within_a_few_ulps_of_scipy():
                    [("y", TensorProto.FLOAT, [z.size])])
     got = _strict(model).evaluate({}, {"x": z})["y"]
     np.testing.assert_allclose(got, erf(z.astype(np.float64)), rtol=2e-6, atol=1e-37)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # NumPy's own x % 0, the reference
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("qtype", [TensorProto.INT8, TensorProto.INT16, TensorProto.UINT16])
+def test_mod_of_small_integers_is_exact(fmod, qtype):
+    t = np.dtype(NP[qtype])
+    info = np.iinfo(t)
+    rng = np.random.default_rng(5)
+    a = rng.integers(info.min, info.max, 64, endpoint=True).astype(t)
+    b = rng.integers(info.min, info.max, 64, endpoint=True).astype(t)
+    b[:8] = [1, 0, 3, info.max, info.min or 2, 7, 0, 2]
+    a[:8] = [info.max, 5, info.min, info.max - 1, info.max, 0, 0, info.min]
+    model = _model([helper.make_node("Mod", ["a", "b"], ["y"], fmod=fmod)], [("a", qtype, [64]), ("b", qtype, [64])],
+                   [("y", qtype, [64])], opset=13)
+    got = _strict(model).evaluate({}, {"a": a, "b": b})["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"a": a, "b": b})["y"]
+    assert got.dtype == t
+    np.testing.assert_array_equal(got, want)

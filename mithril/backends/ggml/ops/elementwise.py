@@ -569,3 +569,26 @@ def erf(pn, g: Builder):
     small = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_abs(ctx, z), -1.0, 0.5))  # |z| < 0.5
     y = select(g, small, near, wide, out)
     return select(g, gg.ggml_scale_bias(ctx, _not_nan(g, x), -1.0, 1.0), x, y, out)  # NaN stays NaN
+
+
+def _check_mod(pn) -> str | None:
+    if any(v.dtype not in SMALL_INTS for v in pn.inputs):
+        return "values other than int8/int16/uint8/uint16 (a float remainder is not exact here)"
+    if 2 * prod(pn.outputs[0].static_shape) >= 2 ** 24:
+        return "more than 2**23 elements"
+    return _check_broadcast(pn)
+
+
+@ggml_op("Mod", check=_check_mod, dtypes=SMALL_INTS)
+def mod(pn, g: Builder):
+    """``a - floor(a / b) * b`` (``trunc`` with fmod=1): exact for 16-bit integers in float32 (the
+    quotient's error is below 1 / |b|); 0 where ``b`` is 0, as NumPy."""
+    gg, ctx = g.ggml, g.ctx
+    out = pn.outputs[0].static_shape
+    a, b = (g.broadcast(g.contiguous(operand(pn, i, g)), out) for i in range(2))
+    quotient = gg.ggml_div(ctx, a, b)
+    whole = gg.ggml_trunc(ctx, quotient) if int(pn.kwargs.get("fmod", 0)) else gg.ggml_floor(ctx, quotient)
+    rest = gg.ggml_sub(ctx, a, gg.ggml_mul(ctx, whole, b))
+    zero = gg.ggml_scale_bias(ctx, gg.ggml_add(ctx, gg.ggml_step(ctx, b), gg.ggml_step(ctx, gg.ggml_neg(ctx, b))),
+                              -1.0, 1.0)
+    return select(g, zero, g.constant(np.zeros(out, np.float32)), rest, out)
