@@ -1,11 +1,11 @@
 """MlxBackend on a device mesh (issue 20, Must 4): ``device_mesh=(1,)`` is the plain path; on 2
-local processes joined by mlx.core.distributed's ring backend, data-parallel training of the
-zoo's MLP equals one process (loss curve and final parameters), evaluate's outputs are the whole
-batch's on every rank, and what MLX does not run (tensor parallel, a mesh larger than the ring)
-is a MeshError saying so.
+local processes joined by mlx.core.distributed's ring backend, data-parallel and tensor-parallel
+training of the zoo's MLP equals one process (loss curve and final parameters), evaluate's
+outputs and gradients are the whole batch's on every rank, mlx.launch starts the ranks, and what
+MLX meshes do not run (fsdp, a mesh larger than the ring) is a MeshError saying so.
 
 The workers are started once (mithril.distributed.launch.spawn, bounded by TIMEOUT) and every
-test reads their results."""
+test reads their results; mlx.launch's run is ended within 60 s."""
 
 from __future__ import annotations
 
@@ -70,14 +70,16 @@ def _on_mesh(init):
         out["too_large"] = str(exc)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tensor = _trainer(build(), backend, shapes, parallel="tensor")
+        fsdp = _trainer(build(), backend, shapes, parallel="fsdp")
     try:
-        tensor.randomize_params()
+        fsdp.randomize_params()
     except MeshError as exc:
-        out["tensor"] = str(exc)
-    pm = _trainer(build(), backend, shapes, parallel="data")
-    out["step"] = _forward_case(pm, backend, init)
-    out["params"], out["losses"] = _train(pm, backend, init, batches)
+        out["fsdp"] = str(exc)
+    for strategy in ("data", "tensor"):
+        pm = _trainer(build(), backend, shapes, parallel=strategy)
+        out[strategy] = {"step": _forward_case(pm, backend, init), "specs": dict(pm.sharding.specs),
+                         "source": pm.program.forward.tensor_source}
+        out[strategy]["params"], out[strategy]["losses"] = _train(pm, backend, init, batches)
     return out
 
 
@@ -129,24 +131,44 @@ def test_a_mesh_outside_a_ring_says_how_to_launch(monkeypatch):
         ml.MLXBackend(device="cpu").ones(4, 2, device_mesh=(2,))
 
 
-def test_data_parallel_trains_as_one_process(tmp_path_factory):
-    """20 SGD steps with momentum on 2 ring processes, each computing half of every batch and
-    all_sum-ing the gradients: the one-process loss curve and final parameters on both ranks."""
+@pytest.mark.parametrize("strategy", ["data", "tensor"])
+def test_strategy_trains_as_one_process(tmp_path_factory, strategy):
+    """20 SGD steps with momentum on 2 ring processes: data parallel (each rank half of every
+    batch, gradients all_sum-ed) and tensor parallel (Megatron's column- then row-split Linear
+    layers); the one-process loss curve and final parameters on both ranks."""
     init, _, want_params, want_losses = _reference()
     assert want_losses[-1] < want_losses[0]
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
         assert got["rank"] == rank and got["mesh"] == (("data",), (NPROC,))
-        np.testing.assert_allclose(got["losses"], want_losses, rtol=2e-5, atol=2e-6, err_msg=f"rank {rank}")
+        run = got[strategy]
+        np.testing.assert_allclose(run["losses"], want_losses, rtol=2e-5, atol=2e-6, err_msg=f"rank {rank}")
         for name, want in want_params.items():
-            np.testing.assert_allclose(got["params"][name], want, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+            np.testing.assert_allclose(run["params"][name], want, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
 
 
-def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory):
-    """One evaluate of the TrainModel: the per-row logits gathered (8 rows, rank 0's first), the
-    batch-mean loss averaged, the parameters' gradients summed: the one-process values."""
+def test_tensor_parallel_splits_linear_layers_column_then_row(tmp_path_factory):
+    """The MLP's Linear layers (weights [out, in]): the first and last split on output features
+    (columns), the middle one on input features (rows), whose partial products meet in an
+    all_sum; the logits split over the ranks are gathered before the loss. The data stays whole."""
+    for got in _mesh_run(tmp_path_factory):
+        run = got["tensor"]
+        assert run["specs"] == {"linear_0.weight": ("data", None), "linear_0.bias": ("data",),
+                                "linear_1.weight": (None, "data"), "linear_2.weight": ("data", None),
+                                "linear_2.bias": ("data",)}
+        source = run["source"]
+        assert source.count("= matmul_add_column_split_") == 2 and source.count("= matmul_add_row_split_") == 1
+        assert "_whole_features_" in source  # CrossEntropy reads the whole logits
+        assert got["data"]["source"] is None  # data parallel runs the program as compiled
+
+
+@pytest.mark.parametrize("strategy", ["data", "tensor"])
+def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory, strategy):
+    """One evaluate of the TrainModel: the logits (8 rows, gathered in rank order under data
+    parallel, their features gathered under tensor parallel), the batch-mean loss and the
+    parameters' gradients are the one-process values on every rank."""
     (want_out, want_grads) = _reference()[1]
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
-        outputs, grads = got["step"]
+        outputs, grads = got[strategy]["step"]
         assert set(outputs) == set(want_out) and set(grads) == set(want_grads)
         for name, want in want_out.items():
             assert outputs[name].shape == want.shape, name
@@ -159,4 +181,54 @@ def test_what_mlx_meshes_do_not_run_is_a_mesh_error(tmp_path_factory):
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
         assert got["part"] == ((4, 4), (6, 4))  # this rank's rows of a split array; a whole one whole
         assert "device_mesh=(4,) needs 4 processes, but the ring group has 2" in got["too_large"]
-        assert "tensor parallelism is not implemented on MLX" in got["tensor"]
+        assert "fsdp is not implemented on MLX" in got["fsdp"]
+
+
+_LAUNCHED = r"""
+import json
+import numpy as np
+import mithril as ml
+import models_zoo
+backend = ml.MLXBackend(device_mesh=(2,), device="cpu")
+pm = ml.compile(models_zoo.mlp((8, 4)), backend, shapes={"input": [4, 6]})
+x = np.arange(24, dtype=np.float32).reshape(4, 6) / 10
+params = {k: np.linspace(-1, 1, v.size, dtype=np.float32).reshape(v.shape) for k, v in pm.get_parameters().items()}
+out = np.array(pm.evaluate(params, {"input": x})["output"])
+print(json.dumps({"rank": backend.rank, "output": out.tolist()}), flush=True)
+"""
+
+
+def test_processes_from_mlx_launch(tmp_path):
+    """``mlx.launch --backend ring -n 2`` starts the ranks (its hostfile, MLX_RANK); each sees the
+    whole batch's output of a data-parallel evaluate, equal to one process's. Ended within 60 s."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent)) or shutil.which("mlx.launch")
+    if launcher is None:
+        pytest.skip("mlx.launch (mlx's launcher script) is not installed next to this Python")
+    script = tmp_path / "launched.py"
+    script.write_text(_LAUNCHED)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    proc = subprocess.Popen([sys.executable, launcher, "--backend", "ring", "-n", "2", "--python", sys.executable,
+                             "--starting-port", str(free_port()), str(script)], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    results = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1], out[-3000:]
+    pm = ml.compile(models_zoo.mlp((8, 4)), ml.MLXBackend(device="cpu"), shapes={"input": [4, 6]})
+    params = {k: np.linspace(-1, 1, v.size, dtype=np.float32).reshape(v.shape) for k, v in pm.get_parameters().items()}
+    want = np.array(pm.evaluate(params, {"input": np.arange(24, dtype=np.float32).reshape(4, 6) / 10})["output"])
+    for r in results:
+        np.testing.assert_allclose(np.array(r["output"]), want, rtol=1e-6, atol=1e-6)

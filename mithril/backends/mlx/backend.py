@@ -140,17 +140,19 @@ class MlxBackend(Backend):
     the plain path. ``N > 1`` runs over ``mlx.core.distributed``'s ring backend, one process per
     device, started by ``mlx.launch --backend ring -n N script.py`` (or with ``MLX_RANK`` and
     ``MLX_HOSTFILE`` set); the ring group's size must be N. MLX arrays are local, so the run is
-    single-program-multiple-data: every process passes the same whole batch and parameters,
-    each computes its own rows (:meth:`place` cuts the data on dim 0), and ``evaluate`` returns
-    what one process computes on the whole batch, on every rank: per-row outputs (dim 0 is the
-    batch) gathered in rank order with ``all_gather``, other outputs (a batch-mean loss)
-    averaged over the ranks; gradients of parameters summed over the ranks with ``all_sum``
-    (each rank's is its rows' share of the batch-mean loss, so the sum is the one-process
-    gradient), gradients of the data's rows gathered. The strategy is data parallel
-    (``compile(..., parallel="data")``, the default on a mesh); fsdp, tensor and pipeline
-    parallelism are refused with a :class:`~mithril.errors.MeshError` (JaxBackend and
-    TorchBackend run them). Seed every process alike (``random_seed=``): the processes must
-    start from the same parameters.
+    single-program-multiple-data: every process passes the same whole batch and parameters
+    (seed every process alike), and ``evaluate`` returns on every rank what one process
+    computes on the whole batch. Data parallel (``compile(..., parallel="data")``, the default
+    on a mesh): each rank computes its rows (:meth:`place` cuts the data on dim 0); per-row
+    outputs (dim 0 is the batch) are gathered in rank order with ``all_gather``, other outputs
+    (a batch-mean loss) averaged over the ranks; parameter gradients are summed over the ranks
+    with ``all_sum`` (each rank's is its rows' share of the batch-mean loss, so the sum is the
+    one-process gradient), the data's gradients gathered. Tensor parallel
+    (``parallel="tensor"``): the MatMul weights the plan splits are cut to this rank's part
+    inside the program, which all-sums a row-split matmul's partial products and all-gathers
+    split features where an op needs them whole (:func:`~.mesh.tensor_parallel_plan`); outputs
+    and gradients come back whole. fsdp, pipeline and 2-D meshes are a
+    :class:`~mithril.errors.MeshError` (JaxBackend and TorchBackend run them).
 
     >>> import mithril as ml
     >>> b = ml.MlxBackend(dtype=ml.float32, device="cpu")
@@ -176,8 +178,9 @@ class MlxBackend(Backend):
             raise BackendOptionError(f"MlxBackend: jit={jit} and use_graph={use_graph} disagree; give one of them")
         self.mesh = parse_mesh("MlxBackend", device_mesh, axis_names)
         self.device_mesh = None if self.mesh is None else self.mesh.shape
-        # The mx.distributed group (None on one device: a one-device mesh is the plain path).
-        self._group = None
+        # The mx.distributed group (None on one device: a one-device mesh is the plain path), and
+        # the ShardingPlan of the values last placed: the program about to run follows its strategy.
+        self._group = self._sharding = None
         if self.mesh is not None and self.mesh.size > 1:
             global _mmesh
             if _mmesh is None:
@@ -270,19 +273,22 @@ class MlxBackend(Backend):
         return self.from_numpy(np.ascontiguousarray(_mmesh.local_part(values, self.mesh, self.rank, spec)))
 
     def place(self, values: dict, plan) -> dict:
-        """Parameters or data as this process runs them under a data-parallel
-        :class:`~mithril.distributed.ShardingPlan`: parameters whole (every rank holds them all),
-        data inputs cut on dim 0 to this rank's rows (the values given are the whole batch, the
-        same on every rank). NumPy values become mx.arrays; facades stay facades. Other
-        strategies, and splits a ``sharding=`` rule asks for beyond the batch, are a MeshError."""
+        """Parameters or data as this process runs them under a
+        :class:`~mithril.distributed.ShardingPlan`; NumPy values become mx.arrays, facades stay
+        facades. Data parallel: parameters whole (every rank holds them all), data inputs cut on
+        dim 0 to this rank's rows (the values given are the whole batch, the same on every rank).
+        Tensor parallel: both whole here; the program cuts the split weights to this rank's part
+        (evaluate checks parameters against the model's shapes, so they come in whole). Other
+        strategies, both at once, and splits a ``sharding=`` rule adds are a MeshError."""
         if self._group is None:
             return super().place(values, plan)
         self._check_plan(plan)
+        self._sharding = plan
         axis = plan.strategies.get("data")
         out = {}
         for name, v in values.items():
-            spec = plan.specs.get(name)
-            if name in plan.shapes or not spec or isinstance(v, np.ndarray) and v.dtype == object:
+            if axis is None or name in plan.shapes or not plan.specs.get(name) \
+                    or isinstance(v, np.ndarray) and v.dtype == object:
                 out[name] = v if isinstance(v, (xp.MlxArray, mx.array)) or not hasattr(v, "shape") \
                     or np.asarray(v).dtype == object else self.from_numpy(np.asarray(v))
                 continue
@@ -292,25 +298,31 @@ class MlxBackend(Backend):
         return out
 
     def _check_plan(self, plan) -> None:
-        """The plans :meth:`place` runs: data parallel over an axis holding every process, every
-        parameter whole, every batched data input split on dim 0."""
-        other = [s for s in plan.strategies if s != "data"]
-        if other:
-            raise MeshError(f"MlxBackend runs data parallel over a device mesh; {', '.join(other)} parallelism is not "
-                            f"implemented on MLX (JaxBackend and TorchBackend run it): compile with parallel='data'")
-        axis = plan.strategies["data"]
+        """The plans :meth:`place` runs: data parallel (every parameter whole, every batched data
+        input split on dim 0) or tensor parallel (the data whole), over an axis holding every
+        process."""
+        strategies = sorted(plan.strategies)
+        if strategies not in (["data"], ["tensor"]):
+            raise MeshError(f"MlxBackend runs data or tensor parallel over a 1-D device mesh; "
+                            f"{' + '.join(strategies)} is not implemented on MLX (JaxBackend and TorchBackend run it): "
+                            f"compile with parallel='data' or parallel='tensor'")
+        (strategy, axis), = plan.strategies.items()
         if self.mesh.axis_size(axis) != self.mesh.size:
-            raise MeshError(f"MlxBackend: data parallel over axis {axis!r} of mesh {self.mesh} leaves other axes "
-                            f"unused; give the data axis every process (device_mesh=({self.mesh.size},))")
-        split_params = [n for n in plan.shapes if n in plan.specs]
-        if split_params:
-            raise MeshError(f"MlxBackend keeps parameters whole on every process; sharding= splits "
-                            f"{', '.join(split_params[:4])}")
+            raise MeshError(f"MlxBackend: {strategy} parallel over axis {axis!r} of mesh {self.mesh} leaves other axes "
+                            f"unused; give it every process (device_mesh=({self.mesh.size},))")
+        if strategy == "data":
+            split_params = [n for n in plan.shapes if n in plan.specs]
+            if split_params:
+                raise MeshError(f"MlxBackend keeps parameters whole on every process under data parallel; sharding= "
+                                f"splits {', '.join(split_params[:4])}")
         for name, shape in plan.input_shapes.items():
-            spec = plan.specs.get(name, ())
-            if len(shape) and tuple(spec) != (axis,) + (None,) * (len(shape) - 1):
-                raise MeshError(f"MlxBackend splits every data input's batch (dim 0) over {axis!r}; input {name!r} is "
-                                f"placed {spec or 'whole'} (a sharding= rule): keep it on the batch")
+            spec = tuple(plan.specs.get(name, ()))
+            spec = spec if any(a is not None for a in spec) else ()
+            want = (axis,) + (None,) * (len(shape) - 1) if strategy == "data" and len(shape) else ()
+            if spec != want:
+                raise MeshError(f"MlxBackend: under {strategy} parallel, input {name!r} is "
+                                f"{'split on its batch' if want else 'whole'} on every process; a sharding= rule "
+                                f"places it {spec or 'whole'}")
 
     def per_device_bytes(self, arrays) -> dict:
         """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold in this process."""
@@ -417,12 +429,20 @@ class MlxBackend(Backend):
         a mesh of several processes, its outputs joined over the ranks (:class:`~.mesh.OnMesh`)."""
         program = super().lower(plan, **kwargs)
         forward = program.forward
+        declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
+                    if v.dtype is not None and xp.is_supported(v.dtype)}
         if self.compute_precision is not None:
-            declared = {v.name: xp.mx_dtype(v.dtype) for v in plan.outputs
-                        if v.dtype is not None and xp.is_supported(v.dtype)}
             forward = _ComputeIn(forward, self.compute_precision, declared)
-        if self._group is not None:  # this rank's rows in, the whole batch's outputs out
-            forward = _mmesh.OnMesh(forward, self._group, plan, _wrap, _unwrap)
+        if self._group is not None:  # over the ranks, by the strategy place() was last given
+            def lower_plan(rewritten):
+                lowered = super(MlxBackend, self).lower(rewritten, **kwargs)
+                inner = lowered.forward
+                if self.compute_precision is not None:
+                    inner = _ComputeIn(inner, self.compute_precision, declared)
+                return inner, lowered.source
+
+            forward = _mmesh.OnMesh(forward, self._group, self.mesh, plan, _wrap, _unwrap, lower_plan,
+                                    lambda: self._sharding)
         return program if forward is program.forward else program.with_forward(forward)
 
     def jit(self, forward, options: dict | None = None):
@@ -454,7 +474,7 @@ class MlxBackend(Backend):
             (_, outputs), grads = mx.value_and_grad(loss_and_outputs)(primals)
         grads = dict(zip(names, grads))
         if isinstance(forward, _mmesh.OnMesh if _mmesh is not None else ()):
-            grads = _mmesh.reduce_gradients(grads, self._group, forward.split_inputs)
+            grads = forward.reduce(grads)
         if self.auto_free_tensors:
             mx.eval(list(outputs.values()), list(grads.values()))
         return outputs, grads

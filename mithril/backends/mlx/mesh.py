@@ -3,9 +3,11 @@
 MLX has no global (sharded) array: each process holds ordinary ``mx.array`` values, and the
 collectives (``all_sum``, ``all_gather``) join them. So a mesh run is single-program-multiple-
 data as ``torch.distributed`` users write it by hand: every process runs the same script on the
-same global batch, :func:`local_part` cuts it to this rank's rows, the program runs on them,
-:class:`OnMesh` joins the outputs (per-row outputs gathered, others averaged) and
-:func:`reduce_gradients` sums the gradients over the ranks. MLX differentiates through its
+same global batch and parameters. Data parallel: :func:`local_part` cuts the batch to this
+rank's rows, :class:`OnMesh` joins the outputs (per-row outputs gathered, others averaged) and
+sums the gradients over the ranks. Tensor parallel: :func:`tensor_parallel_plan` swaps the
+kernels of the split matmuls for ones that meet over the ranks (Megatron's pairing, as
+``mlx.nn``'s ``AllToShardedLinear`` / ``ShardedToAllLinear``). MLX differentiates through its
 collectives (``all_sum``'s vjp passes the cotangent through, ``all_gather``'s takes the rank's
 rows), which is what makes a joined output's gradient the single-process one.
 
@@ -17,6 +19,8 @@ stands for ``MLX_RANK`` where a hostfile is given, so
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 
 import mlx.core as mx
@@ -91,18 +95,51 @@ def batched_outputs(plan) -> dict[str, bool]:
 
 
 class OnMesh:
-    """The generated forward on this rank's rows, its outputs joined over the ranks: per-row
-    outputs (:func:`batched_outputs`) gathered in rank order (``all_gather``), the others
-    averaged (``all_sum`` / ranks: a batch-mean loss of equal parts is the mean of the parts'),
-    so every rank sees what one process computes on the whole batch. A non-floating output that
-    is not per-row (a count, a shape) is this rank's own."""
+    """The generated forward over the ranks, by the strategy of the
+    :class:`~mithril.distributed.ShardingPlan` the backend placed the call's values by
+    (``active()``):
 
-    def __init__(self, forward, group, plan, wrap, unwrap):
-        self.forward, self.group = forward, group
+    - data parallel: the program on this rank's rows, its outputs joined: per-row outputs
+      (:func:`batched_outputs`) gathered in rank order (``all_gather``), the others averaged
+      (``all_sum`` / ranks: a batch-mean loss of equal parts is the mean of the parts'), so every
+      rank sees what one process computes on the whole batch. A non-floating output that is not
+      per-row (a count) is this rank's own.
+    - tensor parallel: the program of :func:`tensor_parallel_plan` on the whole batch, the split
+      parameters cut to this rank's part on the way in; every output is whole on every rank.
+
+    :meth:`reduce` turns a rank's gradients into the one-process gradients."""
+
+    def __init__(self, forward, group, mesh: DeviceMesh, plan, wrap, unwrap, lower_plan, active):
+        self.forward, self.group, self.mesh, self.plan = forward, group, mesh, plan
         self.batched, self.split_inputs = batched_outputs(plan), batched_inputs(plan)
         self.wrap, self.unwrap = wrap, unwrap
+        self.lower_plan, self.active = lower_plan, active  # plan -> (forward, source); () -> ShardingPlan
+        self._tensor: dict = {}  # id(ShardingPlan) -> (ShardingPlan, forward, split params, split outputs)
+        self.tensor_source = None  # the generated source of the tensor-parallel program, once made
+        self.mode = "data"
+
+    def _tensor_program(self, sharding):
+        found = self._tensor.get(id(sharding))
+        if found is None or found[0] is not sharding:
+            tp_plan, split_params, split_outputs = tensor_parallel_plan(self.plan, sharding, self.group, self.wrap,
+                                                                        self.unwrap)
+            forward, self.tensor_source = self.lower_plan(tp_plan)
+            found = (sharding, forward, split_params, split_outputs)
+            self._tensor[id(sharding)] = found
+        return found
 
     def __call__(self, params, data):
+        sharding = self.active()
+        if sharding is not None and "tensor" in sharding.strategies:
+            self.mode = "tensor"
+            _, forward, split_params, split_outputs = self._tensor_program(sharding)
+            rank = self.group.rank()
+            params = {k: self.wrap(local_part(self.unwrap(v), self.mesh, rank, split_params[k]))
+                      if k in split_params else v for k, v in params.items()}
+            out = forward(params, data)
+            return {k: self.wrap(gather_last(self.unwrap(v), self.group)) if k in split_outputs else v
+                    for k, v in out.items()}
+        self.mode = "data"
         out = self.forward(params, data)
         joined = {}
         for name, value in out.items():
@@ -117,20 +154,166 @@ class OnMesh:
                 joined[name] = value
         return joined
 
+    def reduce(self, grads: dict) -> dict:
+        """A rank's gradients (of the last call's mode) -> the one-process gradients.
 
-def reduce_gradients(grads: dict, group, gathered) -> dict:
-    """Each rank's gradients -> the whole batch's: a parameter's (and a whole data input's) summed
-    over the ranks (each rank's is its rows' share: the cotangent reached it through the
-    averaged or gathered outputs), a split data input's gathered (its rows, in rank order)."""
-    out = {}
-    for name, g in grads.items():
-        if name in gathered:
-            out[name] = mx.distributed.all_gather(g, group=group)
-        else:
-            out[name] = mx.distributed.all_sum(g, group=group)
-    return out
+        Data parallel: a parameter's (and a whole data input's) summed over the ranks (each
+        rank's is its rows' share: the cotangent reached it through the averaged or gathered
+        outputs), a split data input's gathered (its rows, in rank order). Tensor parallel: a
+        split parameter's parts summed (each rank's is zero outside its part); the others are
+        whole on every rank already (Megatron's identity-forward, all-sum-backward operator sits
+        before every column-split matmul)."""
+        out = {}
+        if self.mode == "tensor":
+            split = self._tensor_program(self.active())[2]
+            for name, g in grads.items():
+                out[name] = mx.distributed.all_sum(g, group=self.group) if name in split else g
+            return out
+        for name, g in grads.items():
+            if name in self.split_inputs:
+                out[name] = mx.distributed.all_gather(g, group=self.group)
+            else:
+                out[name] = mx.distributed.all_sum(g, group=self.group)
+        return out
 
 
-def local_bytes(values) -> int:
-    """Bytes this process holds of ``values``."""
-    return sum(v.nbytes for v in values if isinstance(v, mx.array))
+def gather_last(native, group):
+    """The whole of an array split on its last dim over ``group``'s ranks (in rank order)."""
+    moved = mx.moveaxis(native, -1, 0)
+    return mx.moveaxis(mx.distributed.all_gather(moved, group=group), 0, -1)
+
+
+# Ops through which a split last dim (features) keeps its meaning: elementwise ones. A binary op
+# keeps it when its other operands are split alike (a split bias) or broadcast along that dim.
+_UNARY_KEEP = {"Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Exp", "Neg", "Cast", "Identity", "LeakyRelu",
+               "Elu", "HardSigmoid", "HardSwish", "Mish", "Softplus", "Selu", "Celu", "Sin", "Cos", "Abs"}
+_BINARY_KEEP = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+
+
+def _weight_param(pn, producer):
+    """For a MatMul/MatMulAdd whose weight is a 2-D parameter (read directly or through a
+    Transpose, Cast or Identity): ``(parameter, its output-features dim, its input-features
+    dim)``; else None."""
+    if pn.op_type not in ("MatMul", "MatMulAdd") or len(pn.inputs) < 2 or pn.inputs[1] is None:
+        return None
+    v, transposed = pn.inputs[1], False
+    while v.kind == "node":
+        src = producer.get(id(v))
+        if src is None or src.op_type not in ("Transpose", "Cast", "Identity"):
+            return None
+        if src.op_type == "Transpose":
+            if tuple(src.kwargs.get("perm") or ()) != (1, 0):
+                return None
+            transposed = not transposed
+        v = src.inputs[0]
+    if v.kind != "param" or v.static_shape is None or len(v.static_shape) != 2:
+        return None
+    return (v, 0, 1) if transposed else (v, 1, 0)
+
+
+def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
+    """The lowering ``plan`` rewritten for Megatron-style tensor parallelism over ``group``:
+    ``(plan, {split parameter: spec}, {output split on its last dim})``.
+
+    Kernels change, values do not (the emitted program keeps its lines and lifetimes): a
+    column-split MatMul (its weight split on output features) reads its input through
+    Megatron's ``f`` (identity forward, ``all_sum`` of the gradient backward:
+    ``mlx.nn.layers.distributed.sum_gradients``) and gives features split over the ranks;
+    elementwise ops keep them split; a row-split MatMul (weight split on input features) sums
+    the ranks' partial products with ``all_sum`` (its bias added once, after); an op that needs
+    the whole features gets them by ``all_gather`` first. What MLX meshes do not split
+    (convolutions, Gemm, embeddings, reshaped or transposed split features) is a MeshError."""
+    from mlx.nn.layers.distributed import sum_gradients
+
+    from ...errors import MeshError
+
+    axis = sharding.strategies["tensor"]
+    specs = {n: tuple(s) for n, s in sharding.specs.items() if n in sharding.shapes}
+    producer = {id(o): pn for pn in plan.nodes for o in pn.outputs}
+    split: set[int] = set()  # ids of values whose last dim is split over the ranks
+    handled: set[str] = set()
+    nodes = []
+    f = sum_gradients(group)
+
+    def split_param(v):
+        return v is not None and v.kind == "param" and specs.get(v.name, ())[-1:] == (axis,)
+
+    def replaced(pn, fn):
+        return dataclasses.replace(pn, spec=dataclasses.replace(pn.spec, fn=fn))
+
+    for pn in plan.nodes:
+        found = _weight_param(pn, producer)
+        spec = specs.get(found[0].name) if found else None
+        if found and spec and axis in spec:
+            param, out_dim, in_dim = found
+            handled.add(param.name)
+            bias = pn.inputs[2] if pn.op_type == "MatMulAdd" else None
+            if spec.index(axis) == out_dim:
+                if id(pn.inputs[0]) in split:
+                    raise MeshError(f"MlxBackend: tensor parallel: {pn.op_type} {pn.label!r} reads features already "
+                                    f"split, yet its weight {param.name!r} is split on its output features")
+                if bias is not None:
+                    if not split_param(bias):
+                        raise MeshError(f"MlxBackend: tensor parallel: the bias {bias.name!r} of {pn.op_type} "
+                                        f"{pn.label!r} must be split with its weight's output features")
+                    handled.add(bias.name)
+                nodes.append(replaced(pn, _column(pn.spec.fn, f, wrap, unwrap)))
+                split.add(id(pn.outputs[0]))
+            else:
+                if id(pn.inputs[0]) not in split:
+                    raise MeshError(f"MlxBackend: tensor parallel: {pn.op_type} {pn.label!r} splits its weight "
+                                    f"{param.name!r} on input features its input does not have split")
+                nodes.append(replaced(pn, _row(pn.spec.fn, group, wrap, unwrap)))
+            continue
+        ins = [v for v in pn.inputs if v is not None]
+        if not any(id(v) in split for v in ins):
+            nodes.append(pn)
+            continue
+        keeps = pn.op_type in _UNARY_KEEP and len(ins) == 1 or pn.op_type in _BINARY_KEEP and all(
+            id(v) in split or split_param(v) or (v.shape is not None and (not v.shape or v.shape[-1] == 1))
+            for v in ins)
+        if keeps and len(pn.outputs) == 1 and not pn.subgraphs:
+            handled.update(v.name for v in ins if split_param(v))
+            split.add(id(pn.outputs[0]))
+            nodes.append(pn)
+        else:  # the whole features first
+            where = tuple(i for i, v in enumerate(pn.inputs) if v is not None and id(v) in split)
+            nodes.append(replaced(pn, _gathered(pn.spec.fn, where, group, wrap, unwrap)))
+    left = sorted(set(specs) - handled)
+    if left:
+        raise MeshError(f"MlxBackend: tensor parallel on MLX splits MatMul weights (and their biases) only; "
+                        f"{', '.join(left[:4])} {'is' if len(left) == 1 else 'are'} split by the plan and not read by "
+                        f"one (convolutions, Gemm and embeddings run split on JaxBackend and TorchBackend)")
+    split_outputs = {v.name for v in plan.outputs if id(v) in split}
+    return dataclasses.replace(plan, nodes=nodes), {n: specs[n] for n in handled if n in specs}, split_outputs
+
+
+def _column(fn, f, wrap, unwrap):
+    @functools.wraps(fn)
+    def column_split(x, *rest, **kwargs):
+        return fn(wrap(f(unwrap(x))), *rest, **kwargs)
+
+    column_split.__name__ = f"{fn.__name__}_column_split"  # the generated line names the change
+    return column_split
+
+
+def _row(fn, group, wrap, unwrap):
+    @functools.wraps(fn)
+    def row_split(x, w, *bias, **kwargs):
+        if bias:  # MatMulAdd: the partial products summed, the bias added once
+            y = unwrap(fn(x, w, bias[0] * 0, **kwargs))
+            return wrap(mx.distributed.all_sum(y, group=group)) + bias[0].astype(wrap(y).dtype)
+        return wrap(mx.distributed.all_sum(unwrap(fn(x, w, **kwargs)), group=group))
+
+    row_split.__name__ = f"{fn.__name__}_row_split"  # the generated line names the change
+    return row_split
+
+
+def _gathered(fn, where, group, wrap, unwrap):
+    @functools.wraps(fn)
+    def whole_features(*args, **kwargs):
+        args = [wrap(gather_last(unwrap(a), group)) if i in where else a for i, a in enumerate(args)]
+        return fn(*args, **kwargs)
+
+    whole_features.__name__ = f"{fn.__name__}_whole_features"  # the generated line names the change
+    return whole_features
