@@ -419,3 +419,18 @@ def test_mod_of_small_integers_is_exact(fmod, qtype):
     want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"a": a, "b": b})["y"]
     assert got.dtype == t
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_wraps_negative_indices_and_refuses_out_of_range(axis):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    idx = np.array([[[0, -1, 1], [1, 0, -2]], [[-1, 0, 0], [1, 1, 1]]], np.int64)  # (2, 2, 3)
+    node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)
+    model = _model([node], [("x", TensorProto.FLOAT, [2, 3, 4]), ("i", TensorProto.INT64, [2, 2, 3])],
+                   [("y", TensorProto.FLOAT, [2, 2, 3])], opset=13)
+    pm = _strict(model)
+    got = pm.evaluate({}, {"x": x, "i": idx})["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, {"x": x, "i": idx})["y"]
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(Exception, match="out of range"):
+        pm.evaluate({}, {"x": x, "i": np.full((2, 2, 3), 5, np.int64)})

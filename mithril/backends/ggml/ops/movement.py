@@ -346,3 +346,40 @@ def filled(pn, g: Builder):
     """A tensor of values known when the graph is built (a fill, or the identity), copied out of
     a constant: every value float32 holds exactly, read back as the output's dtype."""
     return g.ggml.ggml_cont(g.ctx, g.constant(np.asarray(_fill_value(pn), dtype=np.float32)))
+
+
+def _check_gather_elements(pn) -> str | None:
+    data, idx = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    if len(idx) != len(data):
+        return "indices of another rank than the data"
+    axis = int(pn.kwargs.get("axis", 0)) % len(data)
+    if any(i > d for a, (i, d) in enumerate(zip(idx, data)) if a != axis):
+        return f"indices {list(idx)} wider than the data {list(data)}"
+    if 2 * prod(data) >= 2 ** 24 or 2 * prod(idx) >= 2 ** 24:
+        return "more than 2**23 elements (positions are counted in float32)"
+    return None
+
+
+@ggml_op("GatherElements", check=_check_gather_elements, indices=(1,), dtypes=EXACT)
+def gather_elements(pn, g: Builder):
+    """Each output element's position in the data, ``index * stride(axis)`` plus its own
+    coordinates on the other axes (a constant), picked by ``get_rows`` on the elements."""
+    gg, ctx = g.ggml, g.ctx
+    data, idx = pn.inputs[0], pn.inputs[1]
+    shape, out = tuple(data.static_shape), tuple(idx.static_shape)
+    axis = int(pn.kwargs.get("axis", 0)) % len(shape)
+    strides = [prod(shape[a + 1:]) for a in range(len(shape))]
+    coords = np.indices(out)
+    base = sum(coords[a] * strides[a] for a in range(len(shape)) if a != axis).astype(np.float32)
+    if idx.kind == "constant":
+        values = np.asarray(idx.value).astype(np.int64)
+        values = np.where(values < 0, values + shape[axis], values)
+        if values.size and (values.min() < 0 or values.max() >= shape[axis]):
+            raise ValueError(f"index out of range [{-shape[axis]}, {shape[axis]})")
+        rows = g.constant_i32((base + values * strides[axis]).reshape(-1))
+    else:
+        picked = gg.ggml_cast(ctx, g.index(idx, shape[axis], pn), gg.GGML_TYPE_F32)
+        rows = gg.ggml_add(ctx, gg.ggml_scale(ctx, g.reshape(picked, out), float(strides[axis])), g.constant(base))
+        rows = gg.ggml_cast(ctx, g.reshape(rows, (prod(out),)), gg.GGML_TYPE_I32)
+    table = g.reshape(g.contiguous(operand(pn, 0, g)), (prod(shape), 1))
+    return g.reshape(gg.ggml_get_rows(ctx, table, rows), out)
