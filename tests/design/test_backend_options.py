@@ -74,7 +74,7 @@ def one_warning(record, category, pattern):
     (ml.TorchBackend, "dtype, device, compile, jit, enable_amp, cudnn_benchmark, parallel_strategy, devices, device_mesh, "
                       "axis_names"),
     (ml.MLXBackend, "dtype, device, random_seed, compute_precision, use_graph, jit, memory_limit, auto_free_tensors, "
-                    "enable_mps_optimization, use_ane, device_mesh"),
+                    "enable_mps_optimization, use_ane, device_mesh, axis_names"),
 ], ids=["numpy", "jax", "torch", "mlx"])
 def test_unknown_option_lists_the_valid_ones(cls, valid):
     """Issue 22, Must 2: an option a backend does not have stays an error, listing the valid
