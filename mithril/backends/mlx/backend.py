@@ -320,9 +320,9 @@ class MlxBackend(Backend):
             spec = spec if any(a is not None for a in spec) else ()
             want = (axis,) + (None,) * (len(shape) - 1) if strategy == "data" and len(shape) else ()
             if spec != want:
-                raise MeshError(f"MlxBackend: under {strategy} parallel, input {name!r} is "
-                                f"{'split on its batch' if want else 'whole'} on every process; a sharding= rule "
-                                f"places it {spec or 'whole'}")
+                raise MeshError(f"MlxBackend: under {strategy} parallel, input {name!r} must be "
+                                f"{'split on its batch (dim 0) over the ranks' if want else 'whole on every process'}; "
+                                f"a sharding= rule places it {spec or 'whole'}")
 
     def per_device_bytes(self, arrays) -> dict:
         """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold in this process."""
