@@ -356,7 +356,7 @@ def test_torchrun_command_for_several_hosts():
     cmd = torchrun_command("train.py", ["--epochs", "3"], nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1",
                            master_port=29500)
     assert cmd[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--node-rank=1",
-                       "--master-addr=10.0.0.1", "--master-port=29500", "-m", "mithril.distributed.launch",
+                       "--master-addr=10.0.0.1", "--master-port=29500", "-m", "mithril.backends.torch.worker",
                        "train.py", "--epochs", "3"]
     assert "--standalone" in torchrun_command("train.py", nproc=2)
     with pytest.raises(ml.errors.MithrilError, match="--master-port 0"):

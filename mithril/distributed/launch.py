@@ -165,9 +165,9 @@ def torchrun_command(script: str, script_args=(), nproc: int = 1, nnodes: int | 
                      master_addr: str | None = None, master_port: int | None = None) -> list[str]:
     """The ``python -m torch.distributed.run`` command line running ``script`` on ``nproc``
     processes per node: one node alone is ``--standalone`` (torchrun picks a free port itself),
-    several nodes need ``master_addr`` and ``master_port`` (the rank-0 node's address). The
-    script runs inside torch's ``record``, so torchrun's summary quotes the first failing rank's
-    traceback."""
+    several nodes need ``master_addr`` and ``master_port`` (the rank-0 node's address). Each
+    process runs the script through :mod:`mithril.backends.torch.worker`, inside torch's
+    ``record``, so torchrun's summary quotes the first failing rank's traceback."""
     if not isinstance(nproc, int) or nproc < 1:
         raise MithrilError(f"launch: --nproc must be a positive int, got {nproc!r}")
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
@@ -183,7 +183,7 @@ def torchrun_command(script: str, script_args=(), nproc: int = 1, nnodes: int | 
                 f"--master-port={master_port or 29500}"]
     else:
         cmd.append("--standalone")
-    return cmd + ["-m", "mithril.distributed.launch", str(script), *map(str, script_args)]
+    return cmd + ["-m", "mithril.backends.torch.worker", str(script), *map(str, script_args)]
 
 
 def run_script(script: str, nproc: int, args=(), timeout: float | None = None, **torchrun_options) -> int:
@@ -215,24 +215,3 @@ def run_script(script: str, nproc: int, args=(), timeout: float | None = None, *
 
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds run_script, which ends torchrun's process group
-
-
-def _main(argv: list[str]) -> None:
-    """A torchrun worker: run the script ``argv[0]`` (args after it) as ``__main__``, inside
-    torch's ``record`` so a failure's traceback reaches torchrun's summary."""
-    import runpy
-
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    if not argv:
-        raise SystemExit("usage: python -m mithril.distributed.launch script.py [args...]")
-    sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    try:
-        record(lambda: runpy.run_path(argv[0], run_name="__main__"))()
-    finally:
-        _leave_group()
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])
