@@ -637,6 +637,8 @@ def compile(
                       GradientCheckpointingWarning, stacklevel=3)
     checkpointing = bool(gradient_checkpointing) and not inference
     sharding_plan = _sharding_plan(backend, plan, parallel, sharding)
+    if sharding_plan is not None:
+        backend.check_sharding(sharding_plan)
     if sharding_plan is not None and sharding_plan.pipeline is not None:
         if checkpointing:
             raise CompileError("gradient_checkpointing=True and a pipeline: each pipeline stage keeps its "

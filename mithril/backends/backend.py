@@ -239,6 +239,11 @@ class Backend(metaclass=TensorAPI):
     # The mithril.distributed.DeviceMesh this backend runs on, where it runs on several devices.
     mesh = None
 
+    def check_sharding(self, plan) -> None:
+        """Called by compile with the :class:`~mithril.distributed.ShardingPlan`: a backend that
+        runs only some strategies refuses the others here (a MeshError), not at the first
+        evaluate."""
+
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed on the mesh by a :class:`~mithril.distributed.ShardingPlan`
         (a backend with device meshes overrides it)."""

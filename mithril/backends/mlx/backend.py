@@ -297,6 +297,10 @@ class MlxBackend(Backend):
             out[name] = xp.MlxArray(part) if isinstance(v, xp.MlxArray) else part
         return out
 
+    def check_sharding(self, plan) -> None:
+        if self._group is not None:
+            self._check_plan(plan)
+
     def _check_plan(self, plan) -> None:
         """The plans :meth:`place` runs: data parallel (every parameter whole, every batched data
         input split on dim 0) or tensor parallel (the data whole), over an axis holding every
