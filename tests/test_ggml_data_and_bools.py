@@ -434,3 +434,16 @@ def test_gather_elements_wraps_negative_indices_and_refuses_out_of_range(axis):
     np.testing.assert_array_equal(got, want)
     with pytest.raises(Exception, match="out of range"):
         pm.evaluate({}, {"x": x, "i": np.full((2, 2, 3), 5, np.int64)})
+
+
+@pytest.mark.parametrize("sizes, axes", [([5, 9, 3], None), ([4, 2], [0, -1]), ([11, 3], [1, 2])])
+def test_center_crop_pad_matches_numpy(sizes, axes):
+    x = np.arange(7 * 6 * 3, dtype=np.float32).reshape(7, 6, 3)
+    node = helper.make_node("CenterCropPad", ["x", "s"], ["y"], **({} if axes is None else {"axes": axes}))
+    model = _model([node], [("x", TensorProto.FLOAT, [7, 6, 3]), ("s", TensorProto.INT64, [len(sizes)])],
+                   [("y", TensorProto.FLOAT, None)], opset=18)
+    data = {"x": x, "s": np.array(sizes)}
+    got = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True,
+                     shapes={"x": [7, 6, 3], "s": [len(sizes)]}).evaluate({}, data)["y"]
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate({}, data)["y"]
+    np.testing.assert_array_equal(got, want)

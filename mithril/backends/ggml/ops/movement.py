@@ -383,3 +383,47 @@ def gather_elements(pn, g: Builder):
         rows = gg.ggml_cast(ctx, g.reshape(rows, (prod(out),)), gg.GGML_TYPE_I32)
     table = g.reshape(g.contiguous(operand(pn, 0, g)), (prod(shape), 1))
     return g.reshape(gg.ggml_get_rows(ctx, table, rows), out)
+
+
+def _crop_pad(pn) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """(crop start, kept extent, (pad before, pad after)) per axis, as the NumPy kernel: a crop
+    window starts rounded down, an odd pad puts the extra element after."""
+    shape = list(pn.inputs[0].static_shape)
+    rank = len(shape)
+    axes = pn.kwargs.get("axes")
+    axes = range(rank) if axes is None else [int(a) % rank for a in axes]
+    starts, kept, widths = [0] * rank, list(shape), [(0, 0)] * rank
+    for axis, size in zip(axes, np.asarray(pn.inputs[1].value).reshape(-1)):
+        size, dim = int(size), shape[axis]
+        if dim > size:
+            starts[axis], kept[axis] = (dim - size) // 2, size
+        elif dim < size:
+            before = (size - dim) // 2
+            widths[axis] = (before, size - dim - before)
+    return starts, kept, widths
+
+
+def _check_crop_pad(pn) -> str | None:
+    sizes = np.asarray(pn.inputs[1].value).reshape(-1)
+    axes = pn.kwargs.get("axes")
+    if (sizes < 1).any() or len(sizes) != (len(pn.inputs[0].static_shape) if axes is None else len(axes)):
+        return f"sizes {sizes.tolist()}"
+    return None
+
+
+@ggml_op("CenterCropPad", check=_check_crop_pad, folded=(1,), dtypes=EXACT)
+def center_crop_pad(pn, g: Builder):
+    """A strided view for the crop (made contiguous), ``ggml_pad_ext`` (zeros) for the pad."""
+    x = g.contiguous(operand(pn, 0, g))
+    starts, kept, widths = _crop_pad(pn)
+    rank = len(kept)
+    nb = list(x.contents.nb[:MAX_DIMS])
+    offset = sum(start * nb[ggml_axis(a, rank)] for a, start in enumerate(starts))
+    n = [int(d) for d in reversed(kept)] + [1] * (MAX_DIMS - rank)
+    y = g.ggml.ggml_cont(g.ctx, g.ggml.ggml_view_4d(g.ctx, x, *n, nb[1], nb[2], nb[3], offset))
+    if not any(b or a for b, a in widths):
+        return y
+    flat = []
+    for d in range(MAX_DIMS):
+        flat += list(widths[rank - 1 - d]) if d < rank else [0, 0]
+    return g.ggml.ggml_pad_ext(g.ctx, y, *flat)
