@@ -670,5 +670,4 @@ def _free(ctx, cpu, pool, allocators) -> None:
 
 
 __all__ = ["DeferredGGMLProgram", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram",
-           "Segment",
-           "partition", "pending_values", "why_not_ggml"]
+           "Segment", "partition", "pending_values", "why_not_ggml"]
