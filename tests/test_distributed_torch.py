@@ -131,8 +131,9 @@ def test_strategy_trains_as_one_process(case, parallel, mesh):
 # -- meshes, sharded arrays, evaluate -------------------------------------------------------------------
 def _mesh_worker(folder):
     """On 2 processes: sharded creation, evaluate over a sharded batch (DTensor outputs that equal
-    one process's), a checkpoint of fully sharded parameters read on one device and back, the
-    replicated fallback, and the mesh errors."""
+    one process's), a checkpoint of fully sharded parameters read on one device and back,
+    convolutions and gradient checkpointing under FSDP, the replicated fallback, and the mesh
+    errors."""
     from torch.distributed.tensor import DTensor, Shard
 
     from mithril.backends.torch.mesh import MeshMode, OnMesh
@@ -199,6 +200,20 @@ def _mesh_worker(folder):
             "loss": (backend.to_numpy(conv_out["loss"]), want_out["loss"].numpy()),
             "grads": {k: (backend.to_numpy(g), want_grads[k].numpy()) for k, g in conv_grads.items()}}
 
+    # Gradient checkpointing: autograd recomputes the GPT's segments in the backward pass, where
+    # their plain tensors meet DTensors too.
+    build, gpt_shapes, gpt_batches, _ = CASES["gpt"]()
+    gpt = TrainModel(build())
+    gpt.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ReplicatedOpsWarning)
+        ckpt_pm = ml.compile(gpt, backend, shapes=gpt_shapes, parallel="fsdp", gradient_checkpointing=True)
+    ckpt_params = ckpt_pm.randomize_params()
+    _, ckpt_grads = ckpt_pm.evaluate(ckpt_params, gpt_batches[0])
+    _, want_ckpt = ml.compile(gpt, ml.TorchBackend(), shapes=gpt_shapes).evaluate(
+        {k: backend.to_numpy(v) for k, v in ckpt_params.items()}, gpt_batches[0])
+    checkpointed = {k: (backend.to_numpy(g), want_ckpt[k].numpy()) for k, g in ckpt_grads.items()}
+
     ops: set = set()
     with MeshMode(ops):  # torch.unique has no sharding rule: it runs on the whole tensor
         u = torch.unique(backend.shard(np.array([3.0, 1.0, 3.0, 2.0]), ("data",)))
@@ -213,7 +228,7 @@ def _mesh_worker(folder):
     return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
             "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops, "warned": warned,
             "own_rows": backend.to_numpy(own_rows),
-            "unique": backend.to_numpy(u), "checkpoint": checkpoint, "conv": conv}
+            "unique": backend.to_numpy(u), "checkpoint": checkpoint, "conv": conv, "checkpointed": checkpointed}
 
 
 def test_mesh_arrays_and_evaluate(tmp_path):
@@ -229,6 +244,8 @@ def test_mesh_arrays_and_evaluate(tmp_path):
         np.testing.assert_allclose(got["own_rows"], got["want"], rtol=1e-6, atol=1e-6)
         assert got["ops"] == {"unique"} and got["unique"].tolist() == [1.0, 2.0, 3.0]
         assert len(got["warned"]) == 1 and "no sharding rule for unique: this op runs on whole" in got["warned"][0]
+        for k, (g, want) in got["checkpointed"].items():
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=k)
         conv = got["conv"]
         assert all(conv["split"])  # each gradient placed as its parameter
         assert len(conv["warned"]) == 1, conv["warned"]  # the forward's and the backward's ops, once

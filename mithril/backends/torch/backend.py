@@ -500,6 +500,8 @@ class TorchBackend(Backend):
             return fn(*args)
         from torch.utils.checkpoint import checkpoint
 
+        if self._torch_mesh is not None:  # the recomputation meets DTensors too
+            fn = _tmesh.under_mesh_mode(fn)
         return checkpoint(fn, *args, use_reentrant=False)
 
     # -- tensor API: natives in and out; NumPy semantics through the facade -------------

@@ -212,9 +212,19 @@ class MeshMode(TorchFunctionMode):
     input's split channels or positions too; its batch stays split. Those ops are collected in
     ``ops``."""
 
+    active = 0  # MeshModes entered and not left (a program's forward, a recomputed checkpoint)
+
     def __init__(self, ops: set):
         super().__init__()
         self.ops = ops
+
+    def __enter__(self):
+        MeshMode.active += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        MeshMode.active -= 1
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -267,6 +277,21 @@ class MeshMode(TorchFunctionMode):
             if name in kwargs:
                 kwargs[name] = gathered(kwargs[name], keep_batch=name == "input")
         return tuple(args), kwargs
+
+
+def under_mesh_mode(fn):
+    """``fn`` run under a :class:`MeshMode` where none is active: a checkpointed segment that
+    autograd recomputes in the backward pass, outside the program's forward."""
+    def run(*args):
+        if MeshMode.active:
+            return fn(*args)
+        ops: set = set()
+        with MeshMode(ops):
+            out = fn(*args)
+        warn_replicated(ops)
+        return out
+
+    return run
 
 
 def _mesh_of(args, kwargs):
