@@ -454,7 +454,7 @@ class Backend(metaclass=TensorAPI):
 
     def _on_mesh(self, values: np.ndarray, device, device_mesh, tensor_split):
         """A created array (NumPy ``values``) on ``device``, or split over ``device_mesh`` by
-        ``tensor_split`` (:mod:`mithril.distributed.mesh`). A backend without meshes takes a
+        ``tensor_split`` (:mod:`mithril.backends.mesh`). A backend without meshes takes a
         one-device mesh only."""
         check_device_mesh(self, device_mesh, tensor_split)
         return self._placed(self.from_numpy(values), device)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MeshError, ReplicatedOpsWarning
-from .mesh import DeviceMesh, Spec, check_divides, spec_str
+from ..backends.mesh import DeviceMesh, Spec, check_batch, check_divides, spec_str
 
 STRATEGIES = ("data", "fsdp", "tensor", "pipeline")
 _ALIASES = {"model": "tensor", "data_parallel": "data", "tensor_parallel": "tensor", "model_parallel": "tensor",
@@ -191,14 +191,6 @@ def plan_sharding(owner: str, plan, mesh: DeviceMesh, parallel, rules=None) -> S
             out.specs[name] = tuple(spec)
     _warn_replicated(owner, strategies, out)
     return out
-
-
-def check_batch(owner: str, mesh: DeviceMesh, name: str, shape, spec: Spec) -> None:
-    """A data input's batch (dim 0) divides over the axis that splits it."""
-    if spec and spec[0] is not None and isinstance(shape[0], int) and shape[0] % mesh.axis_size(spec[0]):
-        raise MeshError(f"{owner}: the batch of input {name!r} ({shape[0]}, dim 0 of {tuple(shape)}) is not a multiple "
-                        f"of the {mesh.axis_size(spec[0])} devices of mesh axis {spec[0]!r}; use a batch that is, or "
-                        f"sharding={{{name!r}: ()}} to keep it whole")
 
 
 # Ops a split feature (or head) dim passes through unchanged in meaning.

@@ -9,11 +9,9 @@ import os
 
 import numpy as np
 
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
-from ...distributed.mesh import parse_mesh, split_spec
-from ...distributed.sharding import check_batch
-from ...errors import MeshError
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError
 from ..backend import Backend, device_kind, process_memory_info, warn_user
+from ..mesh import check_batch, parse_mesh, split_spec
 from . import mesh as _mesh
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from ...distributed.mesh import DeviceMesh, Spec
+from ..mesh import DeviceMesh, Spec
 from ...errors import MeshError
 
 _FLAG = "--xla_force_host_platform_device_count"

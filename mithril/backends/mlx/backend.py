@@ -10,10 +10,10 @@ import sys
 
 import numpy as np
 
-from ...distributed.mesh import parse_mesh, split_spec
 from ...dtypes import as_dtype, is_floating_np
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError, MithrilError
 from ..backend import Backend, device_kind, parse_bytes, warn_user
+from ..mesh import parse_mesh, split_spec
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx; _mmesh (this folder's
 # mesh.py, mlx.core.distributed) by the first one with a mesh of several devices.

@@ -26,7 +26,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from ...distributed.mesh import DeviceMesh
+from ..mesh import DeviceMesh
 from ...errors import MeshError
 
 

@@ -11,10 +11,10 @@ import warnings
 
 import numpy as np
 
-from ...distributed.mesh import parse_mesh, split_spec
 from ...errors import (BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MeshError,
                        MithrilError)
 from ..backend import Backend, process_memory_info, warn_user
+from ..mesh import parse_mesh, split_spec
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch; _tmesh (this
 # folder's mesh.py, torch.distributed.tensor) by the first one with a device mesh.

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.overrides import TorchFunctionMode
 
-from ...distributed.mesh import DeviceMesh, Spec
+from ..mesh import DeviceMesh, Spec
 from ...errors import MeshError, ReplicatedOpsWarning
 from . import xp as _xp
 

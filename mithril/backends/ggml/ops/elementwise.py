@@ -537,11 +537,20 @@ def select(g: Builder, c, x, y, shape):
     return g.reshape(picked, shape)
 
 
+def round_half_even(g: Builder, t):
+    """``t`` rounded to the nearest integer, ties to even (NumPy's round): ``floor(t + 0.5)``,
+    less 1 on a tie that lands on an odd number."""
+    gg, ctx = g.ggml, g.ctx
+    shifted = gg.ggml_scale_bias(ctx, t, 1.0, 0.5)
+    r = gg.ggml_floor(ctx, shifted)
+    tie = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, gg.ggml_sub(ctx, shifted, r)), -1.0, 1.0)
+    odd = gg.ggml_sub(ctx, r, gg.ggml_scale(ctx, gg.ggml_floor(ctx, gg.ggml_scale(ctx, r, 0.5)), 2.0))
+    return gg.ggml_sub(ctx, r, gg.ggml_mul(ctx, tie, odd))
+
+
 @ggml_op("Round")
 def round_(pn, g: Builder):
     """Half to even, as NumPy (``ggml_round`` rounds half away from zero)."""
-    from .quantize_linear import round_half_even
-
     return round_half_even(g, g.contiguous(operand(pn, 0, g)))
 
 

@@ -10,7 +10,7 @@ from math import prod
 import numpy as np
 
 from . import F32, SMALL_INTS, Builder, ggml_op
-from .elementwise import operand
+from .elementwise import operand, round_half_even
 
 
 def _block(pn) -> int:
@@ -79,17 +79,6 @@ def _check_quantize(pn) -> str | None:
     if int(pn.kwargs.get("precision") or 0):
         return "a precision attribute"
     return _check_param(pn, 1) or _check_param(pn, 2)
-
-
-def round_half_even(g: Builder, t):
-    """``t`` rounded to the nearest integer, ties to even (NumPy's round): ``floor(t + 0.5)``,
-    less 1 on a tie that lands on an odd number."""
-    gg, ctx = g.ggml, g.ctx
-    shifted = gg.ggml_scale_bias(ctx, t, 1.0, 0.5)
-    r = gg.ggml_floor(ctx, shifted)
-    tie = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, gg.ggml_sub(ctx, shifted, r)), -1.0, 1.0)
-    odd = gg.ggml_sub(ctx, r, gg.ggml_scale(ctx, gg.ggml_floor(ctx, gg.ggml_scale(ctx, r, 0.5)), 2.0))
-    return gg.ggml_sub(ctx, r, gg.ggml_mul(ctx, tie, odd))
 
 
 @ggml_op("QuantizeLinear", check=_check_quantize, dtypes=(F32, *SMALL_INTS))
