@@ -955,6 +955,10 @@ def _c_backend_main(args, model_names: list[str]) -> int:
     load = _load_average()
     notes: list[str] = []
     args.no_eager = True
+    if "--threads" not in args.argv:
+        # One thread first: measured after the 2-thread rows, ResNet-18's 1-thread C row came out up to
+        # 1.8x slower than alone (the other program's OpenMP threads still held the second core).
+        args.thread_settings = [1, 0]
     from mithril.backends.c import build
 
     names = list(C_BACKENDS)
