@@ -538,9 +538,10 @@ def compile(
       ``custom_vjp`` per segment on JAX; NumPy's gradient program re-runs them). Same gradients,
       less memory, about one more forward pass of work.
     - ``parallel`` (on a backend with a ``device_mesh``): the strategy, ``"data"`` (the default
-      there), ``"fsdp"`` or ``"tensor"``, or a dict ``{strategy: mesh axis}`` such as
-      ``{"data": "data", "tensor": "model"}``; ``sharding`` overrides it per name,
-      ``{regex: spec}`` with one mesh axis or None per dim. ``pm.sharding`` is the resulting
+      there), ``"fsdp"``, ``"tensor"`` or ``"pipeline"``, or a dict ``{strategy: mesh axis}`` such
+      as ``{"data": "data", "tensor": "model"}`` (a pipeline's also takes ``"microbatches": n``,
+      default one per stage; ``shapes`` then gives the whole batch); ``sharding`` overrides it per
+      name, ``{regex: spec}`` with one mesh axis or None per dim. ``pm.sharding`` is the resulting
       :class:`~mithril.distributed.ShardingPlan` (docs/distributed.md).
     - A float32 model on a float16, bfloat16 or float64 backend is converted to that dtype
       (:mod:`mithril.backends.precision`; docs/precision.md); ``keep_io_types=True`` keeps its
