@@ -304,8 +304,9 @@ class GGMLProgram:
         self._weights: dict[tuple[PlanValue, str], _Weight] = {}
         self._constants: list[np.ndarray] = []
         self._find_io()
-        n_tensors = sum(len(s.nodes) * 8 + len(s.inputs) + len(s.weights) for s in self.segments) + 64
-        graph_size = max([len(s.nodes) * 8 for s in self.segments] + [ggml.GGML_DEFAULT_GRAPH_SIZE])
+        budgets = [sum(_op_budget(pn) for pn in s.nodes) for s in self.segments]
+        n_tensors = sum(b + len(s.inputs) + len(s.weights) for b, s in zip(budgets, self.segments)) + 64
+        graph_size = max(budgets + [ggml.GGML_DEFAULT_GRAPH_SIZE])
         mem = n_tensors * ggml.ggml_tensor_overhead() + len(self.segments) * ggml.ggml_graph_overhead_custom(
             graph_size, False) + 1024 * 1024
         self._ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
@@ -362,6 +363,7 @@ class GGMLProgram:
 
     def _build(self, seg: Segment, graph_size: int) -> None:
         ggml = _ggml()
+        seg_start = _count_tensors(ggml, self._ctx)
         tensors: dict[PlanValue, Any] = {}
         half = {dtype: name for name, dtype in HALF.items()}
         for v in seg.inputs:
@@ -407,6 +409,13 @@ class GGMLProgram:
                                         node=pn.label, op_type=pn.op_type, opset=pn.opset)
                     t = g.reshape(t, v.static_shape)
                 tensors[v] = t
+        # A graph holds at most graph_size nodes (ggml asserts past it, killing the process): the
+        # tensors this segment made (and the copies below) bound its nodes.
+        made = _count_tensors(ggml, self._ctx) - seg_start
+        if made + len(seg.outputs) >= graph_size:
+            raise MithrilError(f"GGMLBackend: a graph of {made} ggml tensors is larger than the {graph_size} planned "
+                               f"(nodes {seg.nodes[0].label!r} to {seg.nodes[-1].label!r}); this is a bug in the "
+                               "op budget (program._op_budget)")
         gf = ggml.ggml_new_graph_custom(self._ctx, graph_size, False)
         for v in seg.outputs:
             t = tensors[v]
@@ -671,3 +680,26 @@ def _free(ctx, cpu, pool, allocators) -> None:
 
 __all__ = ["DeferredGGMLProgram", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram",
            "Segment", "partition", "pending_values", "why_not_ggml"]
+
+
+# ggml tensors a rule may make per ONNX node: most make a handful; the recurrent ones (RNN, GRU,
+# LSTM) unroll their sequence, some dozens of ops per step. The context and each graph are sized
+# from these sums (an exhausted context or graph is a GGML_ASSERT, which aborts).
+_PER_NODE, _PER_STEP = 48, 96
+
+
+def _op_budget(pn) -> int:
+    if pn.op_type in ("RNN", "GRU", "LSTM") and pn.inputs and pn.inputs[0] is not None and \
+            pn.inputs[0].static_shape:
+        directions = 2 if pn.kwargs.get("direction") == "bidirectional" else 1
+        steps = max(int(d) for d in pn.inputs[0].static_shape[:2])  # the sequence: dim 0, or 1 with layout=1
+        return _PER_NODE + _PER_STEP * steps * directions
+    return _PER_NODE
+
+
+def _count_tensors(ggml, ctx) -> int:
+    n, t = 0, ggml.ggml_get_first_tensor(ctx)
+    while t:
+        n += 1
+        t = ggml.ggml_get_next_tensor(ctx, t)
+    return n
