@@ -68,8 +68,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", AVAILABLE)
-@pytest.mark.parametrize("case", list(CASES))
+# (case, backend) -> why it fails today.
+XFAIL = {("ArgMax with NaN, last index", "ggml"):
+         "GGML's ArgMax (a onehot of the row's max, kept by a running count) picks another index than NumPy in a "
+         "row holding NaN with select_last_index=1 (docs/backends.md#ggml); to be fixed in ggml/ops/nn.py"}
+
+
+@pytest.mark.parametrize("case, backend", [
+    pytest.param(c, b, marks=[pytest.mark.xfail(strict=True, reason=XFAIL[(c, b)])] if (c, b) in XFAIL else [],
+                 id=f"{c}-{b}") for c in CASES for b in AVAILABLE])
 def test_fuzzer_found_kernel_bug_stays_fixed(case, backend):
     proto, feeds = CASES[case]()
     options = ort.SessionOptions()

@@ -523,7 +523,7 @@ def top_k(pn, g: Builder):
     order = [a for a in range(rank_) if a != axis] + [axis]
     rows = g.reshape(permute(g, g.contiguous(operand(pn, 0, g)), order), (prod(s) // n, n))
     r = prod(s) // n
-    keys = rows if int(pn.kwargs.get("largest", 1)) else gg.ggml_neg(ctx, rows)
+    keys = rows if int(pn.kwargs.get("largest", 1)) == 1 else gg.ggml_neg(ctx, rows)  # other than 1: smallest
     mine = g.broadcast(g.reshape(keys, (r, n, 1)), (r, n, n))  # [row, i, j] = x_i
     other = g.broadcast(g.reshape(keys, (r, 1, n)), (r, n, n))  # [row, i, j] = x_j
     diff = gg.ggml_sub(ctx, other, mine)
