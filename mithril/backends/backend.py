@@ -454,10 +454,25 @@ class Backend(metaclass=TensorAPI):
 
     def _on_mesh(self, values: np.ndarray, device, device_mesh, tensor_split):
         """A created array (NumPy ``values``) on ``device``, or split over ``device_mesh`` by
-        ``tensor_split`` (:mod:`mithril.backends.mesh`). A backend without meshes takes a
-        one-device mesh only."""
-        check_device_mesh(self, device_mesh, tensor_split)
-        return self._placed(self.from_numpy(values), device)
+        ``tensor_split`` (:mod:`mithril.backends.mesh`) through the backend's :meth:`shard`. A
+        backend without meshes takes a one-device mesh only."""
+        if not hasattr(self, "shard"):
+            check_device_mesh(self, device_mesh, tensor_split)
+            return self._placed(self.from_numpy(values), device)
+        if device_mesh is None and tensor_split is None:
+            return self._placed(self.from_numpy(values), device)
+        from .mesh import parse_mesh, split_spec
+
+        owner = type(self).__name__
+        mesh = self.mesh if device_mesh is None else parse_mesh(owner, device_mesh)
+        if mesh is None:
+            raise BackendOptionError(f"{owner}: tensor_split needs a device_mesh (on the array or the backend)")
+        if self.mesh is None or self.mesh.size == 1 or mesh.shape != self.mesh.shape:
+            if mesh.size == 1:  # one device: nothing to split
+                return self._placed(self.from_numpy(values), device)
+            raise MeshError(f"{owner}: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
+                            f"{owner}(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
+        return self.shard(values, split_spec(owner, self.mesh, np.shape(values), tensor_split))
 
     # -- devices -----------------------------------------------------------------------
     def to_device(self, x, device):

@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 
-from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError
+from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
 from ..backend import Backend, device_kind, process_memory_info, warn_user
-from ..mesh import check_batch, parse_mesh, split_spec
+from ..mesh import check_batch, parse_mesh
 from . import mesh as _mesh
 
 # Imported by the first JaxBackend(), so `import mithril` never imports jax.
@@ -394,19 +394,6 @@ class JaxBackend(Backend):
     @functools.cached_property
     def _replicated(self):
         return _mesh.sharding(jax, self._jmesh, ())
-
-    def _on_mesh(self, values, device, device_mesh, tensor_split):
-        if device_mesh is None and tensor_split is None:
-            return self._placed(self.from_numpy(values), device)
-        mesh = self.mesh if device_mesh is None else parse_mesh("JaxBackend", device_mesh)
-        if mesh is None:
-            raise BackendOptionError("JaxBackend: tensor_split needs a device_mesh (on the array or the backend)")
-        if self._jmesh is None or mesh.shape != self.mesh.shape:
-            if mesh.size == 1:  # one device: nothing to split
-                return self._placed(self.from_numpy(values), device)
-            raise MeshError(f"JaxBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
-                            f"JaxBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
-        return self.shard(values, split_spec("JaxBackend", self.mesh, np.shape(values), tensor_split))
 
     def shard(self, value, spec):
         """``value`` (NumPy or JAX) split over the backend's mesh by ``spec`` (the mesh axis of

@@ -13,7 +13,7 @@ import numpy as np
 from ...dtypes import as_dtype, is_floating_np
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError, MithrilError
 from ..backend import Backend, device_kind, parse_bytes, warn_user
-from ..mesh import parse_mesh, split_spec
+from ..mesh import parse_mesh
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx; _mmesh (this folder's
 # mesh.py, mlx.core.distributed) by the first one with a mesh of several devices.
@@ -255,22 +255,11 @@ class MlxBackend(Backend):
         """The ``mx.distributed.Group`` of the mesh (None on one device), for MLX code of your own."""
         return self._group
 
-    def _on_mesh(self, values, device, device_mesh, tensor_split):
-        """A created array on a mesh of several processes: this rank's part of it by
-        ``tensor_split`` (MLX arrays are local; every rank draws the same whole array from the
-        same seed and keeps its part)."""
-        if device_mesh is None and tensor_split is None:
-            return self._placed(self.from_numpy(values), device)
-        mesh = self.mesh if device_mesh is None else parse_mesh("MlxBackend", device_mesh)
-        if mesh is None:
-            raise BackendOptionError("MlxBackend: tensor_split needs a device_mesh (on the array or the backend)")
-        if self._group is None or mesh.shape != self.mesh.shape:
-            if mesh.size == 1:  # one device: nothing to split
-                return self._placed(self.from_numpy(values), device)
-            raise MeshError(f"MlxBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
-                            f"MlxBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
-        spec = split_spec("MlxBackend", self.mesh, np.shape(values), tensor_split)
-        return self.from_numpy(np.ascontiguousarray(_mmesh.local_part(values, self.mesh, self.rank, spec)))
+    def shard(self, values, spec):
+        """This rank's part of ``values`` (the whole array) split by ``spec``: MLX arrays are
+        local, so every rank draws the same whole array from the same seed and keeps its part."""
+        values = np.asarray(values)
+        return self.from_numpy(np.ascontiguousarray(_mmesh.local_part(values, self.mesh, self.rank, tuple(spec))))
 
     def place(self, values: dict, plan) -> dict:
         """Parameters or data as this process runs them under a

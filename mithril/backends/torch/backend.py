@@ -14,7 +14,7 @@ import numpy as np
 from ...errors import (BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MeshError,
                        MithrilError)
 from ..backend import Backend, process_memory_info, warn_user
-from ..mesh import parse_mesh, split_spec
+from ..mesh import parse_mesh
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch; _tmesh (this
 # folder's mesh.py, torch.distributed.tensor) by the first one with a device mesh.
@@ -192,19 +192,6 @@ class TorchBackend(Backend):
         return _tmesh.build_mesh(self._device.type, self.mesh)
 
     # -- device meshes -------------------------------------------------------------------
-    def _on_mesh(self, values, device, device_mesh, tensor_split):
-        if device_mesh is None and tensor_split is None:
-            return self._placed(self.from_numpy(values), device)
-        mesh = self.mesh if device_mesh is None else parse_mesh("TorchBackend", device_mesh)
-        if mesh is None:
-            raise BackendOptionError("TorchBackend: tensor_split needs a device_mesh (on the array or the backend)")
-        if self._torch_mesh is None or mesh.shape != self.mesh.shape:
-            if mesh.size == 1:  # one device: nothing to split
-                return self._placed(self.from_numpy(values), device)
-            raise MeshError(f"TorchBackend: an array on device_mesh={mesh.shape} needs a backend on that mesh: "
-                            f"TorchBackend(device_mesh={mesh.shape}) (this one has device_mesh={self.device_mesh})")
-        return self.shard(values, split_spec("TorchBackend", self.mesh, np.shape(values), tensor_split))
-
     def shard(self, value, spec):
         """``value`` (NumPy or a tensor, the whole array) split over the backend's mesh by
         ``spec`` (the mesh axis of each dim, None for whole): a DTensor (``distribute_tensor``
