@@ -1,8 +1,9 @@
 """The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
-``conformance``, ``ops``, ``export-c``, ``launch``.
+``conformance``, ``ops``, ``export-c``, ``launch``, ``profile``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
+    mithril profile model.onnx --backend torch --shape input=1,3,224,224 --top 10
     mithril conformance --backend numpy
     mithril ops Conv
     mithril export-c model.onnx out_dir --shape input=1,3,32,32
@@ -268,6 +269,60 @@ def cmd_export_c(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """Time per op type and per node of one backend (:func:`mithril.profile.profile`) on random
+    inputs; exit 2 on bad arguments or a model the backend cannot run."""
+    import json
+
+    import mithril as ml
+
+    from .profile import profile
+    from .validate import check_inputs, random_inputs
+
+    if args.runs < 1 or args.top < 1 or (args.threads is not None and args.threads < 1):
+        raise MithrilError(f"--runs, --top and --threads must be at least 1 (got {args.runs}, {args.top}, "
+                           f"{args.threads})")
+    names = [s.strip() for s in args.backend.split(",") if s.strip()]
+    if len(names) != 1 or names[0] == "all":
+        raise MithrilError(f"profile runs one backend: --backend NAME, from {', '.join(BACKENDS)} (got {args.backend!r})")
+    if names[0] not in BACKENDS:
+        raise MithrilError(f"unknown backend {names[0]!r}; choose from {', '.join(BACKENDS)}")
+    # As validate's, and 1x3x224x224 too.
+    shapes = {k: _parse_shape(k, v.replace("x", ",")) for k, v in _parse_kv(args.shape, "--shape").items()} or None
+    model = ml.load_onnx(args.model)
+    check_inputs(model, None, shapes, flags=("--input", "--shape"))
+    (backend,), _ = make_backends(names[0])
+    if args.threads is not None:
+        if backend.name in ("numpy", "c", "ggml"):
+            backend = type(backend)(num_threads=args.threads)
+        elif backend.name == "torch":
+            import torch
+
+            torch.set_num_threads(args.threads)
+        else:
+            print(f"mithril: note: --threads does not apply to {backend.name}: its thread pool is fixed when it "
+                  "starts", file=sys.stderr)
+    inputs = random_inputs(model, shapes, args.seed)
+    pm = ml.compile(model, backend, shapes={k: v.shape for k, v in inputs.items()}, inference=True)
+    report = profile(pm, None, {k: backend.from_numpy(v) for k, v in inputs.items()}, runs=args.runs)
+    out = console()
+    out.print(f"[bold]{args.model}[/bold]  inputs " + ", ".join(
+        f"{k} {'x'.join(map(str, v.shape)) or 'scalar'} {v.dtype}" for k, v in inputs.items()))
+    out.print(report.summary())
+    out.print(report.op_table())
+    out.print(report.node_table(args.top))
+    if args.json:
+        data = {"model": args.model, "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                                                for k, v in inputs.items()}, **report.to_dict()}
+        try:
+            with open(args.json, "w") as f:
+                json.dump(data, f, indent=1)
+        except OSError as exc:
+            raise MithrilError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
+        out.print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_conformance(rest: list[str]) -> int:
     from .conformance import main as conformance_main
 
@@ -417,6 +472,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weights", default="auto", choices=("auto", "file", "embed"),
                    help="model.bin, embedded arrays, or auto: embedded up to 256 KiB (default)")
     e.add_argument("--name", default="model", help="the files' stem and the C API's prefix (default: model)")
+    pr = sub.add_parser("profile", help="time per op type and per node of a model on one backend",
+                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("model")
+    pr.add_argument("--backend", default="numpy", help=f"one of {', '.join(BACKENDS)} (default: numpy)")
+    pr.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                    help="input shape for random data (repeatable; 1x3x224x224 also reads); symbolic dims default to 1")
+    pr.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up; medians and means "
+                                                        "over them (default 10)")
+    pr.add_argument("--threads", type=int, default=None,
+                    help="threads for numpy (BLAS), torch, c and ggml (default: each backend's own)")
+    pr.add_argument("--top", type=int, default=10, help="how many of the slowest nodes to list (default 10)")
+    pr.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
+    pr.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     sub.add_parser("conformance", help="run the ONNX backend test suite (see `mithril conformance --help`)",
                    add_help=False)
     sub.add_parser("launch", help="run a script on N processes of one torch.distributed group (torchrun)",
@@ -507,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_export_c(args)
         if args.command == "ops":
             return cmd_ops(args)
+        if args.command == "profile":
+            return cmd_profile(args)
         parser.error(f"unknown command {args.command}")
     except SystemExit as exc:  # argparse: --help, --version (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)

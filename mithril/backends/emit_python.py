@@ -63,6 +63,8 @@ class LoweredProgram:
     entry: str = "forward"
     # A backend's wrapper around the generated entry (autocast, data parallel, a compute dtype).
     wrapped: Callable | None = None
+    # emit_python(timed=True): the plan node of each ``_timed(i, kernel, ...)`` call, at index i.
+    timed_nodes: list[PlanNode] | None = None
 
     @property
     def forward(self):
@@ -91,7 +93,7 @@ class PythonEmitter:
     as a tensor (not as a static input) into the backend's array, once."""
 
     def __init__(self, namespace: dict[str, Any] | None = None,
-                 constant: Callable[[np.ndarray], Any] | None = None):
+                 constant: Callable[[np.ndarray], Any] | None = None, timed: bool = False):
         self.namespace: dict[str, Any] = {"_first": first_output, "_outputs": check_outputs}
         self.namespace.update(namespace or {})
         self.lines: list[str] = []
@@ -102,6 +104,9 @@ class PythonEmitter:
         self._kernel_names: dict[int, str] = {}
         self._n_consts = 0
         self._n_graphs = 0
+        # Profiling (mithril.profile): each kernel call becomes ``_timed(i, kernel, args...)``,
+        # ``_timed`` bound in the namespace by the caller; None when not profiling.
+        self.timed_nodes: list[PlanNode] | None = [] if timed else None
 
     # -- names ---------------------------------------------------------------------
     def var(self, value: PlanValue) -> str:
@@ -226,6 +231,10 @@ class PythonEmitter:
         input_vars = tuple(None if v is None else self.var(v) if pn.input_is_static(i) else self.tensor_var(v)
                            for i, v in enumerate(pn.inputs))
         call = self.call(spec, [v if v is not None else "None" for v in input_vars], kwargs, pn.runtime)
+        if self.timed_nodes is not None:  # kernel(args) -> _timed(i, kernel, args)
+            kernel, _, rest = call.partition("(")
+            call = f"_timed({len(self.timed_nodes)}, {kernel}, {rest}"
+            self.timed_nodes.append(pn)
         comment = f"  # {pn.op_type} {pn.label!r}: {spec.location}"
         outs = pn.outputs
         if len(outs) == 1 and not pn.multi_output:
@@ -251,7 +260,7 @@ class PythonEmitter:
                 f.write(source)
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         exec(compile(source, filename, "exec"), self.namespace)
-        return LoweredProgram(source, filename, self.namespace, self.sites, entry)
+        return LoweredProgram(source, filename, self.namespace, self.sites, entry, timed_nodes=self.timed_nodes)
 
 
 class Source(str):
@@ -260,10 +269,12 @@ class Source(str):
 
 def emit_python(plan: Plan, *, namespace: dict[str, Any], file_path: str | None = None,
                 constant: Callable[[np.ndarray], Any] | None = None,
-                checkpointing: Checkpointing | None = None) -> LoweredProgram:
+                checkpointing: Checkpointing | None = None, timed: bool = False) -> LoweredProgram:
     """Print and exec ``forward(params, data) -> dict`` for ``plan``; with ``checkpointing``
-    (segments of ``plan``), each segment runs through ``_backend.checkpoint``."""
-    em = PythonEmitter(namespace, constant)
+    (segments of ``plan``), each segment runs through ``_backend.checkpoint``. With ``timed``
+    (:mod:`mithril.profile`), each kernel call goes through ``_timed(i, kernel, args...)``, which
+    ``namespace`` must hold; ``timed_nodes[i]`` of the result is the call's plan node."""
+    em = PythonEmitter(namespace, constant, timed)
     em.emit_header("def forward(params, data):", plan)
     em.emit_body(plan, 1, lambda p: "return {" + ", ".join(f"{v.name!r}: {em.var(v)}" for v in p.outputs) + "}",
                  checkpointing)

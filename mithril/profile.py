@@ -1,0 +1,481 @@
+"""Where a compiled model's time goes: seconds per op type and per node, on any backend.
+
+:func:`profile` runs a :class:`~mithril.compile.PhysicalModel` a few times with a clock around
+each node and returns a :class:`ProfileReport`. How each backend is measured:
+
+- NumPy, Torch: the generated program is printed again with each kernel call timed
+  (``emit_python(timed=True)``); Torch on a GPU synchronizes after each kernel.
+- JAX, MLX: their whole-program jit hides the ops, so the same timed program runs op by op
+  (eagerly, ``block_until_ready`` / ``mx.eval`` after each node): *eager per-op time*, shown
+  beside the jitted wall time.
+- C: the per-node clocks of a library built with ``MITHRIL_C_PROFILE=1`` (built here when the
+  model's own was not), and NumPy's time for the nodes without a C kernel.
+- GGML: ggml-python has no per-node timing, so each ggml segment (one ``ggml_graph_compute``)
+  is one row, and each node NumPy runs (no ggml rule) another: *per partition*.
+
+The report also holds the un-instrumented wall time (``pm.evaluate`` as a user calls it), so the
+clocks' overhead is visible.
+
+>>> import mithril as ml, numpy as np
+>>> from mithril.profile import profile
+>>> from onnx import helper, TensorProto
+>>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Exp", ["y"], ["z"])], "g",
+...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+...     [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64, 64])])
+>>> pm = ml.compile(ml.load_onnx(helper.make_model(g)), ml.NumpyBackend(), inference=True)
+>>> report = profile(pm, None, {"x": np.ones((64, 64), np.float32)}, runs=3)
+>>> sorted(row.op_type for row in report.op_types)
+['Exp', 'Relu']
+>>> round(sum(row.share for row in report.op_types))
+100
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import MithrilError
+
+# What each backend's rows measure (ProfileReport.method).
+KERNEL = "kernel"  # each kernel call of the generated program, as it runs
+EAGER_OP = "eager op"  # each node run op by op with the jit off (JAX, MLX)
+C_NODE = "C node"  # the C library's per-node clocks
+PARTITION = "partition"  # a ggml segment, or a node NumPy runs between segments
+
+_PYTHON_BACKENDS = ("numpy", "torch", "jax", "mlx")
+
+
+@dataclass
+class OpTypeTime:
+    """One op type: ``calls`` and ``ms`` per run, ``share`` in % of the profiled nodes' time."""
+
+    op_type: str
+    calls: int
+    ms: float
+    share: float
+
+
+@dataclass
+class NodeTime:
+    """One node (or, on GGML, one ggml segment): its op type, the shapes of its inputs
+    (None for an absent or non-array input), ``calls`` and ``ms`` per run."""
+
+    name: str
+    op_type: str
+    input_shapes: list
+    calls: int
+    ms: float
+    share: float
+
+
+@dataclass
+class ProfileReport:
+    """What :func:`profile` measured.
+
+    ``op_types`` and ``nodes``: rows sorted by time, slowest first (per run). ``method``: what a
+    row's clock covers (``"kernel"``, ``"eager op"``, ``"C node"`` or ``"partition"``; ``note``
+    says it in words). ``wall_ms``: median time of an un-instrumented ``pm.evaluate`` (jitted
+    where the model was compiled with jit); ``eager_ms``: the generated program run without jit
+    or clocks (Python backends); ``instrumented_ms``: median time of a profiled run, whose excess
+    over ``eager_ms`` (or ``wall_ms``) is the clocks' overhead; ``nodes_ms``: the rows' sum.
+    """
+
+    backend: str
+    method: str
+    note: str
+    runs: int
+    jitted: bool
+    wall_ms: float
+    eager_ms: float | None
+    instrumented_ms: float
+    op_types: list[OpTypeTime] = field(default_factory=list)
+    nodes: list[NodeTime] = field(default_factory=list)
+
+    @property
+    def nodes_ms(self) -> float:
+        return sum(r.ms for r in self.nodes)
+
+    def to_dict(self) -> dict:
+        """Plain data (for ``json.dump``): every field, and ``nodes_ms``."""
+        return {**asdict(self), "nodes_ms": self.nodes_ms}
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    def summary(self) -> str:
+        """Two lines: what was measured, and the wall times beside the rows' sum."""
+        parts = [f"{self.backend}: {self.note}", f"per run, median of {self.runs}: "
+                 f"{'jitted ' if self.jitted else ''}wall {self.wall_ms:.3f} ms"]
+        if self.eager_ms is not None and (self.jitted or self.backend in _PYTHON_BACKENDS):
+            parts[1] += f", {'eager ' if self.jitted else 'program '}{self.eager_ms:.3f} ms"
+        parts[1] += f"; profiled run {self.instrumented_ms:.3f} ms, of which the rows {self.nodes_ms:.3f} ms"
+        return "\n".join(parts)
+
+    def op_table(self):
+        """A rich table of op types, slowest first."""
+        from rich.table import Table
+
+        t = Table(title=f"Time per op type ({self.backend}, {self.method} clocks, per run)")
+        for col in ("op type", "calls", "ms", "share %"):
+            t.add_column(col, justify="left" if col == "op type" else "right", overflow="fold")
+        for r in self.op_types:
+            t.add_row(r.op_type, str(r.calls), f"{r.ms:.3f}", f"{r.share:.1f}")
+        return t
+
+    def node_table(self, top: int = 10):
+        """A rich table of the ``top`` slowest nodes (GGML: partitions)."""
+        from rich.table import Table
+
+        what = "partitions" if self.method == PARTITION else "nodes"
+        t = Table(title=f"Top {min(top, len(self.nodes))} {what} ({self.backend}, per run)")
+        for col in ("node", "op type", "input shapes", "calls", "ms", "share %"):
+            t.add_column(col, justify="right" if col in ("calls", "ms", "share %") else "left", overflow="fold")
+        for r in self.nodes[:top]:
+            shapes = ", ".join("-" if s is None else "x".join(map(str, s)) or "scalar" for s in r.input_shapes)
+            t.add_row(r.name, r.op_type, shapes, str(r.calls), f"{r.ms:.3f}", f"{r.share:.1f}")
+        return t
+
+    def __str__(self) -> str:
+        lines = [self.summary(), f"{'op type':24s} {'calls':>6s} {'ms':>10s} {'share %':>8s}"]
+        lines += [f"{r.op_type:24s} {r.calls:6d} {r.ms:10.3f} {r.share:8.1f}" for r in self.op_types]
+        return "\n".join(lines)
+
+
+def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None, *,
+            runs: int = 10, warmup: int = 1) -> ProfileReport:
+    """Run ``pm`` (a compiled model) ``runs`` times after ``warmup`` runs with a clock around each
+    node, and time ``runs`` un-instrumented ``pm.evaluate(params, data)`` calls. ``params``:
+    None for the model's own; ``data``: every input, NumPy or backend arrays. See the module's
+    docstring for what each backend's clocks cover.
+    """
+    if runs < 1 or warmup < 0:
+        raise MithrilError(f"profile: runs must be at least 1 and warmup at least 0, got runs={runs}, warmup={warmup}")
+    backend = pm.backend
+    data = {} if data is None else dict(data)
+    sync = _synchronizer(backend.name)
+    jitted = pm._jitted is not None
+
+    def evaluate():
+        sync(pm.evaluate(params, data))
+
+    wall = _median_ms(evaluate, runs, warmup)
+    prepared_params, prepared_data, _, _ = pm._prepare(params, data, None)
+    name = backend.name
+    if name in _PYTHON_BACKENDS:
+        clock, instrumented, eager = _profile_python(pm, prepared_params, prepared_data, sync, runs, warmup)
+        method = EAGER_OP if name in ("jax", "mlx") else KERNEL
+        note = {"jax": "eager per-op time: each node run op by op with jit off (block_until_ready after each); "
+                       "the jitted program fuses them",
+                "mlx": "eager per-op time: each node run op by op with mx.compile off (mx.eval after each); "
+                       "the compiled program fuses them",
+                "torch": "time of each kernel call of the generated program"
+                         + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else ""),
+                "numpy": "time of each kernel call of the generated program"}[name]
+    elif name == "c":
+        clock, instrumented = _profile_c(pm, prepared_params, prepared_data, runs, warmup)
+        eager, method = None, C_NODE
+        note = ("per-node clocks of the C library (built with MITHRIL_C_PROFILE=1); nodes without a C kernel "
+                "timed as NumPy runs them")
+    elif name == "ggml":
+        clock, instrumented = _profile_ggml(pm, prepared_params, prepared_data, runs, warmup)
+        eager, method = None, PARTITION
+        note = ("per partition: ggml-python has no per-node clocks, so each ggml segment (one ggml_graph_compute) "
+                "is one row, and each node NumPy runs between segments another")
+    else:
+        raise MithrilError(f"profile: no profiler for backend {name!r}")
+    report = clock.report()
+    return ProfileReport(name, method, note, runs, jitted, wall, eager, instrumented, *report)
+
+
+# -- clocks ------------------------------------------------------------------------------
+
+
+class _Clock:
+    """Seconds per key in each run, and calls; a call made inside another timed call (a Loop or
+    If body's nodes) is taken out of the outer one's time, so each row is the node's own time."""
+
+    def __init__(self, sync: Callable[[Any], None] = lambda out: None):
+        self.sync = sync
+        self.seconds: dict[Any, float] = defaultdict(float)  # this run's
+        self.calls: dict[Any, int] = defaultdict(int)  # every run's
+        self.runs: list[dict[Any, float]] = []
+        self.rows: dict[Any, tuple[str, str, list]] = {}  # key -> (name, op type, input shapes)
+        self._inner = 0.0
+
+    def timed(self, key, fn, *args, **kwargs):
+        outer, self._inner = self._inner, 0.0
+        start = time.perf_counter()
+        try:
+            out = fn(*args, **kwargs)
+            self.sync(out)
+        finally:
+            spent = time.perf_counter() - start
+            self.seconds[key] += spent - self._inner
+            self.calls[key] += 1
+            self._inner = outer + spent
+        if key not in self.rows:
+            self.describe(key, args)
+        return out
+
+    def describe(self, key, args) -> None:  # the caller names its keys
+        pass
+
+    def add(self, key, seconds: float, calls: int = 1) -> None:
+        self.seconds[key] += seconds
+        self.calls[key] += calls
+
+    def end_run(self) -> None:
+        self.runs.append(dict(self.seconds))
+        self.seconds.clear()
+        self._inner = 0.0
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+        self.runs.clear()
+        self._inner = 0.0
+
+    def report(self) -> tuple[list[OpTypeTime], list[NodeTime]]:
+        """Rows, slowest first: each key's median seconds over the runs (robust to a run that a
+        busy machine stalled), its calls per run, and its share of the rows' sum."""
+        runs = max(len(self.runs), 1)
+        keys = dict.fromkeys(k for r in self.runs for k in r)
+        median = {k: statistics.median(r.get(k, 0.0) for r in self.runs) for k in keys}
+        total = sum(median.values()) or 1.0
+        nodes = []
+        by_type: dict[str, list] = defaultdict(lambda: [0.0, 0])
+        for key, seconds in median.items():
+            name, op_type, shapes = self.rows[key]
+            calls = round(self.calls[key] / runs)
+            nodes.append(NodeTime(name, op_type, shapes, calls, 1e3 * seconds, 100 * seconds / total))
+            by_type[op_type][0] += seconds
+            by_type[op_type][1] += calls
+        op_types = [OpTypeTime(op, calls, 1e3 * s, 100 * s / total) for op, (s, calls) in by_type.items()]
+        return sorted(op_types, key=lambda r: -r.ms), sorted(nodes, key=lambda r: -r.ms)
+
+
+def _shape(value) -> list[int] | None:
+    shape = getattr(value, "shape", None)
+    try:
+        return None if shape is None else [int(d) for d in shape]
+    except TypeError:  # a symbolic or traced shape
+        return None
+
+
+def _median_ms(call: Callable[[], Any], runs: int, warmup: int, after: Callable[[], None] | None = None) -> float:
+    """Median milliseconds of ``runs`` calls after ``warmup``; ``after`` runs after each timed call,
+    outside its time."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
+    return 1e3 * statistics.median(times)
+
+
+def _leaves(value):
+    if isinstance(value, Mapping):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif value is not None:
+        yield getattr(value, "native", value)  # Torch's and MLX's array facades hold a native array
+
+
+def _synchronizer(name: str) -> Callable[[Any], None]:
+    """A function that waits until the arrays in a value are computed: frameworks that dispatch
+    asynchronously (JAX), lazily (MLX) or to a GPU (Torch) return before the work is done."""
+    if name == "jax":
+        def sync(value):
+            for x in _leaves(value):
+                ready = getattr(x, "block_until_ready", None)
+                if ready is not None:
+                    with contextlib.suppress(Exception):  # a tracer (a Loop body traced by lax) has nothing to wait for
+                        ready()
+
+        return sync
+    if name == "mlx":
+        import mlx.core as mx
+
+        def sync(value):
+            arrays = [x for x in _leaves(value) if isinstance(x, mx.array)]
+            if arrays:
+                mx.eval(arrays)
+
+        return sync
+    if name == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return lambda value: None
+        return lambda value: torch.cuda.synchronize()
+    return lambda value: None
+
+
+def _on_gpu(backend) -> bool:
+    return "cuda" in str(getattr(backend, "device", "cpu")) or "cuda" in str(getattr(backend, "_device", "cpu"))
+
+
+# -- Python backends: the program printed again with timed kernel calls -------------------
+
+
+def _profile_python(pm, params, data, sync, runs: int, warmup: int):
+    from .backends.emit_python import emit_python
+
+    backend = pm.backend
+    clock = _Clock(sync)
+    namespace = {**backend.program_namespace(), "_timed": clock.timed}
+    program = emit_python(pm.plan, namespace=namespace, constant=backend.constant, timed=True)
+    nodes = program.timed_nodes
+
+    def describe(key, args):
+        pn = nodes[key]
+        clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args[:len(pn.inputs)]])
+
+    clock.describe = describe
+    forward = program.forward
+
+    def run(fn):
+        def call():
+            with backend.scope():
+                sync(fn(params, data))
+        return call
+
+    eager = _median_ms(run(pm.program.forward), runs, warmup)
+    for _ in range(warmup):
+        run(forward)()
+    clock.reset()
+    instrumented = _median_ms(run(forward), runs, 0, clock.end_run)
+    return clock, instrumented, eager
+
+
+# -- C: the library's per-node clocks ----------------------------------------------------
+
+
+class _TimedInterpreter:
+    """Runs a node as the program's own :class:`~mithril.backends.interpret.Interpreter` does,
+    with a clock around it (the nodes C or ggml leave to NumPy)."""
+
+    def __init__(self, interpreter, clock: _Clock, key: Callable[[Any], Any]):
+        self.interpreter, self.clock, self.key = interpreter, clock, key
+
+    def run_node(self, pn, args, env=None):
+        key = self.key(pn)
+        if key not in self.clock.rows:
+            self.clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args])
+        return self.clock.timed(key, self.interpreter.run_node, pn, args, env)
+
+
+def _profiled_c_program(pm):
+    """The model's C program, built with per-node clocks when its own library has none."""
+    program = pm.program
+    if hasattr(program.library, "mt_profile"):
+        return program
+    from .backends.c.program import CFallbackWarning
+
+    before = os.environ.get("MITHRIL_C_PROFILE")
+    os.environ["MITHRIL_C_PROFILE"] = "1"  # read by the C build (a library of its own in the cache)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CFallbackWarning)  # compile already warned about fallback nodes
+            return pm.backend.lower(pm.plan)
+    finally:
+        if before is None:
+            del os.environ["MITHRIL_C_PROFILE"]
+        else:
+            os.environ["MITHRIL_C_PROFILE"] = before
+
+
+def _profile_c(pm, params, data, runs: int, warmup: int):
+    program = _profiled_c_program(pm)
+    clock = _Clock()
+    # The C renderer fuses an activation into the node before it (Conv + Relu): the fused node
+    # writes the activation's output, and its clock (the first node's slot) covers both.
+    producer = {v: pn for step in program.steps if hasattr(step, "nodes") for pn in step.nodes for v in pn.outputs}
+    fallback = {id(pn) for pn in program.fallback}
+    fused_into = {pn.label: host.label for pn in program.plan.nodes if pn.outputs
+                  and (host := producer.get(pn.outputs[0])) is not None and host.label != pn.label}
+    in_c = []  # (slot, plan node) of the nodes C runs
+    for i, pn in enumerate(program.plan.nodes):
+        if id(pn) in fallback:
+            continue  # timed as NumPy runs it
+        shapes = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+        if pn.label in fused_into:
+            clock.rows[i] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes)
+        else:
+            guests = [name for name, host in fused_into.items() if host == pn.label]
+            clock.rows[i] = (pn.label + "".join(f" (+ {g})" for g in guests), pn.op_type, shapes)
+        in_c.append((i, pn))
+    index = {id(pn): i for i, pn in enumerate(program.plan.nodes)}
+    seen = [s for _, s in program.profile()]
+
+    def end_run():  # the C clocks are running sums: this run's seconds are the differences
+        now = [s for _, s in program.profile()]
+        for i, pn in in_c:
+            fused = pn.label in fused_into
+            clock.add(i, 0.0 if fused else now[i] - seen[i], 0 if fused else 1)
+        seen[:] = now
+        clock.end_run()
+
+    own = program._interpreter
+    program._interpreter = _TimedInterpreter(own, clock, lambda pn: index[id(pn)])
+    try:
+        for _ in range(warmup):
+            program.run(params, data)
+        end_run()
+        clock.reset()
+        instrumented = _median_ms(lambda: program.run(params, data), runs, 0, end_run)
+    finally:
+        program._interpreter = own
+    return clock, instrumented
+
+
+# -- GGML: per partition -------------------------------------------------------------------
+
+
+def _profile_ggml(pm, params, data, runs: int, warmup: int):
+    outer = pm.program
+    outer.run(params, data)  # a deferred program is built at its first run
+    program = getattr(outer, "current", None) or outer
+    clock = _Clock()
+    own_segment, own_interpreter = program._run_segment, program._interpreter
+
+    def run_segment(seg, env):
+        key = ("segment", seg.index)
+        if key not in clock.rows:
+            kinds = ", ".join(dict.fromkeys(pn.op_type for pn in seg.nodes))
+            clock.rows[key] = (f"ggml segment {seg.index}: {len(seg.nodes)} nodes ({kinds})", "ggml segment",
+                               [None if v is None else list(v.static_shape or ()) for v in seg.inputs])
+        return clock.timed(key, own_segment, seg, env)
+
+    # On this program object only, for these runs: ggml_graph_compute has no per-node clocks to read.
+    program._run_segment = run_segment
+    program._interpreter = _TimedInterpreter(own_interpreter, clock, lambda pn: ("node", id(pn)))
+    try:
+        for _ in range(warmup):
+            program.run(params, data)
+        clock.reset()
+        instrumented = _median_ms(lambda: program.run(params, data), runs, 0, clock.end_run)
+    finally:
+        del program._run_segment
+        program._interpreter = own_interpreter
+    return clock, instrumented
+
+
+__all__ = ["NodeTime", "OpTypeTime", "ProfileReport", "profile"]
