@@ -1,6 +1,6 @@
 """TorchBackend on a device mesh (torch.distributed, DTensor): 2 local gloo processes train the
-zoo's MLP and GPT under data, fsdp and tensor parallelism (and the MLP under data+tensor on a 2x2
-mesh of 4 processes), and each run equals one process's; sharded arrays, checkpoints and the
+zoo's MLP and GPT under data, fsdp and tensor parallelism and a 2-stage pipeline (4 micro-batches),
+and the MLP under data+tensor on a 2x2 mesh of 4 processes; each run equals one process's; sharded arrays, checkpoints and the
 replicated fallback; the launcher ends its workers and names the failing rank.
 
 Every test that starts processes bounds them with a timeout (spawn's, <= 120 s). One set of
@@ -45,7 +45,7 @@ def _gpt_case():
     """The zoo's GPT (1 layer, 2 heads, 16 dims) learning each token's successor (a layer of
     DTensor ops takes about 10 s of 20 steps on 2 processes here)."""
     rng = np.random.default_rng(0)
-    ids = [rng.integers(0, 32, (2, 8)) for _ in range(4)]
+    ids = [rng.integers(0, 32, (4, 8)) for _ in range(4)]
     batches = [{"input": ids[i % 4], "target": (ids[i % 4] + 1) % 32} for i in range(STEPS)]
 
     def build():  # logits [N, T, vocab] -> [N, vocab, T]: CrossEntropy's classes are on axis 1
@@ -57,7 +57,7 @@ def _gpt_case():
 
     # SGD: Adam divides a gradient that is zero in exact arithmetic (attention's key bias) by its
     # own scale, so float noise would become steps.
-    return build, {"input": [2, 8], "target": [2, 8]}, batches, SGD(0.1, momentum=0.9)
+    return build, {"input": [4, 8], "target": [4, 8]}, batches, SGD(0.1, momentum=0.9)
 
 
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case}
@@ -78,6 +78,8 @@ def _train(case, parallel=None, mesh=(NPROC,)):
         held = backend.per_device_bytes(params)[int(os.environ.get("RANK", "0"))]  # this process's
         data = [{k: backend.from_numpy(v) for k, v in b.items()} for b in batches]
         params, _, losses = fit(pm, params, lambda epoch: data, optimizer, 1, progress=False)
+    if parallel is not None:  # a pipeline's stage parameters from the processes holding them
+        params = backend.gather(params, pm.sharding)
     final = {k: backend.to_numpy(v) for k, v in sorted(params.items())}
     ops = [str(w.message) for w in caught if issubclass(w.category, ReplicatedOpsWarning)
            and "no sharding rule" in str(w.message)]  # ops run replicated (not compile's whole parameters)
@@ -99,14 +101,15 @@ def _one_process(case):
     return _reference[case]
 
 
-# (case, strategy, mesh): each strategy on 2 processes; data and tensor parallel together on a 2x2
-# mesh (4 processes) for the MLP.
-RUNS = [(case, strategy, (NPROC,)) for case in CASES for strategy in ("data", "fsdp", "tensor")] + [
+# (case, strategy, mesh): each strategy on 2 processes (a pipeline of 2 stages, each batch in 4
+# micro-batches); data and tensor parallel together on a 2x2 mesh (4 processes) for the MLP.
+PIPELINE = {"pipeline": "data", "microbatches": 4}
+RUNS = [(case, strategy, (NPROC,)) for case in CASES for strategy in ("data", "fsdp", "tensor", PIPELINE)] + [
     ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
 
 
-@pytest.mark.parametrize("case, parallel, mesh", RUNS, ids=[f"{c}-{p if isinstance(p, str) else 'data+tensor'}"
-                                                              for c, p, _ in RUNS])
+@pytest.mark.parametrize("case, parallel, mesh", RUNS, ids=[
+    f"{c}-{p if isinstance(p, str) else 'pipeline' if 'pipeline' in p else 'data+tensor'}" for c, p, _ in RUNS])
 def test_strategy_trains_as_one_process(case, parallel, mesh):
     want_losses, want_params, whole_bytes, _ = _one_process(case)
     same_workers = [p for c, p, m in RUNS if (c, m) == (case, mesh)]
@@ -124,8 +127,10 @@ def test_strategy_trains_as_one_process(case, parallel, mesh):
         elif parallel == "fsdp":  # every parameter of both models has a dim divisible by 2
             assert held == whole_bytes // NPROC, (held, whole_bytes)
         else:
-            assert held < whole_bytes
-        assert not ops, ops  # DTensor splits every op of the MLP and the GPT: none ran replicated
+            assert 0 < held < whole_bytes
+        assert not ops, ops
+    if parallel == PIPELINE:  # each parameter held by exactly one stage's process
+        assert sum(held for _, _, held, _ in results) == whole_bytes, [r[2] for r in results]  # DTensor splits every op of the MLP and the GPT: none ran replicated
 
 
 # -- meshes, sharded arrays, evaluate -------------------------------------------------------------------
@@ -166,6 +171,18 @@ def _mesh_worker(folder):
     from_numpy = pm.evaluate({k: backend.to_numpy(v) for k, v in params.items()}, {"input": data})["output"]
     rank = int(os.environ["RANK"])  # each process passes only its own rows
     own_rows = pm.evaluate(params, {"input": backend.from_local(data[4 * rank:4 * rank + 4], ("data", None))})["output"]
+    # A pipeline's forward pass (2 stages, 2 micro-batches): every process gets the whole output;
+    # each holds its own stage's parameters, the other's as meta tensors that hold no values.
+    pipe = ml.compile(model, backend, shapes={"input": [8, 12]}, parallel="pipeline")
+    staged = pipe.place({k: backend.to_numpy(v) for k, v in params.items()})
+    pipe_out = pipe.evaluate(staged, {"input": data})["output"]
+    meta = sorted(k for k, v in staged.items() if v.is_meta)
+    try:
+        backend.to_numpy(staged[meta[0]])
+    except MeshError as exc:
+        errors.append(str(exc))
+    pipeline = {"out": pipe_out.numpy(), "meta": meta, "others": sorted(k for k, s in pipe.sharding.stages.items()
+                                                                      if s != rank)}
 
     fsdp = ml.compile(model, backend, shapes={"input": [8, 12]}, parallel="fsdp")
     sharded = fsdp.randomize_params()
@@ -227,13 +244,16 @@ def _mesh_worker(folder):
     warned = [str(w.message) for w in caught if issubclass(w.category, ReplicatedOpsWarning)]
     return {"errors": errors, "placement": placement == (Shard(0),), "out": backend.to_numpy(out),
             "want": want.numpy(), "from_numpy": backend.to_numpy(from_numpy), "ops": ops, "warned": warned,
-            "own_rows": backend.to_numpy(own_rows),
+            "own_rows": backend.to_numpy(own_rows), "pipeline": pipeline,
             "unique": backend.to_numpy(u), "checkpoint": checkpoint, "conv": conv, "checkpointed": checkpointed}
 
 
 def test_mesh_arrays_and_evaluate(tmp_path):
     for got in spawn(_mesh_worker, NPROC, args=(str(tmp_path),), timeout=TIMEOUT):
-        bad_split, other_mesh, too_big = got["errors"]
+        bad_split, other_mesh, too_big, meta = got["errors"]
+        assert "on a pipeline it stands for a parameter another process's stage holds; backend.gather" in meta
+        np.testing.assert_allclose(got["pipeline"]["out"], got["want"], rtol=1e-6, atol=1e-6)
+        assert got["pipeline"]["meta"] == got["pipeline"]["others"] and got["pipeline"]["meta"]
         assert "shape (5, 2) can't be split on dim 0 (5) over mesh axis 'data' of 2 devices" in bad_split
         assert "needs a backend on that mesh: TorchBackend(device_mesh=(4,))" in other_mesh
         assert "device_mesh=(4,) needs 4 processes, but the process group has 2" in too_big

@@ -18,7 +18,7 @@ from ..mesh import parse_mesh
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch; _tmesh (this
 # folder's mesh.py, torch.distributed.tensor) by the first one with a device mesh.
-torch = txp = _tmesh = None
+torch = txp = _tmesh = _tpipe = None
 
 
 def _import_torch() -> None:
@@ -223,7 +223,12 @@ class TorchBackend(Backend):
         """Parameters or data placed by a :class:`~mithril.distributed.ShardingPlan`: NumPy
         arrays and plain tensors (whole arrays: rank 0's is the one scattered, as :meth:`shard`)
         as DTensors by the plan's spec; DTensors (:meth:`from_local` for a process's own rows)
-        keep their placement; strings stay NumPy. Facades (the program's inputs) stay facades."""
+        keep their placement; strings stay NumPy. Facades (the program's inputs) stay facades.
+        On a pipeline each process keeps its stage's parameters (plain tensors) and holds the
+        others as ``meta`` tensors (shape and dtype, no storage); data stays whole (every
+        process passes the same batch)."""
+        if plan.pipeline is not None:
+            return self._place_stages(values, plan)
         out = {}
         for name, v in values.items():
             t = v.native if isinstance(v, txp.TorchArray) else v
@@ -237,6 +242,71 @@ class TorchBackend(Backend):
             placed = self.shard(t, plan.spec(name) if name in plan.specs else ())
             out[name] = txp.TorchArray(placed) if isinstance(v, txp.TorchArray) else placed
         return out
+
+    def _place_stages(self, values: dict, plan) -> dict:
+        rank = torch.distributed.get_rank()
+        out = {}
+        for name, v in values.items():
+            t = v.native if isinstance(v, txp.TorchArray) else v
+            if name in plan.stages and plan.stages[name] != rank:
+                held = _tpipe.placeholder(t)
+            elif isinstance(t, torch.Tensor) and _tmesh.is_dtensor(t):
+                held = t.full_tensor()
+            elif isinstance(t, torch.Tensor) or (isinstance(t, (np.ndarray, np.generic)) and t.dtype != object):
+                held = _native(t, self._device).to(self._device)
+            else:
+                out[name] = v
+                continue
+            out[name] = txp.TorchArray(held) if isinstance(v, txp.TorchArray) else held
+        return out
+
+    def gather(self, values: dict, plan) -> dict:
+        """``values`` (parameters placed by ``plan``, a :class:`~mithril.distributed.ShardingPlan`:
+        ``pm.sharding``) as whole tensors on every process: a pipeline stage's parameters
+        broadcast from the process holding them, DTensors' ``full_tensor()``. A collective:
+        every process calls it (to save a checkpoint, or compare with one process)."""
+        self._need_mesh("gather")
+        if plan is not None and plan.pipeline is not None:
+            native = {k: v.native if isinstance(v, txp.TorchArray) else v for k, v in values.items()}
+            return _tpipe.gather(native, plan.stages, torch.distributed.get_rank(), self._device)
+        return {k: v.full_tensor() if _tmesh.is_dtensor(v) else v for k, v in values.items()}
+
+    def check_sharding(self, plan) -> None:
+        """A pipeline runs one stage per process: its axis must be the whole mesh."""
+        if plan.pipeline is None:
+            return
+        stages = len(plan.pipeline.segments)
+        if self.mesh.size != stages:
+            raise MeshError(f"TorchBackend: a pipeline of {stages} stages runs one stage per process, and "
+                            f"device_mesh={self.mesh.shape} has {self.mesh.size} processes; give the pipeline a "
+                            f"mesh of its own: TorchBackend(device_mesh=({stages},))")
+        if self.enable_amp:
+            raise MeshError("TorchBackend: enable_amp=True is not implemented for pipeline stages")
+
+    def lower_stages(self, plan, stages, *, file_path: str | None = None):
+        """The program with its pipeline stages (:mod:`mithril.backends.torch.pipeline`): every
+        process runs it, each computing its own stage; values cross between stages point to
+        point, and the outputs are broadcast to every process."""
+        global _tpipe
+        if _tpipe is None:
+            from . import pipeline as _pipeline_module
+
+            _tpipe = _pipeline_module
+        self._need_mesh("a pipeline")
+        program = super().lower_stages(plan, stages, file_path=file_path)
+        return program.with_forward(_tpipe.pipeline_forward(program.forward, plan, stages, self))
+
+    def pipeline_stage(self, index: int, fn, *args):
+        """Stage ``index`` of a pipeline's program: computed on process ``index`` (it receives
+        what earlier stages made, and sends what later ones read); placeholders elsewhere."""
+        return _tpipe.stage(index, fn, args)
+
+    def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
+        """A pipeline's micro-batches (GPipe: every forward pass, then the backward passes,
+        :meth:`mithril.backends.torch.pipeline.PipelineForward.vjp_parts`); else one after the other."""
+        if _tpipe is not None and isinstance(program.forward, _tpipe.PipelineForward):
+            return program.forward.vjp_parts(parts, diff_params, diff_data)
+        return super().vjp_parts(program, parts, diff_params, diff_data)
 
     def per_device_bytes(self, arrays) -> dict:
         """``{rank: bytes}`` that ``arrays`` (a dict or a list) hold on each process of the mesh
@@ -320,7 +390,11 @@ class TorchBackend(Backend):
 
     def to_numpy(self, arr) -> np.ndarray:
         if isinstance(arr, txp.TorchArray):
-            return txp.tensor_to_numpy(arr.native)
+            arr = arr.native
+        if isinstance(arr, torch.Tensor) and arr.is_meta:
+            raise MeshError(f"TorchBackend: a meta tensor {tuple(arr.shape)} {arr.dtype} holds no values: on a pipeline "
+                            "it stands for a parameter another process's stage holds; backend.gather(params, "
+                            "pm.sharding) gives every parameter whole on every process")
         if isinstance(arr, torch.Tensor):
             return txp.tensor_to_numpy(arr)
         return np.asarray(arr)
@@ -346,8 +420,8 @@ class TorchBackend(Backend):
     def _to_facade(self, v):
         if isinstance(v, txp.TorchArray):
             return v
-        if isinstance(v, torch.Tensor):
-            return txp.TorchArray(v.to(self._device))
+        if isinstance(v, torch.Tensor):  # meta: a parameter another pipeline stage holds (no data to move)
+            return txp.TorchArray(v if v.is_meta else v.to(self._device))
         if isinstance(v, (list, tuple)):  # a sequence input
             return [self._to_facade(x) for x in v]
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:

@@ -114,7 +114,7 @@ def local_bytes(values) -> int:
     total = 0
     for v in values:
         t = v.to_local() if isinstance(v, DTensor) else v
-        if isinstance(t, torch.Tensor):
+        if isinstance(t, torch.Tensor) and not t.is_meta:  # meta: another pipeline stage's parameter
             total += t.numel() * t.element_size()
     return total
 
