@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--backend", default="numpy", help=f"one of {', '.join(BACKENDS)} (default: numpy)")
     pr.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
                     help="input shape for random data (repeatable; 1x3x224x224 also reads); symbolic dims default to 1")
-    pr.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up; medians and means "
+    pr.add_argument("--runs", type=int, default=10, help="profiled runs after one warm-up; times are medians "
                                                         "over them (default 10)")
     pr.add_argument("--threads", type=int, default=None,
                     help="threads for numpy (BLAS), torch, c and ggml (default: each backend's own)")

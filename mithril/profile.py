@@ -162,7 +162,9 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
         raise MithrilError(f"profile: runs must be at least 1 and warmup at least 0, got runs={runs}, warmup={warmup}")
     backend = pm.backend
     data = {} if data is None else dict(data)
-    sync = _synchronizer(backend.name)
+    if not params:  # fetched once: pm.evaluate(None, ...) would copy every weight in each timed call
+        params = pm.get_parameters()
+    sync = _synchronizer(backend)
     jitted = pm._jitted is not None
 
     def evaluate():
@@ -181,6 +183,9 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
                 "torch": "time of each kernel call of the generated program"
                          + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else ""),
                 "numpy": "time of each kernel call of the generated program"}[name]
+        if getattr(pm.program, "wrapped", None) is not None:
+            note += ("; the rows leave out the backend's wrapper around the program (autocast, a compute dtype, "
+                     "devices), which the wall time includes")
     elif name == "c":
         clock, instrumented = _profile_c(pm, prepared_params, prepared_data, runs, warmup)
         eager, method = None, C_NODE
@@ -298,9 +303,10 @@ def _leaves(value):
         yield getattr(value, "native", value)  # Torch's and MLX's array facades hold a native array
 
 
-def _synchronizer(name: str) -> Callable[[Any], None]:
+def _synchronizer(backend) -> Callable[[Any], None]:
     """A function that waits until the arrays in a value are computed: frameworks that dispatch
     asynchronously (JAX), lazily (MLX) or to a GPU (Torch) return before the work is done."""
+    name = backend.name
     if name == "jax":
         def sync(value):
             for x in _leaves(value):
@@ -319,17 +325,16 @@ def _synchronizer(name: str) -> Callable[[Any], None]:
                 mx.eval(arrays)
 
         return sync
-    if name == "torch":
+    if name == "torch" and _on_gpu(backend):
         import torch
 
-        if not torch.cuda.is_available():
-            return lambda value: None
         return lambda value: torch.cuda.synchronize()
     return lambda value: None
 
 
 def _on_gpu(backend) -> bool:
-    return "cuda" in str(getattr(backend, "device", "cpu")) or "cuda" in str(getattr(backend, "_device", "cpu"))
+    """Torch on CUDA: kernels return before the GPU has run them."""
+    return backend.name == "torch" and "cuda" in f"{backend.device} {getattr(backend, '_device', '')}"
 
 
 # -- Python backends: the program printed again with timed kernel calls -------------------
@@ -352,16 +357,14 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
     forward = program.forward
 
     def run(fn):
-        def call():
-            with backend.scope():
-                sync(fn(params, data))
-        return call
+        return lambda: sync(fn(params, data))
 
-    eager = _median_ms(run(pm.program.forward), runs, warmup)
-    for _ in range(warmup):
-        run(forward)()
-    clock.reset()
-    instrumented = _median_ms(run(forward), runs, 0, clock.end_run)
+    with backend.scope():  # entered once: its cost (a BLAS thread cap) is no node's
+        eager = _median_ms(run(pm.program.forward), runs, warmup)
+        for _ in range(warmup):
+            run(forward)()
+        clock.reset()
+        instrumented = _median_ms(run(forward), runs, 0, clock.end_run)
     return clock, instrumented, eager
 
 

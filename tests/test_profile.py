@@ -88,7 +88,9 @@ def test_every_node_gets_its_time_on_each_backend(name):
         assert report.method == "C node"
         assert nodes["relu1"].calls == 0 and "fused into conv1" in nodes["relu1"].name
         assert nodes["conv1"].name == "conv1 (+ relu1)"
-        assert all(r.ms > 0 for r in report.nodes if r.calls)
+        # A movement op may be a few nanoseconds in C (Flatten of a contiguous buffer): only >= 0.
+        assert all(r.ms > 0 for r in report.nodes if r.op_type in ("Conv", "Gemm", "Softmax"))
+        assert all(r.ms >= 0 for r in report.nodes)
     else:
         assert all(r.ms > 0 and r.calls == 1 for r in report.nodes)
     if name in ("jax", "mlx"):  # jitted by default: the rows are eager per-op times, the wall the jitted one
