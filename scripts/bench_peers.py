@@ -1,0 +1,397 @@
+#!/usr/bin/env python
+"""Issue 21, Must 1: every Mithril backend beside onnxruntime and beside the same model written
+directly in that backend's framework, in one process per thread count, taking turns.
+
+    python scripts/bench_peers.py                              # four models, 2 and 1 threads; prints
+    python scripts/bench_peers.py --write                      # and replaces "## Peers (issue 21)" in docs/performance.md
+    python scripts/bench_peers.py --models resnet18 --threads 1 --row-seconds 2
+    python scripts/bench_peers.py --model my.onnx              # a user's file: onnxruntime and Mithril backends only
+
+The models are scripts/export_models.py's exports (torchvision ResNet-18 and MobileNetV2, transformers
+BertModel and GPT2LMHeadModel, seeded random weights). For each model the runtimes are timed in
+groups, each group taking turns in the same process with onnxruntime on the same file
+(scripts/bench.py's blocks: a lead-in of untimed calls, then about 0.2 s of timed calls):
+
+- numpy: Mithril NumPy.
+- torch: the original module in Torch eager (torch.no_grad), ``torch.compile`` of it, Mithril Torch.
+- jax: the direct jax.numpy port of the module's forward under ``jax.jit`` (scripts/peers), Mithril JAX.
+- mlx: the direct mlx.core port under ``mx.compile`` (scripts/peers), Mithril MLX.
+
+Each thread count runs in its own child process whose CPU affinity is that many CPUs, set before any
+framework starts, so XLA and MLX (which size their pools from the CPUs they may use, once) run at the
+same count as onnxruntime (``intra_op_num_threads``), torch (``torch.set_num_threads``) and BLAS
+(threadpoolctl), which are also set explicitly. Every call returns NumPy arrays where Mithril's rows
+do (JAX and MLX outputs are waited for and converted, as ``backend.to_numpy`` does).
+
+One progress line per measurement goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+sys.path[:0] = [str(ROOT), str(SCRIPTS)]
+
+HEADING = "## Peers (issue 21)"
+ORT = "onnxruntime"
+# group -> runtimes timed in turns with onnxruntime (and with each other)
+GROUPS = {
+    "numpy": ("numpy",),
+    "torch": ("torch-eager", "torch-compile", "torch"),
+    "jax": ("jax-port", "jax"),
+    "mlx": ("mlx-port", "mlx"),
+}
+MITHRIL = {"numpy", "jax", "torch", "mlx"}  # scripts/bench.py's backend names
+# runtime -> its framework-native peer in the same group
+PEER_OF = {"torch": "torch-eager", "torch-compile": "torch-eager", "jax": "jax-port", "mlx": "mlx-port"}
+LABELS = {
+    ORT: "onnxruntime", "numpy": "Mithril NumPy", "torch": "Mithril Torch", "jax": "Mithril JAX",
+    "mlx": "Mithril MLX", "torch-eager": "Torch eager (module)", "torch-compile": "torch.compile (module)",
+    "jax-port": "JAX port (jax.jit)", "mlx-port": "MLX port (mx.compile)",
+}
+RUNTIMES = tuple(r for g in GROUPS.values() for r in g)
+
+
+def _bench():
+    import bench  # scripts/bench.py: imported after the child's affinity is set (it imports mithril)
+
+    return bench
+
+
+# -- timing --------------------------------------------------------------------------------------
+def interleaved_samples(runners: dict, warmup: int, min_runs: int, max_runs: int, row_seconds: float) -> dict:
+    """Seconds of every timed call per runner, the runners taking turns in blocks as
+    scripts/bench.py's ``_interleaved_times`` does (whose medians alone do not give the noise)."""
+    b = _bench()
+    per_call = {}
+    for name, fn in runners.items():
+        t = time.perf_counter()
+        fn()
+        per_call[name] = time.perf_counter() - t
+    if sum(per_call.values()) * warmup < row_seconds / 2:
+        for name, fn in runners.items():
+            for _ in range(max(warmup - 1, 0)):
+                t = time.perf_counter()
+                fn()
+                per_call[name] = min(per_call[name], time.perf_counter() - t)
+    want = max(min_runs, min(max_runs, int(row_seconds / max(sum(per_call.values()), 1e-9))))
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    while min(len(v) for v in times.values()) < want:
+        for name, fn in runners.items():
+            if per_call[name] < b.LONG_CALL_S:
+                lead_in_end = time.perf_counter() + b.LEAD_IN_S
+                fn()
+                while time.perf_counter() < lead_in_end:
+                    fn()
+            for _ in range(max(1, min(want - len(times[name]), int(b.BLOCK_S / max(per_call[name], 1e-9))))):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+    return times
+
+
+# -- the child: one thread count -----------------------------------------------------------------
+def _set_affinity(threads: int) -> str:
+    """Restrict this process to ``threads`` of its CPUs (before XLA, MLX, OpenMP or BLAS start)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return "affinity not supported here"
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads > len(cpus):
+        return f"asked for {threads} threads, {len(cpus)} CPUs usable: all of them"
+    os.sched_setaffinity(0, cpus[:threads])
+    return f"CPUs {cpus[:threads]}"
+
+
+def _user_inputs(path: str) -> dict[str, np.ndarray]:
+    """Seeded inputs for a user's file from its declared inputs (symbolic dimensions: 1)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    dtypes = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
+    out = {}
+    for i in ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        dtype = dtypes.get(i.type)
+        if dtype is None:
+            raise SystemExit(f"{path}: input {i.name!r} has type {i.type}; this bench feeds float, int and bool inputs")
+        if np.issubdtype(dtype, np.floating):
+            out[i.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype is np.bool_:
+            out[i.name] = np.ones(shape, np.bool_)
+        else:
+            out[i.name] = rng.integers(0, 100, shape).astype(dtype)
+    return out
+
+
+class _Compiled:
+    """The module under torch.compile, shaped for scripts/bench.py's ``_eager_row``."""
+
+    def __init__(self, ex):
+        import torch
+
+        self.module = torch.compile(ex.module)
+        self.inputs, self.output_names = ex.inputs, ex.output_names
+
+
+def _prepare(runtime: str, path: str, ex, inputs: dict, backends: dict, args) -> tuple:
+    """(load/compile seconds or None, first-call seconds, call, outputs by name) for ``runtime``."""
+    b = _bench()
+    if runtime in MITHRIL:
+        compile_s, first_s, call, outs, fallbacks = b._backend_row(backends[runtime], path, inputs,
+                                                                   args.compile_repeats)
+        if fallbacks:
+            raise RuntimeError(f"ran un-jitted: {fallbacks[0]}")
+        return compile_s, first_s, call, outs
+    if runtime == "torch-eager":
+        first_s, call, outs = b._eager_row(ex, inputs)
+        return None, first_s, call, outs
+    if runtime == "torch-compile":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first_s, call, outs = b._eager_row(_Compiled(ex), inputs)
+        return None, first_s, call, outs
+    from peers import make_peer
+
+    framework = runtime.split("-")[0]
+    t = time.perf_counter()
+    call = make_peer(framework, ex.name, ex.module).bind(inputs)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    outs = dict(zip(ex.output_names, call()))
+    return load_s, time.perf_counter() - t, call, outs
+
+
+def _thread_facts(threads: int, affinity: str) -> dict:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    return {"threads": threads, "affinity": affinity, "torch.get_num_threads": torch.get_num_threads(),
+            "blas": ", ".join(f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info()) or "none"}
+
+
+def run_child(args) -> dict:
+    """All models at ``args.threads`` threads in this process; rows and notes as JSON-ready dicts."""
+    affinity = _set_affinity(args.threads)
+    b = _bench()
+    import onnxruntime as ort
+    import export_models as em
+
+    notes: list[str] = []
+    rows: list[dict] = []
+    wanted = [r for r in RUNTIMES if r in args.runtime_list]
+    backends = dict(b._make_backends([r for r in wanted if r in MITHRIL], notes))
+    with b._limits(args.threads):
+        facts = _thread_facts(args.threads, affinity)
+        for item in args.items:
+            path, name = item["path"], item["name"]
+            ex = em.build(name) if item["builtin"] else None
+            inputs = ex.inputs if ex is not None else _user_inputs(path)
+            desc = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = args.threads
+            t = time.perf_counter()
+            sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+            ort_load_s = time.perf_counter() - t
+            out_names = [o.name for o in sess.get_outputs()]
+            ref = dict(zip(out_names, sess.run(None, inputs)))
+            ort_call = lambda s=sess: s.run(None, inputs)  # noqa: E731
+            load = b._load_average()
+            for group, members in GROUPS.items():
+                present = [r for r in members if r in wanted and (r in MITHRIL or ex is not None)]
+                present = [r for r in present if r not in MITHRIL or r in backends]
+                if not present:
+                    continue
+                prepared = {}
+                for r in present:
+                    b._progress(f"{name} ({desc}), {args.threads} threads: prepare {LABELS[r]}")
+                    try:
+                        prepared[r] = _prepare(r, path, ex, inputs, backends, args)
+                    except Exception as exc:  # one failing runtime must not end the benchmark
+                        notes.append(f"{name}, {args.threads} threads: {LABELS[r]} failed: "
+                                     f"{type(exc).__name__}: {str(exc)[:300]}")
+                        b._progress(notes[-1])
+                if not prepared:
+                    continue
+                b._progress(f"{name}, {args.threads} threads: timing {' / '.join(LABELS[r] for r in [ORT, *prepared])}")
+                runners = {ORT: ort_call, **{r: p[2] for r, p in prepared.items()}}
+                samples = interleaved_samples(runners, args.warmup, args.min_runs, args.runs, args.row_seconds)
+                ort_med = statistics.median(samples[ORT])
+                meds = {r: statistics.median(v) for r, v in samples.items()}
+                for r in [ORT, *prepared]:
+                    s = samples[r]
+                    peer = PEER_OF.get(r)
+                    row = dict(model=name, input=desc, threads=args.threads, group=group, runtime=r,
+                               ms=meds[r] * 1e3, min_ms=min(s) * 1e3, max_ms=max(s) * 1e3, runs=len(s),
+                               vs_ort=meds[r] / ort_med, ort_ms=ort_med * 1e3,
+                               vs_peer=meds[r] / meds[peer] if peer in meds else None,
+                               peer=peer if peer in meds else None, load=load)
+                    if r == ORT:
+                        row.update(compile_s=ort_load_s, first_s=None, diff=0.0)
+                    else:
+                        compile_s, first_s, _, outs = prepared[r]
+                        row.update(compile_s=compile_s, first_s=first_s,
+                                   diff=max(float(np.max(np.abs(np.asarray(outs[k], np.float64) - ref[k])))
+                                            for k in ref))
+                    rows.append(row)
+                    b._progress(_row_line(row))
+                del prepared, runners
+            del sess, ort_call
+    return {"rows": rows, "notes": notes, "facts": facts}
+
+
+def _row_line(r: dict) -> str:
+    peer = f", {r['vs_peer']:.2f}x {LABELS[r['peer']]}" if r.get("vs_peer") is not None else ""
+    return (f"{r['model']} {r['threads']}t [{r['group']}] {LABELS[r['runtime']]}: {r['ms']:.2f} ms "
+            f"(min {r['min_ms']:.2f}, max {r['max_ms']:.2f}, {r['runs']} runs) = {r['vs_ort']:.2f}x onnxruntime{peer}")
+
+
+# -- the parent: exports, one child per thread count, the table -----------------------------------
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def render(results: list[dict], args, started: str, loads, export_lines: list[str]) -> str:
+    b = _bench()
+    command = "python scripts/bench_peers.py" + "".join(" " + shlex.quote(a) for a in args.argv)
+    facts = b._machine_facts()
+    lines = [
+        HEADING, "",
+        f"Generated by `scripts/bench_peers.py` ({started}); regenerate with `{command}`.", "",
+        "Each Mithril backend beside onnxruntime on the same file and beside the same model written directly",
+        "in the backend's framework: the original torch module in Torch eager and under `torch.compile`, a",
+        "port of its forward to `jax.numpy` under `jax.jit` and to `mlx.core` under `mx.compile`",
+        "(scripts/peers, loaded from the module's state_dict). The runtimes of a group (NumPy; Torch; JAX; MLX)",
+        "take turns with onnxruntime in the same process, so the ratios compare them under the same load;",
+        "\"vs ORT\" divides by onnxruntime's median in the same group, \"vs peer\" by the framework-native",
+        "peer's. Each thread count runs in its own process limited to that many CPUs (affinity, set before",
+        "XLA and MLX size their pools) with onnxruntime's `intra_op_num_threads`, `torch.set_num_threads`",
+        "and BLAS (threadpoolctl) set to it too. Median, min and max are over the timed calls; \"first call\"",
+        "includes jit compilation (jax.jit, mx.compile, torch.compile); \"load\" is onnxruntime's session",
+        "creation, Mithril's load+compile or the port's weight conversion. \"max |diff|\" is against",
+        "onnxruntime's outputs.", "",
+        f"Load average (1 / 5 / 15 min) at the start {b._fmt_load(loads[0])}, at the end {b._fmt_load(loads[1])}.",
+        "", "Exports (scripts/export_models.py):", "",
+    ]
+    lines += [f"- {e}" for e in export_lines]
+    lines += ["", "| Machine | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in facts]
+    for res in results:
+        f = res["facts"]
+        lines.append(f"| {f['threads']}-thread process | {f['affinity']}; torch threads {f['torch.get_num_threads']}; "
+                     f"BLAS {f['blas']} |")
+    rows = [r for res in results for r in res["rows"]]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mrows = [r for r in rows if r["model"] == model]
+        lines += ["", f"### {model} ({mrows[0]['input']})", "",
+                  "| Threads | Runtime | Median ms | Min–max ms | Runs | vs ORT | vs peer | Load s | First call s | max \\|diff\\| |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in mrows:
+            peer = "—" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}x {LABELS[r['peer']]}"
+            name = LABELS[r["runtime"]] + (f" ({r['group']} group)" if r["runtime"] == ORT else "")
+            lines.append(f"| {r['threads']} | {name} | {r['ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} | {r['runs']} "
+                         f"| {r['vs_ort']:.2f}x | {peer} | {_fmt(r['compile_s'], '.2f')} | {_fmt(r['first_s'], '.2f')} "
+                         f"| {r['diff']:.1e} |")
+    notes = [n for res in results for n in res["notes"]]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from export_models import MODELS
+
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)} ('' for none)")
+    ap.add_argument("--model", action="append", default=[], metavar="PATH",
+                    help="a user's .onnx file (repeatable): onnxruntime and Mithril backends only")
+    ap.add_argument("--threads", default="2,1", help="comma list of thread counts, one process each")
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma list from {', '.join(RUNTIMES)}")
+    ap.add_argument("--row-seconds", type=float, default=6.0, help="time to spend timing one group")
+    ap.add_argument("--runs", type=int, default=1000, help="most timed calls per runtime per group")
+    ap.add_argument("--min-runs", type=int, default=3, help="fewest timed calls per runtime, however slow")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile-repeats", type=int, default=1, help="Mithril load+compile is the median of this many")
+    ap.add_argument("--write", action="store_true", help=f"replace the {HEADING!r} section of --output")
+    ap.add_argument("--output", default=str(ROOT / "docs" / "performance.md"))
+    ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)  # internal: one thread count
+    args = ap.parse_args(argv)
+    args.argv = argv
+    args.runtime_list = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    for r in args.runtime_list:
+        if r not in RUNTIMES:
+            ap.error(f"unknown runtime {r!r}; choose from {', '.join(RUNTIMES)}")
+
+    if args.child:
+        spec = json.loads(Path(args.child).read_text())
+        args.threads, args.items = spec["threads"], spec["items"]
+        Path(spec["out"]).write_text(json.dumps(run_child(args)))
+        return 0
+
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    for n in names:
+        if n not in MODELS:
+            ap.error(f"unknown model {n!r}; choose from {', '.join(MODELS)}")
+    for p in args.model:
+        if not os.path.isfile(p):
+            ap.error(f"--model {p}: no such file")
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    if not threads or min(threads) < 1:
+        ap.error("--threads needs counts of 1 or more")
+    b = _bench()
+    started = time.strftime("%Y-%m-%d %H:%M %Z")
+    load_start = b._load_average()
+    results = []
+    with tempfile.TemporaryDirectory() as workdir:
+        import export_models as em
+
+        items, export_lines = [], []
+        for n in names:
+            b._progress(f"export {n}")
+            path, ex = em.export(n, workdir)
+            opset = em.DYNAMO_OPSET if ex.exporter == "dynamo" else em.OPSET
+            items.append({"name": n, "path": path, "builtin": True})
+            export_lines.append(f"{n}: {ex.source}, {ex.exporter} exporter, opset {opset}, "
+                                f"{', '.join(f'{k} {list(v.shape)}' for k, v in ex.inputs.items())}, "
+                                f"{os.path.getsize(path) / 2**20:.1f} MiB")
+        for p in args.model:
+            items.append({"name": os.path.basename(p), "path": os.path.abspath(p), "builtin": False})
+            export_lines.append(f"{os.path.basename(p)}: the user's file")
+        passthrough = [a for a in argv if not a.startswith("--write")]
+        for t in threads:
+            spec_path, out_path = os.path.join(workdir, f"child{t}.json"), os.path.join(workdir, f"rows{t}.json")
+            Path(spec_path).write_text(json.dumps({"threads": t, "items": items, "out": out_path}))
+            b._progress(f"{t}-thread process")
+            proc = subprocess.run([sys.executable, __file__, *passthrough, "--child", spec_path])
+            if proc.returncode != 0 or not os.path.exists(out_path):
+                results.append({"rows": [], "notes": [f"the {t}-thread process exited with {proc.returncode}"],
+                                "facts": {"threads": t, "affinity": "?", "torch.get_num_threads": "?", "blas": "?"}})
+                continue
+            results.append(json.loads(Path(out_path).read_text()))
+    section = render(results, args, started, (load_start, b._load_average()), export_lines)
+    print(section)
+    if args.write:
+        out = Path(args.output)
+        text = out.read_text() if out.exists() else "# Performance\n"
+        out.write_text(b._splice_section(text, HEADING, section))
+        print(f"wrote the {HEADING[3:]} section of {out}")
+    return 0 if all(res["rows"] for res in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

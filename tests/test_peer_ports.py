@@ -1,0 +1,97 @@
+"""The framework-native peers of issue 21's benchmark (scripts/peers): each direct port of a
+torchvision/transformers forward to jax.numpy and mlx.core computes what the torch module does,
+on small inputs; and scripts/export_models.py's exports compute it too under onnxruntime."""
+
+import functools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the ports load their weights from torch modules")
+pytest.importorskip("transformers", reason="BERT and GPT-2 are built from transformers configs")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import export_models  # noqa: E402
+import peers  # noqa: E402
+
+# Small inputs keep the file fast; the architectures (and GPT-2's 50,257-word head) are full size.
+SMALL = {"resnet18": {"image_size": 64}, "mobilenet_v2": {"image_size": 64}, "bert_h256": {"seq": 16},
+         "gpt2_h256": {"seq": 16}}
+FRAMEWORK_MODULES = {"jax": ("jax", "the JAX port needs jax: pip install mithril[jax]"),
+                     "mlx": ("mlx.core", "the MLX port needs mlx: pip install mithril[mlx]")}
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name: str):
+    ex = export_models.build(name, **SMALL[name])
+    return ex, ex.run_torch()
+
+
+@pytest.mark.parametrize("framework", peers.FRAMEWORKS)
+@pytest.mark.parametrize("name", export_models.MODELS)
+def test_port_matches_torch_module(name, framework):
+    pytest.importorskip(*FRAMEWORK_MODULES[framework][:1], reason=FRAMEWORK_MODULES[framework][1])
+    ex, ref = _model(name)
+    outs = peers.make_peer(framework, name, ex.module)(ex.inputs)
+    assert len(outs) == len(ex.output_names)
+    for out, key in zip(outs, ex.output_names):
+        assert out.shape == ref[key].shape and out.dtype == np.float32, key
+        scale = max(1.0, float(np.abs(ref[key]).max()))
+        np.testing.assert_allclose(out, ref[key], rtol=1e-4, atol=1e-4 * scale, err_msg=f"{name} {framework} {key}")
+
+
+def test_port_sees_the_weights():
+    # The port reads the module's state_dict when built: changed weights change its outputs as torch's.
+    pytest.importorskip("jax", reason=FRAMEWORK_MODULES["jax"][1])
+    import torch
+
+    ex = export_models.build("mobilenet_v2", image_size=32, seed=1)
+    before = peers.make_peer("jax", ex.name, ex.module)(ex.inputs)[0]
+    with torch.no_grad():
+        ex.module.classifier[1].bias.add_(1.0)
+    after = peers.make_peer("jax", ex.name, ex.module)(ex.inputs)[0]
+    np.testing.assert_allclose(after - before, np.ones_like(before), atol=1e-4)
+    np.testing.assert_allclose(after, ex.run_torch()["output"], rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_model_is_refused():
+    ex, _ = _model("resnet18")
+    with pytest.raises(KeyError, match="no port of 'vgg16'"):
+        peers.Peer(peers.make_ops("jax"), "vgg16", ex.module)
+
+
+def test_export_runs_in_onnxruntime_like_the_module(tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="the exports are checked against onnxruntime")
+    import onnx
+
+    path, ex = export_models.export("mobilenet_v2", tmp_path, image_size=64)
+    model = onnx.load(path)
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [export_models.OPSET]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["input"] and sess.get_inputs()[0].shape == [1, 3, 64, 64]
+    (out,) = sess.run(None, ex.inputs)
+    np.testing.assert_allclose(out, ex.run_torch()["output"], rtol=1e-4, atol=1e-5)
+
+
+def test_interleaved_samples_take_turns_and_keep_every_call():
+    import bench_peers
+
+    calls = []
+
+    def runner(name, seconds):
+        def fn():
+            calls.append(name)
+            time.sleep(seconds)
+        return fn
+
+    samples = bench_peers.interleaved_samples({"fast": runner("fast", 0.002), "slow": runner("slow", 0.006)},
+                                              warmup=1, min_runs=4, max_runs=50, row_seconds=0.2)
+    assert all(len(v) >= 4 for v in samples.values())
+    assert min(samples["slow"]) >= 0.006 and min(samples["fast"]) >= 0.002
+    assert np.median(samples["slow"]) > np.median(samples["fast"])
+    # turns: the runners alternate in blocks, not one after the other
+    switches = sum(a != b for a, b in zip(calls, calls[1:]))
+    assert switches >= 3
