@@ -32,7 +32,6 @@ clocks' overhead is visible.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -209,8 +208,11 @@ class _Clock:
     """Seconds per key in each run, and calls; a call made inside another timed call (a Loop or
     If body's nodes) is taken out of the outer one's time, so each row is the node's own time."""
 
-    def __init__(self, sync: Callable[[Any], None] = lambda out: None):
+    def __init__(self, sync: Callable[[Any], None] = lambda out: None,
+                 traced: Callable[[tuple], bool] = lambda args: False):
         self.sync = sync
+        # JAX: a Loop/Scan/If body that lax traces gets tracers; its nodes' time (tracing) stays the parent's.
+        self.traced = traced
         self.seconds: dict[Any, float] = defaultdict(float)  # this run's
         self.calls: dict[Any, int] = defaultdict(int)  # every run's
         self.runs: list[dict[Any, float]] = []
@@ -218,6 +220,8 @@ class _Clock:
         self._inner = 0.0
 
     def timed(self, key, fn, *args, **kwargs):
+        if self.traced(args):
+            return fn(*args, **kwargs)
         outer, self._inner = self._inner, 0.0
         start = time.perf_counter()
         try:
@@ -312,8 +316,7 @@ def _synchronizer(backend) -> Callable[[Any], None]:
             for x in _leaves(value):
                 ready = getattr(x, "block_until_ready", None)
                 if ready is not None:
-                    with contextlib.suppress(Exception):  # a tracer (a Loop body traced by lax) has nothing to wait for
-                        ready()
+                    ready()
 
         return sync
     if name == "mlx":
@@ -332,6 +335,15 @@ def _synchronizer(backend) -> Callable[[Any], None]:
     return lambda value: None
 
 
+def _tracer_check(backend) -> Callable[[tuple], bool]:
+    """Whether a kernel's arguments are JAX tracers (a body lax.while_loop or lax.cond traces)."""
+    if backend.name != "jax":
+        return lambda args: False
+    import jax
+
+    return lambda args: any(isinstance(a, jax.core.Tracer) for a in args)
+
+
 def _on_gpu(backend) -> bool:
     """Torch on CUDA: kernels return before the GPU has run them."""
     return backend.name == "torch" and "cuda" in f"{backend.device} {getattr(backend, '_device', '')}"
@@ -344,7 +356,7 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
     from .backends.emit_python import emit_python
 
     backend = pm.backend
-    clock = _Clock(sync)
+    clock = _Clock(sync, _tracer_check(backend))
     namespace = {**backend.program_namespace(), "_timed": clock.timed}
     program = emit_python(pm.plan, namespace=namespace, constant=backend.constant, timed=True)
     nodes = program.timed_nodes
@@ -381,7 +393,7 @@ class _TimedInterpreter:
     def run_node(self, pn, args, env=None):
         key = self.key(pn)
         if key not in self.clock.rows:
-            self.clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args])
+            self.clock.rows[key] = (f"{pn.label} (on NumPy)", pn.op_type, [_shape(a) for a in args])
         return self.clock.timed(key, self.interpreter.run_node, pn, args, env)
 
 

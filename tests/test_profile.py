@@ -71,7 +71,9 @@ def check_sums(report: ProfileReport) -> None:
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch", "jax", "mlx", "c"])
-def test_every_node_gets_its_time_on_each_backend(name):
+def test_every_node_gets_its_time_on_each_backend(name, monkeypatch):
+    if name == "c":  # one build, with clocks (a model built without them gets a profiled copy: below)
+        monkeypatch.setenv("MITHRIL_C_PROFILE", "1")
     backend = make_backend(name)
     pm = ml.compile(ml.load_onnx(small_cnn()), backend, shapes={"x": SHAPE}, inference=True)
     x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
@@ -113,9 +115,8 @@ def test_ggml_is_profiled_per_partition():
         assert op in segment.name
 
 
-def test_a_loop_body_is_counted_once_per_iteration_and_not_twice():
-    """Nodes of a Loop body are rows of their own (calls = iterations), and the Loop's own row
-    leaves their time out, so the rows never add up to more than the profiled run."""
+def looped_model() -> onnx.ModelProto:
+    """y = (tanh(.) @ eye) applied 5 times by a Loop."""
     body = helper.make_graph(
         [helper.make_node("Tanh", ["v_in"], ["t"], name="body_tanh"),
          helper.make_node("MatMul", ["t", "w"], ["v_out"], name="body_matmul"),
@@ -131,8 +132,14 @@ def test_a_loop_body_is_counted_once_per_iteration_and_not_twice():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
         [numpy_helper.from_array(np.array(5, np.int64), "n"),
          numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch", "mlx"])
+def test_a_loop_body_is_counted_once_per_iteration_and_not_twice(name):
+    """Nodes of a Loop body are rows of their own (calls = iterations), and the Loop's own row
+    leaves their time out, so the rows never add up to more than the profiled run."""
+    pm = ml.compile(ml.load_onnx(looped_model()), make_backend(name), inference=True)
     report = profile(pm, None, {"x": np.ones((64, 64), np.float32)}, runs=3)
     calls = {r.name: r.calls for r in report.nodes}
     assert calls["loop"] == 1 and calls["body_tanh"] == 5 and calls["body_matmul"] == 5
@@ -140,6 +147,34 @@ def test_a_loop_body_is_counted_once_per_iteration_and_not_twice():
     check_sums(report)
     # Own times: the rows together stay within the profiled run (medians, so a little slack).
     assert report.nodes_ms <= 1.5 * report.instrumented_ms
+
+
+def test_a_loop_body_that_jax_traces_is_the_loops_time():
+    """Eager JAX runs a Loop through lax, which calls the body with tracers: tracing is no node's
+    run, so the body adds no rows and its time stays in the Loop's."""
+    pm = ml.compile(ml.load_onnx(looped_model()), make_backend("jax"), inference=True)
+    report = profile(pm, None, {"x": np.ones((64, 64), np.float32)}, runs=2)
+    (row,) = report.nodes
+    assert row.name == "loop" and row.calls == 1 and row.ms > 0
+    check_sums(report)
+
+
+@pytest.mark.parametrize("name", ["c", "ggml"])
+def test_nodes_left_to_numpy_are_rows_named_so(name):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         helper.make_node("Einsum", ["r"], ["y"], name="swap", equation="ij->ji")], "fallback",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.warns(UserWarning, match="run on NumPy"):
+        pm = ml.compile(ml.load_onnx(model), make_backend(name), inference=True)
+    report = profile(pm, None, {"x": np.ones((8, 4), np.float32)}, runs=2)
+    rows = {r.op_type: r for r in report.nodes}
+    assert rows["Einsum"].name == "swap (on NumPy)" and rows["Einsum"].calls == 1 and rows["Einsum"].ms > 0
+    assert rows["Einsum"].input_shapes == [[8, 4]]
+    assert set(rows) == ({"Relu", "Einsum"} if name == "c" else {"ggml segment", "Einsum"})
+    check_sums(report)
 
 
 def test_runs_must_be_positive():
