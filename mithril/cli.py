@@ -272,8 +272,6 @@ def cmd_export_c(args) -> int:
 def cmd_profile(args) -> int:
     """Time per op type and per node of one backend (:func:`mithril.profile.profile`) on random
     inputs; exit 2 on bad arguments or a model the backend cannot run."""
-    import json
-
     import mithril as ml
 
     from .profile import profile
@@ -284,7 +282,8 @@ def cmd_profile(args) -> int:
                            f"{args.threads})")
     names = [s.strip() for s in args.backend.split(",") if s.strip()]
     if len(names) != 1 or names[0] == "all":
-        raise MithrilError(f"profile runs one backend: --backend NAME, from {', '.join(BACKENDS)} (got {args.backend!r})")
+        raise MithrilError(f"profile runs one backend: --backend NAME, from {', '.join(BACKENDS)} "
+                           f"(got {args.backend!r})")
     if names[0] not in BACKENDS:
         raise MithrilError(f"unknown backend {names[0]!r}; choose from {', '.join(BACKENDS)}")
     # As validate's, and 1x3x224x224 too.
@@ -312,11 +311,9 @@ def cmd_profile(args) -> int:
     out.print(report.op_table())
     out.print(report.node_table(args.top))
     if args.json:
-        data = {"model": args.model, "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
-                                                for k, v in inputs.items()}, **report.to_dict()}
         try:
-            with open(args.json, "w") as f:
-                json.dump(data, f, indent=1)
+            report.write_json(args.json, model=args.model,
+                              inputs={k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()})
         except OSError as exc:
             raise MithrilError(f"--json {args.json}: cannot write: {exc.strerror or exc}") from None
         out.print(f"wrote {args.json}")

@@ -107,15 +107,16 @@ class ProfileReport:
         """Plain data (for ``json.dump``): every field, and ``nodes_ms``."""
         return {**asdict(self), "nodes_ms": self.nodes_ms}
 
-    def write_json(self, path: str | os.PathLike) -> None:
+    def write_json(self, path: str | os.PathLike, **extra) -> None:
+        """:meth:`to_dict` as JSON, after the ``extra`` keys (the command adds ``model`` and ``inputs``)."""
         with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
+            json.dump({**extra, **self.to_dict()}, f, indent=1)
 
     def summary(self) -> str:
         """Two lines: what was measured, and the wall times beside the rows' sum."""
         parts = [f"{self.backend}: {self.note}", f"per run, median of {self.runs}: "
                  f"{'jitted ' if self.jitted else ''}wall {self.wall_ms:.3f} ms"]
-        if self.eager_ms is not None and (self.jitted or self.backend in _PYTHON_BACKENDS):
+        if self.eager_ms is not None:
             parts[1] += f", {'eager ' if self.jitted else 'program '}{self.eager_ms:.3f} ms"
         parts[1] += f"; profiled run {self.instrumented_ms:.3f} ms, of which the rows {self.nodes_ms:.3f} ms"
         return "\n".join(parts)
@@ -155,7 +156,9 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
     """Run ``pm`` (a compiled model) ``runs`` times after ``warmup`` runs with a clock around each
     node, and time ``runs`` un-instrumented ``pm.evaluate(params, data)`` calls. ``params``:
     None for the model's own; ``data``: every input, NumPy or backend arrays. See the module's
-    docstring for what each backend's clocks cover.
+    docstring for what each backend's clocks cover. Profile a model compiled with
+    ``inference=True``: a compiled TrainModel's evaluate also computes gradients, which the wall
+    time would then include and the rows would not.
     """
     if runs < 1 or warmup < 0:
         raise MithrilError(f"profile: runs must be at least 1 and warmup at least 0, got runs={runs}, warmup={warmup}")
@@ -180,7 +183,8 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
                 "mlx": "eager per-op time: each node run op by op with mx.compile off (mx.eval after each); "
                        "the compiled program fuses them",
                 "torch": "time of each kernel call of the generated program"
-                         + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else ""),
+                         + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else "")
+                         + ("; run eagerly: the torch.compile'd program fuses them" if jitted else ""),
                 "numpy": "time of each kernel call of the generated program"}[name]
         if getattr(pm.program, "wrapped", None) is not None:
             note += ("; the rows leave out the backend's wrapper around the program (autocast, a compute dtype, "
