@@ -51,6 +51,8 @@ C_NODE = "C node"  # the C library's per-node clocks
 PARTITION = "partition"  # a ggml segment, or a node NumPy runs between segments
 
 _PYTHON_BACKENDS = ("numpy", "torch", "jax", "mlx")
+# Attributes that make two nodes of one op type and shape cost differently (ProfileReport.by_signature).
+_COST_ATTRIBUTES = ("group", "strides", "dilations", "kernel_shape", "transA", "transB")
 
 
 @dataclass
@@ -66,7 +68,7 @@ class OpTypeTime:
 @dataclass
 class NodeTime:
     """One node (or, on GGML, one ggml segment): its op type, the shapes of its inputs
-    (None for an absent or non-array input), ``calls`` and ``ms`` per run."""
+    (None for an absent or non-array input), ``calls`` and ``ms`` per run, ``share`` in %."""
 
     name: str
     op_type: str
@@ -74,6 +76,8 @@ class NodeTime:
     calls: int
     ms: float
     share: float
+    # The attributes the node sets whose values are short (group, strides, kernel_shape, axis...).
+    attributes: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +106,19 @@ class ProfileReport:
     @property
     def nodes_ms(self) -> float:
         return sum(r.ms for r in self.nodes)
+
+    def by_signature(self) -> list[OpTypeTime]:
+        """Rows per op type, input shapes and the attributes that change a kernel's cost (group,
+        strides, dilations, kernel_shape), slowest first: which Conv of which shape takes the time.
+        ``op_type`` holds the signature, as ``Conv [1, 32, 112, 112]x[32, 1, 3, 3] group=32``."""
+        total = self.nodes_ms or 1.0
+        rows: dict[str, list] = defaultdict(lambda: [0, 0.0])
+        for r in self.nodes:
+            shapes = "x".join(str(s) for s in r.input_shapes if s)
+            extra = "".join(f" {k}={r.attributes[k]}" for k in _COST_ATTRIBUTES if k in r.attributes)
+            rows[f"{r.op_type} {shapes}{extra}"][0] += r.calls
+            rows[f"{r.op_type} {shapes}{extra}"][1] += r.ms
+        return sorted((OpTypeTime(k, n, ms, 100 * ms / total) for k, (n, ms) in rows.items()), key=lambda r: -r.ms)
 
     def to_dict(self) -> dict:
         """Plain data (for ``json.dump``): every field, and ``nodes_ms``."""
@@ -268,13 +285,24 @@ class _Clock:
         nodes = []
         by_type: dict[str, list] = defaultdict(lambda: [0.0, 0])
         for key, seconds in median.items():
-            name, op_type, shapes = self.rows[key]
+            name, op_type, shapes, attributes = self.rows[key]
             calls = round(self.calls[key] / runs)
-            nodes.append(NodeTime(name, op_type, shapes, calls, 1e3 * seconds, 100 * seconds / total))
+            nodes.append(NodeTime(name, op_type, shapes, calls, 1e3 * seconds, 100 * seconds / total, attributes))
             by_type[op_type][0] += seconds
             by_type[op_type][1] += calls
         op_types = [OpTypeTime(op, calls, 1e3 * s, 100 * s / total) for op, (s, calls) in by_type.items()]
         return sorted(op_types, key=lambda r: -r.ms), sorted(nodes, key=lambda r: -r.ms)
+
+
+def _attributes(pn) -> dict:
+    """The node's short attributes, as JSON takes them: numbers, strings, and up to 8 numbers."""
+    out = {}
+    for k, v in pn.attributes.items():
+        if isinstance(v, (bool, int, float, str)) and len(str(v)) <= 32:
+            out[k] = v
+        elif isinstance(v, (tuple, list)) and len(v) <= 8 and all(isinstance(x, (int, float)) for x in v):
+            out[k] = list(v)
+    return out
 
 
 def _shape(value) -> list[int] | None:
@@ -367,7 +395,7 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
 
     def describe(key, args):
         pn = nodes[key]
-        clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args[:len(pn.inputs)]])
+        clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args[:len(pn.inputs)]], _attributes(pn))
 
     clock.describe = describe
     forward = program.forward
@@ -397,7 +425,7 @@ class _TimedInterpreter:
     def run_node(self, pn, args, env=None):
         key = self.key(pn)
         if key not in self.clock.rows:
-            self.clock.rows[key] = (f"{pn.label} (on NumPy)", pn.op_type, [_shape(a) for a in args])
+            self.clock.rows[key] = (f"{pn.label} (on NumPy)", pn.op_type, [_shape(a) for a in args], _attributes(pn))
         return self.clock.timed(key, self.interpreter.run_node, pn, args, env)
 
 
@@ -436,10 +464,10 @@ def _profile_c(pm, params, data, runs: int, warmup: int):
             continue  # timed as NumPy runs it
         shapes = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
         if pn.label in fused_into:
-            clock.rows[i] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes)
+            clock.rows[i] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes, _attributes(pn))
         else:
             guests = [name for name, host in fused_into.items() if host == pn.label]
-            clock.rows[i] = (pn.label + "".join(f" (+ {g})" for g in guests), pn.op_type, shapes)
+            clock.rows[i] = (pn.label + "".join(f" (+ {g})" for g in guests), pn.op_type, shapes, _attributes(pn))
         in_c.append((i, pn))
     index = {id(pn): i for i, pn in enumerate(program.plan.nodes)}
     seen = [s for _, s in program.profile()]
@@ -480,7 +508,7 @@ def _profile_ggml(pm, params, data, runs: int, warmup: int):
         if key not in clock.rows:
             kinds = ", ".join(dict.fromkeys(pn.op_type for pn in seg.nodes))
             clock.rows[key] = (f"ggml segment {seg.index}: {len(seg.nodes)} nodes ({kinds})", "ggml segment",
-                               [None if v is None else list(v.static_shape or ()) for v in seg.inputs])
+                               [None if v is None else list(v.static_shape or ()) for v in seg.inputs], {})
         return clock.timed(key, own_segment, seg, env)
 
     # On this program object only, for these runs: ggml_graph_compute has no per-node clocks to read.

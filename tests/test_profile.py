@@ -177,6 +177,27 @@ def test_nodes_left_to_numpy_are_rows_named_so(name):
     check_sums(report)
 
 
+def test_rows_by_signature_tell_nodes_of_one_op_type_apart():
+    """The bench's question: which Conv (shape, group, strides) takes the time."""
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["d"], name="depthwise", group=8, pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["d", "p"], ["y"], name="pointwise", strides=[2, 2])], "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(np.ones((8, 1, 3, 3), np.float32), "w"),
+         numpy_helper.from_array(np.ones((4, 8, 1, 1), np.float32), "p")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    report = profile(pm, None, {"x": np.ones((1, 8, 16, 16), np.float32)}, runs=2)
+    nodes = {r.name: r for r in report.nodes}
+    assert nodes["depthwise"].attributes == {"group": 8, "pads": [1, 1, 1, 1]}
+    assert nodes["pointwise"].attributes == {"strides": [2, 2]}
+    signatures = {r.op_type: r for r in report.by_signature()}
+    assert set(signatures) == {"Conv [1, 8, 16, 16]x[8, 1, 3, 3] group=8", "Conv [1, 8, 16, 16]x[4, 8, 1, 1] strides=[2, 2]"}
+    assert sum(r.share for r in signatures.values()) == pytest.approx(100, abs=0.01)
+    assert all(r.calls == 1 and r.ms > 0 for r in signatures.values())
+
+
 def test_runs_must_be_positive():
     pm = ml.compile(ml.load_onnx(small_cnn()), ml.NumpyBackend(), shapes={"x": SHAPE}, inference=True)
     with pytest.raises(ml.MithrilError, match="runs must be at least 1"):
