@@ -186,9 +186,10 @@ class PhysicalModel:
     def _check_value(self, name: str, declared: ir.Value, value: Any) -> Any:
         return self._check_declared(f"input {name!r}", "inputs", declared, value)
 
-    def _check_declared(self, what: str, kind: str, declared: ir.Value, value: Any) -> Any:
+    def _check_declared(self, what: str, kind: str, declared: ir.Value, value: Any, local=None) -> Any:
         """``value`` given for ``declared`` (an input or a parameter): its kind, its dtype and its
-        shape (int dims; symbolic ones take any size)."""
+        shape (int dims; symbolic ones take any size). ``local``: another shape taken too (a
+        parameter's part as this process of a mesh holds it, ``Backend.local_shape``)."""
         if declared.type is None or not isinstance(declared.type, ir.TensorType):
             return value  # sequences and optionals pass as they are
         def node():  # named only when an error is raised: a walk of the value's uses
@@ -201,11 +202,12 @@ class PhysicalModel:
             raise DTypeError(f"{what} expects {want} but got {got_dtype}; cast it explicitly "
                              f"(Mithril never casts {kind} silently)", node=node())
         shape = tuple(getattr(value, "shape", ()))
-        if declared.shape is not None:
+        if declared.shape is not None and (local is None or shape != tuple(local)):
             dims = tuple(declared.shape)
             if len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape)):
-                raise ShapeError(f"{what} expects shape {[d if isinstance(d, int) else str(d) for d in dims]} "
-                                 f"but got {list(shape)}", node=node())
+                held = "" if local is None else f" (or {list(local)}, this process's part on the mesh)"
+                raise ShapeError(f"{what} expects shape {[d if isinstance(d, int) else str(d) for d in dims]}"
+                                 f"{held} but got {list(shape)}", node=node())
         return value
 
     def _check_kind(self, what: str, value: Any, declared: ir.Value, node: Callable[[], str | None]) -> Any:
@@ -242,7 +244,11 @@ class PhysicalModel:
             ref = seen.get(name)
             if ref is not None and ref() is value:
                 continue
-            self._check_declared(f"parameter {name!r}", "parameters", self._param_values[name], value)
+            declared, local = self._param_values[name], None
+            if self.sharding is not None and declared.shape is not None:  # a mesh process may hold a part
+                local = self.backend.local_shape(name, tuple(declared.shape), self.sharding)
+                local = None if local == tuple(declared.shape) else local
+            self._check_declared(f"parameter {name!r}", "parameters", declared, value, local)
             try:
                 seen[name] = weakref.ref(value)
             except TypeError:  # an array type without weak references: checked every call

@@ -19,7 +19,7 @@ import mithril as ml
 import models_zoo
 from mithril.distributed.launch import free_port, spawn
 from mithril.errors import MeshError
-from mithril.models import CrossEntropy, Mean, TrainModel
+from mithril.models import CrossEntropy, Mean, Model, TrainModel, Transpose
 from mithril.optimizers import SGD, fit
 
 mx = pytest.importorskip("mlx.core")
@@ -38,28 +38,55 @@ def _mlp_case():
     return (lambda: models_zoo.mlp((64, 32, 8))), {"input": [8, 16], "target": [8]}, batches
 
 
+def _gpt_case():
+    """As tests/test_distributed_torch.py: the zoo's GPT (1 layer, 2 heads, 16 dims) learning each
+    token's successor; logits [N, T, vocab] -> [N, vocab, T] for CrossEntropy."""
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 32, (2, 8)) for _ in range(4)]
+    batches = [{"input": ids[i % 4], "target": (ids[i % 4] + 1) % 32} for i in range(STEPS)]
+
+    def build():
+        gpt = models_zoo.create_gpt(bias=True, block_size=8, dims=16, num_heads=2, num_layers=1, vocab_size=32)
+        model = Model()
+        model |= gpt(input="input", output="logits")
+        model += Transpose(axes=(0, 2, 1))(output="output")
+        return model
+
+    return build, {"input": [2, 8], "target": [2, 8]}, batches
+
+
+CASES = {"mlp": _mlp_case, "gpt": _gpt_case}
+
+
 def _trainer(model, backend, shapes, **kwargs):
     tm = TrainModel(model)
     tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
     return ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"}, **kwargs)
 
 
+def _numpy(backend, pm, values):
+    """Whole arrays as NumPy (on a mesh, split parameters' parts gathered first)."""
+    if pm.sharding is not None:
+        values = backend.gather(values, pm.sharding)
+    return {k: backend.to_numpy(v) for k, v in values.items()}
+
+
 def _train(pm, backend, init, batches):
+    """20 SGD steps with momentum: (final parameters, losses, bytes of parameters this process holds)."""
     params = pm.place(init)
+    held = backend.per_device_bytes(params)[backend.rank]
     params, _, losses = fit(pm, params, lambda epoch: batches, SGD(0.1, momentum=0.9), 1, progress=False)
-    return {k: backend.to_numpy(v) for k, v in params.items()}, np.array(losses)
+    return _numpy(backend, pm, params), np.array(losses), held
 
 
-def _forward_case(pm, backend, init):
+def _forward_case(pm, backend, init, batch):
     """A TrainModel's evaluate on one batch: its outputs and gradients, as NumPy."""
-    _, _, batches = _mlp_case()
-    outputs, grads = pm.evaluate(pm.place(init), batches[0])
-    return ({k: backend.to_numpy(v) for k, v in outputs.items()}, {k: backend.to_numpy(v) for k, v in grads.items()})
+    outputs, grads = pm.evaluate(pm.place(init), batch)
+    return {k: backend.to_numpy(v) for k, v in outputs.items()}, _numpy(backend, pm, grads)
 
 
-def _on_mesh(init):
-    """One worker: the mesh's checks, one evaluate, 20 training steps (data parallel)."""
-    build, shapes, batches = _mlp_case()
+def _on_mesh(inits):
+    """One worker: the mesh's checks, then per case and strategy one evaluate and 20 training steps."""
     backend = ml.MLXBackend(device_mesh=(NPROC,), device="cpu")
     out = {"rank": backend.rank, "mesh": (backend.mesh.axis_names, backend.device_mesh)}
     part = backend.ones(8, 4, tensor_split=(0,))
@@ -68,40 +95,53 @@ def _on_mesh(init):
         ml.MLXBackend(device_mesh=(4,), device="cpu")
     except MeshError as exc:
         out["too_large"] = str(exc)
+    build, shapes, batches = _mlp_case()
     try:  # refused when compiled
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _trainer(build(), backend, shapes, parallel="fsdp")
     except MeshError as exc:
         out["fsdp"] = str(exc)
-    for strategy in ("data", "tensor"):
-        pm = _trainer(build(), backend, shapes, parallel=strategy)
-        out[strategy] = {"step": _forward_case(pm, backend, init), "specs": dict(pm.sharding.specs),
-                         "source": pm.program.forward.tensor_source}
-        out[strategy]["params"], out[strategy]["losses"] = _train(pm, backend, init, batches)
+    for case, init in inits.items():
+        build, shapes, batches = CASES[case]()
+        for strategy in ("data", "tensor"):
+            pm = _trainer(build(), backend, shapes, parallel=strategy)
+            run = out[f"{case}-{strategy}"] = {"step": _forward_case(pm, backend, init, batches[0]),
+                                         "specs": dict(pm.sharding.specs),
+                                         "source": pm.program.forward.tensor_source}
+            if strategy == "tensor":  # evaluate takes whole parameters too, and refuses other shapes
+                run["whole_step"] = _forward_case(pm, backend, {k: np.asarray(v) for k, v in init.items()},
+                                                  batches[0])
+                name = next(n for n in pm.sharding.specs if n in pm.sharding.shapes)
+                try:
+                    pm.evaluate({**pm.place(init), name: np.zeros((3,) * len(init[name].shape), np.float32)},
+                                batches[0])
+                except ml.MithrilError as exc:
+                    run["bad_shape"] = str(exc)
+            run["params"], run["losses"], run["held"] = _train(pm, backend, init, batches)
     return out
 
 
 _RUN: dict = {}
 
 
-def _reference():
-    """One process: initial parameters, one evaluate, 20 steps."""
-    if "one" not in _RUN:
-        build, shapes, batches = _mlp_case()
+def _reference(case):
+    """One process: initial parameters, one evaluate, 20 steps, parameter bytes."""
+    if case not in _RUN:
+        build, shapes, batches = CASES[case]()
         backend = ml.MLXBackend(device="cpu", random_seed=0)
         pm = _trainer(build(), backend, shapes)
         init = {k: backend.to_numpy(v) for k, v in pm.randomize_params().items()}
-        _RUN["one"] = (init, _forward_case(pm, backend, init), *_train(pm, backend, init, batches))
-    return _RUN["one"]
+        _RUN[case] = (init, _forward_case(pm, backend, init, batches[0]), *_train(pm, backend, init, batches))
+    return _RUN[case]
 
 
 def _mesh_run(tmp_path_factory):
     if "mesh" not in _RUN:
-        init = _reference()[0]
+        inits = {case: _reference(case)[0] for case in CASES}
         hosts = tmp_path_factory.mktemp("ring") / "hosts.json"
         hosts.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(NPROC)]))
-        _RUN["mesh"] = spawn(_on_mesh, NPROC, args=(init,), timeout=TIMEOUT, env={"MLX_HOSTFILE": str(hosts)})
+        _RUN["mesh"] = spawn(_on_mesh, NPROC, args=(inits,), timeout=TIMEOUT, env={"MLX_HOSTFILE": str(hosts)})
     return _RUN["mesh"]
 
 
@@ -130,19 +170,31 @@ def test_a_mesh_outside_a_ring_says_how_to_launch(monkeypatch):
         ml.MLXBackend(device="cpu").ones(4, 2, device_mesh=(2,))
 
 
-@pytest.mark.parametrize("strategy", ["data", "tensor"])
-def test_strategy_trains_as_one_process(tmp_path_factory, strategy):
+RUNS = [(case, strategy) for case in CASES for strategy in ("data", "tensor")]
+
+
+@pytest.mark.parametrize("case, strategy", RUNS, ids=[f"{c}-{s}" for c, s in RUNS])
+def test_strategy_trains_as_one_process(tmp_path_factory, case, strategy):
     """20 SGD steps with momentum on 2 ring processes: data parallel (each rank half of every
     batch, gradients all_sum-ed) and tensor parallel (Megatron's column- then row-split Linear
-    layers); the one-process loss curve and final parameters on both ranks."""
-    init, _, want_params, want_losses = _reference()
+    layers, attention heads, vocabulary-split embeddings); the one-process loss curve and final
+    parameters on both ranks. Under tensor parallel each process holds only its part of the
+    split weights: the MLP's all split (half the bytes), the GPT's but its layer norms and the
+    row-split layers' biases."""
+    init, _, want_params, want_losses, whole_bytes = _reference(case)
     assert want_losses[-1] < want_losses[0]
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
         assert got["rank"] == rank and got["mesh"] == (("data",), (NPROC,))
-        run = got[strategy]
+        run = got[f"{case}-{strategy}"]
         np.testing.assert_allclose(run["losses"], want_losses, rtol=2e-5, atol=2e-6, err_msg=f"rank {rank}")
+        assert set(run["params"]) == set(want_params)
         for name, want in want_params.items():
             np.testing.assert_allclose(run["params"][name], want, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}: {name}")
+        split = [n for n in run["specs"] if n in init]
+        split_bytes = sum(init[n].nbytes for n in split)
+        assert run["held"] == (whole_bytes if strategy == "data" else whole_bytes - split_bytes // NPROC)
+        if strategy == "tensor" and case == "mlp":
+            assert split_bytes == whole_bytes - init["linear_1.bias"].nbytes  # all but the row-split bias
 
 
 def test_tensor_parallel_splits_linear_layers_column_then_row(tmp_path_factory):
@@ -150,30 +202,49 @@ def test_tensor_parallel_splits_linear_layers_column_then_row(tmp_path_factory):
     (columns), the middle one on input features (rows), whose partial products meet in an
     all_sum; the logits split over the ranks are gathered before the loss. The data stays whole."""
     for got in _mesh_run(tmp_path_factory):
-        run = got["tensor"]
+        run = got["mlp-tensor"]
         assert run["specs"] == {"linear_0.weight": ("data", None), "linear_0.bias": ("data",),
                                 "linear_1.weight": (None, "data"), "linear_2.weight": ("data", None),
                                 "linear_2.bias": ("data",)}
         source = run["source"]
         assert source.count("= matmul_add_column_split_") == 2 and source.count("= matmul_add_row_split_") == 1
         assert "_whole_features_" in source  # CrossEntropy reads the whole logits
-        assert got["data"]["source"] is None  # data parallel runs the program as compiled
+        assert got["mlp-data"]["source"] is None  # data parallel runs the program as compiled
 
 
-@pytest.mark.parametrize("strategy", ["data", "tensor"])
-def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory, strategy):
-    """One evaluate of the TrainModel: the logits (8 rows, gathered in rank order under data
-    parallel, their features gathered under tensor parallel), the batch-mean loss and the
-    parameters' gradients are the one-process values on every rank."""
-    (want_out, want_grads) = _reference()[1]
+def test_tensor_parallel_splits_attention_heads_and_embeddings(tmp_path_factory):
+    """The GPT: Q/K/V and the MLP's first Linear column-split, the attention output and the MLP's
+    second row-split; the heads stay split through reshape, transposes, the attention matmuls
+    and softmax (one rank computes one head); the token and position tables are split on their
+    rows (vocabulary-parallel lookups summed over the ranks); the vocabulary-split logits are
+    gathered once, before the loss's LogSoftmax."""
+    for got in _mesh_run(tmp_path_factory):
+        source = got["gpt-tensor"]["source"]
+        assert source.count("_column_split_") == 5 and source.count("_row_split_") == 2  # lm_head: a MatMul
+        assert source.count("_split_heads_") == 4  # q, k, v into heads; heads back into features
+        assert source.count("_vocab_split_") == 2
+        assert source.count("_whole_features_") == 1 and "= log_softmax_whole_features_" in source
+
+
+@pytest.mark.parametrize("case, strategy", RUNS, ids=[f"{c}-{s}" for c, s in RUNS])
+def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory, case, strategy):
+    """One evaluate of the TrainModel: the logits (gathered in rank order under data parallel,
+    their features gathered under tensor parallel), the batch-mean loss and the parameters'
+    gradients (a split parameter's as the part its process holds, gathered here) are the
+    one-process values on every rank. Under tensor parallel, whole parameters given to evaluate
+    give the same, and a parameter of neither shape is a ShapeError naming both."""
+    (want_out, want_grads) = _reference(case)[1]
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
-        outputs, grads = got[strategy]["step"]
-        assert set(outputs) == set(want_out) and set(grads) == set(want_grads)
-        for name, want in want_out.items():
-            assert outputs[name].shape == want.shape, name
-            np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
-        for name, want in want_grads.items():
-            np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-6, err_msg=f"rank {rank}: {name}")
+        run = got[f"{case}-{strategy}"]
+        for outputs, grads in [run["step"]] + ([run["whole_step"]] if strategy == "tensor" else []):
+            assert set(outputs) == set(want_out) and set(grads) == set(want_grads)
+            for name, want in want_out.items():
+                assert outputs[name].shape == want.shape, name
+                np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
+            for name, want in want_grads.items():
+                np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-6, err_msg=f"rank {rank}: {name}")
+        if strategy == "tensor":
+            assert "this process's part on the mesh" in run["bad_shape"], run["bad_shape"]
 
 
 def test_what_mlx_meshes_do_not_run_is_a_mesh_error(tmp_path_factory):

@@ -244,6 +244,13 @@ class Backend(metaclass=TensorAPI):
         runs only some strategies refuses the others here (a MeshError), not at the first
         evaluate."""
 
+    def local_shape(self, name: str, shape: tuple, plan) -> tuple:
+        """The shape parameter ``name`` (of whole shape ``shape``) has as this process holds it under
+        ``plan`` (a :class:`~mithril.distributed.ShardingPlan`): evaluate takes that shape too. The
+        whole one here; a backend whose processes hold only their part of a split parameter (MLX
+        arrays are local) says the part's."""
+        return shape
+
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed on the mesh by a :class:`~mithril.distributed.ShardingPlan`
         (a backend with device meshes overrides it)."""

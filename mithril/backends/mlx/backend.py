@@ -148,10 +148,11 @@ class MlxBackend(Backend):
     (a batch-mean loss) averaged over the ranks; parameter gradients are summed over the ranks
     with ``all_sum`` (each rank's is its rows' share of the batch-mean loss, so the sum is the
     one-process gradient), the data's gradients gathered. Tensor parallel
-    (``parallel="tensor"``): the MatMul weights the plan splits are cut to this rank's part
-    inside the program, which all-sums a row-split matmul's partial products and all-gathers
-    split features where an op needs them whole (:func:`~.mesh.tensor_parallel_plan`); outputs
-    and gradients come back whole. fsdp, pipeline and 2-D meshes are a
+    (``parallel="tensor"``): each process holds only its part of the MatMul weights and
+    embedding tables the plan splits (:meth:`place` cuts them; :meth:`gather` joins them), and
+    the program all-sums a row-split matmul's partial products and all-gathers split features
+    where an op needs them whole (:func:`~.mesh.tensor_parallel_plan`); outputs come back whole,
+    a split parameter's gradient as the part its process holds. fsdp, pipeline and 2-D meshes are a
     :class:`~mithril.errors.MeshError` (JaxBackend and TorchBackend run them).
 
     >>> import mithril as ml
@@ -264,11 +265,12 @@ class MlxBackend(Backend):
     def place(self, values: dict, plan) -> dict:
         """Parameters or data as this process runs them under a
         :class:`~mithril.distributed.ShardingPlan`; NumPy values become mx.arrays, facades stay
-        facades. Data parallel: parameters whole (every rank holds them all), data inputs cut on
-        dim 0 to this rank's rows (the values given are the whole batch, the same on every rank).
-        Tensor parallel: both whole here; the program cuts the split weights to this rank's part
-        (evaluate checks parameters against the model's shapes, so they come in whole). Other
-        strategies, both at once, and splits a ``sharding=`` rule adds are a MeshError."""
+        facades. The values given are whole (the same on every rank), or already this rank's
+        parts. Data parallel: parameters whole (every rank holds them all), data inputs cut on
+        dim 0 to this rank's rows. Tensor parallel: the data whole, each split parameter cut to
+        this rank's part (:meth:`local_shape`: the process holds only that; :meth:`gather` gives
+        the whole back, for a checkpoint). Other strategies, both at once, and splits a
+        ``sharding=`` rule adds are a MeshError."""
         if self._group is None:
             return super().place(values, plan)
         self._check_plan(plan)
@@ -276,6 +278,12 @@ class MlxBackend(Backend):
         axis = plan.strategies.get("data")
         out = {}
         for name, v in values.items():
+            if name in plan.shapes and self._split(name, plan):
+                native = _unwrap(v) if isinstance(v, (xp.MlxArray, mx.array)) else self.from_numpy(np.asarray(v))
+                if tuple(native.shape) == tuple(plan.shapes[name]):
+                    native = _mmesh.local_part(native, self.mesh, self.rank, plan.spec(name))
+                out[name] = xp.MlxArray(native) if isinstance(v, xp.MlxArray) else native
+                continue
             if axis is None or name in plan.shapes or not plan.specs.get(name) \
                     or isinstance(v, np.ndarray) and v.dtype == object:
                 out[name] = v if isinstance(v, (xp.MlxArray, mx.array)) or not hasattr(v, "shape") \
@@ -284,6 +292,34 @@ class MlxBackend(Backend):
             native = _unwrap(v) if isinstance(v, (xp.MlxArray, mx.array)) else self.from_numpy(np.asarray(v))
             part = _mmesh.local_part(native, self.mesh, self.rank, (axis,) + (None,) * (native.ndim - 1))
             out[name] = xp.MlxArray(part) if isinstance(v, xp.MlxArray) else part
+        return out
+
+    def _split(self, name: str, plan) -> bool:
+        """Whether this process holds only its part of parameter ``name`` under ``plan``."""
+        return "tensor" in plan.strategies and any(a is not None for a in plan.specs.get(name, ()))
+
+    def local_shape(self, name: str, shape: tuple, plan) -> tuple:
+        """Parameter ``name``'s shape as this process holds it: under tensor parallel, a split
+        weight's part (``shape`` divided along its split dims)."""
+        if self._group is None or not self._split(name, plan):
+            return shape
+        return _mmesh.local_shape(tuple(shape), self.mesh, plan.spec(name))
+
+    def gather(self, values: dict, plan) -> dict:
+        """The whole arrays of ``values`` as :meth:`place` left them under ``plan`` (split
+        parameters' parts gathered in rank order with ``all_gather``; the rest as they are): what
+        one process holds, e.g. for ``ml.save_params``. Every rank calls it."""
+        if self._group is None:
+            return dict(values)
+        out = {}
+        for name, v in values.items():
+            native = _unwrap(v) if isinstance(v, (xp.MlxArray, mx.array)) else None
+            if native is None or name not in plan.shapes or not self._split(name, plan) \
+                    or tuple(native.shape) == tuple(plan.shapes[name]):
+                out[name] = v
+                continue
+            joined = _mmesh.whole(native, self.mesh, self._group, plan.spec(name))
+            out[name] = xp.MlxArray(joined) if isinstance(v, xp.MlxArray) else joined
         return out
 
     def check_sharding(self, plan) -> None:

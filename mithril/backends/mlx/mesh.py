@@ -5,9 +5,10 @@ collectives (``all_sum``, ``all_gather``) join them. So a mesh run is single-pro
 data as ``torch.distributed`` users write it by hand: every process runs the same script on the
 same global batch and parameters. Data parallel: :func:`local_part` cuts the batch to this
 rank's rows, :class:`OnMesh` joins the outputs (per-row outputs gathered, others averaged) and
-sums the gradients over the ranks. Tensor parallel: :func:`tensor_parallel_plan` swaps the
-kernels of the split matmuls for ones that meet over the ranks (Megatron's pairing, as
-``mlx.nn``'s ``AllToShardedLinear`` / ``ShardedToAllLinear``). MLX differentiates through its
+sums the gradients over the ranks. Tensor parallel: each rank holds its part of the split weights
+(:func:`local_shape`), and :func:`tensor_parallel_plan` swaps the kernels of the split matmuls
+and embeddings for ones that meet over the ranks (Megatron's pairing, as ``mlx.nn``'s
+``AllToShardedLinear`` / ``ShardedToAllLinear``, and its vocabulary-parallel embedding). MLX differentiates through its
 collectives (``all_sum``'s vjp passes the cotangent through, ``all_gather``'s takes the rank's
 rows), which is what makes a joined output's gradient the single-process one.
 
@@ -78,6 +79,20 @@ def local_part(value, mesh: DeviceMesh, rank: int, spec):
     return value[tuple(index)] if index else value
 
 
+def local_shape(shape, mesh: DeviceMesh, spec) -> tuple:
+    """The shape of one rank's part of an array of ``shape`` split by ``spec``."""
+    return tuple(size // mesh.axis_size(a) if a is not None else size for size, a in zip(shape, spec))
+
+
+def whole(native, mesh: DeviceMesh, group, spec):
+    """The whole array of which ``native`` is this rank's part (split by ``spec``; every rank
+    calls it): the parts gathered along each split dim, in rank order."""
+    for dim, axis in enumerate(spec):
+        if axis is not None:
+            native = gather_dim(native, dim, group)
+    return native
+
+
 def batched_inputs(plan) -> set[str]:
     """The data inputs of the lowering plan that hold a batch (at least one dim, not strings):
     the ones data parallel splits on dim 0, as :func:`mithril.distributed.plan_sharding` does."""
@@ -104,8 +119,9 @@ class OnMesh:
       (``all_sum`` / ranks: a batch-mean loss of equal parts is the mean of the parts'), so every
       rank sees what one process computes on the whole batch. A non-floating output that is not
       per-row (a count) is this rank's own.
-    - tensor parallel: the program of :func:`tensor_parallel_plan` on the whole batch, the split
-      parameters cut to this rank's part on the way in; every output is whole on every rank.
+    - tensor parallel: the program of :func:`tensor_parallel_plan` on the whole batch and this
+      rank's parts of the split parameters (as ``MlxBackend.place`` holds them; whole ones are
+      cut on the way in); every output is whole on every rank.
 
     :meth:`reduce` turns a rank's gradients into the one-process gradients."""
 
@@ -117,6 +133,7 @@ class OnMesh:
         self._tensor: dict = {}  # id(ShardingPlan) -> (ShardingPlan, forward, split params, split outputs)
         self.tensor_source = None  # the generated source of the tensor-parallel program, once made
         self.mode = "data"
+        self.cut: set[str] = set()  # split parameters the last tensor-parallel call got whole
 
     def _tensor_program(self, sharding):
         found = self._tensor.get(id(sharding))
@@ -134,11 +151,15 @@ class OnMesh:
             self.mode = "tensor"
             _, forward, split_params, split_outputs = self._tensor_program(sharding)
             rank = self.group.rank()
+            # Parameters placed come as this rank's parts; whole ones (given as they are to a
+            # program of one's own) are cut here, and their gradients summed (see reduce).
+            self.cut = {k for k in split_params if k in params
+                        and tuple(self.unwrap(params[k]).shape) == tuple(sharding.shapes[k])}
             params = {k: self.wrap(local_part(self.unwrap(v), self.mesh, rank, split_params[k]))
-                      if k in split_params else v for k, v in params.items()}
+                      if k in self.cut else v for k, v in params.items()}
             out = forward(params, data)
-            return {k: self.wrap(gather_last(self.unwrap(v), self.group)) if k in split_outputs else v
-                    for k, v in out.items()}
+            return {k: self.wrap(gather_dim(self.unwrap(v), split_outputs[k], self.group)) if k in split_outputs
+                    else v for k, v in out.items()}
         self.mode = "data"
         out = self.forward(params, data)
         joined = {}
@@ -160,14 +181,15 @@ class OnMesh:
         Data parallel: a parameter's (and a whole data input's) summed over the ranks (each
         rank's is its rows' share: the cotangent reached it through the averaged or gathered
         outputs), a split data input's gathered (its rows, in rank order). Tensor parallel: a
-        split parameter's parts summed (each rank's is zero outside its part); the others are
-        whole on every rank already (Megatron's identity-forward, all-sum-backward operator sits
-        before every column-split matmul)."""
+        split parameter's gradient is that of the part this rank holds (where the part was cut
+        from a whole parameter inside the call, the parts' gradients, zero outside each part,
+        are summed into the whole one); the others are whole on every rank already (Megatron's
+        identity-forward, all-sum-backward operator sits before every column-split matmul, and
+        a vocabulary-split lookup's all_sum passes the cotangent whole to every rank)."""
         out = {}
         if self.mode == "tensor":
-            split = self._tensor_program(self.active())[2]
             for name, g in grads.items():
-                out[name] = mx.distributed.all_sum(g, group=self.group) if name in split else g
+                out[name] = mx.distributed.all_sum(g, group=self.group) if name in self.cut else g
             return out
         for name, g in grads.items():
             if name in self.split_inputs:
@@ -177,10 +199,12 @@ class OnMesh:
         return out
 
 
-def gather_last(native, group):
-    """The whole of an array split on its last dim over ``group``'s ranks (in rank order)."""
-    moved = mx.moveaxis(native, -1, 0)
-    return mx.moveaxis(mx.distributed.all_gather(moved, group=group), 0, -1)
+def gather_dim(native, dim, group):
+    """The whole of an array split on ``dim`` over ``group``'s ranks (in rank order)."""
+    if dim == 0:
+        return mx.distributed.all_gather(native, group=group)
+    moved = mx.moveaxis(native, dim, 0)
+    return mx.moveaxis(mx.distributed.all_gather(moved, group=group), 0, dim)
 
 
 # Ops through which a split last dim (features) keeps its meaning: elementwise ones. A binary op
@@ -213,24 +237,27 @@ def _weight_param(pn, producer):
 
 def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
     """The lowering ``plan`` rewritten for Megatron-style tensor parallelism over ``group``:
-    ``(plan, {split parameter: spec}, {output split on its last dim})``.
+    ``(plan, {split parameter: spec}, {output: its split dim})``.
 
-    Kernels change, values do not (the emitted program keeps its lines and lifetimes): a
-    column-split MatMul (its weight split on output features) reads its input through
-    Megatron's ``f`` (identity forward, ``all_sum`` of the gradient backward:
-    ``mlx.nn.layers.distributed.sum_gradients``) and gives features split over the ranks;
-    elementwise ops keep them split; a row-split MatMul (weight split on input features) sums
-    the ranks' partial products with ``all_sum`` (its bias added once, after); an op that needs
-    the whole features gets them by ``all_gather`` first. What MLX meshes do not split
-    (convolutions, Gemm, embeddings, reshaped or transposed split features) is a MeshError."""
+    Kernels change, values do not (the emitted program keeps its lines and lifetimes). A split
+    value is followed by the dim it is split on: a column-split MatMul (its weight split on
+    output features) reads its input through Megatron's ``f`` (identity forward, ``all_sum`` of
+    the gradient backward: ``mlx.nn.layers.distributed.sum_gradients``) and gives its last dim
+    split; elementwise ops, transposes, reshapes that keep the split dim's blocks whole (heads out
+    of features and back), matmuls between values split on the same batch dim (attention's
+    heads) and softmaxes over another axis keep a value split; a row-split MatMul (weight split
+    on input features) sums the ranks' partial products with ``all_sum`` (its bias added once,
+    after); an embedding table split on its rows (Megatron's vocabulary-parallel embedding) looks
+    up the ids in this rank's rows, zero elsewhere, and sums over the ranks; an op that needs a
+    split value whole gets it by ``all_gather`` first. What MLX meshes do not split
+    (convolutions, Gemm) is a MeshError."""
     from mlx.nn.layers.distributed import sum_gradients
 
-    from ...errors import MeshError
-
     axis = sharding.strategies["tensor"]
-    specs = {n: tuple(s) for n, s in sharding.specs.items() if n in sharding.shapes}
+    n = group.size()
+    specs = {k: tuple(s) for k, s in sharding.specs.items() if k in sharding.shapes}
     producer = {id(o): pn for pn in plan.nodes for o in pn.outputs}
-    split: set[int] = set()  # ids of values whose last dim is split over the ranks
+    split: dict[int, int] = {}  # id of a value -> the dim split over the ranks
     handled: set[str] = set()
     nodes = []
     f = sum_gradients(group)
@@ -241,6 +268,31 @@ def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
     def replaced(pn, fn):
         return dataclasses.replace(pn, spec=dataclasses.replace(pn.spec, fn=fn))
 
+    def ndim(v):
+        return None if v.shape is None else len(v.shape)
+
+    def keeps_elementwise(pn, ins):
+        """The output's split dim, if an elementwise op keeps its inputs' split (each operand
+        split on the same output dim, a split bias on the last, or broadcast along it)."""
+        out_nd = ndim(pn.outputs[0])
+        if out_nd is None or any(ndim(v) is None for v in ins):
+            return None
+        dims = {out_nd - ndim(v) + split[id(v)] for v in ins if id(v) in split}
+        if len(dims) != 1:
+            return None
+        d, = dims
+        for v in ins:
+            if id(v) in split:
+                continue
+            if split_param(v):
+                if ndim(v) != 1 or d != out_nd - 1:
+                    return None
+                continue
+            j = d - (out_nd - ndim(v))
+            if j >= 0 and v.shape[j] != 1:
+                return None
+        return d
+
     for pn in plan.nodes:
         found = _weight_param(pn, producer)
         spec = specs.get(found[0].name) if found else None
@@ -248,8 +300,9 @@ def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
             param, out_dim, in_dim = found
             handled.add(param.name)
             bias = pn.inputs[2] if pn.op_type == "MatMulAdd" else None
+            x = pn.inputs[0]
             if spec.index(axis) == out_dim:
-                if id(pn.inputs[0]) in split:
+                if id(x) in split:
                     raise MeshError(f"MlxBackend: tensor parallel: {pn.op_type} {pn.label!r} reads features already "
                                     f"split, yet its weight {param.name!r} is split on its output features")
                 if bias is not None:
@@ -258,34 +311,117 @@ def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
                                         f"{pn.label!r} must be split with its weight's output features")
                     handled.add(bias.name)
                 nodes.append(replaced(pn, _column(pn.spec.fn, f, wrap, unwrap)))
-                split.add(id(pn.outputs[0]))
+                split[id(pn.outputs[0])] = ndim(pn.outputs[0]) - 1
             else:
-                if id(pn.inputs[0]) not in split:
+                if split.get(id(x)) != ndim(x) - 1:
                     raise MeshError(f"MlxBackend: tensor parallel: {pn.op_type} {pn.label!r} splits its weight "
                                     f"{param.name!r} on input features its input does not have split")
                 nodes.append(replaced(pn, _row(pn.spec.fn, group, wrap, unwrap)))
+            continue
+        table = pn.inputs[0] if pn.op_type == "Gather" and pn.inputs else None
+        if table is not None and table.kind == "param" and specs.get(table.name, ())[:1] == (axis,) \
+                and int(pn.kwargs.get("axis", 0)) == 0 and id(pn.inputs[1]) not in split \
+                and all(a is None for a in specs[table.name][1:]):
+            handled.add(table.name)
+            nodes.append(replaced(pn, _vocab(pn.spec.fn, sharding.shapes[table.name][0], group, wrap, unwrap)))
             continue
         ins = [v for v in pn.inputs if v is not None]
         if not any(id(v) in split for v in ins):
             nodes.append(pn)
             continue
-        keeps = pn.op_type in _UNARY_KEEP and len(ins) == 1 or pn.op_type in _BINARY_KEEP and all(
-            id(v) in split or split_param(v) or (v.shape is not None and (not v.shape or v.shape[-1] == 1))
-            for v in ins)
-        if keeps and len(pn.outputs) == 1 and not pn.subgraphs:
+        out = pn.outputs[0] if len(pn.outputs) == 1 and not pn.subgraphs else None
+        kept = None  # the output's split dim, where the op keeps the split
+        x = pn.inputs[0]
+        if out is None:
+            pass
+        elif pn.op_type in _UNARY_KEEP and len(ins) == 1:
+            kept = split[id(x)]
+        elif pn.op_type in _BINARY_KEEP or pn.op_type == "Where":
+            kept = keeps_elementwise(pn, ins)
+        elif pn.op_type == "Transpose" and id(x) in split:
+            perm = tuple(pn.kwargs.get("perm") or range(ndim(x) - 1, -1, -1))
+            kept = perm.index(split[id(x)])
+        elif pn.op_type in ("Softmax", "LogSoftmax") and ndim(x) is not None:
+            kept = split[id(x)] if int(pn.kwargs.get("axis", -1)) % ndim(x) != split[id(x)] else None
+        elif pn.op_type == "MatMul" and len(ins) == 2 and all(id(v) in split for v in ins):
+            a, b = ins  # a batched matmul of two split values: each rank its own heads
+            da, db = split[id(a)], split[id(b)]
+            nd = ndim(out)
+            if ndim(a) == ndim(b) == nd and da == db < nd - 2:
+                kept = da
+        elif pn.op_type == "Reshape" and id(x) in split and x.shape is not None and out.shape is not None:
+            kept = _reshaped_dim(tuple(x.shape), tuple(out.shape), split[id(x)], n)
+            if kept is not None:
+                local = list(out.shape)
+                local[kept] //= n
+                split[id(out)] = kept
+                handled.update(v.name for v in ins if split_param(v))
+                nodes.append(replaced(pn, _local_reshape(pn.spec.fn, tuple(local))))
+                continue
+        if kept is not None:
             handled.update(v.name for v in ins if split_param(v))
-            split.add(id(pn.outputs[0]))
+            split[id(out)] = kept
             nodes.append(pn)
-        else:  # the whole features first
-            where = tuple(i for i, v in enumerate(pn.inputs) if v is not None and id(v) in split)
+        else:  # the whole values first
+            where = {i: split[id(v)] for i, v in enumerate(pn.inputs) if v is not None and id(v) in split}
             nodes.append(replaced(pn, _gathered(pn.spec.fn, where, group, wrap, unwrap)))
     left = sorted(set(specs) - handled)
     if left:
-        raise MeshError(f"MlxBackend: tensor parallel on MLX splits MatMul weights (and their biases) only; "
-                        f"{', '.join(left[:4])} {'is' if len(left) == 1 else 'are'} split by the plan and not read by "
-                        f"one (convolutions, Gemm and embeddings run split on JaxBackend and TorchBackend)")
-    split_outputs = {v.name for v in plan.outputs if id(v) in split}
-    return dataclasses.replace(plan, nodes=nodes), {n: specs[n] for n in handled if n in specs}, split_outputs
+        raise MeshError(f"MlxBackend: tensor parallel on MLX splits MatMul weights (and their biases) and embedding "
+                        f"tables only; {', '.join(left[:4])} {'is' if len(left) == 1 else 'are'} split by the plan and "
+                        f"not read by one (convolutions and Gemm run split on JaxBackend and TorchBackend)")
+    split_outputs = {v.name: split[id(v)] for v in plan.outputs if id(v) in split}
+    return dataclasses.replace(plan, nodes=nodes), {k: specs[k] for k in handled if k in specs}, split_outputs
+
+
+def _reshaped_dim(shape, out, d, n):
+    """The dim of a reshape's output that holds the ranks' blocks of dim ``d`` of its input, when
+    each block stays one contiguous range of it (features cut into heads, heads merged back);
+    else None."""
+    before = int(np.prod(shape[:d], dtype=np.int64))
+    e = next((i for i in range(len(out) + 1) if int(np.prod(out[:i], dtype=np.int64)) == before), None)
+    if e is None or e == len(out):
+        return None
+    while e < len(out) - 1 and out[e] == 1 and shape[d] != 1:
+        e += 1
+    size, want = shape[d], out[e]
+    if want == size:
+        return e
+    if size % want == 0 and want % n == 0:  # dim d cut into out[e], out[e + 1], ...
+        prods = np.cumprod(out[e:])
+        return e if size in prods else None
+    if want % size == 0:  # dim d merged with the dims after it
+        prods = np.cumprod(shape[d:])
+        return e if want in prods else None
+    return None
+
+
+def _local_reshape(fn, local):
+    @functools.wraps(fn)
+    def local_reshape(x, shape, **kwargs):
+        return fn(x, np.array(local, dtype=np.int64), **kwargs)
+
+    local_reshape.__name__ = f"{fn.__name__}_split_heads"  # the generated line names the change
+    return local_reshape
+
+
+def _vocab(fn, rows, group, wrap, unwrap):
+    """Megatron's vocabulary-parallel embedding: this rank's rows of the table looked up where an
+    id falls in them (zero elsewhere), the ranks' lookups summed."""
+    @functools.wraps(fn)
+    def vocab_split(table, ids, **kwargs):
+        native = unwrap(table)
+        part = native.shape[0]
+        start = group.rank() * part
+        i = unwrap(ids)
+        i = mx.where(i < 0, i + rows, i) - start
+        inside = (i >= 0) & (i < part)
+        found = unwrap(fn(table, wrap(mx.where(inside, i, 0)), **kwargs))
+        found = found * mx.expand_dims(inside, tuple(range(i.ndim, found.ndim))).astype(found.dtype)
+        return wrap(mx.distributed.all_sum(found, group=group))
+
+    vocab_split.__name__ = f"{fn.__name__}_vocab_split"  # the generated line names the change
+    return vocab_split
 
 
 def _column(fn, f, wrap, unwrap):
@@ -312,7 +448,7 @@ def _row(fn, group, wrap, unwrap):
 def _gathered(fn, where, group, wrap, unwrap):
     @functools.wraps(fn)
     def whole_features(*args, **kwargs):
-        args = [wrap(gather_last(unwrap(a), group)) if i in where else a for i, a in enumerate(args)]
+        args = [wrap(gather_dim(unwrap(a), where[i], group)) if i in where else a for i, a in enumerate(args)]
         return fn(*args, **kwargs)
 
     whole_features.__name__ = f"{fn.__name__}_whole_features"  # the generated line names the change
