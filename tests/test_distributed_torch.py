@@ -1,11 +1,13 @@
 """TorchBackend on a device mesh (torch.distributed, DTensor): 2 local gloo processes train the
 zoo's MLP and GPT under data, fsdp and tensor parallelism and a 2-stage pipeline (4 micro-batches),
-and the MLP under data+tensor on a 2x2 mesh of 4 processes; each run equals one process's; sharded arrays, checkpoints and the
-replicated fallback; the launcher ends its workers and names the failing rank.
+the MLP under the design's parallel_strategy="data_parallel" (in a process group: data parallel over
+it) and under data+tensor on a 2x2 mesh of 4 processes; each run equals one process's; sharded
+arrays, checkpoints and the replicated fallback; the launcher ends its workers and names the
+failing rank.
 
 Every test that starts processes bounds them with a timeout (spawn's, <= 120 s). One set of
 workers trains every strategy of a case in turn: DTensor's first steps (sharding propagation
-caches) cost more than a strategy's 20 steps, so the file takes 1.5 minutes on 2 cores, not 2.5."""
+caches) cost more than a strategy's 20 steps, so the file takes about 1.5 minutes on 2 idle cores."""
 
 from __future__ import annotations
 
@@ -67,13 +69,18 @@ def _train(case, parallel=None, mesh=(NPROC,)):
     """20 steps of ``case``: (losses, final parameters as NumPy, bytes of parameters this process
     holds, replicated-op warnings). On one process without ``parallel``."""
     build, shapes, batches, optimizer = CASES[case]()
-    backend = ml.TorchBackend(device_mesh=None if parallel is None else mesh)
+    if parallel == "data_parallel":  # the design's form: in a process group, data parallel over it
+        backend = ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu"] * NPROC)
+        assert backend.device_mesh == (NPROC,) and backend.torch_mesh is not None
+    else:
+        backend = ml.TorchBackend(device_mesh=None if parallel is None else mesh)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tm = TrainModel(build())
         tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
         pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"},
-                        **({} if parallel is None else {"parallel": parallel}))
+                        **({} if parallel in (None, "data_parallel") else {"parallel": parallel}))
+        assert parallel != "data_parallel" or pm.sharding.strategies == {"data": "data"}
         params = pm.randomize_params()  # the backend's seed 0 on every process
         held = backend.per_device_bytes(params)[int(os.environ.get("RANK", "0"))]  # this process's
         data = [{k: backend.from_numpy(v) for k, v in b.items()} for b in batches]
@@ -105,7 +112,7 @@ def _one_process(case):
 # micro-batches); data and tensor parallel together on a 2x2 mesh (4 processes) for the MLP.
 PIPELINE = {"pipeline": "data", "microbatches": 4}
 RUNS = [(case, strategy, (NPROC,)) for case in CASES for strategy in ("data", "fsdp", "tensor", PIPELINE)] + [
-    ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
+    ("mlp", "data_parallel", (NPROC,)), ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
 
 
 @pytest.mark.parametrize("case, parallel, mesh", RUNS, ids=[
@@ -122,15 +129,15 @@ def test_strategy_trains_as_one_process(case, parallel, mesh):
         np.testing.assert_allclose(losses, want_losses, rtol=1e-5, err_msg=f"rank {rank}")
         for k, v in want_params.items():
             np.testing.assert_allclose(params[k], v, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {k}")
-        if parallel == "data":
+        if parallel in ("data", "data_parallel"):
             assert held == whole_bytes
         elif parallel == "fsdp":  # every parameter of both models has a dim divisible by 2
             assert held == whole_bytes // NPROC, (held, whole_bytes)
         else:
             assert 0 < held < whole_bytes
-        assert not ops, ops
+        assert not ops, ops  # DTensor splits every op of the MLP and the GPT: none ran replicated
     if parallel == PIPELINE:  # each parameter held by exactly one stage's process
-        assert sum(held for _, _, held, _ in results) == whole_bytes, [r[2] for r in results]  # DTensor splits every op of the MLP and the GPT: none ran replicated
+        assert sum(held for _, _, held, _ in results) == whole_bytes, [r[2] for r in results]
 
 
 # -- meshes, sharded arrays, evaluate -------------------------------------------------------------------
@@ -183,6 +190,24 @@ def _mesh_worker(folder):
         errors.append(str(exc))
     pipeline = {"out": pipe_out.numpy(), "meta": meta, "others": sorted(k for k, s in pipe.sharding.stages.items()
                                                                       if s != rank)}
+    # A weight both stages read (stage 1 receives it; its gradient goes back and is summed) and
+    # an input's gradient (each stage's share, summed): equal to one process's.
+    tied = ml.load_onnx(_tied_weight_graph())
+    rows = np.random.default_rng(2)
+    x, w = rows.standard_normal((4, 3)).astype(np.float32), rows.standard_normal((3, 3)).astype(np.float32)
+    cot = rows.standard_normal((4, 3)).astype(np.float32)
+    want_y, want_g = ml.compile(tied, ml.TorchBackend(), shapes={"x": [4, 3]}, data_keys={"x"}).evaluate(
+        {"w": w}, {"x": x}, output_gradients={"y": cot})
+    pipeline["tied"] = {}
+    for parts in (1, 2):  # 1: x's gradient too (evaluate sums the parts' data gradients, rows and all)
+        two = ml.compile(tied, backend, shapes={"x": [4, 3]}, data_keys={"x"},
+                         parallel={"pipeline": "data", "microbatches": parts})
+        got_y, got_g = two.evaluate(two.place({"w": w}), {"x": x}, output_gradients={"y": cot})
+        pipeline["tied"][parts] = {
+            "stages": two.sharding.stages, "reads": [sorted(v.name for v in seg.inputs)
+                                                     for seg in two.sharding.pipeline.segments],
+            "y": (got_y["y"].numpy(), want_y["y"].numpy()), "x": (got_g["x"].numpy(), want_g["x"].numpy()),
+            "w": (backend.to_numpy(backend.gather({"w": got_g["w"]}, two.sharding)["w"]), want_g["w"].numpy())}
 
     fsdp = ml.compile(model, backend, shapes={"input": [8, 12]}, parallel="fsdp")
     sharded = fsdp.randomize_params()
@@ -248,12 +273,28 @@ def _mesh_worker(folder):
             "unique": backend.to_numpy(u), "checkpoint": checkpoint, "conv": conv, "checkpointed": checkpointed}
 
 
+def _tied_weight_graph():
+    """``y = tanh(relu(x @ w) @ w)``: both stages of a 2-stage pipeline read ``w``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["z"]), helper.make_node("Tanh", ["z"], ["y"])]
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(np.eye(3, dtype=np.float32), "w")])
+    return helper.make_model(graph)
+
+
 def test_mesh_arrays_and_evaluate(tmp_path):
     for got in spawn(_mesh_worker, NPROC, args=(str(tmp_path),), timeout=TIMEOUT):
         bad_split, other_mesh, too_big, meta = got["errors"]
         assert "on a pipeline it stands for a parameter another process's stage holds; backend.gather" in meta
         np.testing.assert_allclose(got["pipeline"]["out"], got["want"], rtol=1e-6, atol=1e-6)
         assert got["pipeline"]["meta"] == got["pipeline"]["others"] and got["pipeline"]["meta"]
+        for parts, tied in got["pipeline"]["tied"].items():
+            assert tied["stages"] == {"w": 0} and "w" in tied["reads"][1]  # stage 1 reads w from stage 0
+            for k in ("y", "w") if parts > 1 else ("y", "w", "x"):
+                np.testing.assert_allclose(*tied[k], rtol=1e-6, atol=1e-6, err_msg=f"{k}, {parts} part(s)")
         assert "shape (5, 2) can't be split on dim 0 (5) over mesh axis 'data' of 2 devices" in bad_split
         assert "needs a backend on that mesh: TorchBackend(device_mesh=(4,))" in other_mesh
         assert "device_mesh=(4,) needs 4 processes, but the process group has 2" in too_big
@@ -290,6 +331,9 @@ def test_mesh_outside_a_process_group_says_how_to_launch(monkeypatch):
     assert one.mesh.size == 1 and isinstance(one.ones(2, tensor_split=None), torch.Tensor)
     with pytest.raises(ml.errors.BackendOptionError, match="give one"):
         ml.TorchBackend(device_mesh=(2,), parallel_strategy="data_parallel")
+    # Outside a process group the design's data_parallel splits each batch in this process.
+    split = ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu", "cpu"])
+    assert split.device_mesh is None and split.torch_mesh is None
 
 
 # -- the launcher ---------------------------------------------------------------------------------------

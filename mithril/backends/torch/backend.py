@@ -33,6 +33,18 @@ def _import_torch() -> None:
         torch, txp = _torch, _txp
 
 
+def _process_group_size() -> int:
+    """The processes of the torch.distributed group this process is in (initialized, or about
+    to be from torchrun's ``RANK``/``WORLD_SIZE``); 1 outside one."""
+    if not torch.distributed.is_available():
+        return 1
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return 1
+
+
 def _present_devices() -> list[str]:
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     mps = getattr(torch.backends, "mps", None)
@@ -68,7 +80,8 @@ def _parse_device(device) -> "torch.device":
 
 
 PARALLEL_STRATEGIES = {
-    "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs",
+    "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs (in a "
+                     "torch.distributed process group: device_mesh=(world size,), one device per process)",
     "model_parallel": "place the program on the first of `devices` (splitting one graph is not implemented)",
 }
 
@@ -107,6 +120,10 @@ class TorchBackend(Backend):
     with ``devices``: "data_parallel" splits each batch over the devices (one program per
     device, see :class:`_DataParallel`), "model_parallel" runs on ``devices[0]`` and says so.
     An absent device warns once and runs on the CPU; so does each absent entry of ``devices``.
+    Inside a ``torch.distributed`` process group (torchrun, ``mithril launch``) "data_parallel"
+    is ``device_mesh=(world size,)`` (compile's default ``parallel="data"``: DTensors, gradients
+    all-reduced), each process on its ``LOCAL_RANK``'s entry of ``devices`` (this host's devices,
+    one per process).
 
     ``device_mesh=(N,)`` or ``(a, b)`` (axis names ``axis_names``, by default ``("data",)`` and
     ``("data", "model")``) runs over a ``torch.distributed`` process group of that many
@@ -122,7 +139,10 @@ class TorchBackend(Backend):
     split over the batch, and :meth:`to_numpy` gives the whole array (``full_tensor()``, a
     collective: every process calls it). Gradients have their parameter's placements (a
     data-parallel gradient all-reduced, an FSDP one reduce-scattered), so the optimizers update
-    DTensors unchanged.
+    DTensors unchanged. ``parallel="pipeline"`` (or ``{"pipeline": axis, "microbatches": n}``) on
+    a 1-D mesh runs one stage per process (:mod:`mithril.backends.torch.pipeline`): each holds its
+    stage's parameters (the others are ``meta`` tensors), every process gets the outputs, and
+    :meth:`gather` gives the parameters whole.
 
     uint16/uint32/uint64 are reported unsupported (torch has no arithmetic kernels for them);
     strings stay NumPy object arrays and the string kernels run on the host.
@@ -157,11 +177,19 @@ class TorchBackend(Backend):
                                      "data parallel over N processes)")
         self._devices = self._parallel_devices(device, parallel_strategy, devices)
         self.parallel_strategy = parallel_strategy
+        own_device = False  # True: this process's device comes from devices=, not from LOCAL_RANK
+        world = _process_group_size() if parallel_strategy == "data_parallel" else 1
+        if world > 1:
+            # Inside a process group (torchrun, mithril launch): the design's data_parallel is
+            # device_mesh=(world,) with compile's default parallel="data", on this process's device.
+            self._devices, own_device = [self._rank_device(devices)], True
+            self.mesh = parse_mesh("TorchBackend", (world,), axis_names)
+            self.device_mesh = self.mesh.shape
         self._device = self._devices[0] if self._devices else _parse_device("cpu" if device is None else device)
         # The torch.distributed DeviceMesh; None on one device (a one-device mesh is the plain path).
         self._torch_mesh = None
         if self.mesh is not None and self.mesh.size > 1:
-            self._torch_mesh = self._build_mesh()
+            self._torch_mesh = self._build_mesh(own_device)
         self.xp = txp
         self.jit_by_default = bool(compile or jit)
         self.compile = self.jit_by_default
@@ -177,15 +205,30 @@ class TorchBackend(Backend):
                           "available here; ignored")
         super().__init__(dtype if dtype is not None else dtypes.float32, str(self._device))
 
-    def _build_mesh(self):
-        """The process group's DeviceMesh; on CUDA each process takes the GPU of its LOCAL_RANK."""
+    def _rank_device(self, devices) -> "torch.device":
+        """This process's entry of ``devices`` (this host's devices, one per process: its
+        ``LOCAL_RANK``'s); with ``devices`` left out, the device of :meth:`_build_mesh`."""
+        local = int(os.environ.get("LOCAL_RANK", torch.distributed.get_rank() if torch.distributed.is_initialized()
+                                   else 0))
+        if devices is None:
+            return self._devices[0]
+        if local >= len(self._devices):
+            raise BackendOptionError(f"TorchBackend: parallel_strategy='data_parallel' in a process group runs one "
+                                     f"process per device, and this process (LOCAL_RANK={local}) has no entry in "
+                                     f"devices={list(devices)!r}: list one device per process of this host")
+        return self._devices[local]
+
+    def _build_mesh(self, own_device: bool = False):
+        """The process group's DeviceMesh; on CUDA each process takes the GPU of its LOCAL_RANK
+        (or, with ``own_device``, the one already chosen)."""
         global _tmesh
         if _tmesh is None:
             from . import mesh as _mesh_module
 
             _tmesh = _mesh_module
         if self._device.type == "cuda":
-            self._device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            if not own_device or self._device.index is None:
+                self._device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(self._device)
         elif self._device.type != "cpu":
             raise MeshError(f"TorchBackend: device_mesh runs on cpu (gloo) or cuda (NCCL), not {self._device}")
@@ -392,9 +435,9 @@ class TorchBackend(Backend):
         if isinstance(arr, txp.TorchArray):
             arr = arr.native
         if isinstance(arr, torch.Tensor) and arr.is_meta:
-            raise MeshError(f"TorchBackend: a meta tensor {tuple(arr.shape)} {arr.dtype} holds no values: on a pipeline "
-                            "it stands for a parameter another process's stage holds; backend.gather(params, "
-                            "pm.sharding) gives every parameter whole on every process")
+            raise MeshError(f"TorchBackend: a meta tensor {tuple(arr.shape)} {arr.dtype} holds no values: on a "
+                            "pipeline it stands for a parameter another process's stage holds; "
+                            "backend.gather(params, pm.sharding) gives every parameter whole on every process")
         if isinstance(arr, torch.Tensor):
             return txp.tensor_to_numpy(arr)
         return np.asarray(arr)
@@ -513,6 +556,8 @@ class TorchBackend(Backend):
         return process_memory_info()
 
     def vjp(self, program, params, data, diff_params, diff_data, output_gradients):
+        if _tpipe is not None and isinstance(program.forward, _tpipe.PipelineForward):  # one micro-batch
+            return program.forward.vjp_parts([(params, data, output_gradients)], diff_params, diff_data)[0]
         if self._torch_mesh is not None:
             # An op of the backward pass without a DTensor sharding rule gets a replicated one, and
             # the pass runs again (every process meets the same op, so all of them do).

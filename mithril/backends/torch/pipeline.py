@@ -241,7 +241,7 @@ class PipelineForward:
         pass, then the backward passes, last part first -> ``[(outputs, gradients)...]`` equal on
         every process for outputs and data gradients; a parameter's gradient is real on the
         process holding it, a ``meta`` tensor elsewhere."""
-        rank, device, routing = self.rank, _device_of(self.backend), self.routing
+        rank, routing = self.rank, self.routing
         pending = []
         with torch.enable_grad():
             for params, data, cotangents in parts:
@@ -271,7 +271,8 @@ class PipelineForward:
         for name, g in cotangents.items():
             made = routing.outputs.get(name)
             if g is not None and made is not None and made[0] == rank:
-                g = _native(g).to(device)
+                g = _native(g)
+                g = g.to(device) if isinstance(g, torch.Tensor) else _xp.tensor_from_numpy(np.asarray(g), device)
                 cots[made[1]] = g if made[1] not in cots else cots[made[1]] + g
         extra: dict[str, torch.Tensor] = {}
         if rank < routing.n:
