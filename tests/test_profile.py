@@ -123,15 +123,15 @@ def looped_model() -> onnx.ModelProto:
          helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")], "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [64, 64])],
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [192, 192])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [64, 64])])
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [192, 192])])
     graph = helper.make_graph(
         [helper.make_node("Loop", ["n", "", "x"], ["y"], name="loop", body=body)], "looped",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [192, 192])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [192, 192])],
         [numpy_helper.from_array(np.array(5, np.int64), "n"),
-         numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")])
+         numpy_helper.from_array(np.eye(192, dtype=np.float32), "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -140,7 +140,7 @@ def test_a_loop_body_is_counted_once_per_iteration_and_not_twice(name):
     """Nodes of a Loop body are rows of their own (calls = iterations), and the Loop's own row
     leaves their time out, so the rows never add up to more than the profiled run."""
     pm = ml.compile(ml.load_onnx(looped_model()), make_backend(name), inference=True)
-    report = profile(pm, None, {"x": np.ones((64, 64), np.float32)}, runs=3)
+    report = profile(pm, None, {"x": np.ones((192, 192), np.float32)}, runs=3)
     calls = {r.name: r.calls for r in report.nodes}
     assert calls["loop"] == 1 and calls["body_tanh"] == 5 and calls["body_matmul"] == 5
     assert {r.op_type for r in report.op_types} == {"Loop", "Tanh", "MatMul", "Identity"}
@@ -153,7 +153,7 @@ def test_a_loop_body_that_jax_traces_is_the_loops_time():
     """Eager JAX runs a Loop through lax, which calls the body with tracers: tracing is no node's
     run, so the body adds no rows and its time stays in the Loop's."""
     pm = ml.compile(ml.load_onnx(looped_model()), make_backend("jax"), inference=True)
-    report = profile(pm, None, {"x": np.ones((64, 64), np.float32)}, runs=2)
+    report = profile(pm, None, {"x": np.ones((192, 192), np.float32)}, runs=2)
     (row,) = report.nodes
     assert row.name == "loop" and row.calls == 1 and row.ms > 0
     check_sums(report)
