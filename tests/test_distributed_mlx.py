@@ -1,8 +1,10 @@
-"""MlxBackend on a device mesh (issue 20, Must 4): ``device_mesh=(1,)`` is the plain path; on 2
-local processes joined by mlx.core.distributed's ring backend, data-parallel and tensor-parallel
-training of the zoo's MLP equals one process (loss curve and final parameters), evaluate's
-outputs and gradients are the whole batch's on every rank, mlx.launch starts the ranks, and what
-MLX meshes do not run (fsdp, a mesh larger than the ring) is a MeshError saying so.
+"""MlxBackend on a device mesh (issue 20, Musts 2 and 4): ``device_mesh=(1,)`` is the plain path;
+on 2 local processes joined by mlx.core.distributed's ring backend, data-parallel, fully sharded
+and tensor-parallel training of the zoo's MLP and GPT equals one process (loss curve and final
+parameters), fsdp and tensor parallel hold about half the parameter (and optimizer-slot) bytes
+per process, evaluate's outputs and gradients are the whole batch's on every rank, mlx.launch
+starts the ranks, and what MLX meshes do not run (pipeline, a mesh larger than the ring) is a
+MeshError saying so.
 
 The workers are started once (mithril.distributed.launch.spawn, bounded by TIMEOUT) and every
 test reads their results; mlx.launch's run is ended within 60 s."""
@@ -56,6 +58,7 @@ def _gpt_case():
 
 
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case}
+STRATEGIES = ("data", "fsdp", "tensor")
 
 
 def _trainer(model, backend, shapes, **kwargs):
@@ -72,10 +75,13 @@ def _numpy(backend, pm, values):
 
 
 def _train(pm, backend, init, batches):
-    """20 SGD steps with momentum: (final parameters, losses, bytes of parameters this process holds)."""
+    """20 SGD steps with momentum: (final parameters, losses, bytes of parameters this process
+    holds, and of the optimizer's slots after training: they follow the parameters' parts)."""
     params = pm.place(init)
     held = backend.per_device_bytes(params)[backend.rank]
-    params, _, losses = fit(pm, params, lambda epoch: batches, SGD(0.1, momentum=0.9), 1, progress=False)
+    params, state, losses = fit(pm, params, lambda epoch: batches, SGD(0.1, momentum=0.9), 1, progress=False)
+    slots = [v for k, slot in state.items() if k != "step" for v in slot.values()]
+    assert backend.per_device_bytes(slots)[backend.rank] == held
     return _numpy(backend, pm, params), np.array(losses), held
 
 
@@ -99,17 +105,17 @@ def _on_mesh(inits):
     try:  # refused when compiled
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _trainer(build(), backend, shapes, parallel="fsdp")
+            _trainer(build(), backend, shapes, parallel="pipeline")
     except MeshError as exc:
-        out["fsdp"] = str(exc)
+        out["pipeline"] = str(exc)
     for case, init in inits.items():
         build, shapes, batches = CASES[case]()
-        for strategy in ("data", "tensor"):
+        for strategy in STRATEGIES:
             pm = _trainer(build(), backend, shapes, parallel=strategy)
             run = out[f"{case}-{strategy}"] = {"step": _forward_case(pm, backend, init, batches[0]),
                                          "specs": dict(pm.sharding.specs),
                                          "source": pm.program.forward.tensor_source}
-            if strategy == "tensor":  # evaluate takes whole parameters too, and refuses other shapes
+            if strategy != "data":  # evaluate takes whole parameters too, and refuses other shapes
                 run["whole_step"] = _forward_case(pm, backend, {k: np.asarray(v) for k, v in init.items()},
                                                   batches[0])
                 name = next(n for n in pm.sharding.specs if n in pm.sharding.shapes)
@@ -170,7 +176,7 @@ def test_a_mesh_outside_a_ring_says_how_to_launch(monkeypatch):
         ml.MLXBackend(device="cpu").ones(4, 2, device_mesh=(2,))
 
 
-RUNS = [(case, strategy) for case in CASES for strategy in ("data", "tensor")]
+RUNS = [(case, strategy) for case in CASES for strategy in STRATEGIES]
 
 
 @pytest.mark.parametrize("case, strategy", RUNS, ids=[f"{c}-{s}" for c, s in RUNS])
@@ -193,6 +199,8 @@ def test_strategy_trains_as_one_process(tmp_path_factory, case, strategy):
         split = [n for n in run["specs"] if n in init]
         split_bytes = sum(init[n].nbytes for n in split)
         assert run["held"] == (whole_bytes if strategy == "data" else whole_bytes - split_bytes // NPROC)
+        if strategy == "fsdp":  # every parameter of both models has a dim that 2 divides
+            assert split_bytes == whole_bytes and run["held"] == whole_bytes // NPROC
         if strategy == "tensor" and case == "mlp":
             assert split_bytes == whole_bytes - init["linear_1.bias"].nbytes  # all but the row-split bias
 
@@ -236,14 +244,14 @@ def test_evaluate_returns_the_whole_batch_on_every_rank(tmp_path_factory, case, 
     (want_out, want_grads) = _reference(case)[1]
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
         run = got[f"{case}-{strategy}"]
-        for outputs, grads in [run["step"]] + ([run["whole_step"]] if strategy == "tensor" else []):
+        for outputs, grads in [run["step"]] + ([run["whole_step"]] if strategy != "data" else []):
             assert set(outputs) == set(want_out) and set(grads) == set(want_grads)
             for name, want in want_out.items():
                 assert outputs[name].shape == want.shape, name
                 np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {name}")
             for name, want in want_grads.items():
                 np.testing.assert_allclose(grads[name], want, rtol=1e-4, atol=1e-6, err_msg=f"rank {rank}: {name}")
-        if strategy == "tensor":
+        if strategy != "data":
             assert "this process's part on the mesh" in run["bad_shape"], run["bad_shape"]
 
 
@@ -251,7 +259,7 @@ def test_what_mlx_meshes_do_not_run_is_a_mesh_error(tmp_path_factory):
     for rank, got in enumerate(_mesh_run(tmp_path_factory)):
         assert got["part"] == ((4, 4), (6, 4))  # this rank's rows of a split array; a whole one whole
         assert "device_mesh=(4,) needs 4 processes, but the ring group has 2" in got["too_large"]
-        assert "fsdp is not implemented on MLX" in got["fsdp"]
+        assert "pipeline is not implemented on MLX" in got["pipeline"]
 
 
 _LAUNCHED = r"""

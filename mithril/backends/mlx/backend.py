@@ -152,7 +152,10 @@ class MlxBackend(Backend):
     embedding tables the plan splits (:meth:`place` cuts them; :meth:`gather` joins them), and
     the program all-sums a row-split matmul's partial products and all-gathers split features
     where an op needs them whole (:func:`~.mesh.tensor_parallel_plan`); outputs come back whole,
-    a split parameter's gradient as the part its process holds. fsdp, pipeline and 2-D meshes are a
+    a split parameter's gradient as the part its process holds. Fully sharded
+    (``parallel="fsdp"``): data parallel, with each parameter held as this rank's part along its
+    first dim that divides, gathered whole for each call and its gradient reduced over the ranks
+    and cut to the part (:func:`~.mesh.gathered_param`). Pipeline and 2-D meshes are a
     :class:`~mithril.errors.MeshError` (JaxBackend and TorchBackend run them).
 
     >>> import mithril as ml
@@ -269,13 +272,14 @@ class MlxBackend(Backend):
         parts. Data parallel: parameters whole (every rank holds them all), data inputs cut on
         dim 0 to this rank's rows. Tensor parallel: the data whole, each split parameter cut to
         this rank's part (:meth:`local_shape`: the process holds only that; :meth:`gather` gives
-        the whole back, for a checkpoint). Other strategies, both at once, and splits a
-        ``sharding=`` rule adds are a MeshError."""
+        the whole back, for a checkpoint). Fully sharded: the data as under data parallel, the
+        parameters as under tensor parallel. Other strategies, several at once, and splits a
+        ``sharding=`` rule adds that these do not run are a MeshError."""
         if self._group is None:
             return super().place(values, plan)
         self._check_plan(plan)
         self._sharding = plan
-        axis = plan.strategies.get("data")
+        axis = plan.strategies.get("data") or plan.strategies.get("fsdp")
         out = {}
         for name, v in values.items():
             if name in plan.shapes and self._split(name, plan):
@@ -296,11 +300,12 @@ class MlxBackend(Backend):
 
     def _split(self, name: str, plan) -> bool:
         """Whether this process holds only its part of parameter ``name`` under ``plan``."""
-        return "tensor" in plan.strategies and any(a is not None for a in plan.specs.get(name, ()))
+        return ("tensor" in plan.strategies or "fsdp" in plan.strategies) \
+            and any(a is not None for a in plan.specs.get(name, ()))
 
     def local_shape(self, name: str, shape: tuple, plan) -> tuple:
-        """Parameter ``name``'s shape as this process holds it: under tensor parallel, a split
-        weight's part (``shape`` divided along its split dims)."""
+        """Parameter ``name``'s shape as this process holds it: under tensor parallel and fsdp, a
+        split parameter's part (``shape`` divided along its split dims)."""
         if self._group is None or not self._split(name, plan):
             return shape
         return _mmesh.local_shape(tuple(shape), self.mesh, plan.spec(name))
@@ -331,14 +336,19 @@ class MlxBackend(Backend):
         input split on dim 0) or tensor parallel (the data whole), over an axis holding every
         process."""
         strategies = sorted(plan.strategies)
-        if strategies not in (["data"], ["tensor"]):
-            raise MeshError(f"MlxBackend runs data or tensor parallel over a 1-D device mesh; "
+        if strategies not in (["data"], ["fsdp"], ["tensor"]):
+            raise MeshError(f"MlxBackend runs data, fsdp or tensor parallel over a 1-D device mesh; "
                             f"{' + '.join(strategies)} is not implemented on MLX (JaxBackend and TorchBackend run it): "
-                            f"compile with parallel='data' or parallel='tensor'")
+                            f"compile with parallel='data', 'fsdp' or 'tensor'")
         (strategy, axis), = plan.strategies.items()
         if self.mesh.axis_size(axis) != self.mesh.size:
             raise MeshError(f"MlxBackend: {strategy} parallel over axis {axis!r} of mesh {self.mesh} leaves other axes "
                             f"unused; give it every process (device_mesh=({self.mesh.size},))")
+        if strategy == "fsdp":
+            twice = [n for n in plan.shapes if sum(a is not None for a in plan.specs.get(n, ())) > 1]
+            if twice:
+                raise MeshError(f"MlxBackend splits a parameter on one dim under fsdp; sharding= splits "
+                                f"{', '.join(twice[:4])} on several")
         if strategy == "data":
             split_params = [n for n in plan.shapes if n in plan.specs]
             if split_params:
@@ -347,7 +357,7 @@ class MlxBackend(Backend):
         for name, shape in plan.input_shapes.items():
             spec = tuple(plan.specs.get(name, ()))
             spec = spec if any(a is not None for a in spec) else ()
-            want = (axis,) + (None,) * (len(shape) - 1) if strategy == "data" and len(shape) else ()
+            want = (axis,) + (None,) * (len(shape) - 1) if strategy != "tensor" and len(shape) else ()
             if spec != want:
                 raise MeshError(f"MlxBackend: under {strategy} parallel, input {name!r} must be "
                                 f"{'split on its batch (dim 0) over the ranks' if want else 'whole on every process'}; "

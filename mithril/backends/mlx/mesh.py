@@ -134,6 +134,7 @@ class OnMesh:
         self.tensor_source = None  # the generated source of the tensor-parallel program, once made
         self.mode = "data"
         self.cut: set[str] = set()  # split parameters the last tensor-parallel call got whole
+        self.gathered: set[str] = set()  # parameters the last fsdp call gathered from this rank's part
 
     def _tensor_program(self, sharding):
         found = self._tensor.get(id(sharding))
@@ -160,7 +161,16 @@ class OnMesh:
             out = forward(params, data)
             return {k: self.wrap(gather_dim(self.unwrap(v), split_outputs[k], self.group)) if k in split_outputs
                     else v for k, v in out.items()}
-        self.mode = "data"
+        self.mode, self.gathered = "data", set()
+        if sharding is not None and "fsdp" in sharding.strategies:
+            # Fully sharded: each parameter placed as this rank's part is gathered whole for the
+            # call (gathered_param: its gradient comes back reduced over the ranks and cut to
+            # the part); whole ones given run as under data parallel.
+            self.mode = "fsdp"
+            self.gathered = {k for k in params if k in sharding.shapes and any(a is not None for a in sharding.spec(k))
+                             and tuple(self.unwrap(params[k]).shape) != tuple(sharding.shapes[k])}
+            params = {k: self.wrap(gathered_param(self.unwrap(v), sharding.spec(k), self.group))
+                      if k in self.gathered else v for k, v in params.items()}
         out = self.forward(params, data)
         joined = {}
         for name, value in out.items():
@@ -180,7 +190,9 @@ class OnMesh:
 
         Data parallel: a parameter's (and a whole data input's) summed over the ranks (each
         rank's is its rows' share: the cotangent reached it through the averaged or gathered
-        outputs), a split data input's gathered (its rows, in rank order). Tensor parallel: a
+        outputs), a split data input's gathered (its rows, in rank order). Fully sharded: as
+        data parallel, but a parameter held as this rank's part has its part's gradient already
+        (summed over the ranks by :func:`gathered_param`'s vjp). Tensor parallel: a
         split parameter's gradient is that of the part this rank holds (where the part was cut
         from a whole parameter inside the call, the parts' gradients, zero outside each part,
         are summed into the whole one); the others are whole on every rank already (Megatron's
@@ -192,11 +204,35 @@ class OnMesh:
                 out[name] = mx.distributed.all_sum(g, group=self.group) if name in self.cut else g
             return out
         for name, g in grads.items():
-            if name in self.split_inputs:
+            if name in self.gathered:  # fsdp: reduced and cut by gathered_param's vjp
+                out[name] = g
+            elif name in self.split_inputs:
                 out[name] = mx.distributed.all_gather(g, group=self.group)
             else:
                 out[name] = mx.distributed.all_sum(g, group=self.group)
         return out
+
+
+def gathered_param(part, spec, group):
+    """FSDP's gather before use: the whole parameter of which ``part`` is this rank's (split on
+    the one dim ``spec`` names), differentiable so that the part's gradient is the ranks' whole
+    gradients summed, cut to this rank's part: a reduce-scatter. The ring backend has no
+    ``sum_scatter`` ("[ring] sum_scatter not supported" in mlx 0.32), so it is an ``all_sum``
+    then this rank's slice: the gradient traffic of data parallel, the memory of a part."""
+    dim = next(i for i, a in enumerate(spec) if a is not None)
+
+    @mx.custom_function
+    def gather(p):
+        return gather_dim(p, dim, group)
+
+    @gather.vjp
+    def scatter(primals, cotangent, output):
+        size = primals[0].shape[dim] if isinstance(primals, (list, tuple)) else primals.shape[dim]
+        start = group.rank() * size
+        summed = mx.distributed.all_sum(cotangent, group=group)
+        return mx.take(summed, mx.arange(start, start + size), axis=dim)
+
+    return gather(part)
 
 
 def gather_dim(native, dim, group):
