@@ -17,6 +17,9 @@ groups, each group taking turns in the same process with onnxruntime on the same
 - jax: the direct jax.numpy port of the module's forward under ``jax.jit`` (scripts/peers), Mithril JAX.
 - mlx: the direct mlx.core port under ``mx.compile`` (scripts/peers), Mithril MLX.
 
+``--runtimes ...,jax-port-options`` adds the JAX port compiled with the XLA options Mithril's
+JaxBackend uses (XNNPACK convolutions), to tell their share of a JAX row from the lowering's.
+
 Each thread count runs in its own child process whose CPU affinity is that many CPUs, set before any
 framework starts, so XLA and MLX (which size their pools from the CPUs they may use, once) run at the
 same count as onnxruntime (``intra_op_num_threads``), torch (``torch.set_num_threads``) and BLAS
@@ -57,12 +60,17 @@ GROUPS = {
 }
 MITHRIL = {"numpy", "jax", "torch", "mlx"}  # scripts/bench.py's backend names
 # runtime -> its framework-native peer in the same group
-PEER_OF = {"torch": "torch-eager", "torch-compile": "torch-eager", "jax": "jax-port", "mlx": "mlx-port"}
+PEER_OF = {"torch": "torch-eager", "torch-compile": "torch-eager", "jax": "jax-port", "mlx": "mlx-port",
+           "jax-port-options": "jax-port"}
 LABELS = {
     ORT: "onnxruntime", "numpy": "Mithril NumPy", "torch": "Mithril Torch", "jax": "Mithril JAX",
     "mlx": "Mithril MLX", "torch-eager": "Torch eager (module)", "torch-compile": "torch.compile (module)",
     "jax-port": "JAX port (jax.jit)", "mlx-port": "MLX port (mx.compile)",
+    "jax-port-options": "JAX port (jax.jit, JaxBackend's XLA options)",
 }
+# Not run unless --runtimes names it: the JAX port under the XLA options Mithril's JaxBackend
+# compiles with (XNNPACK convolutions...), to tell the options' share of a JAX row from the lowering's.
+OPTIONAL = {"jax-port-options": "jax"}
 RUNTIMES = tuple(r for g in GROUPS.values() for r in g)
 
 
@@ -154,8 +162,8 @@ def _prepare(runtime: str, path: str, ex, inputs: dict, backends: dict, args) ->
     if runtime in MITHRIL:
         compile_s, first_s, call, outs, fallbacks = b._backend_row(backends[runtime], path, inputs,
                                                                    args.compile_repeats)
-        if fallbacks:
-            raise RuntimeError(f"ran un-jitted: {fallbacks[0]}")
+        # A row that fell back to op-by-op execution is still timed, and says so (as bench.py does).
+        call.fallbacks = fallbacks
         return compile_s, first_s, call, outs
     if runtime == "torch-eager":
         first_s, call, outs = b._eager_row(ex, inputs)
@@ -168,8 +176,9 @@ def _prepare(runtime: str, path: str, ex, inputs: dict, backends: dict, args) ->
     from peers import make_peer
 
     framework = runtime.split("-")[0]
+    options = {"compiler_options": b.ml.JaxBackend().compiler_options} if runtime == "jax-port-options" else {}
     t = time.perf_counter()
-    call = make_peer(framework, ex.name, ex.module).bind(inputs)
+    call = make_peer(framework, ex.name, ex.module, **options).bind(inputs)
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     outs = dict(zip(ex.output_names, call()))
@@ -193,7 +202,7 @@ def run_child(args) -> dict:
 
     notes: list[str] = []
     rows: list[dict] = []
-    wanted = [r for r in RUNTIMES if r in args.runtime_list]
+    wanted = [r for r in (*RUNTIMES, *OPTIONAL) if r in args.runtime_list]
     backends = dict(b._make_backends([r for r in wanted if r in MITHRIL], notes))
     with b._limits(args.threads):
         facts = _thread_facts(args.threads, affinity)
@@ -212,6 +221,7 @@ def run_child(args) -> dict:
             ort_call = lambda s=sess: s.run(None, inputs)  # noqa: E731
             load = b._load_average()
             for group, members in GROUPS.items():
+                members = (*members, *(r for r, g in OPTIONAL.items() if g == group))
                 present = [r for r in members if r in wanted and (r in MITHRIL or ex is not None)]
                 present = [r for r in present if r not in MITHRIL or r in backends]
                 if not present:
@@ -224,6 +234,10 @@ def run_child(args) -> dict:
                     except Exception as exc:  # one failing runtime must not end the benchmark
                         notes.append(f"{name}, {args.threads} threads: {LABELS[r]} failed: "
                                      f"{type(exc).__name__}: {str(exc)[:300]}")
+                        b._progress(notes[-1])
+                        continue
+                    for msg in getattr(prepared[r][2], "fallbacks", []):
+                        notes.append(f"{name}, {args.threads} threads: {LABELS[r]} ran un-jitted: {msg}")
                         b._progress(notes[-1])
                 if not prepared:
                     continue
@@ -321,7 +335,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", default=[], metavar="PATH",
                     help="a user's .onnx file (repeatable): onnxruntime and Mithril backends only")
     ap.add_argument("--threads", default="2,1", help="comma list of thread counts, one process each")
-    ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma list from {', '.join(RUNTIMES)}")
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES),
+                    help=f"comma list from {', '.join((*RUNTIMES, *OPTIONAL))} (default: all but {', '.join(OPTIONAL)})")
     ap.add_argument("--row-seconds", type=float, default=6.0, help="time to spend timing one group")
     ap.add_argument("--runs", type=int, default=1000, help="most timed calls per runtime per group")
     ap.add_argument("--min-runs", type=int, default=3, help="fewest timed calls per runtime, however slow")
@@ -334,8 +349,8 @@ def main(argv=None) -> int:
     args.argv = argv
     args.runtime_list = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     for r in args.runtime_list:
-        if r not in RUNTIMES:
-            ap.error(f"unknown runtime {r!r}; choose from {', '.join(RUNTIMES)}")
+        if r not in RUNTIMES and r not in OPTIONAL:
+            ap.error(f"unknown runtime {r!r}; choose from {', '.join((*RUNTIMES, *OPTIONAL))}")
 
     if args.child:
         spec = json.loads(Path(args.child).read_text())
