@@ -95,3 +95,29 @@ def test_interleaved_samples_take_turns_and_keep_every_call():
     # turns: the runners alternate in blocks, not one after the other
     switches = sum(a != b for a, b in zip(calls, calls[1:]))
     assert switches >= 3
+
+
+def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, conv_model):
+    # The whole path a user takes: --model FILE (onnxruntime and Mithril only), a 1-thread child
+    # process, --write splicing "## Peers (issue 21)" into the document and keeping the rest.
+    import subprocess
+
+    import onnx
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model, model)
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\n## Results\n\nkept\n\n## Threads\n\nalso kept\n")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_peers.py"
+    proc = subprocess.run([sys.executable, str(script), "--models", "", "--model", str(model), "--threads", "1",
+                           "--runtimes", "numpy,torch-eager", "--row-seconds", "0.2", "--min-runs", "2",
+                           "--warmup", "1", "--write", "--output", str(doc)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = doc.read_text()
+    assert text.startswith("# Performance\n\n## Results\n\nkept\n")
+    assert text.index("## Peers (issue 21)") < text.index("## Threads\n\nalso kept")
+    assert "### conv.onnx (x [1, 4, 8, 8])" in text
+    assert "| 1 | onnxruntime (numpy group) |" in text and "| 1 | Mithril NumPy |" in text
+    assert "Torch eager" not in text.split("### conv.onnx")[1]  # a user's file has no module to run
+    assert "conv.onnx 1t [numpy] Mithril NumPy" in proc.stderr  # a progress line per measurement
