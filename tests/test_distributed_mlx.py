@@ -114,6 +114,7 @@ def _on_mesh(inits):
             pm = _trainer(build(), backend, shapes, parallel=strategy)
             run = out[f"{case}-{strategy}"] = {"step": _forward_case(pm, backend, init, batches[0]),
                                          "specs": dict(pm.sharding.specs),
+                                         "planned": pm.sharding.per_device_bytes(),
                                          "source": pm.program.forward.tensor_source}
             if strategy != "data":  # evaluate takes whole parameters too, and refuses other shapes
                 run["whole_step"] = _forward_case(pm, backend, {k: np.asarray(v) for k, v in init.items()},
@@ -199,6 +200,7 @@ def test_strategy_trains_as_one_process(tmp_path_factory, case, strategy):
         split = [n for n in run["specs"] if n in init]
         split_bytes = sum(init[n].nbytes for n in split)
         assert run["held"] == (whole_bytes if strategy == "data" else whole_bytes - split_bytes // NPROC)
+        assert run["held"] == run["planned"]  # as the ShardingPlan's table says
         if strategy == "fsdp":  # every parameter of both models has a dim that 2 divides
             assert split_bytes == whole_bytes and run["held"] == whole_bytes // NPROC
         if strategy == "tensor" and case == "mlp":
