@@ -337,7 +337,7 @@ class TorchBackend(Backend):
             _tpipe = _pipeline_module
         self._need_mesh("a pipeline")
         program = super().lower_stages(plan, stages, file_path=file_path)
-        return program.with_forward(_tpipe.pipeline_forward(program.forward, plan, stages, self))
+        return program.with_forward(_tpipe.pipeline_forward(program.forward, plan, stages, self._device))
 
     def pipeline_stage(self, index: int, fn, *args):
         """Stage ``index`` of a pipeline's program: computed on process ``index`` (it receives

@@ -89,10 +89,6 @@ class Routing:
         self.n_outputs = [len(seg.outputs) for seg in segments]
 
 
-def _device_of(backend):
-    return backend._device
-
-
 # -- point to point and broadcast with a header (shape, dtype) --------------------------------------
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -205,15 +201,15 @@ class PipelineForward:
     """The printed program's forward on a pipeline: every process runs it, each computing its
     own stage (:class:`_Run`); the plan's outputs broadcast from their stage's process."""
 
-    def __init__(self, forward, routing: Routing, backend):
-        self.forward, self.routing, self.backend = forward, routing, backend
+    def __init__(self, forward, routing: Routing, device):
+        self.forward, self.routing, self.device = forward, routing, device
 
     @property
     def rank(self) -> int:
         return dist.get_rank()
 
     def _run(self, params, data, record: bool) -> tuple[_Run, dict]:
-        run = _Run(self.routing, self.rank, _device_of(self.backend), record)
+        run = _Run(self.routing, self.rank, self.device, record)
         run.params = {k: v for k, v in params.items() if self.routing.owner.get(k) == run.rank}
         token = _RUN.set(run)
         try:
@@ -224,7 +220,7 @@ class PipelineForward:
 
     def _broadcast_outputs(self, out: dict) -> dict:
         result = dict(out)
-        device = _device_of(self.backend)
+        device = self.device
         for name in self.routing.output_order:
             made = self.routing.outputs.get(name)
             if made is not None and name in out:
@@ -266,7 +262,7 @@ class PipelineForward:
     def _backward(self, run: _Run, out: dict, leaves: dict, params: dict, cotangents: dict, diff_params,
                   diff_data):
         routing, rank, device = self.routing, run.rank, run.device
-        outputs = run.outputs if rank < routing.n else ()
+        outputs = run.outputs
         cots: dict[int, torch.Tensor] = {}
         for name, g in cotangents.items():
             made = routing.outputs.get(name)
@@ -274,18 +270,17 @@ class PipelineForward:
                 g = _native(g)
                 g = g.to(device) if isinstance(g, torch.Tensor) else _xp.tensor_from_numpy(np.asarray(g), device)
                 cots[made[1]] = g if made[1] not in cots else cots[made[1]] + g
-        extra: dict[str, torch.Tensor] = {}
-        if rank < routing.n:
-            for key, dst in routing.sends[rank]:
-                value = outputs[key[1]] if key[0] == "out" else run.params[key[1]]
-                if not _floating(value):
-                    continue
-                g = torch.empty_like(_native(value).detach())
-                dist.recv(g, dst)
-                if key[0] == "out":
-                    cots[key[1]] = g if key[1] not in cots else cots[key[1]] + g
-                else:
-                    extra[key[1]] = g if key[1] not in extra else extra[key[1]] + g
+        extra: dict[str, torch.Tensor] = {}  # gradients of this stage's parameters that later stages read
+        for key, dst in routing.sends[rank]:  # the gradients of what this stage sent, back from where it went
+            value = outputs[key[1]] if key[0] == "out" else run.params[key[1]]
+            if not _floating(value):
+                continue
+            g = torch.empty_like(_native(value).detach())
+            dist.recv(g, dst)
+            if key[0] == "out":
+                cots[key[1]] = g if key[1] not in cots else cots[key[1]] + g
+            else:
+                extra[key[1]] = g if key[1] not in extra else extra[key[1]] + g
         roots, root_cots = [], []
         for pos, g in cots.items():
             t = _native(outputs[pos])
@@ -315,8 +310,10 @@ class PipelineForward:
         return out, result
 
 
-def pipeline_forward(forward, plan, stages, backend) -> PipelineForward:
-    return PipelineForward(forward, Routing(plan, stages), backend)
+def pipeline_forward(forward, plan, stages, device) -> PipelineForward:
+    """The printed ``forward`` of ``plan`` with its pipeline ``stages`` (a Checkpointing), run
+    on this process's ``device``."""
+    return PipelineForward(forward, Routing(plan, stages), device)
 
 
 def stage(index: int, fn, args):
