@@ -333,7 +333,8 @@ def main(argv=None) -> int:
 
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)} ('' for none)")
     ap.add_argument("--model", action="append", default=[], metavar="PATH",
-                    help="a user's .onnx file (repeatable): onnxruntime and Mithril backends only")
+                    help="a user's .onnx file (repeatable): onnxruntime and Mithril backends only, on seeded "
+                         "inputs (floats standard normal, integers in [0, 100), bools true; symbolic dimensions 1)")
     ap.add_argument("--threads", default="2,1", help="comma list of thread counts, one process each")
     ap.add_argument("--runtimes", default=",".join(RUNTIMES),
                     help=f"comma list from {', '.join((*RUNTIMES, *OPTIONAL))} (default: all but {', '.join(OPTIONAL)})")
