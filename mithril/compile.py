@@ -35,6 +35,12 @@ def _clone(model: ir.Model) -> ir.Model:
     return model.clone()
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def _batchnorm_statistics(graph: ir.Graph) -> set[str]:
     """Initializers read as BatchNormalization's running mean/var: statistics, not weights."""
     names: set[str] = set()
@@ -113,6 +119,7 @@ class PhysicalModel:
         # Where each parameter and input goes on the backend's device mesh (compile's parallel= and
         # sharding=; mithril.distributed.ShardingPlan), None on one device.
         self.sharding = None
+        self._placed: dict[str, Any] | None = None  # the model's own parameters, placed (evaluate(None))
 
     @property
     def code(self) -> str:
@@ -132,8 +139,19 @@ class PhysicalModel:
 
     def get_parameters(self) -> dict[str, Any]:
         """The model's initializers (those not folded into the program) as backend arrays (on a
-        device mesh, placed by :attr:`sharding`)."""
-        return self.place({k: np.array(v) for k, v in self._params_numpy.items()})
+        device mesh, placed by :attr:`sharding`).
+
+        Weights are not copied where the backend computes on NumPy arrays (NumPy, C, GGML): those
+        are read-only views of the model's own arrays (an optimizer step makes new arrays; to
+        change one in place, ``np.array(params[k])`` first). Other backends copy each weight once
+        into their own memory."""
+        return self.place({k: _read_only(v) for k, v in self._params_numpy.items()})
+
+    def _own_parameters(self) -> dict[str, Any]:
+        # evaluate(None, ...): placed once, not copied onto the backend at every call.
+        if self._placed is None:
+            self._placed = self.get_parameters()
+        return self._placed
 
     def place(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` (NumPy or backend arrays) as the model runs them: on a device mesh, each
@@ -336,7 +354,7 @@ class PhysicalModel:
         datas = split_batch("evaluate", data, batched, parts)
         rows = np.shape(datas[0][batched[0]])[0] if batched else None
         if params is None or (isinstance(params, Mapping) and not params):
-            params = self.get_parameters()
+            params = self._own_parameters()
         if output_gradients is None:
             return self._join([self._evaluate(params, d, None) for d in datas], rows, parts)
         prepared = []
@@ -355,7 +373,9 @@ class PhysicalModel:
         results = self._run("gradients", program, lambda prog: self.backend.vjp_parts(
             prog, prepared, diff_params, diff_data))
         outputs = self._join([self.backend.finalize_outputs(r[0]) for r in results], rows, parts)
-        grads = {k: functools.reduce(lambda a, b: a + b, (r[1][k] for r in results)) for k in results[0][1]}
+        # A parameter's gradient sums over the parts; a batched input's is its parts' rows, joined.
+        grads = {k: self.backend.concat([r[1][k] for r in results], axis=0) if k in batched else
+                 functools.reduce(lambda a, b: a + b, (r[1][k] for r in results)) for k in results[0][1]}
         return outputs, grads
 
     def _join(self, outs: list[dict], rows, parts: int) -> dict:
@@ -371,7 +391,7 @@ class PhysicalModel:
     def _prepare(self, params, data, output_gradients):
         """Checked and placed ``(params, data, cotangents, unresolved)`` for one run."""
         if params is None or (isinstance(params, Mapping) and not params):  # the model's own parameters
-            params = self.get_parameters()
+            params = self._own_parameters()
         else:
             self._check_params(params)
         checked = self._check_data({} if data is None else data)
