@@ -331,3 +331,21 @@ def test_two_hosts_train_like_one_device(tmp_path):
         assert float(diff) < 1e-4, f"{strategy} on process {rank}: final parameters differ by {diff}"
         losses = np.array([float(x) for x in rest[-STEPS:]])
         np.testing.assert_allclose(losses, want, rtol=2e-5, atol=2e-6, err_msg=f"{strategy} on process {rank}")
+
+
+def test_pipeline_gradient_of_a_batched_input_joins_its_parts():
+    """A data input's gradient under a pipeline is its micro-batches' rows joined (each part's
+    rows are its own), not their sum; a parameter's gradient sums over the parts."""
+    model = models_zoo.mlp((32, 8))
+    shapes = {"input": [8, 16]}
+    x = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)
+    single = ml.compile(model, ml.JaxBackend(), shapes=shapes, data_keys={"input"})
+    params = {k: np.asarray(v) for k, v in single.randomize_params().items()}
+    cot = {"output": np.ones((8, 8), np.float32)}
+    _, want = single.evaluate(params, {"input": x}, output_gradients=cot)
+    pm = ml.compile(models_zoo.mlp((32, 8)), ml.JaxBackend(device_mesh=(2,)), shapes=shapes, data_keys={"input"},
+                    parallel={"pipeline": "data", "microbatches": 4})
+    _, got = pm.evaluate(params, {"input": x}, output_gradients=cot)
+    assert np.shape(got["input"]) == (8, 16)
+    for k, g in want.items():
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(g), rtol=1e-5, atol=1e-6, err_msg=k)

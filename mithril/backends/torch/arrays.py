@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from ...errors import MeshError
 from . import xp as _xp
 
 sqrt = torch.sqrt
@@ -19,6 +20,10 @@ def to_numpy(value) -> np.ndarray:
     (``full_tensor()``: every process of its mesh calls it)."""
     if _xp._DTENSOR is not None and isinstance(value, _xp._DTENSOR):
         value = value.full_tensor()
+    if value.is_meta:
+        raise MeshError(f"a meta tensor {tuple(value.shape)} {value.dtype} holds no values: on a pipeline it stands "
+                        "for a parameter another process's stage holds; backend.gather(params, pm.sharding) "
+                        "gives every parameter whole on every process")
     t = value.detach().cpu()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: go through float32, exactly
         return t.float().numpy().astype(ml_dtypes.bfloat16)
