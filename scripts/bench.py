@@ -9,6 +9,8 @@
     python scripts/bench.py --precision            # only the precision section (float16, bfloat16, float64)
     python scripts/bench.py --c-backend            # only the C section (latency, ResNet-50 build time, arena)
     python scripts/bench.py --mesh                 # only the device-mesh section (JAX strategies on host devices)
+    python scripts/bench.py --peers [--write ...]  # issue 21's exports beside onnxruntime and native peers, with
+                                                   # resident memory (scripts/bench_peers.py; arguments pass through)
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
@@ -1488,6 +1490,10 @@ def _existing_section(path: Path, heading: str) -> str | None:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--peers"]:  # its own options: scripts/bench_peers.py --help
+        import bench_peers
+
+        return bench_peers.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")
@@ -1616,11 +1622,15 @@ def main(argv=None) -> int:
         text = _render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started)
         # The training-memory, precision and C build sections are regenerated on their own
         # (--training-memory, --precision, --c-backend): kept as found.
-        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING, MESH_HEADING):
+        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING, MESH_HEADING,
+                        PEERS_HEADING):
             text = _splice_section(text, heading, _existing_section(out, heading))
         out.write_text(text)
         print(f"wrote {out}")
     return 0
+
+
+PEERS_HEADING = "## Peers (issue 21)"  # scripts/bench_peers.py's section
 
 
 def _training_memory_main(args, backend_names: list[str]) -> int:

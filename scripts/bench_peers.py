@@ -279,7 +279,7 @@ def _fmt(v, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
-def render(results: list[dict], args, started: str, loads, export_lines: list[str]) -> str:
+def render(results: list[dict], args, started: str, loads, export_lines: list[str], memory=()) -> str:
     b = _bench()
     command = "python scripts/bench_peers.py" + "".join(" " + shlex.quote(a) for a in args.argv)
     facts = b._machine_facts()
@@ -320,6 +320,16 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
             lines.append(f"| {r['threads']} | {name} | {r['ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} | {r['runs']} "
                          f"| {r['vs_ort']:.2f}x | {peer} | {_fmt(r['compile_s'], '.2f')} | {_fmt(r['first_s'], '.2f')} "
                          f"| {r['diff']:.1e} |")
+    if memory:
+        import bench_memory
+
+        lines += ["", "### Resident memory", "",
+                  f"What each model adds to a process at {max(r['threads'] for r in rows) if rows else '?'} threads "
+                  "(scripts/bench_memory.py): a fresh process per model and runtime imports every framework first, "
+                  "then loads, compiles and runs the model five times; peak is the process's peak resident memory "
+                  "(VmHWM, reset before loading) minus its resident memory before loading, kept is what stays "
+                  "resident after the runs. Issue 21's bar: every backend within 1.3x of onnxruntime's peak.", ""]
+        lines += bench_memory.table(list(memory))
     notes = [n for res in results for n in res["notes"]]
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
@@ -345,6 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-repeats", type=int, default=1, help="Mithril load+compile is the median of this many")
     ap.add_argument("--write", action="store_true", help=f"replace the {HEADING!r} section of --output")
     ap.add_argument("--output", default=str(ROOT / "docs" / "performance.md"))
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the resident-memory rows (scripts/bench_memory.py: one fresh process per model and runtime)")
     ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)  # internal: one thread count
     args = ap.parse_args(argv)
     args.argv = argv
@@ -399,7 +411,14 @@ def main(argv=None) -> int:
                                 "facts": {"threads": t, "affinity": "?", "torch.get_num_threads": "?", "blas": "?"}})
                 continue
             results.append(json.loads(Path(out_path).read_text()))
-    section = render(results, args, started, (load_start, b._load_average()), export_lines)
+        memory = []
+        if not args.no_memory:
+            import bench_memory
+
+            runtimes = ["onnxruntime", *(r for r in bench_memory.RUNTIMES[1:] if r in args.runtime_list)]
+            memory = bench_memory.rows({it["name"]: it["path"] for it in items}, runtimes, max(threads),
+                                       progress=b._progress)
+    section = render(results, args, started, (load_start, b._load_average()), export_lines, memory)
     print(section)
     if args.write:
         out = Path(args.output)

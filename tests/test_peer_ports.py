@@ -3,6 +3,7 @@ torchvision/transformers forward to jax.numpy and mlx.core computes what the tor
 on small inputs; and scripts/export_models.py's exports compute it too under onnxruntime."""
 
 import functools
+import re
 import sys
 import time
 from pathlib import Path
@@ -121,3 +122,9 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
     assert "| 1 | onnxruntime (numpy group) |" in text and "| 1 | Mithril NumPy |" in text
     assert "Torch eager" not in text.split("### conv.onnx")[1]  # a user's file has no module to run
     assert "conv.onnx 1t [numpy] Mithril NumPy" in proc.stderr  # a progress line per measurement
+    # Resident memory, one fresh process per runtime: onnxruntime and the Mithril backends asked for.
+    memory = text.split("### Resident memory")[1]
+    for runtime in ("onnxruntime", "numpy"):
+        row = re.search(rf"\| conv.onnx \| {runtime} \| (\d+) \| (\d+) \| ", memory)
+        assert row, memory
+    assert "| conv.onnx | torch |" not in memory
