@@ -377,13 +377,17 @@ def _optimized_hlo(pm, backend, params, data):
 
 
 def test_compiler_options_reach_every_program():
-    # The CPU default turns XLA's YNNPACK fusions off; {} gives XLA's defaults back, forward and
-    # gradient programs alike.
+    # Options reach the forward and gradient programs alike: an empty YNNPACK fusion list turns
+    # those fusions off, {} gives XLA's defaults (on) back, and the CPU default keeps them where
+    # they win (Intel CPUs with AVX-512) and turns them off elsewhere.
+    from mithril.backends.jax import backend as jax_backend
+
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
     model = make_model(nodes, [("x", F, [128, 64]), ("w", F, [64, 64])], [("y", F, [128, 64])])
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((128, 64), np.float32), rng.standard_normal((64, 64), np.float32)
-    for options, fused in ((None, False), ({}, True)):
+    for options, fused in ((None, jax_backend._ynn_fusions_win()), ({}, True),
+                           ({"xla_cpu_experimental_ynn_fusion_type": ""}, False)):
         backend = ml.JaxBackend(compiler_options=options)
         pm = _compile(model, backend, data_keys=["x", "w"])
         data = {"x": backend.from_numpy(x), "w": backend.from_numpy(w)}
@@ -405,17 +409,30 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
 
     no_ynn = {"xla_cpu_experimental_ynn_fusion_type": ""}
     unknown = {"xla_cpu_no_such_option": True}
+    monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda: False)
     monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", ({**no_ynn, **unknown}, no_ynn, {}))
     backend = ml.JaxBackend()
     assert backend.compiler_options == no_ynn and not backend._library_convolutions
     monkeypatch.setattr(jax_backend, "_CPU_COMPILER_OPTIONS", (unknown, {}))
     assert ml.JaxBackend().compiler_options == {}
     monkeypatch.undo()
-    backend = ml.JaxBackend()
-    assert backend.compiler_options == {"xla_allow_excess_precision": False, **no_ynn,
-                                        "xla_cpu_use_xnnpack": True,
-                                        "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
-    assert backend._library_convolutions
+    xnn = {"xla_cpu_use_xnnpack": True,
+           "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
+    # YNNPACK's fusions stay on (XLA's default) where they win, and are turned off elsewhere.
+    for wins, ynn in ((True, {}), (False, no_ynn)):
+        monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda wins=wins: wins)
+        backend = ml.JaxBackend()
+        assert backend.compiler_options == {"xla_allow_excess_precision": False, **ynn, **xnn}
+        assert backend._library_convolutions
+
+
+def test_ynn_fusions_are_kept_on_intel_cpus_with_avx512(monkeypatch):
+    from mithril.backends.jax import backend as jax_backend
+
+    for vendor, flags, wins in (("GenuineIntel", {"avx2", "avx512f"}, True), ("GenuineIntel", {"avx2"}, False),
+                                ("AuthenticAMD", {"avx2", "avx512f"}, False), ("", set(), False)):
+        monkeypatch.setattr(jax_backend, "_cpu_flags", lambda v=vendor, f=flags: (v, f))
+        assert jax_backend._ynn_fusions_win() is wins
 
 
 @pytest.mark.parametrize("options, size, convolution", [

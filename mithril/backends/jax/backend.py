@@ -114,10 +114,43 @@ def _has_platform(platform: str) -> bool:
         return False
 
 
-# XLA:CPU sends dots and reductions to YNNPACK fusions by default. Measured against XLA's own
-# (Eigen) kernels, interleaved in one process on 2 AVX2 cores: GPT-2 1.07 -> 0.80 ms, MobileNetV2
-# 10.1 -> 8.7 ms, ResNet-18 (batch 1 and 8) and BERT unchanged. An empty list turns them off.
+# XLA:CPU sends dots and reductions to YNNPACK fusions by default. Which is faster depends on the
+# CPU, measured interleaved with onnxruntime in one process on 2 cores, same jaxlib (0.10.2):
+# - an AMD EPYC: XLA's own (Eigen) kernels won, GPT-2 without an LM head 1.07 -> 0.80 ms,
+#   MobileNetV2 10.1 -> 8.7 ms, ResNet-18 (batch 1 and 8) and BERT unchanged;
+# - an Intel Xeon with AVX-512 (and AMX): YNNPACK won everywhere, by most on large dots. The
+#   50,257-word LM head of issue 21's GPT-2 (128x256 by 256x50257) takes 45 ms with YNNPACK against
+#   152 ms with Eigen (onnxruntime 60 ms); whole models against onnxruntime, fusions off -> on:
+#   GPT-2 1.84x -> 0.94x, BERT-256 1.09x -> 0.74x, ResNet-18 1.62x -> 0.89x.
+# So the fusions stay on (XLA's default) on Intel CPUs with AVX-512 and are turned off elsewhere
+# (an empty list turns them off).
 _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def _cpu_flags() -> tuple[str, set[str]]:
+    """The CPU's vendor id and feature flags from /proc/cpuinfo; ("", set()) where there is none."""
+    vendor, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def _ynn_fusions_win() -> bool:
+    """Whether XLA's YNNPACK fusions beat its Eigen kernels on this CPU (see above)."""
+    vendor, flags = _cpu_flags()
+    return vendor == "GenuineIntel" and "avx512f" in flags
+
+
 # XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
 # it beats im2col + Eigen's matmul: ResNet-18's layers down to 14x14 (1.6 against 2.2 ms for
 # 64x56x56), not its 7x7 ones at batch 1 (jax/overrides.py chooses per layer).
@@ -132,6 +165,8 @@ _EXACT_HALVES = {"xla_allow_excess_precision": False}
 # pyproject admits jax>=0.4.30) gets the next one.
 _CPU_COMPILER_OPTIONS = ({**_EXACT_HALVES, **_NO_YNN_FUSIONS, **_XNN_CONVOLUTIONS},
                          {**_EXACT_HALVES, **_NO_YNN_FUSIONS}, _EXACT_HALVES, {})
+# Where YNNPACK's fusions win: XLA's default for them.
+_CPU_COMPILER_OPTIONS_YNN = ({**_EXACT_HALVES, **_XNN_CONVOLUTIONS}, _EXACT_HALVES, {})
 _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
 
 
@@ -254,8 +289,9 @@ class JaxBackend(Backend):
 
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
     argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
-    default on the CPU turns off XLA:CPU's YNNPACK fusions, whose dot kernels were slower than
-    XLA's own on the benchmark models, and sends the convolutions that XNNPACK runs faster than
+    default on the CPU keeps XLA:CPU's YNNPACK fusions on Intel CPUs with AVX-512, where their dot
+    kernels are faster than XLA's own, and turns them off elsewhere (slower on an AMD EPYC), and
+    sends the convolutions that XNNPACK runs faster than
     im2col + matmul to XNNPACK (docs/performance.md); on every device it has XLA round each
     float16/bfloat16 op's result as the graph does (``xla_allow_excess_precision`` off, no effect
     on float32). ``compiler_options={}`` restores XLA's defaults, and the Conv kernel then uses
@@ -316,7 +352,10 @@ class JaxBackend(Backend):
             else None
         if compiler_options is None:
             # The CPU default, or as much of it as this jaxlib knows.
-            defaults = _CPU_COMPILER_OPTIONS if self._device.platform == "cpu" else _OTHER_COMPILER_OPTIONS
+            if self._device.platform != "cpu":
+                defaults = _OTHER_COMPILER_OPTIONS
+            else:
+                defaults = _CPU_COMPILER_OPTIONS_YNN if _ynn_fusions_win() else _CPU_COMPILER_OPTIONS
             compiler_options = next(o for o in defaults if not o or self._rejected(o) is None)
         else:
             self._check_compiler_options(compiler_options)
