@@ -46,6 +46,28 @@ from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo, missing_ke
 RUNTIME_ARGUMENTS = ("xp", "rng")
 
 
+def attributes_of(node: ir.Node) -> dict[str, ir.Attr]:
+    """``node.attributes`` as a plain dict (onnx_ir's is a UserDict, whose items() and values()
+    cost a Python call per entry)."""
+    attrs = node.attributes
+    return getattr(attrs, "data", attrs)
+
+
+def all_nodes(graph: ir.Graph):
+    """``graph.all_nodes()``: every node, each followed by the nodes of its subgraphs (preorder),
+    without onnx_ir's iterator, which costs ~5 us a node."""
+    for node in graph:
+        yield node
+        attrs = attributes_of(node)
+        if attrs:
+            for attr in attrs.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    yield from all_nodes(attr.value)
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for sub in attr.value:
+                        yield from all_nodes(sub)
+
+
 def node_label(node: ir.Node, index: int) -> str:
     """A node's name, or ``op_type#index`` when it has none."""
     return node.name or f"{node.op_type}#{index}"
@@ -241,7 +263,7 @@ def outer_reads(graph: ir.Graph) -> set[ir.Value]:
     used: set[ir.Value] = set()
     for node in graph:
         used.update(v for v in node.inputs if v is not None)
-        for attr in node.attributes.values():
+        for attr in attributes_of(node).values():
             if is_graph_attribute(attr):
                 for sub in attr.value if attr.type == ir.AttributeType.GRAPHS else [attr.value]:
                     used |= outer_reads(sub)
@@ -256,7 +278,7 @@ def check_domains(graph: ir.Graph, backend: str = "*", registry: KernelRegistry 
     before any op lookup, saying how to register one. Model-local functions are inlined before
     lowering, so their domains never reach here."""
     supported = registry.domains(backend)
-    bad = [(node_label(node, i), node.domain, node.op_type) for i, node in enumerate(graph.all_nodes())
+    bad = [(node_label(node, i), node.domain, node.op_type) for i, node in enumerate(all_nodes(graph))
            if canonical_domain(node.domain) not in supported]
     if bad:
         notes, hint = missing_kernel_help(backend, [(label, canonical_domain(d), op) for label, d, op in bad])
@@ -320,7 +342,7 @@ class _Builder:
         attributes: dict[str, Any] = {}
         subgraphs: dict[str, Plan | tuple[Plan, ...]] = {}
         graph_attrs = []
-        for name, attr in node.attributes.items():
+        for name, attr in attributes_of(node).items():
             if attr.is_ref():
                 problem = problem or self.refuse(UnsupportedAttributeError(
                     f"attribute {name!r} refers to a function attribute outside a function body",
@@ -412,6 +434,40 @@ def build_plan(graph: ir.Graph, opsets: dict[str, int], backend: str = "*", *,
     return plan
 
 
+def static_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str = "*") -> set[str]:
+    """Names of the initializers read at a kernel's static input position (a shape, axes,
+    scales...) on ``backend``: those that a non-strict :func:`build_plan` with no parameters
+    makes constants and binds at a ``static_inputs`` position, found without building the plan
+    (only each node's kernel is resolved)."""
+    constants: set[ir.Value] = set()
+    _collect_constants(graph, constants)
+    names: set[str] = set()
+    for node in all_nodes(graph):
+        domain = canonical_domain(node.domain)
+        spec = REGISTRY.resolve(node.op_type, opsets.get(domain, 1), domain, backend)
+        if spec is None or not spec.static_inputs:
+            continue
+        inputs = node.inputs
+        for i in spec.static_inputs:
+            if i < len(inputs) and (v := inputs[i]) is not None and v in constants:
+                names.add(v.name or "")
+    return names
+
+
+def _collect_constants(graph: ir.Graph, out: set[ir.Value]) -> None:
+    """The initializers of ``graph`` and its subgraphs that are not also graph inputs (a plan's
+    ``constant`` values when no initializer is a parameter)."""
+    inputs = set(graph.inputs)
+    out.update(v for v in graph.initializers.values() if v not in inputs)
+    for node in graph:
+        for attr in attributes_of(node).values():
+            if attr.type == ir.AttributeType.GRAPH:
+                _collect_constants(attr.value, out)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.value:
+                    _collect_constants(sub, out)
+
+
 def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> PlanNode:
     """One node bound as :func:`build_plan` binds it (non-strict: problems stay on the node)."""
     builder = _Builder(opsets, backend, set(), strict=False)
@@ -419,4 +475,4 @@ def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> P
 
 
 __all__ = ["Plan", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
-           "outer_reads", "plan_of_node", "reads_of", "squeeze_output_problem", "value_dtype"]
+           "outer_reads", "plan_of_node", "reads_of", "squeeze_output_problem", "static_initializers", "value_dtype"]

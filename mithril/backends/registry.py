@@ -137,16 +137,10 @@ class KernelSpec:
         >>> REGISTRY.resolve("Relu", 14).location.startswith("mithril/backends/kernels/elementwise.py:")
         True
         """
-        fn = inspect.unwrap(self.fn)
-        code = getattr(fn, "__code__", None)
-        path = inspect.getsourcefile(fn) or (code.co_filename if code else "?")
         try:
-            path = os.path.relpath(path, _ROOT)
-        except ValueError:  # another drive (Windows)
-            pass
-        if path.startswith(".."):
-            path = os.path.abspath(os.path.join(_ROOT, path))
-        return f"{path.replace(os.sep, '/')}:{code.co_firstlineno if code else 0}"
+            return _location(self.fn)
+        except TypeError:  # an unhashable callable: not cached
+            return _location.__wrapped__(self.fn)
 
     @property
     def builtin(self) -> bool:
@@ -166,6 +160,22 @@ class KernelSpec:
 # The directory holding the mithril package: KernelSpec.location is relative to it.
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PACKAGE = os.path.join(_ROOT, "mithril")
+
+
+@functools.lru_cache(maxsize=None)
+def _location(fn) -> str:
+    """KernelSpec.location of ``fn``, computed once per function: emitting a program names the
+    kernel of every node, and ``inspect.getsourcefile`` plus ``relpath`` cost 40 us a call."""
+    fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    path = inspect.getsourcefile(fn) or (code.co_filename if code else "?")
+    try:
+        path = os.path.relpath(path, _ROOT)
+    except ValueError:  # another drive (Windows)
+        pass
+    if path.startswith(".."):
+        path = os.path.abspath(os.path.join(_ROOT, path))
+    return f"{path.replace(os.sep, '/')}:{code.co_firstlineno if code else 0}"
 
 
 def _to_host(value):
@@ -279,7 +289,7 @@ class KernelRegistry:
         best = None
         for table_name in ("*", backend) if backend != "*" else ("*",):
             entries = self._tables.get(table_name, {}).get((domain, op_type), [])
-            idx = bisect.bisect_right([s for s, _ in entries], opset)
+            idx = bisect.bisect_right(entries, opset, key=_since)
             if idx:
                 candidate = entries[idx - 1][1]
                 if best is None or candidate.since >= best.since:
@@ -325,6 +335,10 @@ class KernelRegistry:
                 out[-1][1] = since - 1
             out.append([since, None, spec])
         return [tuple(r) for r in out]
+
+
+def _since(entry: tuple[int, KernelSpec]) -> int:
+    return entry[0]
 
 
 REGISTRY = KernelRegistry()

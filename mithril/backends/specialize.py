@@ -66,6 +66,16 @@ class InferShapes(InPlacePass):
         if any(v.type is None for v in model.graph.inputs):
             # An untyped input (a map, whose type onnx_ir cannot hold) crashes onnx's C++ inference.
             return PassResult(model, False)
+        for v in model.graph.initializers.values():  # as onnx_ir's inference call sets them
+            if v.const_value is not None:
+                if v.shape is None:
+                    v.shape = v.const_value.shape
+                if v.dtype is None:
+                    v.dtype = v.const_value.dtype
+        if _fully_static(model.graph):
+            # Every value already has a dtype and int dims: ONNX inference keeps declared shapes
+            # (one it disagrees with is an error it swallows), so it would set nothing.
+            return PassResult(model, False)
         modified = False
         for _ in range(RULE_ROUNDS):
             modified |= onnx_shape_inference(model)
@@ -73,6 +83,28 @@ class InferShapes(InPlacePass):
                 break
             modified = True
         return PassResult(model, modified)
+
+
+def _is_static(value: ir.Value) -> bool:
+    shape = value.shape
+    return (shape is not None and isinstance(value.type, ir.TensorType)
+            and value.dtype not in (None, ir.DataType.UNDEFINED) and all(isinstance(d, int) for d in shape))
+
+
+def _fully_static(graph: ir.Graph) -> bool:
+    """Whether every value of ``graph`` and its subgraphs (inputs, initializers, named node
+    outputs, outputs) is a tensor of known dtype and int dims."""
+    if not all(_is_static(v) for v in (*graph.inputs, *graph.initializers.values(), *graph.outputs)):
+        return False
+    for node in graph:
+        if not all(_is_static(o) for o in node.outputs if o.name):
+            return False
+        for attr in node.attributes.values():
+            subs = (attr.value,) if attr.type == ir.AttributeType.GRAPH else (
+                attr.value if attr.type == ir.AttributeType.GRAPHS else ())
+            if not all(_fully_static(sub) for sub in subs):
+                return False
+    return True
 
 
 def _apply_output_shape_rules(model: ir.Model) -> bool:
