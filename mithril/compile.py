@@ -720,7 +720,7 @@ _COMPILE_OPTIONS = ("shapes", "data_keys", "constant_keys", "trainable_keys", "i
 
 
 def _microbatches(backend: Backend, parallel) -> int:
-    if parallel is None or backend.mesh is None:
+    if parallel is None or backend.mesh is None or backend.mesh.size == 1:
         return 1
     from .distributed.sharding import microbatches
 
@@ -742,10 +742,12 @@ def _micro_shapes(shapes: Mapping[str, Iterable[int]], parts: int) -> dict[str, 
 
 
 def _sharding_plan(backend: Backend, plan: Plan, parallel, sharding):
-    """The ShardingPlan on a backend with a device mesh of several devices; None on one device,
-    where parallel= and sharding= are errors (nothing to split over)."""
+    """The ShardingPlan on a backend with a device mesh of several devices. None without a mesh,
+    where parallel= and sharding= are errors (nothing to split over), and on a one-device mesh,
+    whose plan splits nothing: the options are checked (a script written for N devices runs on
+    one, and its typos show there too) and the plain program runs."""
     mesh = backend.mesh
-    if mesh is None or mesh.size == 1:
+    if mesh is None:
         if parallel is not None or sharding is not None:
             option = "parallel" if parallel is not None else "sharding"
             raise CompileError(f"{option}= splits a model over a device mesh, and {type(backend).__name__} has none: "
@@ -753,6 +755,12 @@ def _sharding_plan(backend: Backend, plan: Plan, parallel, sharding):
         return None
     from .distributed import plan_sharding
 
+    if mesh.size == 1:
+        if parallel is not None or sharding is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # what one device cannot split is no news
+                plan_sharding("compile", plan, mesh, parallel, sharding)
+        return None
     return plan_sharding("compile", plan, mesh, parallel, sharding)
 
 

@@ -349,3 +349,19 @@ def test_pipeline_gradient_of_a_batched_input_joins_its_parts():
     assert np.shape(got["input"]) == (8, 16)
     for k, g in want.items():
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(g), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("parallel", ["data", "fsdp", "tensor", {"pipeline": "data", "microbatches": 2}])
+def test_one_device_mesh_takes_every_strategy_as_the_plain_program(parallel):
+    """A script written for N devices runs with N = 1: JaxBackend(device_mesh=(1,)) with any
+    parallel= compiles the plain program (nothing to split), and a wrong option still fails."""
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    pm = ml.compile(models_zoo.mlp((8, 4)), ml.JaxBackend(device_mesh=(1,)), shapes={"input": [4, 6]},
+                    parallel=parallel)
+    assert pm.sharding is None
+    params = pm.randomize_params()
+    plain = ml.compile(models_zoo.mlp((8, 4)), ml.JaxBackend(), shapes={"input": [4, 6]})
+    np.testing.assert_array_equal(np.asarray(pm.evaluate(params, {"input": x})["output"]),
+                                  np.asarray(plain.evaluate(params, {"input": x})["output"]))
+    with pytest.raises(MeshError, match=r"unknown parallel strategy 'dta'"):
+        ml.compile(models_zoo.mlp((8, 4)), ml.JaxBackend(device_mesh=(1,)), shapes={"input": [4, 6]}, parallel="dta")
