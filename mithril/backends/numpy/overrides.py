@@ -36,3 +36,19 @@ def gelu(x, *, approximate, xp):
     else:
         raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
     return y.astype(x.dtype)
+
+
+@override("numpy", "Conv", since=1,
+          reason="speed: depthwise (group == channels, 2-D) as multiply-adds of shifted contiguous views over "
+                 "stride phases (mithril/backends/numpy/conv.py); the shared im2col + matmul elsewhere")
+def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+    from ..kernels.geometry import window
+    from ..kernels.nn import conv as shared_conv
+    from .conv import depthwise_2d, is_depthwise_2d
+
+    if is_depthwise_2d(x, w, b, group):
+        win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+        if all(o > 0 for o in win.out):
+            return depthwise_2d(x, w, b, win)
+    return shared_conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                       pads=pads, strides=strides, xp=xp)

@@ -1,0 +1,129 @@
+"""NumPy's depthwise Conv override (mithril/backends/numpy/conv.py) against the shared im2col
+kernel: both layouts (channels first for large images, channels last for small ones), strides,
+dilations, asymmetric and auto pads, odd sizes, batches, float32 and float64, and through a
+compiled model under NumpyBackend(num_threads=2) against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+from mithril.backends.kernels.geometry import window
+from mithril.backends.kernels.nn import conv as shared_conv
+from mithril.backends.numpy import conv as fast
+from mithril.backends.numpy.overrides import conv as numpy_conv
+
+# name, (n, c, h, w), kernel, Conv attributes
+CASES = [
+    ("s1_3x3", (1, 8, 17, 13), (3, 3), dict(pads=[1, 1, 1, 1])),
+    ("s2_3x3", (1, 8, 17, 13), (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    ("s2_even", (1, 6, 16, 16), (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    ("s3_5x5", (1, 5, 23, 19), (5, 5), dict(pads=[2, 1, 0, 2], strides=[3, 3])),
+    ("s1x2", (1, 4, 11, 14), (3, 3), dict(pads=[1, 1, 1, 1], strides=[1, 2])),
+    ("dil2", (1, 6, 15, 15), (3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),
+    ("dil2_s2", (1, 6, 15, 15), (3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2], strides=[2, 2])),
+    ("dil3x1_s2x1", (1, 3, 20, 9), (3, 2), dict(pads=[0, 1, 3, 0], dilations=[3, 1], strides=[2, 1])),
+    ("no_pad", (1, 7, 9, 9), (3, 3), dict()),
+    ("pad_only_end", (1, 7, 9, 9), (3, 3), dict(pads=[0, 0, 2, 2], strides=[2, 2])),
+    ("same_upper", (1, 5, 10, 7), (3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2])),
+    ("same_lower", (1, 5, 10, 7), (4, 4), dict(auto_pad="SAME_LOWER")),
+    ("valid", (1, 5, 10, 7), (3, 3), dict(auto_pad="VALID", strides=[2, 2])),
+    ("1x1", (1, 4, 6, 5), (1, 1), dict(strides=[2, 2])),
+    ("wide_kernel", (1, 3, 4, 40), (1, 7), dict(pads=[0, 3, 0, 3])),
+    ("tiny", (1, 3, 1, 1), (3, 3), dict(pads=[1, 1, 1, 1])),
+    ("batch", (3, 4, 12, 10), (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    # many channels over a small image: the channels-last path
+    ("cl_s1", (1, 96, 7, 7), (3, 3), dict(pads=[1, 1, 1, 1])),
+    ("cl_s2", (2, 80, 9, 8), (3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+    ("cl_dil", (1, 64, 6, 6), (3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),
+    # channels-first blocks with several blocks and a short last one
+    ("cf_blocks", (1, 37, 60, 61), (3, 3), dict(pads=[1, 1, 1, 1])),
+]
+
+
+def _inputs(name, shape, kernel, dtype, bias=True):
+    rng = np.random.default_rng(sum(map(ord, name)))
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2).astype(dtype)
+    w = rng.standard_normal((c, 1) + kernel).astype(dtype)
+    b = rng.standard_normal(c).astype(dtype) if bias else None
+    return x, w, b
+
+
+def _attrs(attrs, kernel, group):
+    full = dict(auto_pad="NOTSET", dilations=None, pads=None, strides=None)
+    full.update(attrs)
+    return dict(full, group=group, kernel_shape=list(kernel))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,shape,kernel,attrs", CASES, ids=[c[0] for c in CASES])
+def test_depthwise_equals_shared_kernel(name, shape, kernel, attrs, dtype):
+    x, w, b = _inputs(name, shape, kernel, dtype, bias=not name.startswith("no_"))
+    kw = _attrs(attrs, kernel, shape[1])
+    assert fast.is_depthwise_2d(x, w, b, shape[1])
+    want = shared_conv(x, w, b, xp=np, **kw)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    win = window(x.shape[2:], w.shape[2:], kw["strides"], kw["dilations"], kw["pads"], kw["auto_pad"])
+    got = fast.depthwise_2d(x, w, b, win)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, **tol)
+    got = numpy_conv(x, w, b, xp=np, **kw)  # the registered override, through its dispatch
+    np.testing.assert_allclose(got, want, **tol)
+
+
+def test_mobilenet_layers_both_layouts():
+    # MobileNetV2's depthwise shapes at stride 1 and 2: a 112x112 image (channels first, several
+    # blocks) and a 14x14 one with 576 channels (channels last).
+    for shape in [(1, 32, 112, 112), (1, 576, 14, 14)]:
+        x, w, b = _inputs(str(shape), shape, (3, 3), np.float32)
+        for s in (1, 2):
+            kw = _attrs(dict(pads=[1, 1, 1, 1], strides=[s, s]), (3, 3), shape[1])
+            want = shared_conv(x, w, b, xp=np, **kw)
+            assert want.shape[2:] == (shape[2] // s, shape[3] // s)
+            np.testing.assert_allclose(numpy_conv(x, w, b, xp=np, **kw), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [
+    ("grouped_not_depthwise", (1, 8, 9, 9), (8, 2, 3, 3), 4, np.float32),
+    ("channel_multiplier", (1, 4, 9, 9), (8, 1, 3, 3), 4, np.float32),
+    ("conv1d", (1, 4, 9), (4, 1, 3), 4, np.float32),
+    ("float16", (1, 4, 9, 9), (4, 1, 3, 3), 4, np.float16),
+    ("plain", (1, 4, 9, 9), (6, 4, 3, 3), 1, np.float32),
+], ids=lambda c: c[0])
+def test_other_convs_take_the_shared_kernel(case):
+    name, xshape, wshape, group, dtype = case
+    rng = np.random.default_rng(len(name))
+    x = rng.standard_normal(xshape).astype(dtype)
+    w = rng.standard_normal(wshape).astype(dtype)
+    assert not fast.is_depthwise_2d(x, w, None, group)
+    nd = len(xshape) - 2
+    kw = dict(auto_pad="NOTSET", dilations=None, group=group, kernel_shape=list(wshape[2:]), pads=[1] * 2 * nd,
+              strides=None)
+    np.testing.assert_array_equal(numpy_conv(x, w, None, xp=np, **kw), shared_conv(x, w, None, xp=np, **kw))
+
+
+def test_compiled_model_under_two_threads_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    c = 48
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((c, 1, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y1"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["y1", "lo", "hi"], ["y2"]),
+             helper.make_node("Conv", ["y2", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1], strides=[2, 2])]
+    graph = helper.make_graph(
+        nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 28, 28])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+                     helper.make_tensor("b", TensorProto.FLOAT, b.shape, b),
+                     helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]),
+                     helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, c, 56, 56)).astype(np.float32)
+    pm = ml.compile(model, ml.NumpyBackend(num_threads=2))
+    got = pm.evaluate(pm.get_parameters(), {"x": x})["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
