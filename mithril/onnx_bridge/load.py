@@ -282,7 +282,7 @@ def _copied(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _own_tensors(model: ir.Model, base_dir: Path | None) -> int:
     """Give every tensor of the model its own memory, so that the protobuf can be freed; external
-    data stays in its files, memory-mapped (read-only) when first read.
+    data stays in its files, memory-mapped (read-only) here, its pages read when used.
 
     onnx_ir reads tensors in place from the ModelProto, and a protobuf message lives in one arena
     that any sub-message keeps alive: one small tensor still read from the proto would keep every
@@ -299,7 +299,7 @@ def _own_tensors(model: ir.Model, base_dir: Path | None) -> int:
                     attr.value if attr.type == ir.AttributeType.TENSORS else ())
                 for t in tensors:
                     if isinstance(t, ir.ExternalTensor):
-                        t.base_dir = str(base_dir)
+                        _map(t, base_dir)
                 if not any(isinstance(t, ir.serde.TensorProtoTensor) for t in tensors):
                     continue
                 owned = [_owned(t) if isinstance(t, ir.serde.TensorProtoTensor) else t for t in tensors]
@@ -313,7 +313,7 @@ def _own_tensors(model: ir.Model, base_dir: Path | None) -> int:
                 value.const_value = _owned(value.const_value)
                 copied += value.const_value.nbytes
             elif isinstance(value.const_value, ir.ExternalTensor):
-                value.const_value.base_dir = str(base_dir)  # the proto's locations are relative to it
+                _map(value.const_value, base_dir)
     return copied
 
 
@@ -328,6 +328,17 @@ def _return_freed_memory() -> None:
     except (OSError, AttributeError):
         return
     trim(0)
+
+
+def _map(tensor: ir.ExternalTensor, base_dir: Path | None) -> None:
+    """Map an external tensor's file now (pages are read when used), so that a file that went
+    missing or shrank since check_model is an OnnxLoadError at load, not an error at compile."""
+    tensor.base_dir = str(base_dir)  # the proto's locations are relative to the model's folder
+    try:
+        tensor.numpy()
+    except Exception as exc:  # OSError, ValueError (a region past the end), onnx_ir's own
+        raise OnnxLoadError(f"reading the external data of tensor {tensor.name!r} from {tensor.path!r} "
+                            f"failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _external_tensors(model: ir.Model):
