@@ -1,8 +1,11 @@
 """Greedy generation with a key/value cache (issue 19, Must 6): the zoo's decode-step GPT
 (``create_gpt_decoder``) equals ``create_gpt`` step by step, and ``ml.generate`` gives the same
-ids as re-running the full model on the growing sequence, on NumPy, GGML (float32; q8_0 within
-the issue's 30 of 32) and C; with GPT-2's weights it decodes as transformers' GPT2LMHeadModel,
-and so does a GPT-2 decode step exported to ONNX by torch and compiled from the file."""
+ids as re-running the full model on the growing sequence, on NumPy, GGML and C. The issue's bar
+(q8_0 matches float32 onnxruntime's argmax on at least 30 of 32 tokens) is checked on trained
+weights, as a user's model has: transformers' GPT2LMHeadModel of CFG's sizes trained for a few
+seconds on a learnable synthetic corpus (``tests/trained_gpt.py``), for several training seeds,
+through the zoo's decoder with its weights and through a GPT-2 decode step exported to ONNX by
+torch and compiled from the file; both decode as ``GPT2LMHeadModel.generate`` in float32."""
 
 import doctest
 import importlib
@@ -14,6 +17,8 @@ import pytest
 import mithril as ml
 import models_zoo
 from mithril.errors import MithrilError
+
+from . import trained_gpt
 
 CFG = dict(bias=True, block_size=64, dims=64, num_heads=4, num_layers=2, vocab_size=128)  # dims 64: whole q8_0 blocks
 PROMPT = np.array([5, 17, 3, 60])
@@ -27,9 +32,10 @@ def _step(backend, batch=1, **options):
 
 def _params(seed=0):
     """GPT-2's initialisation (N(0, 0.02) weights and embeddings, LayerNorm scales near 1), so the
-    attention and the context decide the next token, not the current token alone. Random weights
-    leave small gaps between the two largest logits: with this seed and prompt the q8_0 logits
-    pick the same argmax on every step (measured, see test_q8_0_...)."""
+    attention and the context decide the next token, not the current token alone. Good for
+    comparisons that must be exact (float32 backends against each other); random weights leave
+    gaps of a few hundredths between the two largest logits, so quantized backends are compared
+    on trained weights (``_trained``)."""
     rng = np.random.default_rng(seed)
     shapes = {k: np.shape(v) for k, v in _step(ml.NumpyBackend()).randomize_params().items()}
     return {k: ((1.0 if k.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0)
@@ -105,22 +111,14 @@ def test_generate_refuses_what_does_not_fit_the_cache():
         ml.generate(step, _params(), np.zeros((2, 3), np.int64), 4)
 
 
-def test_generate_on_ggml_float32_and_q8_0():
+def test_generate_on_ggml_float32_equals_numpy():
+    """Random weights, exact equality; q8_0 and q4_0 are checked on trained weights below."""
     pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
     params = _params()
     want = ml.generate(_step(ml.NumpyBackend()), params, PROMPT, NEW)
     # one thread: this test's machine is shared, and ggml's spinning threads crawl when cores are busy
     f32 = ml.generate(_step(ml.GGMLBackend(num_threads=1), static_shapes=True), params, PROMPT, NEW)
     np.testing.assert_array_equal(f32, want)
-    q8 = ml.generate(_step(ml.GGMLBackend(quantize="q8_0", num_threads=1), static_shapes=True), params, PROMPT, NEW)
-    assert (q8 == f32).sum() >= 30  # issue 19's bar; measured 32 of 32 with these weights
-    # the same comparison without compounding: q8_0's argmax on float32's own sequence (the full
-    # model, no cache, quantized)
-    seq = np.concatenate([PROMPT, f32[:-1]])[None]
-    full = ml.compile(models_zoo.create_gpt(**CFG), ml.GGMLBackend(quantize="q8_0", num_threads=1),
-                      shapes={"input": seq.shape}, inference=True, static_shapes=True)
-    forced = full.evaluate(params, {"input": seq})["output"][0, len(PROMPT) - 1:].argmax(-1)
-    assert (forced == f32).sum() >= 31
 
 
 def test_generate_on_c_equals_numpy():
@@ -149,38 +147,77 @@ def test_generate_docstring_example_runs():
     assert runner.summarize(verbose=False).failed == 0
 
 
-def _gpt2(seed):
-    """transformers' GPT2LMHeadModel from a config of CFG's sizes (random weights, lm_head untied)."""
+SEEDS = (0, 1, 2)  # training seeds: each gives its own corpus, initialisation and prompt; each must pass
+
+
+@pytest.fixture(scope="module", params=SEEDS, ids=lambda seed: f"seed{seed}")
+def trained(request):
+    """transformers' GPT2LMHeadModel of CFG's sizes trained with this seed (``trained_gpt``: a
+    rule token picks one of two successor tables, 5 % noise; 100 AdamW steps of 16 sequences),
+    a noise-free prompt of its corpus, and ``GPT2LMHeadModel.generate``'s greedy ids (float32
+    PyTorch, its own key/value cache): the reference of the tests below."""
     torch = pytest.importorskip("torch", reason="the reference is transformers' GPT-2 in PyTorch")
     transformers = pytest.importorskip("transformers", reason="the reference is transformers' GPT2LMHeadModel")
     pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
-    config = transformers.GPT2Config(vocab_size=CFG["vocab_size"], n_positions=CFG["block_size"], n_embd=CFG["dims"],
-                                     n_layer=CFG["num_layers"], n_head=CFG["num_heads"], tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    hf = transformers.GPT2LMHeadModel(config).eval()
+    seed = request.param
+    hf, table, report = trained_gpt.train_gpt2(
+        torch, transformers, vocab_size=CFG["vocab_size"], block_size=CFG["block_size"], dims=CFG["dims"],
+        num_heads=CFG["num_heads"], num_layers=CFG["num_layers"], seed=seed, steps=100)
+    prompt = trained_gpt.prompt(table, rule=seed % trained_gpt.RULES,
+                                start=int(np.random.default_rng(seed).integers(trained_gpt.RULES, CFG["vocab_size"])))
     with torch.no_grad():
-        want = hf.generate(torch.from_numpy(PROMPT[None]), attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
-                           max_new_tokens=NEW, do_sample=False, pad_token_id=0)[0, len(PROMPT):].numpy()
-    assert len(set(want.tolist())) > 10  # not one token repeated
-    return torch, hf, want
+        want = hf.generate(torch.from_numpy(prompt[None]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           max_new_tokens=NEW, do_sample=False, pad_token_id=0)[0, len(prompt):].numpy()
+    return dict(seed=seed, torch=torch, hf=hf, table=table, report=report, prompt=prompt, want=want)
 
 
-def test_generate_equals_transformers_gpt2_greedy_decoding():
-    """The zoo's decoder with GPT-2's weights (Conv1D weights transposed to Linear's layout)
-    generates what ``GPT2LMHeadModel.generate`` (greedy, its own key/value cache, float32
-    PyTorch) does, on GGML float32 and, for this seed, at q8_0. Random weights leave small gaps
-    between the top two logits: seeds 0 to 3 measured 32 of 32 each in float32 but 15, 32, 32
-    and 20 at q8_0 (one flipped argmax changes every later token), so the q8_0 bar holds for this
-    seed, not for any random model."""
+def test_training_makes_next_token_predictions_confident(trained):
+    """The trained model's greedy continuation follows its corpus's rule, and the median gap
+    between the two largest logits (held-out sequences) grew from a few hundredths to several
+    logits. Measured (median gap before -> after; the smallest along the greedy continuation):
+    seed 0 0.041 -> 3.15 (2.45), seed 1 0.042 -> 2.73 (0.60), seed 2 0.040 -> 2.94 (1.73). After
+    30 steps instead of 100 (median gap about 0.5) q8_0 still matched 32 of 32 on seeds 0 to 3 but
+    q4_0 only 32, 11, 4 and 24."""
+    torch, report, prompt, want = trained["torch"], trained["report"], trained["prompt"], trained["want"]
+    with torch.no_grad():  # the gaps along the greedy continuation itself: how close its closest call is
+        logits = trained["hf"](torch.from_numpy(np.concatenate([prompt, want[:-1]])[None])).logits[0, len(prompt) - 1:]
+    top = logits.topk(2, dim=-1).values
+    print(f"seed {trained['seed']}: median top-1 minus top-2 logit gap {report['gap_before']:.3f} -> "
+          f"{report['gap_after']:.2f} (loss {report['loss']:.3f}); along the 32 generated tokens: smallest "
+          f"{float((top[:, 0] - top[:, 1]).min()):.2f}")
+    assert report["gap_before"] < 0.1 and report["gap_after"] > 1.5
+    np.testing.assert_array_equal(trained["want"], trained_gpt.follow(trained["table"], trained["prompt"], NEW))
+    assert len(set(trained["want"].tolist())) == NEW  # the rule's tables are cycles through every token
+
+
+def _count(ids, want):
+    return int((np.asarray(ids) == want).sum())
+
+
+def test_generate_equals_transformers_gpt2_greedy_decoding(trained):
+    """The zoo's decoder with the trained GPT-2's weights (Conv1D weights transposed to Linear's
+    layout) generates what ``GPT2LMHeadModel.generate`` does on GGML float32, and at q8_0 on at
+    least 30 of 32 tokens (issue 19's bar), also on the argmax of q8_0's full model (no cache)
+    over float32's own sequence, where errors do not compound. q4_0 is reported, not asserted.
+    Measured per seed 0, 1, 2: q8_0 32, 32, 32 of 32; q4_0 32, 32, 32."""
     from models_zoo import weights
 
-    _, hf, want = _gpt2(seed=2)
+    hf, prompt, want = trained["hf"], trained["prompt"], trained["want"]
     conv1d = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # [in, out]; Linear's weight is [out, in]
     params = weights.gpt_params({k: v.T if k.endswith(conv1d) else v for k, v in hf.state_dict().items()})
-    f32 = ml.generate(_step(ml.GGMLBackend(num_threads=1), static_shapes=True), params, PROMPT, NEW)
+    # one thread: this test's machine is shared, and ggml's spinning threads crawl when cores are busy
+    f32 = ml.generate(_step(ml.GGMLBackend(num_threads=1), static_shapes=True), params, prompt, NEW)
     np.testing.assert_array_equal(f32, want)
-    q8 = ml.generate(_step(ml.GGMLBackend(quantize="q8_0", num_threads=1), static_shapes=True), params, PROMPT, NEW)
-    assert (q8 == want).sum() >= 30  # measured 32 of 32
+    q8 = ml.generate(_step(ml.GGMLBackend(quantize="q8_0", num_threads=1), static_shapes=True), params, prompt, NEW)
+    q4 = ml.generate(_step(ml.GGMLBackend(quantize="q4_0", num_threads=1), static_shapes=True), params, prompt, NEW)
+    seq = np.concatenate([prompt, want[:-1]])[None]
+    full = ml.compile(models_zoo.create_gpt(**CFG), ml.GGMLBackend(quantize="q8_0", num_threads=1),
+                      shapes={"input": seq.shape}, inference=True, static_shapes=True)
+    forced = full.evaluate(params, {"input": seq})["output"][0, len(prompt) - 1:].argmax(-1)
+    print(f"zoo decoder, seed {trained['seed']}: q8_0 {_count(q8, want)}/{NEW}, q4_0 {_count(q4, want)}/{NEW}, "
+          f"q8_0 on float32's sequence {_count(forced, want)}/{NEW}")
+    assert _count(q8, want) >= 30
+    assert _count(forced, want) >= 31
 
 
 def _gpt2_step_module(torch, hf):
@@ -232,14 +269,14 @@ def _onnxruntime_greedy(path, prompt, count):
     return np.array(ids)
 
 
-def test_generate_on_an_exported_gpt2_step(tmp_path):
-    """The exported GPT-2: a decode step written with GPT2LMHeadModel's modules, exported by
-    torch.onnx.export (TorchScript), compiled from the ONNX file on GGML (one ggml graph, no
-    NumPy fallback) and run by ``ml.generate`` with the file's own weights: equal to
-    ``GPT2LMHeadModel.generate`` and to onnxruntime's greedy decoding of the file in float32. At
-    q8_0 seeds 0 to 3 measured 32, 27, 32 and 20 of 32 (the argmax on float32's own sequence: 32,
-    31, 32, 30), so the bar holds for this seed."""
-    torch, hf, want = _gpt2(seed=2)
+def test_generate_on_an_exported_gpt2_step(trained, tmp_path):
+    """The exported GPT-2: a decode step written with the trained GPT2LMHeadModel's modules,
+    exported by torch.onnx.export (TorchScript), compiled from the ONNX file on GGML (one ggml
+    graph, no NumPy fallback) and run by ``ml.generate`` with the file's own weights: equal to
+    ``GPT2LMHeadModel.generate`` and to onnxruntime's greedy decoding of the file in float32, and
+    at q8_0 equal to onnxruntime's on at least 30 of 32 tokens (issue 19's bar). q4_0 is
+    reported, not asserted. Measured per seed 0, 1, 2: q8_0 32, 32, 32 of 32; q4_0 32, 32, 32."""
+    torch, hf, prompt, want = trained["torch"], trained["hf"], trained["prompt"], trained["want"]
     size, head = CFG["block_size"], CFG["dims"] // CFG["num_heads"]
     caches = [f"{kv}_cache_{i}" for i in range(CFG["num_layers"]) for kv in "kv"]
     layouts = {"k": (1, CFG["num_heads"], size, head), "v": (1, CFG["num_heads"], head, size)}
@@ -251,13 +288,19 @@ def test_generate_on_an_exported_gpt2_step(tmp_path):
         torch.onnx.export(_gpt2_step_module(torch, hf), args, str(path), dynamo=False, opset_version=17,
                           input_names=["input", "position", "mask", "write", *caches],
                           output_names=["output", *(f"{c}_next" for c in caches)])
-    np.testing.assert_array_equal(_onnxruntime_greedy(str(path), PROMPT, NEW), want)  # the issue's reference
+    reference = _onnxruntime_greedy(str(path), prompt, NEW)  # the issue's reference
+    np.testing.assert_array_equal(reference, want)
     f32 = ml.compile(str(path), ml.GGMLBackend(num_threads=1), inference=True)
     assert len(f32.program.segments) == 1 and not f32.program.fallback
-    np.testing.assert_array_equal(ml.generate(f32, None, PROMPT, NEW), want)
+    np.testing.assert_array_equal(ml.generate(f32, None, prompt, NEW), reference)
     q8 = ml.compile(str(path), ml.GGMLBackend(quantize="q8_0", num_threads=1), inference=True)
     assert "q8_0" in q8.memory_report().weights_by_dtype
-    assert (ml.generate(q8, None, PROMPT, NEW) == want).sum() >= 30  # measured 32 of 32
+    q4 = ml.compile(str(path), ml.GGMLBackend(quantize="q4_0", num_threads=1), inference=True)
+    assert "q4_0" in q4.memory_report().weights_by_dtype
+    q8_ids, q4_ids = ml.generate(q8, None, prompt, NEW), ml.generate(q4, None, prompt, NEW)
+    print(f"exported GPT-2, seed {trained['seed']}: q8_0 {_count(q8_ids, reference)}/{NEW}, "
+          f"q4_0 {_count(q4_ids, reference)}/{NEW}")
+    assert _count(q8_ids, reference) >= 30
 
 
 def test_generate_failures_are_mithril_errors():
