@@ -127,3 +127,30 @@ def test_compiled_model_under_two_threads_matches_onnxruntime():
     got = pm.evaluate(pm.get_parameters(), {"x": x})["y"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# NumPy's float32 Erf (mithril/backends/numpy/overrides.py), the other speed override BERT's Gelu runs
+# through: this file holds the NumPy backend's fast-path checks.
+
+
+def test_float32_erf_close_to_exact_erf():
+    from scipy import special
+
+    from mithril.backends.numpy.overrides import erf
+
+    x = np.concatenate([np.linspace(-6, 6, 200001), [0.0, -0.0, 1e-30, 3.99, 4.0, 4.01, 50.0]]).astype(np.float32)
+    got = erf(x, xp=np)
+    exact = special.erf(x.astype(np.float64))
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert np.max(np.abs(got - exact)) < 5e-7
+    assert np.max(np.abs(got)) <= 1.0
+    # Signs, zeros, infinities and NaN as erf has them.
+    special_x = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0], np.float32)
+    out = erf(special_x, xp=np)
+    assert out[:2].tolist() == [1.0, -1.0] and np.isnan(out[2]) and np.signbit(out[3]) and not np.signbit(out[4])
+    # Shapes of every rank, blocks included (more elements than one block).
+    big = np.random.default_rng(0).standard_normal((3, 70001)).astype(np.float32)
+    np.testing.assert_allclose(erf(big, xp=np), special.erf(big.astype(np.float64)), rtol=0, atol=5e-7)
+    assert erf(np.float32(0.5).reshape(()), xp=np).shape == ()
+    # float64 keeps scipy's erf.
+    np.testing.assert_array_equal(erf(x.astype(np.float64), xp=np), exact)

@@ -15,11 +15,52 @@ def _float_compute(x):
     return x.astype(np.float32) if x.dtype.itemsize < 4 else x
 
 
+# erf on float32 as x * P(x^2) / Q(x^2) over x clamped to [-4, 4] (beyond it erf rounds to +-1 in
+# float32): Eigen's and XLA's float32 erf (Eigen's generic_fast_erf_float), lowest power first.
+# At most 4.5e-7 from the exact erf (7 ulp near 1; onnxruntime's float32 Erf is also a polynomial).
+_ERF32_P = np.array([-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04, -5.69250639462346e-05,
+                     -2.10102402082508e-06, 2.77068142495902e-08, -2.72614225801306e-10], np.float32)
+_ERF32_Q = np.array([-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03, -2.13374055278905e-04,
+                     -1.45660718464996e-05], np.float32)
+# Elements per block: a block's three temporaries stay in L2 across the twenty-odd passes.
+_ERF32_BLOCK = 65536
+
+
+def _erf_float32(x):
+    out = np.empty(x.shape, np.float32)
+    src, dst = x.reshape(-1), out.reshape(-1)
+    size = src.size
+    v, v2, p = (np.empty(min(size, _ERF32_BLOCK), np.float32) for _ in range(3))
+    for start in range(0, size, _ERF32_BLOCK):
+        stop = min(size, start + _ERF32_BLOCK)
+        n = stop - start
+        xc = np.clip(src[start:stop], -4.0, 4.0, out=v[:n])
+        x2 = np.multiply(xc, xc, out=v2[:n])
+        num = np.multiply(x2, _ERF32_P[-1], out=p[:n])  # Horner's rule, in place
+        for c in _ERF32_P[-2:0:-1]:
+            num += c
+            num *= x2
+        num += _ERF32_P[0]
+        num *= xc
+        den = np.multiply(x2, _ERF32_Q[-1], out=dst[start:stop])
+        for c in _ERF32_Q[-2:0:-1]:
+            den += c
+            den *= x2
+        den += _ERF32_Q[0]
+        np.divide(num, den, out=den)
+    # The rational function overshoots 1 by up to 4 ulp near |x| = 4.
+    return np.clip(out, -1.0, 1.0, out=out)
+
+
 @override("numpy", "Erf", since=9,
-          reason="ulp-level accuracy and speed: scipy.special.erf in C, not the shared polynomial's dozen passes")
+          reason="speed and accuracy: float32 as one rational function in cache-sized blocks (5x faster than "
+                 "scipy, within 7 ulp); other types through scipy.special.erf (ulp-level), not the shared "
+                 "polynomial's dozen passes")
 def erf(x, *, xp):
     if x.dtype.kind in "iu":
         return special.erf(x.astype(np.float64)).astype(x.dtype)
+    if x.dtype == np.float32:
+        return _erf_float32(x)
     return special.erf(_float_compute(x)).astype(x.dtype)
 
 
