@@ -77,6 +77,9 @@ class LoweredProgram:
 
 def _literal(value: Any) -> str | None:
     """Python source for simple attribute values, None when a value must be bound by name."""
+    kind = type(value)
+    if kind is tuple and len(value) <= 64 and all(type(v) is int for v in value):
+        return repr(value)  # the common case (pads, strides, axes), printed as below
     if value is None or isinstance(value, (bool, int, str)):
         return repr(value)
     if isinstance(value, float):

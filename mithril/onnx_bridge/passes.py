@@ -172,11 +172,98 @@ def onnx_shape_inference(model: ir.Model) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            if _flat_and_named(model):
+                return _infer_flat(model)
             return common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model).modified
     except ir.serde.SerdeError:
         return False  # inferred types onnx_ir cannot read (ZipMap's sequence of maps): keep the declared ones
     finally:
         ir_logger.setLevel(level)
+
+
+def _infer_shapes_proto(proto):
+    import onnx
+
+    return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+
+
+def _flat_and_named(model: ir.Model) -> bool:
+    """Whether the model has no subgraphs and no functions, and each name in its graph is one
+    value, defined in it: then :func:`_infer_flat` merges what inference found as onnx_ir's pass
+    does."""
+    if model.functions:
+        return False
+    graph = model.graph
+    defined = {v.name for v in graph.inputs}
+    if len(defined) != len(graph.inputs) or "" in defined or None in defined:
+        return False
+    for v in graph.initializers.values():
+        if v.name not in defined:
+            defined.add(v.name)
+    count = len(defined)
+    for node in graph:
+        if node.attributes and _node_subgraphs(node):
+            return False
+        for v in node.inputs:
+            if v is not None and v.name and v.name not in defined:
+                return False  # read before it is defined, or never defined
+        for o in node.outputs:
+            if o.name:
+                defined.add(o.name)
+                count += 1
+                if len(defined) != count:
+                    return False  # a name defined twice
+    return all(v.name in defined for v in graph.outputs)
+
+
+def _infer_flat(model: ir.Model) -> bool:
+    """onnx_ir's ShapeInferencePass on a model :func:`_flat_and_named` accepts, without
+    deserializing the inferred model: each value takes the dtype and shape of its ValueInfoProto
+    in the result (graph input, else value_info, an output's overriding either), as the pass's
+    merge reads them (ResNet-50: 9 ms of a 50 ms compile saved)."""
+    try:
+        from onnx_ir.passes.common import _c_api_utils
+    except ImportError:  # another onnx_ir: its pass
+        return common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model).modified
+    try:
+        inferred = _c_api_utils.call_onnx_api(_infer_shapes_proto, model).graph
+    except Exception:  # the pass leaves the model unchanged when inference fails
+        return False
+    graph = model.graph
+    inputs = {info.name: info for info in inferred.input}
+    value_info = {info.name: info for info in inferred.value_info}
+    infos = dict(inputs)
+    for node in inferred.node:
+        for name in node.output:
+            if name and name not in inputs and name in value_info:
+                infos[name] = value_info[name]
+    for info in inferred.output:
+        infos[info.name] = info
+    # Every value's inferred type first (an unreadable one raises before anything changed).
+    found: dict[str, tuple] = {}
+    for name, info in infos.items():
+        holder = ir.serde.deserialize_value_info_proto(info, None)
+        found[name] = (holder.shape, holder.dtype)
+    values: dict[str, ir.Value] = dict(graph.initializers)
+    for v in graph.inputs:
+        values.setdefault(v.name, v)
+    for node in graph:
+        for v in node.inputs:
+            if v is not None and v.name:
+                values.setdefault(v.name, v)
+        for v in node.outputs:
+            if v.name:
+                values.setdefault(v.name, v)
+    modified = False
+    for name, value in values.items():
+        shape, dtype = found.get(name, (None, None))
+        if value.shape != shape and shape is not None:
+            value.shape = shape
+            modified = True
+        if value.dtype != dtype and dtype is not None:
+            value.dtype = dtype
+            modified = True
+    return modified
 
 
 def _value_names(graph: ir.Graph) -> set[str]:
