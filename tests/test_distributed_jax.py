@@ -145,9 +145,11 @@ def _resnet_case():
 
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case, "resnet18": _resnet_case}
 # (strategy, mesh): data and fully sharded over 4 devices; tensor over 4; both over a 2x2 mesh; a
-# pipeline of 4 stages, each batch in 4 micro-batches.
+# pipeline of 4 stages, each batch in 4 micro-batches; a pipeline of 2 stages over the 2x2 mesh's
+# "model" axis with each stage's micro-batch rows split over its "data" axis.
+DATA_PIPELINE = {"data": "data", "pipeline": "model", "microbatches": 2}
 STRATEGIES = [("data", (4,)), ("fsdp", (4,)), ("tensor", (4,)), ({"data": "data", "tensor": "model"}, (2, 2)),
-              ("pipeline", (4,))]
+              ("pipeline", (4,)), (DATA_PIPELINE, (2, 2))]
 
 
 def _train(pm, backend, init, batches):
@@ -176,7 +178,8 @@ def _reference(case: str):
     return _REFERENCE[case]
 
 
-@pytest.mark.parametrize("strategy, mesh", STRATEGIES, ids=["data", "fsdp", "tensor", "data+tensor", "pipeline"])
+@pytest.mark.parametrize("strategy, mesh", STRATEGIES, ids=["data", "fsdp", "tensor", "data+tensor", "pipeline",
+                                                            "data+pipeline"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_strategy_trains_like_one_device(case, strategy, mesh):
     init, want_params, want_losses = _reference(case)
@@ -191,7 +194,7 @@ def test_strategy_trains_like_one_device(case, strategy, mesh):
     for name, want in want_params.items():
         np.testing.assert_allclose(got_params[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
     split = {n for n, spec in pm.sharding.specs.items() if n in want_params}
-    if strategy in ("fsdp", "tensor") or isinstance(strategy, dict):
+    if strategy in ("fsdp", "tensor") or isinstance(strategy, dict) and "tensor" in strategy:
         assert split, "the strategy split no parameter"
     if strategy == "pipeline":  # the parameters spread over the stages, each stage on its own device
         stages = pm.sharding.stages
@@ -199,6 +202,13 @@ def test_strategy_trains_like_one_device(case, strategy, mesh):
         placed = pm.place(init)
         devices = {stages[k]: next(iter(v.sharding.device_set)) for k, v in placed.items()}
         assert len(set(devices.values())) == len(devices)
+    if strategy == DATA_PIPELINE:  # 2 stages, each on a column of the 2x2 mesh, whole on its 2 devices
+        placed = pm.place(init)
+        groups = {frozenset(v.sharding.device_set) for v in placed.values()}
+        assert len(groups) == 2 and all(len(g) == 2 for g in groups) and not set.intersection(*map(set, groups))
+        assert all(v.sharding.is_fully_replicated for v in placed.values())
+        outputs, _ = pm.evaluate(placed, batches[0])  # each stage's rows split over its data axis
+        assert outputs["output"].sharding.spec[0] == "data", outputs["output"].sharding
 
 
 def test_tensor_parallel_pairs_columns_then_rows():

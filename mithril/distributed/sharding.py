@@ -124,9 +124,9 @@ def parse_parallel(owner: str, parallel, mesh: DeviceMesh) -> dict[str, str]:
         if strategy in out:
             raise MeshError(f"{owner}: parallel names {strategy} twice")
         out[strategy] = axis
-    if "pipeline" in out and len(out) > 1:
-        raise MeshError(f"{owner}: pipeline parallel runs alone for now (its stages are whole programs on their "
-                        f"devices); got {dict(parallel)}")
+    if "pipeline" in out and set(out) - {"pipeline", "data"}:
+        raise MeshError(f"{owner}: pipeline parallel runs alone or with data parallel on a second axis for now "
+                        f"(its stages are whole programs on their devices); got {dict(parallel)}")
     if "data" in out and "fsdp" in out and out["data"] != out["fsdp"]:
         raise MeshError(f"{owner}: fsdp shards parameters over the data axis; give it the data axis "
                         f"({out['data']!r}) or leave data out")

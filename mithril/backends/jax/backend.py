@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import types
 
 import numpy as np
 
@@ -451,7 +452,8 @@ class JaxBackend(Backend):
                 continue
             if name in plan.stages:  # a pipeline's parameter: on its stage's devices
                 with self.scope():
-                    out[name] = jax.device_put(v, self.stage_sharding(plan.stages[name]))
+                    axes = (plan.strategies["pipeline"], plan.strategies.get("data"))
+                    out[name] = jax.device_put(v, self.stage_sharding(plan.stages[name], axes))
                 continue
             spec = plan.specs.get(name, ())
             if name in plan.input_shapes:
@@ -463,16 +465,45 @@ class JaxBackend(Backend):
     def _stage_cache(self) -> dict:
         return {}
 
-    def stage_sharding(self, index: int):
+    def check_sharding(self, plan) -> None:
+        """A pipeline's stages run on the devices at each index of its axis; with data parallel on
+        a second axis, each stage's batch rows are split over that axis's devices."""
+        if plan.pipeline is not None:
+            self._pipeline_axes = (plan.strategies["pipeline"], plan.strategies.get("data"))
+
+    def lower_stages(self, plan, stages, *, file_path: str | None = None):
+        """The program with its pipeline stages; each stage's arguments are marked batched (a
+        micro-batch's rows: split over the data axis when there is one) or not (parameters and
+        what is computed from them alone: whole on each device of the stage)."""
+        program = super().lower_stages(plan, stages, file_path=file_path)
+        rows = {v.static_shape[0] for v in plan.inputs if v.kind == "input" and v.static_shape}
+        codes = {c.co_name: c for c in program.forward.__code__.co_consts if isinstance(c, types.CodeType)}
+        for segment in stages.segments:
+            batched = tuple(v.kind != "param" and bool(v.static_shape) and v.static_shape[0] in rows
+                            for v in segment.inputs)
+            if f"s{segment.index}" in codes:
+                self._stage_args[codes[f"s{segment.index}"]] = (self._pipeline_axes, batched)
+        return program
+
+    @functools.cached_property
+    def _stage_args(self) -> dict:
+        return {}
+
+    _pipeline_axes: tuple = (None, None)  # (pipeline axis, data axis) of the last pipeline compiled
+
+    def stage_sharding(self, index: int, axes: tuple | None = None, batched: bool = False):
         """Where pipeline stage ``index`` runs: the mesh's devices at that index of its pipeline
-        axis (the last axis named ``"pipe"``, else the first), whole on each."""
+        axis (``axes``: (pipeline axis, data axis); default the compiled pipeline's, else the
+        axis named ``"pipe"``, else the first), whole on each, or ``batched``: split by rows over
+        the data axis."""
         names = self.mesh.axis_names
-        axis = names.index("pipe") if "pipe" in names else 0
+        pipe, data = axes if axes is not None else self._pipeline_axes
+        axis = names.index(pipe) if pipe in names else names.index("pipe") if "pipe" in names else 0
         devices = np.take(self._jmesh.devices, index, axis=axis)
         rest = tuple(n for i, n in enumerate(names) if i != axis)
         sub = jax.sharding.Mesh(np.asarray(devices).reshape([d for i, d in enumerate(self.mesh.shape) if i != axis]),
                                 rest) if rest else jax.sharding.Mesh(np.asarray([devices]), ("stage",))
-        return _mesh.sharding(jax, sub, ())
+        return _mesh.sharding(jax, sub, (data,) if batched and data in rest else ())
 
     def pipeline_stage(self, index: int, fn, *args):
         """Pipeline stage ``index`` (a segment of the printed program, :mod:`mithril.distributed.
@@ -496,12 +527,18 @@ class JaxBackend(Backend):
                 box["host"] = [_ON_DEVICE if isinstance(x, jax.Array) else x for x in out_leaves]
                 return [x for x in out_leaves if isinstance(x, jax.Array)]
 
+            # Where each array goes: by the argument it belongs to (lower_stages marked the batched
+            # ones), a micro-batch's rows over the data axis; everything else whole on each device.
+            axes, batched = self._stage_args.get(fn.__code__, (None, ()))
+            owner = [i for i, a in enumerate(args) for _ in jax.tree_util.tree_leaves(a)]
+            shardings = {b: self.stage_sharding(index, axes, b) for b in (False, True)}
+            placed = [shardings[owner[i] < len(batched) and batched[owner[i]]] for i in traced]
             # Plain jax.jit: jax.vjp traces a stage as a nested jit, which takes no compiler_options.
-            entry = self._stage_cache[key] = (jax.jit(on_arrays), box, self.stage_sharding(index))
-        jitted, box, sharding = entry
+            entry = self._stage_cache[key] = (jax.jit(on_arrays), box, placed)
+        jitted, box, placed = entry
         # Under jax.vjp the arrays are tracers (no .sharding to compare): device_put is a no-op for
         # an array already there, and its transpose brings the cotangent back.
-        arrays = [jax.device_put(leaves[i], sharding) for i in traced]
+        arrays = [jax.device_put(leaves[i], s) for i, s in zip(traced, placed)]
         out = iter(jitted(*arrays))
         return jax.tree_util.tree_unflatten(box["tree"], [next(out) if x is _ON_DEVICE else x for x in box["host"]])
 
