@@ -154,3 +154,27 @@ def test_float32_erf_close_to_exact_erf():
     assert erf(np.float32(0.5).reshape(()), xp=np).shape == ()
     # float64 keeps scipy's erf.
     np.testing.assert_array_equal(erf(x.astype(np.float64), xp=np), exact)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("power", [2, 3, 4, 2.5, -1])
+def test_pow_by_small_integer_is_multiplication(dtype, power):
+    from mithril.backends.kernels.elementwise import pow_ as shared_pow
+    from mithril.backends.numpy.overrides import pow_
+
+    x = np.concatenate([np.random.default_rng(power != 3).standard_normal(1000) * 10,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -3e12]]).astype(dtype).reshape(1, 1007)
+    with np.errstate(all="ignore"):
+        exact = np.power(x.astype(np.longdouble), power)
+        for y in (np.array(power, dtype), np.array([power], np.float64), np.array([[power]], np.int64)):
+            if isinstance(power, float) and y.dtype.kind == "i":
+                continue
+            got = pow_(x, y, xp=np)
+            want = shared_pow(x, y, xp=np)
+            assert got.dtype == dtype and got.shape == want.shape == x.shape
+            # Within two ulp of the exact power; infinities, NaN and the sign of zero as pow has them.
+            np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
+            np.testing.assert_allclose(got, exact.astype(dtype), rtol=4 * np.finfo(dtype).eps, atol=0)
+            assert np.array_equal(np.signbit(got), np.signbit(want))
+    # A base broadcast against a larger exponent keeps the shared kernel's shape.
+    assert pow_(np.ones(3, dtype), np.full((2, 3), 2.0, dtype), xp=np).shape == (2, 3)
