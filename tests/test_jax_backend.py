@@ -435,6 +435,32 @@ def test_ynn_fusions_are_kept_on_intel_cpus_with_avx512(monkeypatch):
         assert jax_backend._ynn_fusions_win() is wins
 
 
+@pytest.mark.parametrize("ynn, out_shape", [
+    (True, "f32[49,24]"),    # YNNPACK's dots: rows @ W.T, whatever the rows
+    (False, "f32[24,49]"),   # Eigen's, below 64 rows: W @ rows.T
+])
+def test_pointwise_conv_orientation_follows_the_dot_library(ynn, out_shape):
+    # Which way round a pointwise Conv's matmul runs depends on the library XLA sends dots to
+    # (overrides.py, _POINTWISE_MIN_ROWS); values match NumPy's either way.
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], name="conv")]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 7, 7)).astype(np.float32)
+    params = {"W": rng.standard_normal((24, 16, 1, 1)).astype(np.float32) / 4,
+              "B": rng.standard_normal(24).astype(np.float32)}
+    model = make_model(nodes, [("x", F, [1, 16, 7, 7])], [("y", F, [1, 24, 7, 7])], params)
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), data_keys=["x"]).evaluate(params, {"x": x})
+    options = {"xla_allow_excess_precision": False} if ynn else {"xla_cpu_experimental_ynn_fusion_type": ""}
+    backend = ml.JaxBackend(compiler_options=options)
+    assert backend._ynn_dots is ynn
+    pm = _compile(model, backend, data_keys=["x"])
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    data = {"x": backend.from_numpy(x)}
+    hlo = _optimized_hlo(pm, backend, jparams, data)
+    assert re.search(re.escape(out_shape) + r"\{[0-9,]*\} dot\(", hlo), hlo
+    out = pm.evaluate(jparams, data)
+    np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("options, size, convolution", [
     (None, 14, True),    # 196 output pixels, 16 channels: XNNPACK's convolution
     (None, 7, False),    # 49 pixels: im2col + matmul

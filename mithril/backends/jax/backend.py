@@ -177,6 +177,12 @@ def _library_convolutions(options: dict) -> bool:
         options.get("xla_cpu_experimental_xnn_fusion_type", ""))
 
 
+def _ynn_dots(options: dict) -> bool:
+    """Whether these compiler options leave XLA:CPU's dots to YNNPACK (its default, where this
+    jaxlib has YNNPACK: an older one ignores the question)."""
+    return "DOT" in str(options.get("xla_cpu_experimental_ynn_fusion_type", "DOT"))
+
+
 @functools.lru_cache(maxsize=None)
 def _rejected_options(device, options: tuple) -> str | None:
     """Why XLA on ``device`` rejects these compiler options (a trivial program compiled with
@@ -362,6 +368,7 @@ class JaxBackend(Backend):
             self._check_compiler_options(compiler_options)
         self.compiler_options = dict(compiler_options)
         self._library_convolutions = _library_convolutions(self.compiler_options)
+        self._ynn_dots = _ynn_dots(self.compiler_options)
         self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
         name = f"{self._device.platform}:{self._device.id}" if device is not None and ":" in device else self._device.platform
@@ -406,6 +413,7 @@ class JaxBackend(Backend):
             # What runs on the host (NumPy, for host-only values) raises alike.
             stack.enter_context(np.errstate(invalid="raise", divide="raise", over="raise"))
         stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
+        stack.enter_context(_overrides.ynn_dots(self._ynn_dots))
         stack.callback(_ACTIVE_SCOPE.reset, _ACTIVE_SCOPE.set(self))
         return stack
 

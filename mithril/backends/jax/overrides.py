@@ -68,6 +68,19 @@ def library_convolutions(enabled: bool):
         _LIBRARY_CONVOLUTIONS.reset(token)
 
 
+# Set by JaxBackend.scope() while it traces: whether its compiler options leave dots to YNNPACK.
+_YNN_DOTS = contextvars.ContextVar("mithril_jax_ynn_dots", default=False)
+
+
+@contextlib.contextmanager
+def ynn_dots(enabled: bool):
+    token = _YNN_DOTS.set(enabled)
+    try:
+        yield
+    finally:
+        _YNN_DOTS.reset(token)
+
+
 # XNNPACK against im2col + Eigen, per ResNet layer on 2 AVX2 cores (ms, batch 1): 64x56x56 1.6 vs
 # 2.2, 128x28x28 1.5 vs 1.7, 64->128 stride 2 to 28x28 0.9 vs 1.1; the 3-channel 7x7 stem 2.5 vs
 # 2.4. Those XNNPACK times included a transposing copy of the filter on every call; read in place
@@ -113,7 +126,10 @@ def _lax_conv(x, w, b, win, group):
 
 # Eigen's matmul with fewer rows than this is faster the other way round, (M, C) @ (C, pixels):
 # MobileNetV2's 7x7 layers, 320->1280 0.30-0.34 against 0.42-0.52 ms, 160->960 0.14-0.18 against
-# 0.18-0.29; from 14x14 (196 rows) rows @ W.T wins, 64->384 0.12 against 0.17 ms.
+# 0.18-0.29; from 14x14 (196 rows) rows @ W.T wins, 64->384 0.12 against 0.17 ms (on an AMD EPYC).
+# YNNPACK's (an Intel Xeon with AVX-512) runs rows @ W.T faster whatever the rows: 320->1280 at
+# 7x7 0.34 against 0.63 ms, and MobileNetV2 as a whole 11.8 against 13.7 ms of CPU a call on 2
+# threads, 10.2 against 11.8 on one (the Eigen program's own times: 12.9 and 10.2).
 _POINTWISE_MIN_ROWS = 64
 
 
@@ -156,7 +172,7 @@ def _conv_cpu(x, w, b, win, group):
         # in between (XLA makes them bitcasts), so the whole block runs channels last.
         rows = jnp.reshape(_channels_last(x)[(slice(None), *(slice(None, None, s) for s in win.strides))], (-1, c))
         w2 = jnp.reshape(w, (m, c))
-        if rows.shape[0] >= _POINTWISE_MIN_ROWS:
+        if rows.shape[0] >= _POINTWISE_MIN_ROWS or _YNN_DOTS.get():
             # rows @ W.T, channels last out; W.T is parameter-only work (hoist.py).
             y = _channels_first(jnp.reshape(rows @ jnp.transpose(w2), (n, *win.out, m)))
         else:
