@@ -1,7 +1,8 @@
-"""A tiny GPT-2 (transformers' GPT2LMHeadModel) trained for a few seconds in PyTorch, so the
-generation tests compare backends on weights whose next-token predictions are confident, as a
-user's trained model's are, rather than on random weights where the two largest logits differ by
-a few hundredths and any rounding flips the argmax.
+"""A tiny GPT-2 trained for a few seconds (transformers' GPT2LMHeadModel in PyTorch, or the zoo's
+``create_gpt`` by Mithril's own ``fit``), so the generation tests compare backends on weights
+whose next-token predictions are confident, as a user's trained model's are, rather than on
+random weights where the two largest logits differ by a few hundredths and any rounding flips
+the argmax.
 
 The corpus is learnable and needs the context: a sequence starts with a rule token ``r`` (one of
 ``RULES``), then a start token, then each token is ``tables[r][previous]`` (a random cycle
@@ -13,6 +14,7 @@ PyTorch thread, so a seed always gives the same model."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -110,3 +112,57 @@ def train_gpt2(torch, transformers, *, vocab_size: int, block_size: int, dims: i
         model.eval()
         after = median_gap(torch, model, held_out)
     return model, table, {"gap_before": before, "gap_after": after, "loss": float(loss.detach())}
+
+
+def train_zoo_gpt(ml, models_zoo, cfg: dict, init: dict, *, seed: int, steps: int = 100, batch: int = 16,
+                  lr: float = 1e-2):
+    """The zoo's ``create_gpt(**cfg)`` trained by Mithril itself (``ml.optimizers.fit``, Adam,
+    learning rate ``lr`` decayed linearly to zero, on TorchBackend with one thread) from the
+    parameters ``init`` on :func:`corpus` of ``tables(seed)``: ``steps`` steps of ``batch``
+    sequences, the cross-entropy of every next token. Returns ``(params as NumPy arrays, table,
+    report)``, the report as :func:`train_gpt2`'s (the gaps from the NumPy backend)."""
+    import torch
+
+    from mithril.optimizers import Adam, fit
+
+    table = tables(seed, cfg["vocab_size"])
+    rng = np.random.default_rng(seed)
+    held_out = corpus(table, np.random.default_rng(seed + 1000), 64)
+    pm, full = _zoo_programs(ml, models_zoo, tuple(sorted(cfg.items())), batch)
+    backend = pm.backend
+
+    def gap(params):
+        top = np.sort(full.evaluate(params, {"input": held_out})["output"][:, 2:], axis=-1)[..., -2:]
+        return float(np.median(top[..., 1] - top[..., 0]))
+
+    with _one_thread(torch):
+        prefix = "model_0."  # the zoo GPT's parameters inside the training model
+        start = {prefix + k: backend.from_numpy(v) for k, v in init.items()}
+        if set(start) != set(pm.trainable_keys):
+            raise AssertionError(f"init's names {sorted(init)[:4]} do not match create_gpt's")
+
+        def batches(epoch):
+            for _ in range(steps):
+                seq = corpus(table, rng, batch)
+                yield {"input": backend.from_numpy(seq[:, :-1]), "target": backend.from_numpy(seq[:, 1:])}
+
+        params, _, losses = fit(pm, start, batches, Adam(lambda step: lr * (1 - step / steps)), 1, progress=False)
+    params = {k.removeprefix(prefix): backend.to_numpy(v) for k, v in params.items()}
+    return params, table, {"gap_before": gap(init), "gap_after": gap(params), "loss": losses[-1]}
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo_programs(ml, models_zoo, cfg: tuple, batch: int):
+    """:func:`train_zoo_gpt`'s compiled programs, shared by its seeds: the training model
+    (TorchBackend) and the inference model (NumPy) that measures the gaps."""
+    from mithril.models import CrossEntropy, Mean, Model, TrainModel, Transpose
+
+    cfg = dict(cfg)
+    model = Model()
+    model |= models_zoo.create_gpt(**cfg)(input="input", output="logits")
+    model += Transpose(axes=(0, 2, 1))(output="output")  # CrossEntropy's classes are on axis 1
+    train = TrainModel(model)
+    train.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+    shape = [batch, LENGTH - 1]
+    pm = ml.compile(train, ml.TorchBackend(), shapes={"input": shape, "target": shape}, data_keys={"input", "target"})
+    return pm, ml.compile(models_zoo.create_gpt(**cfg), ml.NumpyBackend(), inference=True)
