@@ -244,15 +244,29 @@ def value_dtype(value: ir.Value) -> np.dtype | None:
     """The NumPy dtype of a tensor value, None for other types or an unknown dtype."""
     if value.dtype is None or value.type is None or not isinstance(value.type, ir.TensorType):
         return None
+    code = int(value.dtype)
     try:
-        return np_dtype_of_onnx(int(value.dtype))
+        return _NP_DTYPES[code]
+    except KeyError:
+        pass
+    try:
+        dtype = np_dtype_of_onnx(code)
     except (KeyError, ValueError, TypeError):
-        return None
+        dtype = None
+    _NP_DTYPES[code] = dtype
+    return dtype
+
+
+# ONNX element type -> NumPy dtype (None: none), as value_dtype found it: a plan reads every value's.
+_NP_DTYPES: dict[int, np.dtype | None] = {}
 
 
 def value_shape(value: ir.Value) -> tuple[int | str | None, ...] | None:
     if value.shape is None:
         return None
+    dims = tuple(value.shape)
+    if all(type(d) is int for d in dims):
+        return dims
     return tuple(d if isinstance(d, int) else (str(d) if d is not None and str(d) not in ("", "None") else None)
                  for d in value.shape)
 
