@@ -631,6 +631,30 @@ def test_depthwise_reads_every_tap_from_its_padded_input():
         np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3, err_msg=name)
 
 
+@pytest.mark.parametrize("ynn", [True, False])
+def test_large_weight_transposed_for_a_dot_is_read_in_place_by_ynnpack(ynn):
+    # A tied LM head (logits = h @ embedding.T): with YNNPACK's dots the per-call program reads the
+    # weight in place (no transposed copy kept beside it); with Eigen's, the transpose is
+    # parameter-only work kept as a residual. Values match NumPy's either way.
+    nodes = [helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "Wt"], ["y"])]
+    rng = np.random.default_rng(9)
+    params = {"W": rng.standard_normal((2048, 512)).astype(np.float32) / 20}
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    model = make_model(nodes, [("x", F, [8, 512])], [("y", F, [8, 2048])], params)
+    options = {"xla_allow_excess_precision": False} if ynn else {"xla_cpu_experimental_ynn_fusion_type": ""}
+    backend = ml.JaxBackend(compiler_options=options)
+    pm = _compile(model, backend, data_keys=["x"])
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    got = backend.to_numpy(pm.evaluate(jparams, {"x": backend.from_numpy(x)})["y"])
+    np.testing.assert_allclose(got, x @ params["W"].T, rtol=1e-4, atol=1e-4)
+    split, _, _ = next(iter(pm._jitted._compiled._programs.values()))
+    assert split.residual_bytes == (0 if ynn else params["W"].nbytes)
+    hlo = _optimized_hlo(pm, backend, jparams, {"x": backend.from_numpy(x)})
+    entry = hlo[hlo.index("ENTRY"):]
+    assert ("f32[512,2048]" in entry) is not ynn  # the transposed copy, a parameter of main
+
+
 def test_parameter_only_work_runs_once_per_set_of_parameters():
     # The pointwise weight's transpose and the depthwise per-tap vectors depend on parameters
     # alone: a prepare program computes them, and the per-call program reads them while the

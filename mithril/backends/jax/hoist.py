@@ -14,6 +14,10 @@ runs once per set of parameters: its residuals are kept while the caller passes 
 activation's shape) stay in main, where XLA fuses them, instead of becoming a residual as large
 as an activation.
 
+Where XLA's dots read a transposed operand in place as fast (YNNPACK's), a large matrix transposed
+only to be a dot's operand (a tied LM head, ``logits = h @ embedding.T``) is not copied into a
+residual: the transpose stays in main, folded into the dot.
+
 Only forward evaluation is split; gradients differentiate the whole program.
 """
 
@@ -52,27 +56,53 @@ def _size(aval) -> int:
     return math.prod(getattr(aval, "shape", ()))
 
 
-def _hoistable(eqn) -> bool:
+def _hoistable(eqn, dot_only=frozenset()) -> bool:
     if eqn.effects or eqn.primitive.name in _KEEP_IN_MAIN:
         return False
+    if eqn.primitive.name == "transpose" and eqn.outvars[0] in dot_only:
+        return False  # read in place by the dot (see _Split)
     # A value no larger than what it reads: rearrangements, casts, reductions, slices.
     ins = sum(_size(v.aval) for v in eqn.invars if _is_var(v))
     return all(_size(v.aval) <= max(ins, 1) for v in eqn.outvars)
 
 
+# Only matrices this large (elements) are read transposed in place: the copy they would need is
+# memory worth saving (GPT-2's tied 50257x256 LM head: 49 MiB, its speed unchanged), while a small
+# weight's transposed copy costs little and is measured no slower (MobileNetV2's pointwise ones).
+_IN_PLACE_MIN_SIZE = 1 << 20
+
+
+def _dot_only_transposes(jaxpr) -> frozenset:
+    """The outputs of the large 2-D transposes in ``jaxpr`` that only dot_generals read."""
+    readers: dict = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if _is_var(v):
+                readers.setdefault(v, set()).add(eqn.primitive.name)
+    outputs = {v for v in jaxpr.outvars if _is_var(v)}
+    return frozenset(eqn.outvars[0] for eqn in jaxpr.eqns
+                     if eqn.primitive.name == "transpose" and len(eqn.outvars[0].aval.shape) == 2
+                     and _size(eqn.outvars[0].aval) >= _IN_PLACE_MIN_SIZE
+                     and eqn.outvars[0] not in outputs and readers.get(eqn.outvars[0]) == {"dot_general"})
+
+
 class _Split:
     """One trace of ``forward`` at one set of input shapes, cut into prepare and main."""
 
-    def __init__(self, forward, params, data):
+    def __init__(self, forward, params, data, transposed_dot_operands: bool = False):
         closed, out_shape = jax.make_jaxpr(forward, return_shape=True)(params, data)
         self.out_tree = jax.tree_util.tree_structure(out_shape)
         jaxpr = closed.jaxpr
         n_params = len(jax.tree_util.tree_leaves(params))
         param_vars = jaxpr.invars[:n_params]
         known = set(param_vars) | set(jaxpr.constvars)
+        # Matrices transposed only to be a dot's operand: where the dot reads either layout as fast
+        # (transposed_dot_operands), the transpose stays in main, where XLA folds it into the dot's
+        # dimension numbers, instead of a transposed copy of the weight kept as a residual.
+        dot_only = _dot_only_transposes(jaxpr) if transposed_dot_operands else frozenset()
         prepare, main = [], []
         for eqn in jaxpr.eqns:
-            if _hoistable(eqn) and all(not _is_var(v) or v in known for v in eqn.invars):
+            if _hoistable(eqn, dot_only) and all(not _is_var(v) or v in known for v in eqn.invars):
                 prepare.append(eqn)
                 known.update(eqn.outvars)
             else:
@@ -139,9 +169,12 @@ class Hoisted:
     parameter arrays come back, and jit(main)(state, data), state being the parameters main reads
     and the residuals."""
 
-    def __init__(self, forward, jit):
+    def __init__(self, forward, jit, transposed_dot_operands: bool = False):
         self.forward = forward
         self._jit = jit  # fn -> jitted fn (the backend's jax.jit with its compiler options)
+        # Whether the dots read a transposed operand as fast as a contiguous one (YNNPACK's do):
+        # then a weight transposed for a dot is not copied into a residual.
+        self.transposed_dot_operands = transposed_dot_operands
         self._programs: dict = {}  # input structures and shapes -> (split, prepare, main)
         self._kept = None  # (parameter names, parameter arrays, data key, main's state, main) of the last call
 
@@ -152,7 +185,7 @@ class Hoisted:
             (p_tree, p_avals), (d_tree, d_avals) = key
             params, data = (jax.tree_util.tree_unflatten(tree, [jax.ShapeDtypeStruct(s, d) for s, d in avals])
                             for tree, avals in ((p_tree, p_avals), (d_tree, d_avals)))
-            split = _Split(self.forward, params, data)
+            split = _Split(self.forward, params, data, self.transposed_dot_operands)
             found = self._programs[key] = (split, self._jit(split.prepare), self._jit(split.main))
         return found
 
