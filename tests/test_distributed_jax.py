@@ -3,7 +3,9 @@ training proven equal to one device, on JAX host devices (tests/conftest.py asks
 
 Each strategy trains for 20 steps from the same initial parameters on the same batches as the
 one-device run; the loss curves and the final parameters must agree within float32 tolerance
-(the partitioned program sums in another order, nothing else changes).
+(the partitioned program sums in another order, nothing else changes). ResNet-18 runs its own
+rules (tensor parallel over Conv channels, fsdp) here and every strategy with
+MITHRIL_LONG_TESTS=1, the long tier.
 """
 
 from __future__ import annotations
@@ -182,6 +184,10 @@ def _reference(case: str):
                                                             "data+pipeline"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_strategy_trains_like_one_device(case, strategy, mesh):
+    if case == "resnet18" and strategy not in ("tensor", "fsdp") and os.environ.get("MITHRIL_LONG_TESTS") != "1":
+        # tensor (Conv channels) and fsdp are ResNet's own rules; the others split it as they split
+        # the MLP and GPT above. About 3.5 minutes on 2 cores: MITHRIL_LONG_TESTS=1 runs them.
+        pytest.skip("ResNet-18 under data, data+tensor and the pipelines runs in the long tier (MITHRIL_LONG_TESTS=1)")
     init, want_params, want_losses = _reference(case)
     build, shapes, batches = CASES[case]()
     backend = ml.JaxBackend(device_mesh=mesh)
