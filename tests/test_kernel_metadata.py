@@ -296,7 +296,9 @@ def test_ops_names_each_backends_function_and_location(capsys):
         spec = REGISTRY.resolve("Conv", 22, "", backend)
         line = next(t for t in blocks[backend] if "opset 1+" in t)
         assert spec.function in line and line.endswith(spec.location), (backend, line)
-    assert "mithril.backends.kernels.nn.conv (shared)" in "\n".join(blocks["numpy"])
+    # NumPy overrides Conv (depthwise, mithril/backends/numpy/conv.py); C renders the shared kernel.
+    assert "mithril.backends.numpy.overrides.conv (override)" in "\n".join(blocks["numpy"])
+    assert "mithril.backends.kernels.nn.conv (shared)" in "\n".join(blocks["c"])
     if "jax" in loaded:
         line = next(t for t in blocks["jax"] if "opset 1+" in t)
         assert "mithril.backends.jax.overrides.conv (override)" in line
@@ -326,7 +328,9 @@ def test_ops_lists_every_op_with_counts_per_backend(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["op", "shared", *BACKENDS]
     conv = next(t.split() for t in lines if t.split()[:1] == ["Conv"])
-    assert conv[1] == "1" and conv[2 + list(BACKENDS).index("numpy")] == "."
+    # NumPy overrides Conv (depthwise); C runs the shared kernel: "." means no override.
+    assert conv[1] == "1" and conv[2 + list(BACKENDS).index("numpy")] == "+1"
+    assert conv[2 + list(BACKENDS).index("c")] == "."
     if "jax" in loaded:
         assert conv[2 + list(BACKENDS).index("jax")] == "+1"
     for backend in loaded:

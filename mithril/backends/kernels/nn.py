@@ -95,7 +95,8 @@ def _conv(x, w, b, *, auto_pad, dilations, group, pads, strides, xp):
         cols = xp.stack([tap for _, tap in _taps(padded, win)], axis=2)
     # One matmul batched over groups. Depthwise convolutions (cg == 1) take this path too:
     # measured on MobileNetV2's shapes it is 2x faster than multiply-accumulating shifted
-    # slices, whose temporaries cost more than the im2col copy.
+    # slices, whose temporaries cost more than the im2col copy. (NumPy overrides depthwise with
+    # preallocated, cache-blocked multiply-adds over stride phases, 1.7x faster: numpy/conv.py.)
     cols = xp.reshape(cols, (n, group, cg * taps, length))
     y = _matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
     return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)

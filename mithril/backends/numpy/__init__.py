@@ -1,2 +1,2 @@
-"""The NumPy backend: its class (``backend.py``), SciPy-backed kernel overrides (``overrides.py``)
-and NumPy array helpers (``arrays.py``)."""
+"""The NumPy backend: its class (``backend.py``), kernel overrides for speed and accuracy
+(``overrides.py``; the depthwise convolution in ``conv.py``) and NumPy array helpers (``arrays.py``)."""
