@@ -294,11 +294,7 @@ def cmd_profile(args) -> int:
     if args.threads is not None:
         if backend.name in ("numpy", "c", "ggml"):
             backend = type(backend)(num_threads=args.threads)
-        elif backend.name == "torch":
-            import torch
-
-            torch.set_num_threads(args.threads)
-        else:
+        elif not backend.set_num_threads(args.threads):
             print(f"mithril: note: --threads does not apply to {backend.name}: its thread pool is fixed when it "
                   "starts", file=sys.stderr)
     inputs = random_inputs(model, shapes, args.seed)

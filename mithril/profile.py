@@ -183,7 +183,7 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
     data = {} if data is None else dict(data)
     if not params:  # fetched once: pm.evaluate(None, ...) would copy every weight in each timed call
         params = pm.get_parameters()
-    sync = _synchronizer(backend)
+    sync = backend.synchronize
     jitted = pm._jitted is not None
 
     def evaluate():
@@ -339,43 +339,6 @@ def _leaves(value):
         yield getattr(value, "native", value)  # Torch's and MLX's array facades hold a native array
 
 
-def _synchronizer(backend) -> Callable[[Any], None]:
-    """A function that waits until the arrays in a value are computed: frameworks that dispatch
-    asynchronously (JAX), lazily (MLX) or to a GPU (Torch) return before the work is done."""
-    name = backend.name
-    if name == "jax":
-        def sync(value):
-            for x in _leaves(value):
-                ready = getattr(x, "block_until_ready", None)
-                if ready is not None:
-                    ready()
-
-        return sync
-    if name == "mlx":
-        import mlx.core as mx
-
-        def sync(value):
-            arrays = [x for x in _leaves(value) if isinstance(x, mx.array)]
-            if arrays:
-                mx.eval(arrays)
-
-        return sync
-    if name == "torch" and _on_gpu(backend):
-        import torch
-
-        return lambda value: torch.cuda.synchronize()
-    return lambda value: None
-
-
-def _tracer_check(backend) -> Callable[[tuple], bool]:
-    """Whether a kernel's arguments are JAX tracers (a body lax.while_loop or lax.cond traces)."""
-    if backend.name != "jax":
-        return lambda args: False
-    import jax
-
-    return lambda args: any(isinstance(a, jax.core.Tracer) for a in args)
-
-
 def _on_gpu(backend) -> bool:
     """Torch on CUDA: kernels return before the GPU has run them."""
     return backend.name == "torch" and "cuda" in f"{backend.device} {getattr(backend, '_device', '')}"
@@ -388,7 +351,7 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
     from .backends.emit_python import emit_python
 
     backend = pm.backend
-    clock = _Clock(sync, _tracer_check(backend))
+    clock = _Clock(sync, backend.is_traced)
     namespace = {**backend.program_namespace(), "_timed": clock.timed}
     program = emit_python(pm.plan, namespace=namespace, constant=backend.constant, timed=True)
     nodes = program.timed_nodes

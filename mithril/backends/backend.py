@@ -251,6 +251,22 @@ class Backend(metaclass=TensorAPI):
         arrays are local) says the part's."""
         return shape
 
+    def synchronize(self, value) -> None:
+        """Wait until the arrays in ``value`` (any nesting of dicts, lists, tuples) are computed:
+        frameworks that dispatch asynchronously (JAX), lazily (MLX) or to a GPU (Torch on CUDA)
+        return before the work is done. Nothing to wait for here."""
+
+    def is_traced(self, args) -> bool:
+        """Whether any of ``args`` is a value being traced into a program (a JAX tracer inside
+        ``lax.while_loop``), not a computed array."""
+        return False
+
+    def set_num_threads(self, n: int) -> bool:
+        """Limit the framework's intra-op threads to ``n`` where it can change them after start
+        (True); False where the count is fixed (a constructor's ``num_threads``, or a pool sized
+        once when the framework starts)."""
+        return False
+
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed on the mesh by a :class:`~mithril.distributed.ShardingPlan`
         (a backend with device meshes overrides it)."""

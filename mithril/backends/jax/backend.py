@@ -481,6 +481,12 @@ class JaxBackend(Backend):
     def _stage_cache(self) -> dict:
         return {}
 
+    def synchronize(self, value) -> None:
+        jax.block_until_ready(value)  # leaves without block_until_ready (NumPy, host values) pass
+
+    def is_traced(self, args) -> bool:
+        return any(isinstance(a, jax.core.Tracer) for a in args)
+
     def check_sharding(self, plan) -> None:
         """A pipeline's stages run on the devices at each index of its axis; with data parallel on
         a second axis, each stage's batch rows are split over that axis's devices."""

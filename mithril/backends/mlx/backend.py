@@ -238,6 +238,11 @@ class MlxBackend(Backend):
         _import_mlx()
         return _present_devices()
 
+    def synchronize(self, value) -> None:
+        arrays = list(_mx_leaves(value))
+        if arrays:
+            mx.eval(arrays)  # MLX is lazy: nothing runs until evaluated
+
     def scope(self):
         """This backend's device as MLX's default stream, for the duration of one call; with
         ``auto_free_tensors``, MLX's buffer cache is released when the call ends."""
@@ -653,3 +658,15 @@ class _ComputeIn:
 
 
 MLXBackend = MlxBackend
+
+
+def _mx_leaves(value):
+    """The mx.array leaves of nested dicts, lists and tuples."""
+    if isinstance(value, mx.array):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _mx_leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _mx_leaves(v)

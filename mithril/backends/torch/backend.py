@@ -401,6 +401,14 @@ class TorchBackend(Backend):
         _import_torch()
         return _present_devices()
 
+    def synchronize(self, value) -> None:
+        if self._device.type == "cuda":  # CUDA kernels return before the GPU has run them
+            torch.cuda.synchronize(self._device)
+
+    def set_num_threads(self, n: int) -> bool:
+        torch.set_num_threads(n)  # process-wide, as torch's own
+        return True
+
     def scope(self):
         """No autograd recording (vjp turns it back on) and this backend's device."""
         stack = contextlib.ExitStack()
