@@ -20,7 +20,7 @@ from .backends.table import backend_of_array
 from .backends.checkpoint import GradientCheckpointingWarning
 from .backends.runner import JitFallbackWarning, Program, jit_fallback_reason, node_error
 from .backends.emit_python import LoweredProgram
-from .backends.plan import Plan, build_plan
+from .backends.plan import Plan, build_plan, static_initializers
 from .dtypes import is_floating_np, np_dtype_of_onnx, tensor_array
 from .errors import (CompileError, DTypeError, EvaluationError, InputError, JitTraceError, MithrilError, ShapeError,
                      UnsupportedDTypeError, public_api)
@@ -50,13 +50,6 @@ def _batchnorm_statistics(graph: ir.Graph) -> set[str]:
                 if v is not None and v.is_initializer():
                     names.add(v.name)
     return names
-
-
-def _static_input_initializers(graph: ir.Graph, opsets: dict[str, int], backend: str) -> set[str]:
-    """Initializers read at a kernel's static input position (a shape, axes, scales...)."""
-    plan = build_plan(graph, opsets, backend, strict=False)
-    return {v.name for pn in plan.all_nodes() for i in pn.static_inputs
-            if i < len(pn.inputs) and (v := pn.inputs[i]) is not None and v.kind == "constant"}
 
 
 class PhysicalModel:
@@ -630,7 +623,7 @@ def compile(
     constants = set(constant_keys)
     constants |= {n for n, v in graph.initializers.items() if v.const_value is not None and
                   not is_floating_np(np_dtype_of_onnx(int(v.const_value.dtype)))}
-    constants |= _static_input_initializers(graph, opsets, backend.name)
+    constants |= static_initializers(graph, opsets, backend.name)  # read as a shape, axes, scales...
     # An initializer that is also a graph input can be overridden by the caller: never a constant.
     constants -= {v.name for v in graph.inputs}
     specialize(work, dict(shapes) if shapes else None, constants, opsets)
