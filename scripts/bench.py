@@ -187,6 +187,7 @@ def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repe
         return _to_numpy_outputs(backend, pm.evaluate(params, data))
 
     call.weight_bytes = pm.memory_report().weight_bytes  # the GGML section compares stored weight types
+    call.profile_target = (pm, params, data)  # what ml.profile times (bench_peers' hot ops)
     return statistics.median(compile_times), first_s, call, outs, fallbacks
 
 

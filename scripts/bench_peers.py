@@ -263,9 +263,25 @@ def run_child(args) -> dict:
                                             for k in ref))
                     rows.append(row)
                     b._progress(_row_line(row))
+                if args.explain:  # where each Mithril row's time goes (mithril profile)
+                    for row in rows[-len(prepared) - 1:]:
+                        target = getattr(prepared.get(row["runtime"], (None, None, None))[2], "profile_target", None)
+                        if target is not None:
+                            row["hot_ops"] = _hot_ops(b.ml, *target)
+                            b._progress(f"{name} {args.threads}t {LABELS[row['runtime']]} hot ops: {row['hot_ops']}")
                 del prepared, runners
             del sess, ort_call
     return {"rows": rows, "notes": notes, "facts": facts}
+
+
+def _hot_ops(ml, pm, params, data, top: int = 3) -> str:
+    """The op types taking the most time in one run (``ml.profile``: kernel clocks on NumPy and
+    Torch, eager per-op time on JAX and MLX), as "MatMul 61%, Add 12%, ..."."""
+    try:
+        report = ml.profile(pm, params, data, runs=2, warmup=1)
+    except Exception as exc:  # a profile that fails must not end the benchmark
+        return f"profile failed: {type(exc).__name__}"
+    return ", ".join(f"{r.op_type} {r.share:.0f}%" for r in report.op_types[:top])
 
 
 def _row_line(r: dict) -> str:
@@ -297,7 +313,8 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
         "and BLAS (threadpoolctl) set to it too. Median, min and max are over the timed calls; \"first call\"",
         "includes jit compilation (jax.jit, mx.compile, torch.compile); \"load\" is onnxruntime's session",
         "creation, Mithril's load+compile or the port's weight conversion. \"max |diff|\" is against",
-        "onnxruntime's outputs.", "",
+        "onnxruntime's outputs. \"Hot ops\": the op types taking most of a Mithril row's time by `ml.profile`",
+        "(kernel clocks on NumPy and Torch, eager per-op time on JAX and MLX; `mithril profile FILE --backend B`).", "",
         f"Load average (1 / 5 / 15 min) at the start {b._fmt_load(loads[0])}, at the end {b._fmt_load(loads[1])}.",
         "", "Exports (scripts/export_models.py):", "",
     ]
@@ -312,14 +329,14 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
     for model in dict.fromkeys(r["model"] for r in rows):
         mrows = [r for r in rows if r["model"] == model]
         lines += ["", f"### {model} ({mrows[0]['input']})", "",
-                  "| Threads | Runtime | Median ms | Min–max ms | Runs | vs ORT | vs peer | Load s | First call s | max \\|diff\\| |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| Threads | Runtime | Median ms | Min–max ms | Runs | vs ORT | vs peer | Load s | First call s | max \\|diff\\| | Hot ops (ml.profile) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mrows:
             peer = "—" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}x {LABELS[r['peer']]}"
             name = LABELS[r["runtime"]] + (f" ({r['group']} group)" if r["runtime"] == ORT else "")
             lines.append(f"| {r['threads']} | {name} | {r['ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} | {r['runs']} "
                          f"| {r['vs_ort']:.2f}x | {peer} | {_fmt(r['compile_s'], '.2f')} | {_fmt(r['first_s'], '.2f')} "
-                         f"| {r['diff']:.1e} |")
+                         f"| {r['diff']:.1e} | {r.get('hot_ops', '')} |")
     if memory:
         import bench_memory
 
@@ -355,6 +372,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-repeats", type=int, default=1, help="Mithril load+compile is the median of this many")
     ap.add_argument("--write", action="store_true", help=f"replace the {HEADING!r} section of --output")
     ap.add_argument("--output", default=str(ROOT / "docs" / "performance.md"))
+    ap.add_argument("--no-explain", dest="explain", action="store_false",
+                    help="skip the hot-ops column (ml.profile of each Mithril row after its timing)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the resident-memory rows (scripts/bench_memory.py: one fresh process per model and runtime)")
     ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)  # internal: one thread count

@@ -120,6 +120,7 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
     assert text.index("## Peers (issue 21)") < text.index("## Threads\n\nalso kept")
     assert "### conv.onnx (x [1, 4, 8, 8])" in text
     assert "| 1 | onnxruntime (numpy group) |" in text and "| 1 | Mithril NumPy |" in text
+    assert re.search(r"\| 1 \| Mithril NumPy \|.*\| Conv \d+%", text), text  # its hot ops, by ml.profile
     assert "Torch eager" not in text.split("### conv.onnx")[1]  # a user's file has no module to run
     assert "conv.onnx 1t [numpy] Mithril NumPy" in proc.stderr  # a progress line per measurement
     # Resident memory, one fresh process per runtime: onnxruntime and the Mithril backends asked for.
