@@ -418,8 +418,9 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
     monkeypatch.undo()
     xnn = {"xla_cpu_use_xnnpack": True,
            "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
-    # YNNPACK's fusions stay on (XLA's default) where they win, and are turned off elsewhere.
-    for wins, ynn in ((True, {}), (False, no_ynn)):
+    # YNNPACK takes the dots (and nothing else) where they win; its fusions are off elsewhere.
+    ynn_dots = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    for wins, ynn in ((True, ynn_dots), (False, no_ynn)):
         monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda wins=wins: wins)
         backend = ml.JaxBackend()
         assert backend.compiler_options == {"xla_allow_excess_precision": False, **ynn, **xnn}
@@ -461,9 +462,15 @@ def test_pointwise_conv_orientation_follows_the_dot_library(ynn, out_shape):
     np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-5, atol=1e-5)
 
 
+_XNN = {"xla_allow_excess_precision": False, "xla_cpu_use_xnnpack": True,
+        "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
+
+
 @pytest.mark.parametrize("options, size, convolution", [
     (None, 14, True),    # 196 output pixels, 16 channels: XNNPACK's convolution
-    (None, 7, False),    # 49 pixels: im2col + matmul
+    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": ""}, 7, False),  # 49 pixels, Eigen's dots: im2col
+    # YNNPACK's dots: XNNPACK at every size (its convolution beats im2col + YNNPACK's matmul).
+    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}, 7, True),
     ({}, 14, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
 ])
 def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution):

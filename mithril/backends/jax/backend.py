@@ -123,9 +123,13 @@ def _has_platform(platform: str) -> bool:
 #   50,257-word LM head of issue 21's GPT-2 (128x256 by 256x50257) takes 45 ms with YNNPACK against
 #   152 ms with Eigen (onnxruntime 60 ms); whole models against onnxruntime, fusions off -> on:
 #   GPT-2 1.84x -> 0.94x, BERT-256 1.09x -> 0.74x, ResNet-18 1.62x -> 0.89x.
-# So the fusions stay on (XLA's default) on Intel CPUs with AVX-512 and are turned off elsewhere
-# (an empty list turns them off).
+# So YNNPACK takes the dots on Intel CPUs with AVX-512, and nothing elsewhere (an empty list turns
+# its fusions off). Only the dots, one each: XLA's default list also gives it the convolutions
+# (slower than XNNPACK's, which the options below choose: ResNet-18's 256x14x14 layer 3.2 against
+# 2.4 ms) and eltwise/reduce fusions, with which it fused ResNet-18's whole last stage (convolutions,
+# adds, ReLUs, pooling) into one graph 2-3x slower than its parts.
 _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+_YNN_DOT_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
 def _cpu_flags() -> tuple[str, set[str]]:
@@ -166,8 +170,9 @@ _EXACT_HALVES = {"xla_allow_excess_precision": False}
 # pyproject admits jax>=0.4.30) gets the next one.
 _CPU_COMPILER_OPTIONS = ({**_EXACT_HALVES, **_NO_YNN_FUSIONS, **_XNN_CONVOLUTIONS},
                          {**_EXACT_HALVES, **_NO_YNN_FUSIONS}, _EXACT_HALVES, {})
-# Where YNNPACK's fusions win: XLA's default for them.
-_CPU_COMPILER_OPTIONS_YNN = ({**_EXACT_HALVES, **_XNN_CONVOLUTIONS}, _EXACT_HALVES, {})
+# Where YNNPACK's dots win.
+_CPU_COMPILER_OPTIONS_YNN = ({**_EXACT_HALVES, **_YNN_DOT_FUSIONS, **_XNN_CONVOLUTIONS},
+                             {**_EXACT_HALVES, **_YNN_DOT_FUSIONS}, _EXACT_HALVES, {})
 _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
 
 
@@ -304,9 +309,9 @@ class JaxBackend(Backend):
 
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
     argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
-    default on the CPU keeps XLA:CPU's YNNPACK fusions on Intel CPUs with AVX-512, where their dot
-    kernels are faster than XLA's own, and turns them off elsewhere (slower on an AMD EPYC), and
-    sends the convolutions that XNNPACK runs faster than
+    default on the CPU sends dots to YNNPACK on Intel CPUs with AVX-512, where its kernels are
+    faster than XLA's own, and turns XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD
+    EPYC), and sends the convolutions that XNNPACK runs faster than
     im2col + matmul to XNNPACK (docs/performance.md); on every device it has XLA round each
     float16/bfloat16 op's result as the graph does (``xla_allow_excess_precision`` off, no effect
     on float32). ``compiler_options={}`` restores XLA's defaults, and the Conv kernel then uses

@@ -88,6 +88,10 @@ def ynn_dots(enabled: bool):
 # against 1.37x with im2col there, and 1.33x with XNNPACK down to 7x7 as well (batch 8, whose 7x7
 # layers have 392 pixels: 1.38x against 1.40x). So XNNPACK from 196 output pixels per call (14x14
 # at batch 1) and 16 input channels.
+# Where dots go to YNNPACK (an Intel Xeon with AVX-512), im2col's matmul is slower than Eigen's
+# and XNNPACK wins at every size, 7x7 included (1 thread, ms): 512x7x7 2.65 against 5.5 with
+# im2col + YNNPACK (3.6 with Eigen), 256->512 stride 2 to 7x7 1.5 against 2.9; whole ResNet-18
+# 32 against 40 ms. Its 3-channel stem stays im2col (the channel floor).
 _LIBRARY_MIN_PIXELS = 196
 _LIBRARY_MIN_CHANNELS = 16
 
@@ -96,7 +100,8 @@ def _library_conv_wins(x, w, win, group) -> bool:
     # XNNPACK's convolution is 2-D; other ranks and dtypes would fall back to XLA's Eigen one.
     return (_LIBRARY_CONVOLUTIONS.get() and x.ndim == 4 and x.dtype == jnp.float32
             and group == 1 and w.shape[1] >= _LIBRARY_MIN_CHANNELS
-            and math.prod(win.kernel) > 1 and x.shape[0] * math.prod(win.out) >= _LIBRARY_MIN_PIXELS)
+            and math.prod(win.kernel) > 1
+            and (_YNN_DOTS.get() or x.shape[0] * math.prod(win.out) >= _LIBRARY_MIN_PIXELS))
 
 
 # Spatial axis letters for lax's dimension-number strings, by rank.
