@@ -427,12 +427,15 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
         assert backend._library_convolutions
 
 
-def test_ynn_fusions_are_kept_on_intel_cpus_with_avx512(monkeypatch):
+def test_ynn_dots_on_intel_cpus_with_avx512_and_several_threads(monkeypatch):
     from mithril.backends.jax import backend as jax_backend
 
-    for vendor, flags, wins in (("GenuineIntel", {"avx2", "avx512f"}, True), ("GenuineIntel", {"avx2"}, False),
-                                ("AuthenticAMD", {"avx2", "avx512f"}, False), ("", set(), False)):
+    for vendor, flags, cpus, wins in (("GenuineIntel", {"avx2", "avx512f"}, 2, True),
+                                      ("GenuineIntel", {"avx2", "avx512f"}, 1, False),
+                                      ("GenuineIntel", {"avx2"}, 2, False),
+                                      ("AuthenticAMD", {"avx2", "avx512f"}, 2, False), ("", set(), 2, False)):
         monkeypatch.setattr(jax_backend, "_cpu_flags", lambda v=vendor, f=flags: (v, f))
+        monkeypatch.setattr(jax_backend, "_usable_cpus", lambda n=cpus: n)
         assert jax_backend._ynn_fusions_win() is wins
 
 

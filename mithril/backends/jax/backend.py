@@ -122,9 +122,12 @@ def _has_platform(platform: str) -> bool:
 # - an Intel Xeon with AVX-512 (and AMX): YNNPACK won everywhere, by most on large dots. The
 #   50,257-word LM head of issue 21's GPT-2 (128x256 by 256x50257) takes 45 ms with YNNPACK against
 #   152 ms with Eigen (onnxruntime 60 ms); whole models against onnxruntime, fusions off -> on:
-#   GPT-2 1.84x -> 0.94x, BERT-256 1.09x -> 0.74x, ResNet-18 1.62x -> 0.89x.
-# So YNNPACK takes the dots on Intel CPUs with AVX-512, and nothing elsewhere (an empty list turns
-# its fusions off). Only the dots, one each: XLA's default list also gives it the convolutions
+#   GPT-2 1.84x -> 0.94x, BERT-256 1.09x -> 0.74x, ResNet-18 1.62x -> 0.89x (2 threads on a loaded
+#   machine: Eigen's multi-threaded matmul degrades most there, its LM head 5x its 1-thread time).
+#   On one thread (the process pinned to one CPU, so XLA has one) Eigen's dots were 5-15% faster:
+#   GPT-2 68 against 79 ms, BERT 8.1 against 8.9, ResNet-18 and MobileNetV2 even.
+# So YNNPACK takes the dots on Intel CPUs with AVX-512 where XLA has several threads, and nothing
+# elsewhere (an empty list turns its fusions off). Only the dots, one each: XLA's default list also gives it the convolutions
 # (slower than XNNPACK's, which the options below choose: ResNet-18's 256x14x14 layer 3.2 against
 # 2.4 ms) and eltwise/reduce fusions, with which it fused ResNet-18's whole last stage (convolutions,
 # adds, ReLUs, pooling) into one graph 2-3x slower than its parts.
@@ -150,10 +153,15 @@ def _cpu_flags() -> tuple[str, set[str]]:
     return vendor, flags
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on: XLA:CPU sizes its thread pool by them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _ynn_fusions_win() -> bool:
-    """Whether XLA's YNNPACK fusions beat its Eigen kernels on this CPU (see above)."""
+    """Whether XLA's YNNPACK dots beat its Eigen kernels on this CPU and thread count (see above)."""
     vendor, flags = _cpu_flags()
-    return vendor == "GenuineIntel" and "avx512f" in flags
+    return vendor == "GenuineIntel" and "avx512f" in flags and _usable_cpus() > 1
 
 
 # XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
