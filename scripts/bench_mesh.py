@@ -122,8 +122,8 @@ def render(rows: list[dict], started: str, load: str, cores: int) -> str:
         "in memory per device. \"data, 1-device mesh\" is what a script written for N devices runs with N = 1 "
         "(`JaxBackend(device_mesh=(1,))`, `compile(parallel=\"data\")`, parameters through `pm.place`): the "
         "plain program, the options checked and nothing split, timed beside it: "
-        f"{mesh1['median_ms'] / base['median_ms'] - 1:+.1%} here (issue 20's bar for the mesh path on one device: "
-        "within 10 %)."
+        f"{mesh1['median_ms'] / base['median_ms'] - 1:+.1%} here (the same program: the difference is this run's "
+        "noise; issue 20's bar for the mesh path on one device: within 10 %)."
         if mesh1 else "in memory per device.",
         "",
         "| strategy | devices | mesh | step ms (min / median / max) | vs one device | params + state per device | vs one device |",
