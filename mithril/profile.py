@@ -328,17 +328,6 @@ def _median_ms(call: Callable[[], Any], runs: int, warmup: int, after: Callable[
     return 1e3 * statistics.median(times)
 
 
-def _leaves(value):
-    if isinstance(value, Mapping):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v)
-    elif value is not None:
-        yield getattr(value, "native", value)  # Torch's and MLX's array facades hold a native array
-
-
 def _on_gpu(backend) -> bool:
     """Torch on CUDA: kernels return before the GPU has run them."""
     return backend.name == "torch" and "cuda" in f"{backend.device} {getattr(backend, '_device', '')}"

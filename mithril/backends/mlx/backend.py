@@ -661,7 +661,8 @@ MLXBackend = MlxBackend
 
 
 def _mx_leaves(value):
-    """The mx.array leaves of nested dicts, lists and tuples."""
+    """The mx.array leaves of nested dicts, lists and tuples (through the array facade)."""
+    value = getattr(value, "native", value)
     if isinstance(value, mx.array):
         yield value
     elif isinstance(value, dict):
