@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
 import models_zoo
@@ -308,6 +308,38 @@ def test_backward_kernels_on_hand_made_graphs_equal_numpy(case):
     got_out, got = pm.evaluate({}, data, output_gradients={"y": np.ones_like(want_out["y"])})
     np.testing.assert_allclose(got_out["y"], want_out["y"], rtol=1e-12, atol=1e-12)
     _compare_gradients(want, got, 1e-10)
+
+
+@pytest.mark.parametrize("opset", [6, 17])
+def test_clip_backward_in_c_equals_numpy_at_the_bounds(opset):
+    """Clip-6 (attribute bounds, NumPy's rule: x within [min, max]) and Clip-11+ (scalar bound inputs,
+    constant and data; the gradient stays where y is neither bound, the data bound's is the sum where y is
+    it), inputs landing exactly on the bounds:
+    MobileNetV2's ReLU6 trains without a NumPy step."""
+    if opset < 11:
+        nodes = [helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)]
+        inputs, inits = [("x", [3, 4])], []
+    else:
+        nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["y"])]
+        inputs, inits = [("x", [3, 4]), ("hi", [])], [numpy_helper.from_array(np.array(-0.5), "lo")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s) for n, s in inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], inits)
+    model = ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
+    ref = ml.compile(model, ml.NumpyBackend(dtype=ml.float64), data_keys={n for n, _ in inputs})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CFallbackWarning)
+        pm = ml.compile(model, ml.CBackend(dtype=ml.float64), data_keys={n for n, _ in inputs})
+    assert "mt_grad_clip_f64(" in pm.backward.source
+    x = np.array([[-1.0, -0.5, -0.25, 0.0], [0.25, 0.5, 0.75, -0.5], [0.5, 1.5, -2.0, 0.1]])
+    data = {"x": x, "hi": np.array(0.5)} if opset >= 11 else {"x": x}
+    cot = {"y": np.arange(1.0, 13.0).reshape(3, 4)}
+    want_out, want = ref.evaluate({}, data, output_gradients=cot)
+    got_out, got = pm.evaluate({}, data, output_gradients=cot)
+    np.testing.assert_array_equal(got_out["y"], want_out["y"])
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert np.count_nonzero(got["x"]) == (8 if opset < 11 else 4)  # the bounds themselves pass or not
 
 
 # -- sanitizers ---------------------------------------------------------------------------------------

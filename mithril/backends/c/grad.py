@@ -429,6 +429,32 @@ def relu_grad(item, c):
     c.line(f"mt_grad_relu_{c.sfx(g)}({c.buf(g)}, {c.buf(x)}, {c.buf(dx)}, {c.numel(dx)});")
 
 
+def _check_clip(item):
+    for k, v in enumerate(item.node.inputs[1:], 1):
+        if v is not None and (v.dtype != item.x(0).dtype or v.static_shape is None or prod(v.static_shape) != 1):
+            return f"bound {v.name!r} is not a {item.x(0).dtype} scalar"
+        if item.dx(k) is not None and item.x(0) is v:
+            return "one value at several wanted inputs"
+    return _floats_only(item)
+
+
+@grad_kernel("Clip", check=_check_clip)
+def clip_grad(item, c):
+    g, pn = item.g, item.node
+    bounds = []
+    for i, name, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+        if pn.opset < 11:
+            bounds.append(c.literal(pn.kwargs.get(name, default), g.dtype))
+        elif len(pn.inputs) > i and pn.inputs[i] is not None:
+            bounds.append(f"{c.buf(pn.inputs[i])}[0]")
+        else:
+            bounds.append(c.literal(default, g.dtype))
+    a = item.x(0) if pn.opset < 11 else pn.outputs[0]
+    grads = [c.buf(item.dx(k)) if item.dx(k) is not None else "NULL" for k in range(3)]
+    c.line(f"mt_grad_clip_{c.sfx(g)}({c.buf(g)}, {c.buf(a)}, {grads[0]}, {c.numel(g)}, {bounds[0]}, {bounds[1]}, "
+           f"{int(pn.opset < 11)}, {grads[1]}, {grads[2]});")
+
+
 @grad_kernel("Tanh", "Sigmoid", "Exp", "Sqrt", check=_only_first)
 def from_output_grad(item, c):
     g, y, dx = item.g, item.node.outputs[0], item.dx(0)

@@ -13,6 +13,28 @@ static inline void MT_FN(mt_grad_relu)(const T *g, const T *x, T *restrict dx, m
     MT_FOR_SIMD(n, i, dx[i] = x[i] > 0 ? g[i] : (T)0)
 }
 
+/* Clip: from_x (opset < 11, NumPy's rule): g where lo <= x <= hi; else (opset 11+, a = y): g where y
+ * is neither bound, and the scalar bounds' gradients (dlo, dhi; NULL: not wanted) sum g where y is
+ * that bound (hi wins a tie: it is applied last). */
+static inline void MT_FN(mt_grad_clip)(const T *g, const T *a, T *restrict dx, mt_i n, T lo, T hi, int from_x,
+                                       T *dlo, T *dhi) {
+    if (from_x) {
+        MT_FOR_SIMD(n, i, dx[i] = (a[i] >= lo && a[i] <= hi) ? g[i] : (T)0)
+        return;
+    }
+    if (dx) {
+        MT_FOR_SIMD(n, i, dx[i] = (a[i] == lo || a[i] == hi) ? (T)0 : g[i])
+    }
+    T sl = 0, sh = 0;
+    if (dlo || dhi)
+        for (mt_i i = 0; i < n; i++) {
+            if (a[i] == hi) sh += g[i];
+            else if (a[i] == lo) sl += g[i];
+        }
+    if (dlo) dlo[0] = sl;
+    if (dhi) dhi[0] = sh;
+}
+
 static inline void MT_FN(mt_grad_tanh)(const T *g, const T *y, T *restrict dx, mt_i n) {
     MT_FOR_SIMD(n, i, dx[i] = g[i] * ((T)1 - y[i] * y[i]))
 }
