@@ -488,7 +488,7 @@ class TorchBackend(Backend):
         if isinstance(v, (list, tuple)):
             return [self._to_native(x) for x in v]
         if isinstance(v, txp.TorchArray):
-            return v.native
+            return _row_major(v.native)
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
             return self.from_numpy(v)
         return v
@@ -599,8 +599,8 @@ class TorchBackend(Backend):
                 grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
             else:
                 grads = [None] * len(leaves)
-        out = {k: v.native.detach() if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
-        grads = {k: g if g is not None else torch.zeros_like(leaf).detach()
+        out = {k: _row_major(v.native.detach()) if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
+        grads = {k: _row_major(g) if g is not None else torch.zeros_like(leaf).detach()
                  for (k, leaf), g in zip(leaves.items(), grads)}
         if self._torch_mesh is not None:  # each gradient placed as its parameter: all-reduced or reduce-scattered
             grads = {k: _tmesh.like(g, leaves[k]) for k, g in grads.items()}
@@ -653,6 +653,16 @@ for _name in ("add", "subtract", "multiply", "divide", "matmul", "maximum", "min
               "mean", "max", "reshape", "transpose", "concat",
               "power", "negative", "abs", "exp", "log", "sqrt", "sin", "cos", "where", "min"):
     setattr(TorchBackend, _name, _native_api(_name))
+
+
+def _row_major(t):
+    """``t`` contiguous where the Conv kernel's channels_last layout (overrides.py) reached it:
+    users get the row-major tensors a NumPy-like program gives (``view``, ``numpy()`` strides);
+    other tensors as they are."""
+    if type(t) is torch.Tensor and t.dim() == 4 and not t.is_contiguous() and \
+            t.is_contiguous(memory_format=torch.channels_last):
+        return t.contiguous()
+    return t
 
 
 def _native(v, device):

@@ -9,6 +9,7 @@ folded on the host); every kernel returns TorchArrays. Cases torch cannot run na
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -73,7 +74,37 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     if padding is None:
         xt, padding = _pad_input(xt, pairs, 0.0), 0
     bt = _t(b).to(xt.dtype) if b is not None else None
+    if nd == 2 and xt.device.type == "cpu" and xt.dtype in _CHANNELS_LAST_DTYPES and type(wt) is torch.Tensor:
+        # oneDNN's NHWC convolutions are 1.3-2x its NCHW ones on the CPU; a channels_last weight
+        # makes torch run the conv in NHWC and return an NHWC result, and the pointwise ops,
+        # pools and normalizations after it keep that layout up to the next conv. The input is
+        # made NHWC too: a depthwise or 1x1 weight has both layouts, and alone picks NCHW.
+        xt, wt = xt.contiguous(memory_format=torch.channels_last), channels_last_weight(wt)
     return TorchArray(_CONV[nd](xt, wt, bt, win.strides, padding, win.dilations, group))
+
+
+# Dtypes whose CPU convolutions oneDNN runs (float64 takes torch's own slower kernels either way).
+_CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16)
+# id(weight) -> (weakref to it, its version when copied, its channels_last copy). A model's
+# weights are the same tensors call after call: each is copied to NHWC once, not per call.
+_nhwc_weights: dict = {}
+
+
+def channels_last_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (a 4-D conv weight, OIHW) with channels_last strides: the same values. Outside
+    autograd the copy is kept while ``w`` lives and is unchanged in place (its version counter);
+    while autograd records, or under torch.compile, it is a differentiable copy per call."""
+    if w.is_contiguous(memory_format=torch.channels_last):
+        return w
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or w.is_inference():
+        return w.contiguous(memory_format=torch.channels_last)
+    key, version = id(w), w._version
+    held = _nhwc_weights.get(key)
+    if held is not None and held[0]() is w and held[1] == version:
+        return held[2]
+    nhwc = w.contiguous(memory_format=torch.channels_last)
+    _nhwc_weights[key] = (weakref.ref(w, lambda _, key=key: _nhwc_weights.pop(key, None)), version, nhwc)
+    return nhwc
 
 
 def _transpose_crop(y: torch.Tensor, begin, out) -> torch.Tensor:
@@ -212,9 +243,12 @@ def clip(x, low=None, high=None, *, xp):
             all(v is None or type(v) is TorchArray for v in (low, high)):
         t = x.native
         bounds = [None if v is None else v.native for v in (low, high)]
-        if t.device.type == "cpu" and all(v is None or v.numel() == 1 for v in bounds):
+        if t.device.type == "cpu" and not torch.compiler.is_compiling() and \
+                all(v is None or (v.numel() == 1 and not v.requires_grad) for v in bounds):
             # Scalar bounds take clamp's fast kernel (tensor bounds are 5x slower); on the CPU,
             # reading them costs no device sync. Rounded to x's dtype first, as ONNX casts them.
+            # A bound autograd differentiates stays a tensor (a Python float has no gradient), and
+            # so does one torch.compile traces (.item() would break its graph).
             bounds = [None if v is None else v.to(t.dtype).item() for v in bounds]
         else:
             bounds = [None if v is None else v.to(t.dtype) for v in bounds]

@@ -1,0 +1,112 @@
+"""TorchBackend's channels_last convolutions: a layout, never a change of values or shapes."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mithril as ml
+
+from .conftest import make_model
+
+torch = pytest.importorskip("torch", reason="the Torch backend needs torch (pip install mithril[torch])")
+from mithril.backends.torch import overrides as tov  # noqa: E402
+
+
+def _cnn():
+    """Conv -> BatchNorm -> Relu -> depthwise Conv (stride 2) -> Add (1x1 Conv branch) ->
+    MaxPool -> Clip, with a 4-D output and a pooled Gemm head."""
+    rng = np.random.default_rng(0)
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "s", "b", "m", "v"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "Wd"], ["d"], group=8, pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["r1", "Wp"], ["p"], strides=[2, 2]),
+        helper.make_node("Add", ["d", "p"], ["a"]),
+        helper.make_node("MaxPool", ["a"], ["mp"], kernel_shape=[2, 2], strides=[1, 1]),
+        helper.make_node("Clip", ["mp", "lo", "hi"], ["feat"]),
+        helper.make_node("GlobalAveragePool", ["feat"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["fl"]),
+        helper.make_node("Gemm", ["fl", "W2", "C"], ["y"], transB=1),
+    ]
+    inits = {"W1": rng.standard_normal((8, 3, 3, 3)) * 0.4, "B1": rng.standard_normal(8),
+             "s": rng.uniform(0.5, 1.5, 8), "b": rng.standard_normal(8), "m": rng.standard_normal(8) * 0.1,
+             "v": rng.uniform(0.5, 1.5, 8), "Wd": rng.standard_normal((8, 1, 3, 3)) * 0.4,
+             "Wp": rng.standard_normal((8, 8, 1, 1)) * 0.4, "W2": rng.standard_normal((5, 8)), "C": rng.standard_normal(5)}
+    inits = {k: v.astype(np.float32) for k, v in inits.items()}
+    inits.update(lo=np.float32(-1.0), hi=np.float32(2.0))
+    return make_model(nodes, [("x", f, [2, 3, 9, 9])], [("feat", f, [2, 8, 4, 4]), ("y", f, [2, 5])], inits)
+
+
+def test_channels_last_convs_give_numpy_outputs_and_gradients():
+    model = _cnn()
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    cot = {"feat": np.random.default_rng(2).standard_normal((2, 8, 4, 4)).astype(np.float32),
+           "y": np.ones((2, 5), np.float32)}
+    results = {}
+    for backend in (ml.NumpyBackend(), ml.TorchBackend()):
+        pm = ml.compile(ml.load_onnx(model), backend, shapes={"x": x.shape}, data_keys=["x"])
+        params = pm.get_parameters()
+        outputs = pm.evaluate(params, {"x": x})
+        out_g, grads = pm.evaluate(params, {"x": x}, output_gradients={k: backend.array(v) for k, v in cot.items()})
+        results[backend.name] = (outputs, out_g, grads)
+    (np_out, _, np_grads), (t_out, t_out_g, t_grads) = results["numpy"], results["torch"]
+    for k in np_out:
+        # Users get row-major tensors, as they would without the layout change.
+        assert t_out[k].is_contiguous() and t_out_g[k].is_contiguous()
+        np.testing.assert_allclose(t_out[k].numpy(), np_out[k], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(t_out_g[k].numpy(), np_out[k], rtol=1e-4, atol=1e-4)
+    assert set(t_grads) == set(np_grads) and {"W1", "Wd", "Wp", "x"} <= set(t_grads)
+    for k, g in t_grads.items():
+        assert g.is_contiguous() and tuple(g.shape) == np.shape(np_grads[k]), k
+        np.testing.assert_allclose(g.numpy(), np_grads[k], rtol=1e-3, atol=1e-3, err_msg=k)
+
+
+def test_a_weight_changed_in_place_is_read_again():
+    # The channels_last copy of a weight is kept across calls; an in-place change must not be missed.
+    model = _cnn()
+    x = np.random.default_rng(3).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes={"x": x.shape}, inference=True)
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(), shapes={"x": x.shape}, inference=True)
+    params = pm.get_parameters()
+    first = pm.evaluate(params, {"x": x})["feat"].clone()
+    np.testing.assert_allclose(first.numpy(), ref.evaluate(None, {"x": x})["feat"], rtol=1e-4, atol=1e-4)
+    params["W1"].mul_(-0.5)
+    ref_params = {k: v.numpy() for k, v in params.items()}
+    second = pm.evaluate(params, {"x": x})["feat"]
+    assert not torch.allclose(first, second)
+    np.testing.assert_allclose(second.numpy(), ref.evaluate(ref_params, {"x": x})["feat"], rtol=1e-4, atol=1e-4)
+
+
+def test_channels_last_weight_is_copied_once_per_weight_version():
+    w = torch.randn(4, 3, 3, 3)
+    with torch.no_grad():
+        a = tov.channels_last_weight(w)
+        assert a.is_contiguous(memory_format=torch.channels_last) and torch.equal(a, w)
+        assert tov.channels_last_weight(w) is a  # kept, not copied again
+        w.add_(1.0)
+        b = tov.channels_last_weight(w)
+        assert b is not a and torch.equal(b, w)
+        assert tov.channels_last_weight(b) is b  # already channels_last
+    # While autograd records, the copy is part of the graph: the gradient reaches w.
+    leaf = w.clone().requires_grad_(True)
+    tov.channels_last_weight(leaf).sum().backward()
+    assert torch.equal(leaf.grad, torch.ones_like(w))
+    key = id(w)
+    del w
+    assert key not in tov._nhwc_weights  # dropped with its weight
+
+
+@pytest.mark.parametrize("shape,kernel,group", [((1, 4, 11), (6, 4, 3), 1), ((1, 4, 5, 6, 7), (4, 1, 3, 3, 3), 4)])
+def test_1d_and_3d_convs_keep_their_layout_and_values(shape, kernel, group):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal(kernel).astype(np.float32)
+    pads = [1] * (2 * (len(shape) - 2))
+    model = make_model([helper.make_node("Conv", ["x", "W"], ["y"], group=group, pads=pads)],
+                       [("x", TensorProto.FLOAT, list(shape))], [("y", TensorProto.FLOAT, None)], {"W": w})
+    x = rng.standard_normal(shape).astype(np.float32)
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes={"x": shape}, inference=True)(None, {"x": x})["y"]
+    got = ml.compile(ml.load_onnx(model), ml.TorchBackend(), shapes={"x": shape}, inference=True)(None, {"x": x})["y"]
+    assert got.is_contiguous()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
