@@ -140,6 +140,17 @@ def test_every_layout_equals_numpy(libs, M, N, K, la, lb):
         _check(_gemm(libs["own"], a, b, threads=2), _reference(a, b, None, 1.0, 1.0), K)
 
 
+# A few rows against a transposed B (a classifier's Gemm, transB=1): the plain loops' dot products,
+# eight rows of B at a time, then the rest one by one; threaded when N * K is large.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K", [(1, 7, 5), (1, 8, 1), (3, 9, 33), (1, 1000, 1280), (2, 1003, 300)])
+def test_few_rows_transposed_b_equals_numpy(libs, M, N, K, threads):
+    rng = np.random.default_rng(N + K)
+    for dtype in (np.float32, np.float64):
+        a, b = _view(rng, (M, K), dtype, "c"), _view(rng, (K, N), dtype, "t")
+        _check(_gemm(libs["own"], a, b, threads=threads), _reference(a, b, None, 1.0, 1.0), K)
+
+
 @pytest.mark.parametrize("cshape", [(), (1,), (1, "N"), ("M", 1), ("M", "N")])
 @pytest.mark.parametrize("M,N,K", [(5, 7, 3), (70, 90, 300), (4, 4, 0)])
 def test_alpha_beta_and_c_broadcasts(libs, M, N, K, cshape):

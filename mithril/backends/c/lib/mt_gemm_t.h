@@ -20,6 +20,7 @@
 /* The epilogue's clamp: min(max(v, lo), hi), NaN kept (Relu and Clip fused into the product). */
 #define MT_GEMM_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
+#define MT_GEMM_DOTROWS 8 /* rows of a transposed B per step of mt_gemm_plain's dot products */
 static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
                                         mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
                                         T lo, T hi) {
@@ -33,15 +34,36 @@ static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *r
                 _Pragma("omp simd")
                 for (mt_i j = 0; j < N; j++) MT_GEMM_MAC(y[j], s, b[j]);
             }
-        } else if (br == 1 && ac == 1) { /* dot products of contiguous rows (B stored transposed) */
+        } else if (br == 1 && ac == 1) {
+            /* Dot products of contiguous rows (B stored transposed), MT_GEMM_DOTROWS rows at a time:
+             * as many sums in flight and rows streaming at once. One at a time, each row's sum waited
+             * on its own additions and B (the weights, from memory) came one stream at a time:
+             * MobileNetV2's classifier (1x1280 by 1000x1280) 0.63 ms on one core where onnxruntime
+             * takes 0.32. */
             const T *a = A + i * ar;
             _Pragma("omp parallel for if(N * K > 8 * MT_GEMM_SMALL && mt_threads() > 1)")
-            for (mt_i j = 0; j < N; j++) {
-                const T *b = B + j * bc;
-                T acc = 0;
-                _Pragma("omp simd reduction(+:acc)")
-                for (mt_i k = 0; k < K; k++) acc += a[k] * b[k];
-                y[j] = acc;
+            for (mt_i jq = 0; jq < (N + MT_GEMM_DOTROWS - 1) / MT_GEMM_DOTROWS; jq++) {
+                const mt_i j0 = jq * MT_GEMM_DOTROWS;
+                if (j0 + MT_GEMM_DOTROWS <= N) {
+                    const T *b = B + j0 * bc;
+                    T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+                    _Pragma("omp simd reduction(+:s0,s1,s2,s3,s4,s5,s6,s7)")
+                    for (mt_i k = 0; k < K; k++) {
+                        const T ak = a[k];
+                        s0 += ak * b[k]; s1 += ak * b[bc + k]; s2 += ak * b[2 * bc + k]; s3 += ak * b[3 * bc + k];
+                        s4 += ak * b[4 * bc + k]; s5 += ak * b[5 * bc + k]; s6 += ak * b[6 * bc + k]; s7 += ak * b[7 * bc + k];
+                    }
+                    y[j0] = s0; y[j0 + 1] = s1; y[j0 + 2] = s2; y[j0 + 3] = s3;
+                    y[j0 + 4] = s4; y[j0 + 5] = s5; y[j0 + 6] = s6; y[j0 + 7] = s7;
+                    continue;
+                }
+                for (mt_i j = j0; j < N; j++) {
+                    const T *b = B + j * bc;
+                    T acc = 0;
+                    _Pragma("omp simd reduction(+:acc)")
+                    for (mt_i k = 0; k < K; k++) acc += a[k] * b[k];
+                    y[j] = acc;
+                }
             }
         } else {
             for (mt_i j = 0; j < N; j++) {
@@ -407,6 +429,7 @@ static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restric
 }
 
 #undef MT_GEMM_CLAMP
+#undef MT_GEMM_DOTROWS
 #undef MT_GEMM_NR
 #undef MT_GEMM_VL
 #undef MT_GEMM_NC
