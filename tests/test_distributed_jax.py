@@ -46,6 +46,20 @@ def test_mesh_axes_and_sharded_creation():
     named = ml.JaxBackend(device_mesh=(4,), axis_names=("batch",))
     assert named.mesh.axis_names == ("batch",)
     assert named.array(np.arange(3)).sharding.is_fully_replicated
+    # array takes the same two arguments: each device holds its block of the data given.
+    data = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    a = backend.array(data, device_mesh=(2, 2), tensor_split=(1, 0))  # columns over "data", rows over "model"
+    assert {s.data.shape for s in a.addressable_shards} == {(4, 3)}
+    for s in a.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(s.data), data[s.index])
+    rows = named.array([[1.0, 2.0]] * 4, tensor_split=(0,))  # Python floats take the backend's dtype
+    assert rows.dtype == np.float32 and {s.data.shape for s in rows.addressable_shards} == {(1, 2)}
+    with pytest.raises(MeshError, match=r"needs a backend on that mesh: JaxBackend\(device_mesh=\(2,\)\)"):
+        named.array(data, device_mesh=(2,))
+    with pytest.raises(MeshError, match=r"shape \(3,\) can't be split on dim 0 \(3\) over mesh axis 'batch'"):
+        named.array([1, 2, 3], tensor_split=(0,))
+    with pytest.raises(ml.errors.BackendOptionError, match="tensor_split needs a device_mesh"):
+        ml.JaxBackend().array(data, tensor_split=(0,))
 
 
 def test_mesh_errors_say_how_to_fix_them():

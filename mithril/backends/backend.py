@@ -429,15 +429,17 @@ class Backend(metaclass=TensorAPI):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
-    def array(self, data, dtype: DType | None = None, device: str | None = None):
+    def array(self, data, dtype: DType | None = None, device: str | None = None, device_mesh=None,
+              tensor_split=None):
         """A backend array from a list, a scalar or a NumPy array. Floating Python data takes the
-        backend's dtype; a NumPy array keeps its own unless ``dtype`` is given."""
+        backend's dtype; a NumPy array keeps its own unless ``dtype`` is given. ``device_mesh`` and
+        ``tensor_split`` split it over a mesh as they do for :meth:`ones`."""
         if dtype is None and isinstance(data, np.ndarray):
-            return self._placed(self.from_numpy(data), device)
+            return self._on_mesh(data, device, device_mesh, tensor_split)
         if dtype is None:
             arr = np.asarray(data)
             dtype = self.dtype if np.issubdtype(arr.dtype, np.floating) else as_dtype(arr.dtype)
-        return self._placed(self.from_numpy(np.asarray(data, dtype=self.backend_dtype(dtype))), device)
+        return self._on_mesh(np.asarray(data, dtype=self.backend_dtype(dtype)), device, device_mesh, tensor_split)
 
     def zeros(self, *shape, dtype: DType | None = None, device: str | None = None, device_mesh=None,
               tensor_split=None):
