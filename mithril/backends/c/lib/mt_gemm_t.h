@@ -408,19 +408,33 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
     }
     mt_i mc = MT_GEMM_MC, nc = MT_GEMM_NC, threads = 1;
     if (M * N * K > 8 * MT_GEMM_SMALL) threads = mt_threads();
-    if (threads > 1) mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, MT_GEMM_MC, MT_GEMM_NC, &mc, &nc);
-    /* One thread, Y one tile wide and A's rows read in place (mt_gemm_tile's `direct`; the packed
-     * rows stay under MR): all rows in one tile, so that B is packed once, not once per MC rows. */
+    /* Y one tile wide and A's rows read in place (mt_gemm_tile's `direct`; the packed rows stay
+     * under MR): the rows in one tile per thread, so that each thread packs B once, not once per MC
+     * rows (1x1 convolutions of 7x7 and 14x14 planes: 1280x49x320 on 2 threads packed B 16 times). */
+    if (N <= nc && ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0 && M >= threads * MT_GEMM_MR)
+        mc = threads > 1 ? ((M + threads - 1) / threads + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : M;
+    else if (threads > 1)
+        mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, MT_GEMM_MC, MT_GEMM_NC, &mc, &nc);
     else if (N <= nc && ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0)
         mc = M;
     mt_i mt = (M + mc - 1) / mc, nt = (N + nc - 1) / nc;
-    _Pragma("omp parallel for collapse(2) schedule(dynamic) if(threads > 1 && mt * nt > 1)")
-    for (mt_i ib = 0; ib < mt; ib++)
-        for (mt_i jb = 0; jb < nt; jb++) {
-            mt_i i0 = ib * mc, j0 = jb * nc;
-            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0, M - i0 < mc ? M - i0 : mc,
-                                j0, N - j0 < nc ? N - j0 : nc);
+#define MT_GEMM_TILES(PRAGMA)                                                                          \
+    _Pragma(PRAGMA)                                                                                    \
+    for (mt_i ib = 0; ib < mt; ib++)                                                                   \
+        for (mt_i jb = 0; jb < nt; jb++) {                                                             \
+            mt_i i0 = ib * mc, j0 = jb * nc;                                                           \
+            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0,     \
+                                M - i0 < mc ? M - i0 : mc, j0, N - j0 < nc ? N - j0 : nc);             \
         }
+    /* Tiles in whole rounds: each thread the same contiguous run of them on every call (static), so
+     * that a thread finds in its own cache the rows of Y it wrote last time and the next kernel's
+     * static split of channels (the depthwise convolution after a 1x1 one) reads what it wrote. */
+    if ((mt * nt) % threads == 0) {
+        MT_GEMM_TILES("omp parallel for collapse(2) schedule(static) if(threads > 1 && mt * nt > 1)")
+    } else {
+        MT_GEMM_TILES("omp parallel for collapse(2) schedule(dynamic) if(threads > 1 && mt * nt > 1)")
+    }
+#undef MT_GEMM_TILES
 }
 
 static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
