@@ -156,3 +156,81 @@ def test_report_lists_weights_and_kept_float_matrices():
     pm.evaluate({k: v * 2 for k, v in params.items()}, {"input": np.zeros((1, 16), np.int64)})
     again = {r.name: r for r in pm.program.quantization_report()}
     assert again["h.0.mlp.linear_0.weight"].max_abs == pytest.approx(2 * w.max_abs, rel=1e-5)
+
+
+def _two_matmuls(rng):
+    """x [1, 8, 64] @ W1 [64, 40] @ W2 [40, 36]: W1's 40 rows (stored transposed) are whole 8-row
+    groups, W2's 36 are not."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = rng.standard_normal((64, 40)).astype(np.float32)
+    w2 = rng.standard_normal((40, 36)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 36])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return ml.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), w1, w2
+
+
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_K"])
+def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, monkeypatch):
+    """q4_0 and q4_K matmul weights go to ggml's CPU_REPACK buffer (interleaved for its gemm) where
+    the CPU has that kernel: same results as the plain layout, reloaded arrays re-repacked, bytes
+    reported; a weight whose rows are not whole 8-row groups stays plain."""
+    import ggml
+
+    from mithril.backends.ggml import program as ggml_program
+
+    rng = np.random.default_rng(0)
+    model, w1, w2 = _two_matmuls(rng)
+    x = {"x": rng.standard_normal((1, 8, 64)).astype(np.float32)}
+    params = {"w1": w1, "w2": w2}
+    pm = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 8, 64]})
+    got = pm.evaluate(params, x)["y"]
+    weights = {w.value.name: w for w in pm.program._weights.values()}
+    if ggml_program._repack_buffer_type() is None or not ggml.ggml_cpu_has_avx2():
+        assert not any(w.repacked for w in weights.values())  # no kernel: everything stays plain
+        return
+    assert len(weights["w1"].repacked) == 1 and weights["w1"].buffer is None  # the repacked copy only
+    assert not weights["w2"].repacked  # 36 rows
+    assert pm.memory_report().weights_by_dtype[quantize] == \
+        weights["w1"].repacked[0][2] + weights["w2"].buffer.nbytes
+    monkeypatch.setattr(ggml_program, "REPACKED", ())
+    plain = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 8, 64]})
+    want = plain.evaluate(params, x)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    np.testing.assert_allclose(want, x["x"] @ w1 @ w2, rtol=0.2, atol=0.2 * np.abs(want).max())
+    # A new array for w1 is quantized and repacked again.
+    new = {"w1": w1[:, ::-1].copy(), "w2": w2}
+    again, want = pm.evaluate(new, x)["y"], plain.evaluate(new, x)["y"]
+    assert np.abs(again - got).max() > 0.1 * np.abs(got).max()
+    np.testing.assert_allclose(again, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_repack_refuses_what_ggmls_repacked_matmul_would_assert_on():
+    """The refusal that keeps a weight out of the CPU_REPACK buffer (ggml would read its interleaved
+    bytes as plain ones in any other op, and asserts on a 4-D activation or a part row group)."""
+    import ctypes
+
+    import ggml
+
+    from mithril.backends.ggml.program import _repack_refusal
+
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=True))
+    try:
+        w = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_Q4_0, 64, 16)
+        x3 = ggml.ggml_new_tensor_3d(ctx, ggml.GGML_TYPE_F32, 64, 8, 2)
+        x4 = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F32, 64, 8, 1, 2)
+        good = ggml.ggml_mul_mat(ctx, w, x3).contents
+        assert _repack_refusal(ggml, w.contents, [(good, 0)]) is None
+        assert "dims" in _repack_refusal(ggml, w.contents, [(good, 0), (ggml.ggml_mul_mat(ctx, w, x4).contents, 0)])
+        other = ggml.ggml_get_rows(ctx, w, ggml.ggml_new_tensor_1d(ctx, ggml.GGML_TYPE_I32, 2)).contents
+        assert "other than" in _repack_refusal(ggml, w.contents, [(good, 0), (other, 0)])
+        odd = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_Q4_0, 64, 12)
+        assert "8-row" in _repack_refusal(ggml, odd.contents, [(ggml.ggml_mul_mat(ctx, odd, x3).contents, 0)])
+        assert _repack_refusal(ggml, w.contents, []) == "read by no node"
+        assert ctypes.addressof(w.contents)  # the tensors are still ggml's (nothing was computed)
+    finally:
+        ggml.ggml_free(ctx)
