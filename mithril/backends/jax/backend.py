@@ -338,7 +338,9 @@ class JaxBackend(Backend):
     ``jax.sharding.Mesh`` of that many devices: arrays the backend makes are whole on each of
     them unless ``tensor_split`` splits them, and ``ml.compile(..., parallel=...)`` places
     parameters and inputs by a strategy (docs/distributed.md). On the CPU, a backend made before
-    any other JAX work has JAX create the host devices the mesh needs.
+    any other JAX work has JAX create the host devices the mesh needs, at least 8 (JAX makes
+    them only when it starts, so later, larger meshes find theirs); a count set in ``XLA_FLAGS``
+    (``--xla_force_host_platform_device_count``) is kept.
 
     >>> import mithril as ml
     >>> b = ml.JaxBackend(dtype=ml.float32, device="cpu")
@@ -365,8 +367,11 @@ class JaxBackend(Backend):
                                          f"{device!r}; give one of them")
             device = platform
         self.mesh = parse_mesh("JaxBackend", device_mesh, axis_names)
-        if self.mesh is not None and self.mesh.size > 1 and (device is None or device.startswith("cpu")):
-            _mesh.ask_host_devices(jax, self.mesh)  # before the device lookup starts jax's backends
+        host_devices_why: list[str] = []
+        if self.mesh is not None and self.mesh.size > 1:
+            # Before the device lookup starts jax's backends, whatever the device: one that is not
+            # present falls back to the CPU, and host devices are free where a GPU is.
+            host_devices_why = _mesh.ask_host_devices(jax, self.mesh)
         if pre_allocate is not None:
             _set_pre_allocate(pre_allocate)  # before the device lookup starts jax's backends
         self._device = _parse_device(self, "cpu" if device is None else device)
@@ -376,8 +381,8 @@ class JaxBackend(Backend):
         self.jit_by_default = bool(jit)
         self.device_mesh = None if self.mesh is None else self.mesh.shape
         # The jax.sharding.Mesh; None on one device (a one-device mesh is the plain path).
-        self._jmesh = _mesh.build_mesh(jax, self._device.platform, self.mesh) if self.mesh and self.mesh.size > 1 \
-            else None
+        self._jmesh = _mesh.build_mesh(jax, self._device.platform, self.mesh, host_devices_why) \
+            if self.mesh and self.mesh.size > 1 else None
         if compiler_options is None:
             # The CPU default, or as much of it as this jaxlib knows.
             if self._device.platform != "cpu":
