@@ -330,9 +330,10 @@ def test_what_a_strategy_cannot_split_is_named_once():
     np.testing.assert_allclose(np.asarray(out), np.asarray(want["output"]), rtol=1e-5, atol=1e-6)
 
 
-def test_fully_sharded_parameters_take_a_quarter_per_device():
+def test_fully_sharded_parameters_take_a_quarter_per_device(tmp_path):
     """ZeRO-3: each of 4 devices holds about a quarter of the parameters (measured from the arrays'
-    shards), and the optimizer state follows the parameters."""
+    shards), and the optimizer state follows the parameters. A checkpoint of the sharded run
+    (save_params) holds whole arrays: it loads on one device, and back onto the mesh by the plan."""
     build, shapes, batches = _mlp_case()
     backend = ml.JaxBackend(device_mesh=(4,))
     with pytest.warns(ReplicatedOpsWarning, match=r"fsdp parallel leaves 1 parameter\(s\) whole on every device: "
@@ -347,6 +348,27 @@ def test_fully_sharded_parameters_take_a_quarter_per_device():
     assert max(per_device.values()) == pm.sharding.per_device_bytes()
     state = Adam(1e-3).init(params)
     assert max(backend.per_device_bytes(state["mu"]).values()) == max(per_device.values())
+
+    path = tmp_path / "fsdp.safetensors"
+    ml.save_params(params, path)
+    single = ml.JaxBackend()
+    loaded = ml.load_params(path, single)
+    for name, v in params.items():
+        assert len(loaded[name].sharding.device_set) == 1, name  # whole, on one device
+        np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(v), err_msg=name)
+    back = pm.place(ml.load_params(path))  # NumPy arrays, split again by the plan
+    assert {k: v.sharding.spec for k, v in back.items()} == {k: v.sharding.spec for k, v in params.items()}
+    assert backend.per_device_bytes(back) == per_device
+    one = _trainer(models_zoo.mlp((64, 32, 10)), single, shapes)
+    want = pm.evaluate(params, batches[0])  # outputs and gradients
+    for got, exact in ((one.evaluate(loaded, batches[0]), False), (pm.evaluate(back, batches[0]), True)):
+        for part, want_part in zip(got, want):
+            for name, w in want_part.items():
+                if exact:  # the same program on the same placement
+                    np.testing.assert_array_equal(np.asarray(part[name]), np.asarray(w), err_msg=name)
+                else:
+                    np.testing.assert_allclose(np.asarray(part[name]), np.asarray(w), rtol=1e-5, atol=1e-6,
+                                               err_msg=name)
 
 
 def test_sharding_rules_override_by_name():
