@@ -309,8 +309,17 @@ def test_tensor_parallel_pairs_columns_then_rows():
     assert specs["input"] == ("data", None)
     gpt = _trainer(_gpt_case()[0](), backend, {"input": [4, 16], "target": [4, 16]}, parallel="tensor")
     assert gpt.sharding.specs["model_0.wte.weight"] == ("model", None)  # vocab-parallel embedding
-    split = {n: s for n, s in gpt.sharding.specs.items() if n in gpt.sharding.shapes}
-    assert any(re.search(r"attn", n) for n in split), sorted(split)
+    spec = gpt.sharding.specs.get  # absent: whole on every device
+    for block in ("model_0.h.0", "model_0.h.1"):
+        # Attention: q, k, v by columns (each device computes its heads: 2 of 4), the output
+        # projection by rows (it sums the heads' parts); its bias added once, after the sum.
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert spec(f"{block}.attn.{proj}.weight") == ("model", None), proj
+            assert spec(f"{block}.attn.{proj}.bias") == ("model",), proj
+        assert spec(f"{block}.attn.out_proj.weight") == (None, "model")
+        assert spec(f"{block}.attn.out_proj.bias") is None
+        assert spec(f"{block}.mlp.linear_0.weight") == ("model", None)
+        assert spec(f"{block}.mlp.linear_1.weight") == (None, "model")
     text = str(gpt.sharding)
     assert "mesh (data=2, model=2); tensor over 'model'" in text
 
