@@ -98,7 +98,7 @@ def _payload(value, device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(header, data)`` for a tensor or a host value (pickled into bytes)."""
     t = value.native if isinstance(value, _xp.TorchArray) else value
     if isinstance(t, torch.Tensor) and t.dtype in _DTYPES and t.ndim <= _HEADER - 2:
-        kind, data = _DTYPES.index(t.dtype), t.detach().contiguous()
+        kind, data = _DTYPES.index(t.dtype), _row_major(t)
     else:
         kind = -1
         data = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(device)
@@ -106,6 +106,14 @@ def _payload(value, device) -> tuple[torch.Tensor, torch.Tensor]:
     header = torch.tensor([kind, len(dims)] + dims + [0] * (_HEADER - 2 - len(dims)), dtype=torch.int64,
                           device=device)
     return header, data
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached with row-major strides. gloo sends, receives and reduces contiguous tensors
+    only, and a value may come in another layout (TorchBackend's CPU convolutions and the ops
+    after them run channels_last); every buffer that crosses processes is row-major, sender's
+    and receiver's alike, so the bytes mean the same on both sides."""
+    return t.detach().contiguous(memory_format=torch.contiguous_format)
 
 
 def _unpack(header: torch.Tensor, device) -> torch.Tensor:
@@ -275,7 +283,7 @@ class PipelineForward:
             value = outputs[key[1]] if key[0] == "out" else run.params[key[1]]
             if not _floating(value):
                 continue
-            g = torch.empty_like(_native(value).detach())
+            g = torch.empty_like(_native(value).detach(), memory_format=torch.contiguous_format)
             dist.recv(g, dst)
             if key[0] == "out":
                 cots[key[1]] = g if key[1] not in cots else cots[key[1]] + g
@@ -294,7 +302,7 @@ class PipelineForward:
         grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
         mine = dict(zip(leaves, grads[:len(leaves)]))
         for (src, _), g in zip(received, grads[len(leaves):]):  # its shape is known there: no header
-            g = g.detach().contiguous()
+            g = _row_major(g)
             run.works += [dist.isend(g, src), (g,)]
         result = {}
         for k in diff_params:
@@ -304,7 +312,7 @@ class PipelineForward:
                 p = _native(params[k])
                 result[k] = torch.zeros(p.shape, dtype=p.dtype, device="meta")
         for k in diff_data:
-            g = mine[k].detach().clone()
+            g = mine[k].detach().clone(memory_format=torch.contiguous_format)
             dist.all_reduce(g)  # each stage's share of a data input's gradient, summed
             result[k] = g
         return out, result
