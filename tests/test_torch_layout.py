@@ -89,6 +89,8 @@ def test_channels_last_weight_is_copied_once_per_weight_version():
         b = tov.channels_last_weight(w)
         assert b is not a and torch.equal(b, w)
         assert tov.channels_last_weight(b) is b  # already channels_last
+    with torch.enable_grad():  # a weight autograd does not differentiate (a buffer) is kept too
+        assert tov.channels_last_weight(w) is b
     # While autograd records, the copy is part of the graph: the gradient reaches w.
     leaf = w.clone().requires_grad_(True)
     tov.channels_last_weight(leaf).sum().backward()

@@ -91,12 +91,12 @@ _nhwc_weights: dict = {}
 
 
 def channels_last_weight(w: torch.Tensor) -> torch.Tensor:
-    """``w`` (a 4-D conv weight, OIHW) with channels_last strides: the same values. Outside
-    autograd the copy is kept while ``w`` lives and is unchanged in place (its version counter);
-    while autograd records, or under torch.compile, it is a differentiable copy per call."""
+    """``w`` (a 4-D conv weight, OIHW) with channels_last strides: the same values. The copy is
+    kept while ``w`` lives and is unchanged in place (its version counter); for a weight autograd
+    differentiates, or under torch.compile, it is a differentiable copy per call."""
     if w.is_contiguous(memory_format=torch.channels_last):
         return w
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or w.is_inference():
+    if (w.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling() or w.is_inference():
         return w.contiguous(memory_format=torch.channels_last)
     key, version = id(w), w._version
     held = _nhwc_weights.get(key)
