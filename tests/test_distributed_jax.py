@@ -62,13 +62,26 @@ def test_mesh_axes_and_sharded_creation():
         ml.JaxBackend().array(data, tensor_split=(0,))
 
 
-def test_mesh_errors_say_how_to_fix_them():
+def test_mesh_errors_say_how_to_fix_them(monkeypatch):
     # Both causes hold here: conftest's XLA_FLAGS asks for 4, and JAX has started.
     with pytest.raises(MeshError, match=r"device_mesh=\(8,\) needs 8 devices, but jax sees 4 cpu device\(s\): "
                                         r"XLA_FLAGS asks for 4 host device\(s\) .*; JAX had already started in this "
                                         r"process\. .*in a new process, raise the count in XLA_FLAGS to "
                                         r"--xla_force_host_platform_device_count=8\.$"):
         ml.JaxBackend(device_mesh=(8,))
+    # Before JAX starts, with the user's own smaller XLA_FLAGS count (kept as it is): only that cause.
+    from mithril.backends.jax import mesh as jax_mesh
+    from mithril.backends.mesh import parse_mesh
+
+    monkeypatch.setattr(jax_mesh, "_started", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    eight = parse_mesh("JaxBackend", (8,))
+    with pytest.raises(MeshError, match=r"jax sees 4 cpu device\(s\): XLA_FLAGS asks for 2 host device\(s\) "
+                                        r"\(--xla_force_host_platform_device_count=2\)\. JAX makes host devices only "
+                                        r"when it starts: raise the count in XLA_FLAGS to "
+                                        r"--xla_force_host_platform_device_count=8\.$"):
+        jax_mesh.build_mesh(jax, "cpu", eight, jax_mesh.ask_host_devices(jax, eight))
+    monkeypatch.undo()
     backend = ml.JaxBackend(device_mesh=(4,))
     with pytest.raises(MeshError, match=r"shape \(6, 2\) can't be split on dim 0 \(6\) over mesh axis 'data' of 4 "
                                         r"devices"):
@@ -92,7 +105,7 @@ def test_mesh_errors_say_how_to_fix_them():
 
 
 _FRESH = r"""
-import sys, warnings
+import warnings
 import jax
 import mithril as ml
 from mithril.errors import DeviceFallbackWarning, MeshError
@@ -102,52 +115,37 @@ def mesh_error(shape):
     except MeshError as e:
         return str(e)
     return "no error"
-if sys.argv[1] == "default":
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        # No GPU here: the backend falls back to the CPU, which has the host devices it asked for.
-        on_gpu = ml.JaxBackend(device="gpu", device_mesh=(2,))
-    print("fallback", any(issubclass(w.category, DeviceFallbackWarning) for w in seen), on_gpu._device.platform)
-    # Design 003's Device Mesh: (2,) then (2, 2) in one process.
-    print("devices", len(jax.devices("cpu")), ml.JaxBackend(device_mesh=(2, 2)).device_mesh)
-    print("error", mesh_error((16,)))
-else:  # the user's XLA_FLAGS ask for 2 host devices
-    print("error", mesh_error((4,)))
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    # No GPU here: the backend falls back to the CPU, which has the host devices it asked for.
+    on_gpu = ml.JaxBackend(device="gpu", device_mesh=(2,))
+print("fallback", any(issubclass(w.category, DeviceFallbackWarning) for w in seen), on_gpu._device.platform)
+# Design 003's Device Mesh: (2,) then (2, 2) in one process.
+print("devices", len(jax.devices("cpu")), ml.JaxBackend(device_mesh=(2, 2)).device_mesh)
+print("error", mesh_error((16,)))
 """
 
 
 def test_host_devices_in_a_fresh_process():
     """A fresh process (the test process has started JAX with conftest's 4 host devices): the first
     mesh asks JAX for 8 host devices, so a later, larger mesh finds its own, also when the device
-    asked for (a GPU) is absent and the backend falls back to the CPU; the error names the cause
-    that applies: JAX had started, or the user's XLA_FLAGS ask for fewer."""
+    asked for (a GPU) is absent and the backend falls back to the CPU; past 8, the error says JAX
+    had started (test_mesh_errors_say_how_to_fix_them checks the XLA_FLAGS cause)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    runs = {"default": env, "flags": {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}}
-    procs = {name: subprocess.Popen([sys.executable, "-c", _FRESH, name], cwd=root, env=e, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, e in runs.items()}
-    try:
-        outs = {name: p.communicate(timeout=120) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            p.kill()
-    for name, p in procs.items():
-        assert p.returncode == 0, outs[name][1][-3000:]
-    default = dict(line.split(" ", 1) for line in outs["default"][0].splitlines())
-    assert default["fallback"] == "True cpu"
-    assert default["devices"] == "8 (2, 2)"
+    proc = subprocess.run([sys.executable, "-c", _FRESH], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert out["fallback"] == "True cpu"
+    assert out["devices"] == "8 (2, 2)"
     assert re.fullmatch(r"JaxBackend: device_mesh=\(16,\) needs 16 devices, but jax sees 8 cpu device\(s\): JAX had "
                         r"already started in this process\. JAX makes host devices only when it starts: in a new "
-                        r"process, run with XLA_FLAGS=--xla_force_host_platform_device_count=16, .*", default["error"])
-    flags = dict(line.split(" ", 1) for line in outs["flags"][0].splitlines())
-    assert re.fullmatch(r"JaxBackend: device_mesh=\(4,\) needs 4 devices, but jax sees 2 cpu device\(s\): XLA_FLAGS "
-                        r"asks for 2 host device\(s\) \(--xla_force_host_platform_device_count=2\)\. JAX makes host "
-                        r"devices only when it starts: raise the count in XLA_FLAGS to "
-                        r"--xla_force_host_platform_device_count=4\.", flags["error"])
+                        r"process, run with XLA_FLAGS=--xla_force_host_platform_device_count=16, .*", out["error"])
 
 
 def test_compile_takes_sharded_inputs_and_outputs_follow():
