@@ -3,7 +3,8 @@
     python examples/distributed_jax.py --steps 10    # every strategy on 4 host devices (--strategy picks one)
 
 No GPU needed: on the CPU, ``JaxBackend(device_mesh=...)`` made before any other JAX work has JAX
-create that many host devices (XLA_FLAGS=--xla_force_host_platform_device_count=N does the same).
+create host devices for it (at least 8, so later meshes in the process fit;
+XLA_FLAGS=--xla_force_host_platform_device_count=N sets the count yourself).
 Each strategy starts from the same parameters and sees the same batches as the one-device run;
 the script prints both loss curves' largest difference, the parameters' largest difference at
 the end, and the parameter bytes one device holds.
