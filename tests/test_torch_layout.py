@@ -100,6 +100,21 @@ def test_channels_last_weight_is_copied_once_per_weight_version():
     assert key not in tov._nhwc_weights  # dropped with its weight
 
 
+def test_forward_only_convs_run_channels_last_and_gradient_calls_nchw():
+    x = tov.TorchArray(torch.randn(1, 4, 6, 6))
+    w = torch.randn(5, 4, 3, 3)
+    attrs = dict(auto_pad="NOTSET", dilations=(1, 1), group=1, kernel_shape=(3, 3), pads=(1, 1, 1, 1),
+                 strides=(1, 1), xp=None)
+    with torch.no_grad():
+        fast = tov.conv(x, tov.TorchArray(w), **attrs).native
+    assert fast.is_contiguous(memory_format=torch.channels_last) and not fast.is_contiguous()
+    leaf = w.clone().requires_grad_(True)
+    with torch.enable_grad():
+        recorded = tov.conv(x, tov.TorchArray(leaf), **attrs).native
+    assert recorded.is_contiguous()  # NHWC's backward was slower (ResNet-18's training step)
+    torch.testing.assert_close(recorded.detach(), fast)
+
+
 @pytest.mark.parametrize("shape,kernel,group", [((1, 4, 11), (6, 4, 3), 1), ((1, 4, 5, 6, 7), (4, 1, 3, 3, 3), 4)])
 def test_1d_and_3d_convs_keep_their_layout_and_values(shape, kernel, group):
     rng = np.random.default_rng(4)
