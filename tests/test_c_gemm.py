@@ -114,10 +114,11 @@ def _check(y, ref, K):
 
 # (M, N, K): the plain loops (small, few rows), the packed kernel with ragged edges in every
 # dimension, more than one K block (KC = 256), more than one tile each way, A's rows read in place
-# and (rows 2 KiB apart, K = 512 float) packed, and degenerate sizes.
+# and (rows 2 KiB apart, K = 512 float) packed, a narrow Y with A's rows in place and big enough
+# to be prefetched (a 1x1 convolution of a 7x7 plane: rows outer), and degenerate sizes.
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 9), (1, 300, 200), (3, 500, 100), (200, 1, 300), (7, 13, 5),
-          (37, 45, 300), (100, 300, 70), (97, 257, 513), (130, 600, 40), (20, 300, 512), (4, 4, 0), (0, 3, 2),
-          (3, 0, 2)]
+          (37, 45, 300), (100, 300, 70), (97, 257, 513), (130, 600, 40), (20, 300, 512), (601, 49, 330),
+          (4, 4, 0), (0, 3, 2), (3, 0, 2)]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -193,12 +193,13 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
  * keeps in vector registers; each layout and width is a function of its own so that its strides
  * and trip counts are constants: W is NR (NV vectors) for whole micro-panels, fewer vectors for
  * the ragged last one (N = 49 on AVX-512: 48 columns computed, not 64). */
-#define MT_GEMM_MICRO_BODY(RS, KS, W)                                                                  \
+#define MT_GEMM_MICRO_BODY(RS, KS, W, PREFETCH)                                                        \
     T acc[MT_GEMM_MR][W];                                                                              \
     const T *b = __builtin_assume_aligned(pb, 64);                                                     \
     for (mt_i r = 0; r < MT_GEMM_MR; r++)                                                              \
         for (mt_i c = 0; c < (W); c++) acc[r][c] = 0;                                                  \
     for (mt_i k = 0; k < kc; k++) {                                                                    \
+        PREFETCH;                                                                                      \
         const T *bk = b + k * MT_GEMM_NR;                                                              \
         for (mt_i r = 0; r < MT_GEMM_MR; r++) {                                                        \
             T ark = a[r * (RS) + k * (KS)];                                                            \
@@ -208,6 +209,14 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
     }                                                                                                  \
     MT_FN(mt_gemm_store)(&acc[0][0], (W), y, ldy, mr, nr, add, ep);
 
+/* A's next rows read in place (pf, NULL for none), a cache line of each per line of the rows in
+ * use: they come from memory while this tile computes. The weights of a 1x1 convolution are read
+ * in place, MR rows of a few hundred values each, runs too short for the hardware prefetcher
+ * (320x49x1280 with the weights out of cache 0.59 ms, in cache 0.34). */
+#define MT_GEMM_PREFETCH_ROWS                                                                          \
+    if (pf && k % (mt_i)(64 / sizeof(T)) == 0)                                                         \
+        for (mt_i r = 0; r < MT_GEMM_MR; r++) __builtin_prefetch(pf + r * lda + k, 0, 3)
+
 /* mt_gemm_micro<V>: a packed A panel; mt_gemm_micro<V>_rows: A's rows in place (row stride lda,
  * unit column stride; all MR rows exist); V vectors wide. */
 #define MT_GEMM_MICRO_FNS(V)                                                                           \
@@ -215,13 +224,14 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
                                                T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add,     \
                                                const MT_FN(mt_gemm_ep) *ep) {                          \
         const T *a = __builtin_assume_aligned(pa, 64);                                                 \
-        MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, (V) * MT_GEMM_VL)                                            \
+        MT_GEMM_MICRO_BODY(1, MT_GEMM_MR, (V) * MT_GEMM_VL, (void)0)                                   \
     }                                                                                                  \
     static inline void MT_FN(mt_gemm_micro##V##_rows)(mt_i kc, const T *restrict a, mt_i lda,          \
                                                       const T *restrict pb, T *restrict y, mt_i ldy,   \
-                                                      mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) { \
+                                                      mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep,   \
+                                                      const T *pf) {                                   \
         const mt_i mr = MT_GEMM_MR;                                                                    \
-        MT_GEMM_MICRO_BODY(lda, 1, (V) * MT_GEMM_VL)                                                   \
+        MT_GEMM_MICRO_BODY(lda, 1, (V) * MT_GEMM_VL, MT_GEMM_PREFETCH_ROWS)                            \
     }
 MT_GEMM_MICRO_FNS(1)
 #if MT_GEMM_NV >= 2
@@ -235,17 +245,18 @@ MT_GEMM_MICRO_FNS(4)
 #endif
 #undef MT_GEMM_MICRO_FNS
 #undef MT_GEMM_MICRO_BODY
+#undef MT_GEMM_PREFETCH_ROWS
 
 /* The register tile nr columns need: ceil(nr / VL) vectors wide (A packed: apack, mr rows; in
  * place: arow, lda). */
 static inline void MT_FN(mt_gemm_micro_any)(mt_i kc, const T *apack, const T *arow, mt_i lda, const T *pb,
                                             T *restrict y, mt_i ldy, mt_i mr, mt_i nr, int add,
-                                            const MT_FN(mt_gemm_ep) *ep) {
+                                            const MT_FN(mt_gemm_ep) *ep, const T *pf) {
     switch ((nr + MT_GEMM_VL - 1) / MT_GEMM_VL) {
 #define MT_GEMM_CASE(V)                                                                                \
     case V:                                                                                            \
         if (arow)                                                                                      \
-            MT_FN(mt_gemm_micro##V##_rows)(kc, arow, lda, pb, y, ldy, nr, add, ep);                     \
+            MT_FN(mt_gemm_micro##V##_rows)(kc, arow, lda, pb, y, ldy, nr, add, ep, pf);                 \
         else                                                                                           \
             MT_FN(mt_gemm_micro##V)(kc, apack, pb, y, ldy, mr, nr, add, ep);                           \
         break;
@@ -333,16 +344,29 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
         if (full < mc) MT_FN(mt_gemm_pack_a)(A + (i0 + full) * ar + k0 * ac, pa, mc - full, kc, ar, ac);
         for (mt_i c = 0; c < tail; c++)
             for (mt_i k = 0; k < kc; k++) bt[c * kc + k] = pb[(qlast * kc + k) * MT_GEMM_NR + head + c];
-        for (mt_i q = 0; q <= qlast; q++) {
+        /* Micro-panels outer (each stays in L1 while A's rows stream past), except for a tile of a
+         * micro-panel or two with A's rows in place (the weights of a 1x1 convolution of a 7x7
+         * plane): there rows outer, so that each row panel of A comes from memory once and serves
+         * every micro-panel from L1, and the next row panel is prefetched (see MT_GEMM_PREFETCH_ROWS). */
+        const mt_i np = (mc + MT_GEMM_MR - 1) / MT_GEMM_MR, nq = qlast + 1;
+        const int rows_outer = direct && qlast < 2;
+        /* ... and with the rows big enough to have left the cache since they were last read (the
+         * weights of a model's layer; a few percent slower where they are still in L1 or L2) */
+        const int prefetch = rows_outer && mc * K >= 65536;
+        for (mt_i it = 0; it < np * nq; it++) {
+            const mt_i q = rows_outer ? it % nq : it / np, p = rows_outer ? it / nq : it % np;
             mt_i nr = q < qlast ? MT_GEMM_NR : head;
             const T *pq = pb + q * kc * MT_GEMM_NR;
-            for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
+            {
                 mt_i row = p * MT_GEMM_MR, mr = mc - row < MT_GEMM_MR ? mc - row : MT_GEMM_MR;
                 T *y = Y + (i0 + row) * N + j0 + q * MT_GEMM_NR;
                 MT_FN(mt_gemm_ep) ep = {alpha, beta, lo, hi, C ? C + (i0 + row) * cr : 0, cr};
                 const MT_FN(mt_gemm_ep) *epp = fuse && k0 + kc >= K ? &ep : 0;
                 const T *arow = A + (i0 + row) * ar + k0, *apack = pa + (row - full) * kc;
-                if (nr > 0) MT_FN(mt_gemm_micro_any)(kc, apack, row < full ? arow : 0, ar, pq, y, N, mr, nr, k0 > 0, epp);
+                /* rows outer: the next row panel, prefetched while the first micro-panel runs */
+                const T *pf = prefetch && q == 0 && row + 2 * MT_GEMM_MR <= full ? arow + MT_GEMM_MR * ar : 0;
+                if (nr > 0)
+                    MT_FN(mt_gemm_micro_any)(kc, apack, row < full ? arow : 0, ar, pq, y, N, mr, nr, k0 > 0, epp, pf);
                 if (q == qlast && tail > 0) {
                     if (row < full)
                         MT_FN(mt_gemm_dot)(kc, arow, ar, 1, bt, y + head, N, mr, tail, k0 > 0, epp);
