@@ -256,6 +256,54 @@ def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_constants():
     np.testing.assert_allclose(pm.evaluate(pm.get_parameters(), {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
 
 
+def _tanh_gelu_chain(form: int):
+    """GPT-2's GELU as exporters write it, halving ``x`` (form 0, transformers' export), the
+    product (1) or ``1 + tanh`` (2)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    consts = {"three": 3.0, "k": 0.044715, "s": np.sqrt(2 / np.pi), "one": 1.0, "half": 0.5}
+    nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["k", "p"], ["m1"]),
+             helper.make_node("Add", ["m1", "x"], ["a"]), helper.make_node("Mul", ["a", "s"], ["m2"]),
+             helper.make_node("Tanh", ["m2"], ["t"]), helper.make_node("Add", ["one", "t"], ["a1"])]
+    nodes += {0: [helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("Mul", ["h", "a1"], ["y"])],
+              1: [helper.make_node("Mul", ["x", "a1"], ["h"]), helper.make_node("Mul", ["h", "half"], ["y"])],
+              2: [helper.make_node("Mul", ["half", "a1"], ["h"]), helper.make_node("Mul", ["h", "x"], ["y"])]}[form]
+    inits = [helper.make_tensor(k, TensorProto.FLOAT, [], [v]) for k, v in consts.items()]
+    nodes = [helper.make_node("Constant", [], [k], value=t) for k, t in zip(consts, inits)] + nodes
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("form", [0, 1, 2])
+def test_tanh_gelu_chain_runs_as_one_ggml_op(form):
+    """The nine-node tanh GELU becomes one Gelu(approximate="tanh"), computed as silu(x d) / d
+    (ggml's vectorized silu): float32-close to the formula in float64, large |x| included."""
+    x = np.concatenate([np.linspace(-8, 8, 30), [-30, 30]]).astype(np.float32).reshape(4, 8)
+    xd = x.astype(np.float64)
+    want = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
+    pm = ml.compile(_tanh_gelu_chain(form), ml.GGMLBackend(fallback=None), inference=True)
+    assert [pn.op_type for seg in pm.program.segments for pn in seg.nodes] == ["Gelu"]
+    np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], want, rtol=2e-6, atol=1e-6)
+
+
+def test_tanh_gelu_chain_with_another_reader_stays_as_written():
+    """A value inside the chain that the graph also outputs keeps the nodes (no fusion), same values."""
+    import onnx
+
+    model = _tanh_gelu_chain(0)
+    model.graph.output.append(onnx.helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [4, 8]))
+    x = np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8)
+    pm = ml.compile(model, ml.GGMLBackend(fallback=None), inference=True)
+    ops = [pn.op_type for seg in pm.program.segments for pn in seg.nodes]
+    assert "Tanh" in ops and "Gelu" not in ops
+    out = pm.evaluate({}, {"x": x})
+    inner = np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)
+    np.testing.assert_allclose(out["t"], np.tanh(inner), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["y"], 0.5 * x * (1 + np.tanh(inner)), rtol=1e-5, atol=1e-6)
+
+
 def test_docs_gguf_example_runs(capsys):
     """docs/backends.md's GGUF example runs as written: the file reloads bit for bit on GGML and
     dequantized on NumPy."""

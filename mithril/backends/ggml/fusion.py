@@ -1,6 +1,8 @@
 """Node patterns GGML runs as one ggml op: exporters write GELU as ``x * 0.5 * (1 + erf(x / sqrt 2))``
 (five nodes; ggml has no erf kernel, the Erf rule composes one from ``ggml_gelu_erf`` and a
 series); the pattern becomes one ``Gelu`` node, which ``ggml_gelu_erf`` computes exactly in float32.
+GPT-2's tanh form (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, nine nodes) becomes one
+``Gelu(approximate="tanh")``, computed through ggml's vectorized silu (the Gelu rule says how).
 
 Only patterns whose scalars are constants are fused (a float initializer that is a parameter may
 be given another value at run time), and only when the fused node runs in ggml: a node left to
@@ -91,7 +93,94 @@ def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
             continue
         nodes[chain[-1]] = fused
         drop.update(chain[:-1])
+    for i, tanh in enumerate(nodes):
+        if tanh.op_type != "Tanh" or tanh.domain != "" or i in drop:
+            continue
+        found = _tanh_gelu(nodes, i, producer, only_reader, other)
+        if found is None:
+            continue
+        x, chain = found
+        if any(nodes[c].domain != "" or c in drop for c in chain):
+            continue
+        end = nodes[chain[-1]]
+        fused = replace(tanh, op_type="Gelu", inputs=(x,), outputs=end.outputs,
+                        kwargs={"approximate": "tanh"}, label=f"{tanh.label} (tanh GELU of {len(chain)} nodes)")
+        if not supported(fused):
+            continue
+        nodes[chain[-1]] = fused
+        drop.update(chain[:-1])
     return [pn for i, pn in enumerate(nodes) if i not in drop]
+
+
+def _binary(nodes, producer, v, op_type: str):
+    """The node making ``v`` when it is an ``op_type`` of the default domain with two inputs."""
+    pn = nodes[producer[v]] if v in producer else None
+    return pn if pn is not None and pn.op_type == op_type and pn.domain == "" and len(pn.inputs) == 2 else None
+
+
+def _cube(nodes, producer, v, x, only_reader) -> list[int] | None:
+    """The nodes making ``v = x^3``: ``Pow(x, 3)``, or ``(x * x) * x`` as the plan's passes
+    rewrite a small whole power; None when ``v`` is not that."""
+    power = _binary(nodes, producer, v, "Pow")
+    if power is not None:
+        return [producer[v]] if power.inputs[0] is x and _close(_scalar(power.inputs[1]), 3.0) else None
+    outer = _binary(nodes, producer, v, "Mul")
+    if outer is None or x not in outer.inputs:
+        return None
+    square = outer.inputs[1] if outer.inputs[0] is x else outer.inputs[0]
+    inner = _binary(nodes, producer, square, "Mul")
+    if inner is None or inner.inputs[0] is not x or inner.inputs[1] is not x or only_reader(square) is None:
+        return None
+    return [producer[square], producer[v]]
+
+
+def _tanh_gelu(nodes, i, producer, only_reader, other):
+    """``(x, chain)`` when ``nodes[i]`` (a Tanh) is the middle of GPT-2's GELU as exporters write
+    it, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (``x^3``: see :func:`_cube`; the halving
+    on ``x``, on ``1 + tanh`` or on the product): the chain's node indices, the last one writing
+    the result, every value between read only inside the chain. None otherwise."""
+    def scalar_of(pn, v):
+        return _scalar(other(pn, v)) if pn is not None else None
+
+    scaled = _binary(nodes, producer, nodes[i].inputs[0], "Mul")  # sqrt(2/pi) * inner
+    if scaled is None:
+        return None
+    inner = next((v for v in scaled.inputs if _close(scalar_of(scaled, v), sqrt(2 / np.pi))), None)
+    add = _binary(nodes, producer, inner, "Add") if inner is not None else None  # x + 0.044715 x^3
+    if add is None:
+        return None
+    for x, cubic in (add.inputs, add.inputs[::-1]):
+        term = _binary(nodes, producer, cubic, "Mul")  # 0.044715 * x^3
+        cube = next((v for v in term.inputs if _close(scalar_of(term, v), 0.044715)), None) if term else None
+        cubing = _cube(nodes, producer, cube, x, only_reader) if cube is not None else None
+        if cubing is not None:
+            break
+    else:
+        return None
+    chain = cubing + [producer[cubic], producer[inner], producer[scaled.outputs[0]], i]
+    for v in (cube, cubic, inner, scaled.outputs[0]):
+        if only_reader(v) is None:
+            return None
+    j = only_reader(nodes[i].outputs[0])  # 1 + tanh
+    if j is None or nodes[j].op_type != "Add" or not _close(_scalar(other(nodes[j], nodes[i].outputs[0])), 1.0):
+        return None
+    chain.append(j)
+    one_plus = nodes[j].outputs[0]
+    k = only_reader(one_plus)
+    if k is None or nodes[k].op_type != "Mul":
+        return None
+    m = other(nodes[k], one_plus)
+    half_x = _binary(nodes, producer, m, "Mul") if m is not None else None
+    if half_x is not None and x in half_x.inputs and _close(_scalar(other(half_x, x)), 0.5) \
+            and only_reader(m) == k:  # (0.5 x) * (1 + tanh)
+        return x, chain[:1] + [producer[m]] + chain[1:] + [k]
+    last = only_reader(nodes[k].outputs[0])
+    if last is None or nodes[last].op_type != "Mul":
+        return None
+    rest = other(nodes[last], nodes[k].outputs[0])
+    if (m is x and _close(_scalar(rest), 0.5)) or (_close(_scalar(m), 0.5) and rest is x):
+        return x, chain + [k, last]  # x * (1 + tanh) * 0.5, or 0.5 * (1 + tanh) * x
+    return None
 
 
 __all__ = ["fuse_gelu"]
