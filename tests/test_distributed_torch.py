@@ -1,9 +1,10 @@
 """TorchBackend on a device mesh (torch.distributed, DTensor): 2 local gloo processes train the
 zoo's MLP and GPT under data, fsdp and tensor parallelism and a 2-stage pipeline (4 micro-batches),
 the MLP under the design's parallel_strategy="data_parallel" (in a process group: data parallel over
-it) and under data+tensor on a 2x2 mesh of 4 processes; each run equals one process's; sharded
-arrays, checkpoints and the replicated fallback; the launcher ends its workers and names the
-failing rank.
+it) and under data+tensor on a 2x2 mesh of 4 processes, and a two-convolution net under the
+pipeline (channels_last values cross its stages); each run equals one process's; sharded arrays,
+checkpoints and the replicated fallback; the launcher ends its workers and names the failing
+rank, and two launchers as two "hosts" train the MLP data parallel as one process.
 
 Every test that starts processes bounds them with a timeout (spawn's, <= 120 s). One set of
 workers trains every strategy of a case in turn: DTensor's first steps (sharding propagation
@@ -451,19 +452,21 @@ def test_launch_command_line(tmp_path):
 
 def test_launch_two_hosts(tmp_path):
     """Two "hosts" on localhost: two ``mithril launch --nnodes 2`` (one process each) meet at
-    the rank-0 node's address and port and form one process group of 2."""
+    the rank-0 node's address and port, form one process group of 2, and train the zoo's MLP data
+    parallel across it (20 steps) as one process does."""
+    import pickle
     import subprocess
 
     from mithril.distributed.launch import free_port
 
     script = tmp_path / "host.py"
-    script.write_text(textwrap.dedent("""
-        import os, sys
-        import mithril as ml
-        backend = ml.TorchBackend(device_mesh=(2,))
-        x = backend.ones(4, 3, tensor_split=(0,))
-        with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.txt"), "w") as f:
-            print(os.environ["GROUP_RANK"], tuple(x.to_local().shape), float(backend.to_numpy(x).sum()), file=f)
+    script.write_text(textwrap.dedent(f"""
+        import os, pickle, sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from test_distributed_torch import _train
+        losses, params, held, ops = _train("mlp", "data")
+        with open(os.path.join(sys.argv[1], f"rank{{os.environ['RANK']}}.pkl"), "wb") as f:
+            pickle.dump({{"node": os.environ["GROUP_RANK"], "losses": losses, "params": params}}, f)
     """))
     port = str(free_port())
     hosts = [subprocess.Popen([sys.executable, "-m", "mithril", "launch", "--nproc", "1", "--nnodes", "2",
@@ -477,9 +480,15 @@ def test_launch_two_hosts(tmp_path):
             if host.poll() is None:
                 host.terminate()  # the launcher ends its torchrun and workers on SIGTERM
                 host.wait(30)
-    assert [host.returncode for host in hosts] == [0, 0], logs
-    # Each host's process is one rank of the group; the array is split over both.
-    assert sorted((tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)) == ["0 (2, 3) 12.0\n", "1 (2, 3) 12.0\n"]
+    assert [host.returncode for host in hosts] == [0, 0], [log[-3000:] for log in logs]
+    want_losses, want_params, _, _ = _one_process("mlp")
+    for rank in (0, 1):  # each host's process is one rank of the group, and trained as one process
+        got = pickle.loads((tmp_path / f"rank{rank}.pkl").read_bytes())
+        assert got["node"] == str(rank)
+        np.testing.assert_allclose(got["losses"], want_losses, rtol=1e-5, err_msg=f"rank {rank}")
+        assert sorted(got["params"]) == sorted(want_params)
+        for k, v in want_params.items():
+            np.testing.assert_allclose(got["params"][k], v, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}: {k}")
 
 
 def test_launch_usage_errors(capsys):
