@@ -74,8 +74,8 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     if padding is None:
         xt, padding = _pad_input(xt, pairs, 0.0), 0
     bt = _t(b).to(xt.dtype) if b is not None else None
-    if nd == 2 and xt.device.type == "cpu" and xt.dtype in _CHANNELS_LAST_DTYPES and type(wt) is torch.Tensor \
-            and not torch.is_grad_enabled():
+    if nd == 2 and type(xt) is type(wt) is torch.Tensor and xt.device.type == "cpu" and \
+            xt.dtype in _CHANNELS_LAST_DTYPES and not torch.is_grad_enabled():  # DTensors keep their layout
         # oneDNN's NHWC convolutions are 1.3-2x its NCHW ones on the CPU; a channels_last weight
         # makes torch run the conv in NHWC and return an NHWC result, and the pointwise ops,
         # pools and normalizations after it keep that layout up to the next conv. The input is
