@@ -116,7 +116,7 @@ def test_forward_only_convs_run_channels_last_and_gradient_calls_nchw():
 
 
 @pytest.mark.parametrize("shape,kernel,group", [((1, 4, 11), (6, 4, 3), 1), ((1, 4, 5, 6, 7), (4, 1, 3, 3, 3), 4)])
-def test_1d_and_3d_convs_keep_their_layout_and_values(shape, kernel, group):
+def test_1d_and_3d_convs_give_numpy_values_row_major(shape, kernel, group):
     rng = np.random.default_rng(4)
     w = rng.standard_normal(kernel).astype(np.float32)
     pads = [1] * (2 * (len(shape) - 2))
