@@ -20,7 +20,7 @@ import pytest
 
 import mithril as ml
 import models_zoo
-from mithril.backends.ggml.quantize import QuantizationReport
+from mithril.backends.ggml.quantize import QuantizationReport, QuantizedTensor
 from mithril.models import CrossEntropy, Mean, TrainModel
 
 from .conftest import digits_32x32
@@ -234,3 +234,21 @@ def test_repack_refuses_what_ggmls_repacked_matmul_would_assert_on():
         assert ctypes.addressof(w.contents)  # the tensors are still ggml's (nothing was computed)
     finally:
         ggml.ggml_free(ctx)
+
+
+def test_gguf_of_a_model_with_repacked_weights_holds_the_plain_bytes(tmp_path):
+    """save_gguf writes a repacked weight's plain q4_0 bytes (made again from its array: ggml keeps
+    only the interleaved copy); the file loads back and runs to the same outputs."""
+    rng = np.random.default_rng(1)
+    model, w1, w2 = _two_matmuls(rng)
+    x = {"x": rng.standard_normal((1, 8, 64)).astype(np.float32)}
+    pm = _compile(model, ml.GGMLBackend(quantize="q4_0", num_threads=1), {"x": [1, 8, 64]})
+    params = {"w1": w1, "w2": w2}
+    want = pm.evaluate(params, x)["y"]
+    path = str(tmp_path / "mm.gguf")
+    ml.save_gguf(pm, path)
+    loaded = ml.load_gguf(path)
+    assert loaded["w1"].type_name == "q4_0"
+    np.testing.assert_array_equal(loaded["w1"].data, QuantizedTensor.from_array(w1, "q4_0", "t").data)
+    again = _compile(model, ml.GGMLBackend(quantize="q4_0", num_threads=1), {"x": [1, 8, 64]})
+    np.testing.assert_array_equal(again.evaluate(dict(loaded), x)["y"], want)

@@ -86,9 +86,9 @@ def _stored_tensors(pm, params: Mapping | None) -> dict:
             raise MithrilError(f"save_gguf: the weights of this model are not loaded yet; evaluate it once or pass "
                                f"params= (parameter {v.name!r})")
         if w.type_name == "f32":
-            stored[v.name] = restore(w.buffer, w.layout, "f32", v.static_shape)
+            stored[v.name] = restore(program.weight_buffer(w), w.layout, "f32", v.static_shape)
         else:
-            stored[v.name] = QuantizedTensor(w.type_name, w.layout, v.static_shape, w.buffer)
+            stored[v.name] = QuantizedTensor(w.type_name, w.layout, v.static_shape, program.weight_buffer(w))
     rest = [k for k in pm.parameter_keys if k not in stored]
     if rest:
         source = dict(params) if params is not None else pm.get_parameters()

@@ -572,6 +572,21 @@ class GGMLProgram:
         if array is not None and repacked and len(repacked) == len(w.tensors):
             w.buffer = None  # every reader has its repacked copy
 
+    def weight_buffer(self, w: _Weight) -> np.ndarray:
+        """The bytes of ``w`` in its type and layout (the plain, not the repacked, form): its
+        buffer, or, when every reader has a repacked copy and the buffer was dropped, made again
+        from the array it was loaded from (what ``save_gguf`` writes)."""
+        if w.buffer is not None:
+            return w.buffer
+        array = w.source() if w.source is not None else None
+        if array is None:
+            raise MithrilError(f"GGMLBackend: the array parameter {w.value.name!r} was loaded from is gone (ggml "
+                               "keeps only its repacked copy); pass the parameters again")
+        if isinstance(array, QuantizedTensor) and (array.type_name, array.layout) == (w.type_name, w.layout):
+            return array.data
+        dense = array.dequantize() if isinstance(array, QuantizedTensor) else array
+        return self.format.convert(dense, w.layout, w.type_name, w.value.static_shape)[0]
+
     def quantization_report(self):
         """Each weight stored in a type other than float32 (quantized, or f16/bf16): its type,
         shape, bytes and error against the float32 values (relative RMS, largest absolute), and
