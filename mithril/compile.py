@@ -143,7 +143,10 @@ class PhysicalModel:
     def _own_parameters(self) -> dict[str, Any]:
         # evaluate(None, ...): placed once, not copied onto the backend at every call.
         if self._placed is None:
-            self._placed = self.get_parameters()
+            if self.sharding is None:  # held, not copied, where the backend can run on the model's arrays
+                self._placed = {k: self.backend.hold(_read_only(v)) for k, v in self._params_numpy.items()}
+            else:
+                self._placed = self.get_parameters()
         return self._placed
 
     def place(self, params: Mapping[str, Any]) -> dict[str, Any]:

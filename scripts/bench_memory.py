@@ -6,7 +6,8 @@
 Each (model, runtime) runs in a fresh process: the frameworks are imported first (onnx, onnxruntime,
 mithril, numpy, torch, jax, mlx: their memory is not the model's), the kernel's peak-RSS mark is
 reset (``/proc/self/clear_refs``), then the model is loaded, compiled and run five times on seeded
-inputs. "Peak" is VmHWM minus the RSS before loading (what the model needed at its height, loading
+inputs with its own parameters (``pm.evaluate(None, data)``, as an onnxruntime session runs its own
+weights; ``get_parameters()`` would hand out a copy on the backends that keep their own memory). "Peak" is VmHWM minus the RSS before loading (what the model needed at its height, loading
 and compiling included); "after" is the RSS after the runs minus the same (what it keeps). Linux
 only. scripts/bench_peers.py writes these rows into its section of docs/performance.md.
 """
@@ -71,10 +72,9 @@ _CHILD = textwrap.dedent("""
         backend = make(num_threads=threads) if runtime in ("numpy", "c") else make()
         extra = {"inference": True} if runtime == "c" else {}
         pm = ml.compile(ml.load_onnx(path), backend, shapes={k: list(v.shape) for k, v in feeds.items()}, **extra)
-        params = pm.get_parameters()
         data = {k: backend.from_numpy(v) for k, v in feeds.items()}
         for _ in range(5):
-            out = {k: backend.to_numpy(v) for k, v in pm.evaluate(params, data).items()}
+            out = {k: backend.to_numpy(v) for k, v in pm.evaluate(None, data).items()}
     gc.collect()
     print(json.dumps({"peak": status("VmHWM") - before, "after": status("VmRSS") - before}))
 """)

@@ -88,6 +88,25 @@ def test_torch_parameters_are_one_copy_not_aliases():
     np.testing.assert_array_equal(fresh, numpy_helper.to_array(_mlp().graph.initializer[0]))
 
 
+def test_torch_evaluate_with_the_models_own_parameters_shares_their_memory():
+    """evaluate(None, ...) on the CPU runs on tensors over the model's arrays (torch.from_numpy),
+    not a second copy; get_parameters still hands out copies, which a step may change."""
+    torch = pytest.importorskip("torch")
+    model = ml.load_onnx(_mlp())
+    pm = ml.compile(model, ml.TorchBackend(), shapes={"x": [2, 16]})
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
+    want = ml.compile(model, ml.NumpyBackend(), shapes={"x": [2, 16]}).evaluate(None, {"x": x})["y"]
+    got = ml.TorchBackend().to_numpy(pm.evaluate(None, {"x": x})["y"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for k, held in pm._placed.items():
+        held = held.native if hasattr(held, "native") else held
+        assert isinstance(held, torch.Tensor)
+        assert held.data_ptr() == pm._params_numpy[k].ctypes.data  # the model's own memory
+    copy = pm.get_parameters()["w1"]
+    copy = copy.native if hasattr(copy, "native") else copy
+    assert copy.data_ptr() != pm._params_numpy["w1"].ctypes.data
+
+
 # A child process: its resident memory is not shared with the test session's.
 _RESIDENT = textwrap.dedent("""
     import gc, sys

@@ -210,6 +210,12 @@ class Backend(metaclass=TensorAPI):
     def from_numpy(self, arr: np.ndarray):
         return self.xp.asarray(arr)
 
+    def hold(self, arr: np.ndarray):
+        """A compiled model's own parameter (read-only ``arr``, which the model keeps) as this
+        backend runs it for ``evaluate(None, ...)``. Backends that can compute on ``arr``'s memory
+        share it rather than keep a second copy; by default :meth:`from_numpy`."""
+        return self.from_numpy(arr)
+
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)
 

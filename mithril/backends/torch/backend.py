@@ -444,6 +444,20 @@ class TorchBackend(Backend):
             return arr
         return txp.tensor_from_numpy(np.array(arr), self._device)
 
+    def hold(self, arr):
+        """The model's own parameter for ``evaluate(None, ...)``: on the CPU a tensor over
+        ``arr``'s memory (``torch.from_numpy``; the programs never write into parameters), so
+        the weights are not held twice; elsewhere, or for dtypes torch reads through a view, a
+        copy (:meth:`from_numpy`)."""
+        arr = np.asarray(arr)
+        if (self._device.type != "cpu" or arr.dtype == object or not arr.flags.c_contiguous
+                or arr.dtype.type.__module__ == "ml_dtypes" or arr.dtype in txp.STORAGE_ONLY
+                or arr.dtype not in txp.TO_TORCH):
+            return self.from_numpy(arr)
+        with warnings.catch_warnings():  # read-only memory: shared, as no program writes into it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(arr)
+
     def to_numpy(self, arr) -> np.ndarray:
         if isinstance(arr, txp.TorchArray):
             arr = arr.native
