@@ -1,10 +1,11 @@
 """TorchBackend on a device mesh (torch.distributed, DTensor): 2 local gloo processes train the
 zoo's MLP and GPT under data, fsdp and tensor parallelism and a 2-stage pipeline (4 micro-batches),
-the MLP under the design's parallel_strategy="data_parallel" (in a process group: data parallel over
-it) and under data+tensor on a 2x2 mesh of 4 processes, and a two-convolution net under the
-pipeline (channels_last values cross its stages); each run equals one process's; sharded arrays,
-checkpoints and the replicated fallback; the launcher ends its workers and names the failing
-rank, and two launchers as two "hosts" train the MLP data parallel as one process.
+the MLP under the design's parallel_strategy="data_parallel" and "model_parallel" (in a process
+group: data, and tensor, parallel over it) and under data+tensor on a 2x2 mesh of 4 processes,
+and a two-convolution net under the pipeline (channels_last values cross its stages); each run
+equals one process's; sharded arrays, checkpoints and the replicated fallback; the launcher ends
+its workers and names the failing rank, and two launchers as two "hosts" train the MLP data
+parallel as one process.
 
 Every test that starts processes bounds them with a timeout (spawn's, <= 120 s). One set of
 workers trains every strategy of a case in turn: DTensor's first steps (sharding propagation
@@ -110,7 +111,7 @@ def _convnet_case():
 
 
 CASES = {"mlp": _mlp_case, "gpt": _gpt_case, "convnet": _convnet_case, "resnet18": _resnet_case}
-# ResNet-18 under each strategy takes over 3 minutes on 2 cores: the long tier, not CI's.
+# ResNet-18 under the four strategies takes about 2 minutes on 2 cores: the long tier, not CI's.
 LONG = os.environ.get("MITHRIL_LONG_TESTS") == "1"
 
 
@@ -121,15 +122,25 @@ def _train(case, parallel=None, mesh=(NPROC,)):
     if parallel == "data_parallel":  # the design's form: in a process group, data parallel over it
         backend = ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu"] * NPROC)
         assert backend.device_mesh == (NPROC,) and backend.torch_mesh is not None
+    elif parallel == "model_parallel":  # the design's form: in a process group, a mesh named 'model'
+        backend = ml.TorchBackend(parallel_strategy="model_parallel", devices=["cpu"] * NPROC)
+        assert backend.device_mesh == (NPROC,) and backend.mesh.axis_names == ("model",)
     else:
         backend = ml.TorchBackend(device_mesh=None if parallel is None else mesh)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tm = TrainModel(build())
         tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
+        if parallel == "model_parallel":  # compile's default, data parallel, would copy the model: refused
+            with pytest.raises(MeshError, match="splits the model over the process group's 2 processes"):
+                ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"})
         pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"},
-                        **({} if parallel in (None, "data_parallel") else {"parallel": parallel}))
+                        **({} if parallel in (None, "data_parallel") else
+                           {"parallel": "tensor" if parallel == "model_parallel" else parallel}))
         assert parallel != "data_parallel" or pm.sharding.strategies == {"data": "data"}
+        assert parallel != "model_parallel" or pm.sharding.strategies == {"tensor": "model"}
+        if case == "convnet" and parallel == PIPELINE:  # what the case is for: 4-D values cross the cut
+            assert [len(v.static_shape) for v in pm.sharding.pipeline.segments[0].outputs] == [4]
         params = pm.randomize_params()  # the backend's seed 0 on every process
         held = backend.per_device_bytes(params)[int(os.environ.get("RANK", "0"))]  # this process's
         data = [{k: backend.from_numpy(v) for k, v in b.items()} for b in batches]
@@ -158,16 +169,20 @@ def _one_process(case):
 
 
 # (case, strategy, mesh): each strategy on 2 processes (a pipeline of 2 stages, each batch in 4
-# micro-batches); data and tensor parallel together on a 2x2 mesh (4 processes) for the MLP.
+# micro-batches); the conv net under the pipeline only (the case guards what crosses its stages);
+# for the MLP also the design's data_parallel and model_parallel, and data and tensor parallel
+# together on a 2x2 mesh (4 processes).
 PIPELINE = {"pipeline": "data", "microbatches": 4}
 RUNS = [(case, strategy, (NPROC,)) for case in CASES for strategy in ("data", "fsdp", "tensor", PIPELINE)
-        if case in ("mlp", "gpt") or LONG and case == "resnet18" or case == "convnet" and strategy == PIPELINE] + [("mlp", "data_parallel", (NPROC,)), ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
+        if case in ("mlp", "gpt") or LONG and case == "resnet18" or case == "convnet" and strategy == PIPELINE] + [
+    ("mlp", "data_parallel", (NPROC,)), ("mlp", "model_parallel", (NPROC,)),
+    ("mlp", {"data": "data", "tensor": "model"}, (2, 2))]
 _IDS = [f"{c}-{p if isinstance(p, str) else 'pipeline' if 'pipeline' in p else 'data+tensor'}" for c, p, _ in RUNS]
 
 
 def test_resnet18_strategies_run_in_the_long_tier():
     if not LONG:
-        pytest.skip("ResNet-18 under data, fsdp, tensor and pipeline takes over 3 minutes on 2 cores: "
+        pytest.skip("ResNet-18 under data, fsdp, tensor and pipeline takes about 2 minutes on 2 cores: "
                     "MITHRIL_LONG_TESTS=1 adds its cases to test_strategy_trains_as_one_process")
     assert [r for r in RUNS if r[0] == "resnet18"]
 
@@ -389,9 +404,13 @@ def test_mesh_outside_a_process_group_says_how_to_launch(monkeypatch):
     assert one.mesh.size == 1 and isinstance(one.ones(2, tensor_split=None), torch.Tensor)
     with pytest.raises(ml.errors.BackendOptionError, match="give one"):
         ml.TorchBackend(device_mesh=(2,), parallel_strategy="data_parallel")
-    # Outside a process group the design's data_parallel splits each batch in this process.
+    # Outside a process group the design's data_parallel splits each batch in this process, and
+    # model_parallel runs the whole program on devices[0], saying so.
     split = ml.TorchBackend(parallel_strategy="data_parallel", devices=["cpu", "cpu"])
     assert split.device_mesh is None and split.torch_mesh is None
+    with pytest.warns(UserWarning, match="model_parallel runs the whole program on cpu outside a process group"):
+        whole = ml.TorchBackend(parallel_strategy="model_parallel", devices=["cpu", "cpu"])
+    assert whole.device_mesh is None and whole.torch_mesh is None
 
 
 # -- the launcher ---------------------------------------------------------------------------------------

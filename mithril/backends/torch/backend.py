@@ -82,7 +82,9 @@ def _parse_device(device) -> "torch.device":
 PARALLEL_STRATEGIES = {
     "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs (in a "
                      "torch.distributed process group: device_mesh=(world size,), one device per process)",
-    "model_parallel": "place the program on the first of `devices` (splitting one graph is not implemented)",
+    "model_parallel": "split the model over `devices`: in a torch.distributed process group, device_mesh=(world "
+                      "size,) with its axis named 'model', for compile(..., parallel='tensor') or 'pipeline'; "
+                      "outside one, the program on the first of `devices`",
 }
 
 # torch.compile's keyword arguments, as compile(..., jit_options=...) takes them.
@@ -123,12 +125,16 @@ class TorchBackend(Backend):
     outputs are cast back to the dtypes the graph declares, so users get what they declared.
     ``cudnn_benchmark`` turns on torch's cuDNN autotuner (process-wide). ``parallel_strategy``
     with ``devices``: "data_parallel" splits each batch over the devices (one program per
-    device, see :class:`_DataParallel`), "model_parallel" runs on ``devices[0]`` and says so.
+    device, see :class:`_DataParallel`), "model_parallel" runs on ``devices[0]`` and says so (outside
+    a process group).
     An absent device warns once and runs on the CPU; so does each absent entry of ``devices``.
     Inside a ``torch.distributed`` process group (torchrun, ``mithril launch``) "data_parallel"
     is ``device_mesh=(world size,)`` (compile's default ``parallel="data"``: DTensors, gradients
     all-reduced), each process on its ``LOCAL_RANK``'s entry of ``devices`` (this host's devices,
-    one per process).
+    one per process); "model_parallel" is the same mesh with its axis named ``"model"``, for
+    ``compile(..., parallel="tensor")`` (Megatron: each weight split, activations all-reduced) or
+    ``"pipeline"``. Compile's default there, data parallel, would copy every parameter onto every
+    process, so it is refused (:meth:`check_sharding`).
 
     ``device_mesh=(N,)`` or ``(a, b)`` (axis names ``axis_names``, by default ``("data",)`` and
     ``("data", "model")``) runs over a ``torch.distributed`` process group of that many
@@ -183,12 +189,14 @@ class TorchBackend(Backend):
         self._devices = self._parallel_devices(device, parallel_strategy, devices)
         self.parallel_strategy = parallel_strategy
         own_device = False  # True: this process's device comes from devices=, not from LOCAL_RANK
-        world = _process_group_size() if parallel_strategy == "data_parallel" else 1
+        world = _process_group_size() if parallel_strategy in ("data_parallel", "model_parallel") else 1
         if world > 1:
             # Inside a process group (torchrun, mithril launch): the design's data_parallel is
-            # device_mesh=(world,) with compile's default parallel="data", on this process's device.
+            # device_mesh=(world,) with compile's default parallel="data", on this process's device;
+            # model_parallel the same mesh, its axis named "model" (parallel="tensor" takes it).
             self._devices, own_device = [self._rank_device(devices)], True
-            self.mesh = parse_mesh("TorchBackend", (world,), axis_names)
+            self.mesh = parse_mesh("TorchBackend", (world,), ("model",) if parallel_strategy == "model_parallel"
+                                   else axis_names)
             self.device_mesh = self.mesh.shape
         self._device = self._devices[0] if self._devices else _parse_device("cpu" if device is None else device)
         # The torch.distributed DeviceMesh; None on one device (a one-device mesh is the plain path).
@@ -218,9 +226,10 @@ class TorchBackend(Backend):
         if devices is None:
             return self._devices[0]
         if local >= len(self._devices):
-            raise BackendOptionError(f"TorchBackend: parallel_strategy='data_parallel' in a process group runs one "
-                                     f"process per device, and this process (LOCAL_RANK={local}) has no entry in "
-                                     f"devices={list(devices)!r}: list one device per process of this host")
+            raise BackendOptionError(f"TorchBackend: parallel_strategy={self.parallel_strategy!r} in a process "
+                                     f"group runs one process per device, and this process (LOCAL_RANK={local}) "
+                                     f"has no entry in devices={list(devices)!r}: list one device per process of "
+                                     f"this host")
         return self._devices[local]
 
     def _build_mesh(self, own_device: bool = False):
@@ -320,7 +329,13 @@ class TorchBackend(Backend):
         return {k: v.full_tensor() if _tmesh.is_dtensor(v) else v for k, v in values.items()}
 
     def check_sharding(self, plan) -> None:
-        """A pipeline runs one stage per process: its axis must be the whole mesh."""
+        """A pipeline runs one stage per process: its axis must be the whole mesh. model_parallel
+        splits the model: data parallel (compile's default parallel=) is refused there."""
+        if self.parallel_strategy == "model_parallel" and "data" in plan.strategies:
+            raise MeshError(f"TorchBackend(parallel_strategy='model_parallel') splits the model over the process "
+                            f"group's {self.mesh.size} processes: compile(..., parallel='tensor') (each weight "
+                            f"split) or parallel='pipeline' (a stage per process); data parallel, compile's "
+                            f"default, would copy every parameter onto every process")
         if plan.pipeline is None:
             return
         stages = len(plan.pipeline.segments)
@@ -395,9 +410,10 @@ class TorchBackend(Backend):
         if device is not None and _find_device(device) not in (found[0], None):
             raise BackendOptionError(f"TorchBackend: device={device!r} differs from devices[0]={devices[0]!r}; "
                                      "with a parallel_strategy the first of devices is the main device")
-        if strategy == "model_parallel" and len(found) > 1:
-            warn_user(f"TorchBackend: model_parallel runs the whole program on {found[0]}: splitting one graph "
-                      f"over several devices is not implemented (it needs more than one accelerator to pay)")
+        if strategy == "model_parallel" and len(found) > 1 and _process_group_size() == 1:
+            warn_user(f"TorchBackend: model_parallel runs the whole program on {found[0]} outside a process group: "
+                      f"it splits a model over one process per device (mithril launch --nproc {len(found)} "
+                      f"script.py, torchrun)")
         return found
 
     @classmethod
