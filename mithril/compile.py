@@ -588,6 +588,8 @@ def compile(
     inference = inference or static_inference
     if jit is None:
         jit = backend.jit_by_default
+    if parallel is None:
+        parallel = backend.default_parallel
     parts = _microbatches(backend, parallel)
     if parts > 1 and shapes:  # a pipeline's program runs one micro-batch: its batch is the given one's part
         shapes = _micro_shapes(shapes, parts)

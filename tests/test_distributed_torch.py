@@ -131,12 +131,12 @@ def _train(case, parallel=None, mesh=(NPROC,)):
         warnings.simplefilter("always")
         tm = TrainModel(build())
         tm.add_loss(CrossEntropy(input_type="logits"), input="output", target="target", reduce_steps=[Mean()])
-        if parallel == "model_parallel":  # compile's default, data parallel, would copy the model: refused
+        if parallel == "model_parallel":  # data parallel would copy the model: refused
             with pytest.raises(MeshError, match="splits the model over the process group's 2 processes"):
-                ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"})
+                ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"}, parallel="data")
+        # model_parallel: compile's default there is tensor parallel
         pm = ml.compile(tm, backend, shapes=shapes, data_keys={"input", "target"},
-                        **({} if parallel in (None, "data_parallel") else
-                           {"parallel": "tensor" if parallel == "model_parallel" else parallel}))
+                        **({} if parallel in (None, "data_parallel", "model_parallel") else {"parallel": parallel}))
         assert parallel != "data_parallel" or pm.sharding.strategies == {"data": "data"}
         assert parallel != "model_parallel" or pm.sharding.strategies == {"tensor": "model"}
         if case == "convnet" and parallel == PIPELINE:  # what the case is for: 4-D values cross the cut

@@ -155,6 +155,8 @@ class Backend(metaclass=TensorAPI):
     needs_static_shapes = False  # C and GGML: every input shape fixed at compile
     # What ml.compile(jit=None) does on this backend: True where jitting the whole program pays.
     jit_by_default = True
+    # What ml.compile(parallel=None) splits by on this backend's device mesh (None: data parallel).
+    default_parallel: str | None = None
 
     # The jit_options this backend's jit() takes (name -> what it does); compile passes the user's.
     jit_option_names: dict[str, str] = {}

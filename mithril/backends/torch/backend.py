@@ -198,6 +198,8 @@ class TorchBackend(Backend):
             self.mesh = parse_mesh("TorchBackend", (world,), ("model",) if parallel_strategy == "model_parallel"
                                    else axis_names)
             self.device_mesh = self.mesh.shape
+            if parallel_strategy == "model_parallel":
+                self.default_parallel = "tensor"
         self._device = self._devices[0] if self._devices else _parse_device("cpu" if device is None else device)
         # The torch.distributed DeviceMesh; None on one device (a one-device mesh is the plain path).
         self._torch_mesh = None
@@ -330,12 +332,12 @@ class TorchBackend(Backend):
 
     def check_sharding(self, plan) -> None:
         """A pipeline runs one stage per process: its axis must be the whole mesh. model_parallel
-        splits the model: data parallel (compile's default parallel=) is refused there."""
+        splits the model (compile's default there is parallel='tensor'): data parallel is refused."""
         if self.parallel_strategy == "model_parallel" and "data" in plan.strategies:
             raise MeshError(f"TorchBackend(parallel_strategy='model_parallel') splits the model over the process "
                             f"group's {self.mesh.size} processes: compile(..., parallel='tensor') (each weight "
-                            f"split) or parallel='pipeline' (a stage per process); data parallel, compile's "
-                            f"default, would copy every parameter onto every process")
+                            f"split, the default here) or parallel='pipeline' (a stage per process); data parallel "
+                            f"would copy every parameter onto every process")
         if plan.pipeline is None:
             return
         stages = len(plan.pipeline.segments)
