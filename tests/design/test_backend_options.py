@@ -417,14 +417,15 @@ def test_torch_data_parallel_averages_outputs_that_are_not_per_row():
 def test_torch_model_parallel_and_strategy_errors():
     """002 multi-backend deployment, "Multi-Device Deployment":
     ``TorchBackend(parallel_strategy="model_parallel", devices=["cuda:0", "cuda:1"])`` places the
-    program on the first device and says in one line that splitting one graph over devices is
-    not implemented; unknown strategies and devices without a strategy are errors listing the
+    program on the first device outside a process group and says in one line how to split it (one
+    process per device: mithril launch, torchrun); unknown strategies and devices without a strategy are errors listing the
     valid strategies."""
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         backend = ml.TorchBackend(parallel_strategy="model_parallel", devices=["cuda:0", "cuda:1"])
-    one_warning(record, BackendOptionWarning, r"model_parallel runs the whole program on (cpu|cuda:0): splitting one graph over "
-                                              r"several devices is not implemented")
+    one_warning(record, BackendOptionWarning, r"model_parallel runs the whole program on (cpu|cuda:0) outside a process "
+                                              r"group: it splits a model over one process per device \(mithril launch "
+                                              r"--nproc 2 script.py, torchrun\)")
     model = matmul_relu()
     x = data((2, 64))
     np.testing.assert_allclose(ml.compile(model, backend).evaluate(None, {"x": x})["y"].numpy(),
