@@ -50,6 +50,17 @@ def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
         return b if a is v else a if b is v else None
 
     drop: set[int] = set()
+
+    def fuse(anchor: PlanNode, x: PlanValue, chain: list[int], approximate: str, what: str) -> None:
+        """One Gelu node in place of ``chain`` (its last node's outputs), when ggml runs it."""
+        if any(nodes[c].domain != "" or c in drop for c in chain):
+            return
+        fused = replace(anchor, op_type="Gelu", inputs=(x,), outputs=nodes[chain[-1]].outputs,
+                        kwargs={"approximate": approximate}, label=f"{anchor.label} ({what} of {len(chain)} nodes)")
+        if supported(fused):
+            nodes[chain[-1]] = fused
+            drop.update(chain[:-1])
+
     for i, erf in enumerate(nodes):
         if erf.op_type != "Erf" or erf.domain != "" or i in drop:
             continue
@@ -84,15 +95,7 @@ def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
             chain.append(last)
         else:
             continue
-        if any(nodes[c].domain != "" or c in drop for c in chain):
-            continue
-        end = nodes[chain[-1]]
-        fused = replace(erf, op_type="Gelu", inputs=(x,), outputs=end.outputs,
-                        kwargs={"approximate": "none"}, label=f"{erf.label} (GELU of {len(chain)} nodes)")
-        if not supported(fused):
-            continue
-        nodes[chain[-1]] = fused
-        drop.update(chain[:-1])
+        fuse(erf, x, chain, "none", "GELU")
     for i, tanh in enumerate(nodes):
         if tanh.op_type != "Tanh" or tanh.domain != "" or i in drop:
             continue
@@ -100,15 +103,7 @@ def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
         if found is None:
             continue
         x, chain = found
-        if any(nodes[c].domain != "" or c in drop for c in chain):
-            continue
-        end = nodes[chain[-1]]
-        fused = replace(tanh, op_type="Gelu", inputs=(x,), outputs=end.outputs,
-                        kwargs={"approximate": "tanh"}, label=f"{tanh.label} (tanh GELU of {len(chain)} nodes)")
-        if not supported(fused):
-            continue
-        nodes[chain[-1]] = fused
-        drop.update(chain[:-1])
+        fuse(tanh, x, chain, "tanh", "tanh GELU")
     return [pn for i, pn in enumerate(nodes) if i not in drop]
 
 
