@@ -83,7 +83,7 @@ PARALLEL_STRATEGIES = {
     "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs (in a "
                      "torch.distributed process group: device_mesh=(world size,), one device per process)",
     "model_parallel": "split the model over `devices`: in a torch.distributed process group, device_mesh=(world "
-                      "size,) with its axis named 'model', for compile(..., parallel='tensor') or 'pipeline'; "
+                      "size,) with its axis named 'model', compiled tensor parallel by default (or parallel='pipeline'); "
                       "outside one, the program on the first of `devices`",
 }
 
@@ -131,10 +131,10 @@ class TorchBackend(Backend):
     Inside a ``torch.distributed`` process group (torchrun, ``mithril launch``) "data_parallel"
     is ``device_mesh=(world size,)`` (compile's default ``parallel="data"``: DTensors, gradients
     all-reduced), each process on its ``LOCAL_RANK``'s entry of ``devices`` (this host's devices,
-    one per process); "model_parallel" is the same mesh with its axis named ``"model"``, for
-    ``compile(..., parallel="tensor")`` (Megatron: each weight split, activations all-reduced) or
-    ``"pipeline"``. Compile's default there, data parallel, would copy every parameter onto every
-    process, so it is refused (:meth:`check_sharding`).
+    one per process); "model_parallel" is the same mesh with its axis named ``"model"``, where
+    compile's default is ``parallel="tensor"`` (Megatron: each weight split, activations
+    all-reduced; :attr:`default_parallel`); ``"pipeline"`` works too, and ``"data"``, which would
+    copy every parameter onto every process, is refused (:meth:`check_sharding`).
 
     ``device_mesh=(N,)`` or ``(a, b)`` (axis names ``axis_names``, by default ``("data",)`` and
     ``("data", "model")``) runs over a ``torch.distributed`` process group of that many
@@ -193,7 +193,7 @@ class TorchBackend(Backend):
         if world > 1:
             # Inside a process group (torchrun, mithril launch): the design's data_parallel is
             # device_mesh=(world,) with compile's default parallel="data", on this process's device;
-            # model_parallel the same mesh, its axis named "model" (parallel="tensor" takes it).
+            # model_parallel the same mesh, its axis named "model" (compile defaults to parallel="tensor" there).
             self._devices, own_device = [self._rank_device(devices)], True
             self.mesh = parse_mesh("TorchBackend", (world,), ("model",) if parallel_strategy == "model_parallel"
                                    else axis_names)
