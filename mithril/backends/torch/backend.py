@@ -83,8 +83,8 @@ PARALLEL_STRATEGIES = {
     "data_parallel": "split each batch (dim 0 of every data input) over `devices`, concatenate the outputs (in a "
                      "torch.distributed process group: device_mesh=(world size,), one device per process)",
     "model_parallel": "split the model over `devices`: in a torch.distributed process group, device_mesh=(world "
-                      "size,) with its axis named 'model', compiled tensor parallel by default (or parallel='pipeline'); "
-                      "outside one, the program on the first of `devices`",
+                      "size,) with its axis named 'model', compiled tensor parallel by default (or "
+                      "parallel='pipeline'); outside one, the program on the first of `devices`",
 }
 
 # torch.compile's keyword arguments, as compile(..., jit_options=...) takes them.
