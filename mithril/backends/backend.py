@@ -218,6 +218,13 @@ class Backend(metaclass=TensorAPI):
         share it rather than keep a second copy; by default :meth:`from_numpy`."""
         return self.from_numpy(arr)
 
+    def share(self, arr: np.ndarray) -> np.ndarray:
+        """A compiled model's own parameter ``arr`` as a NumPy array over this backend's memory, for
+        the model to keep instead of ``arr`` (which it then drops), so that :meth:`hold` shares it
+        and the weights are held once where the backend cannot compute on NumPy's memory (MLX).
+        By default ``arr`` itself."""
+        return arr
+
     def to_numpy(self, arr) -> np.ndarray:
         return np.asarray(arr)
 

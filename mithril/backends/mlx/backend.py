@@ -402,6 +402,33 @@ class MlxBackend(Backend):
         with mx.stream(self._device):
             return mx.array(arr)
 
+    def hold(self, arr):
+        """The model's own parameter for ``evaluate(None, ...)``: where ``arr`` is a NumPy view of
+        an mx.array's whole memory (what :meth:`share` returns), that mx.array itself, so the
+        weights are held once; else an mx.array copy (:meth:`from_numpy`; MLX cannot compute on
+        NumPy's memory)."""
+        owner = _mx_owner(arr) if isinstance(arr, np.ndarray) else None
+        return owner if owner is not None else self.from_numpy(arr)
+
+    def share(self, arr):
+        """``arr``'s values held once, in MLX's memory: a read-only NumPy array over an mx.array
+        copy of ``arr``, which :meth:`hold` then runs without a copy (the model drops ``arr``).
+        Arrays MLX cannot hold or cannot show NumPy (strings, float64, bfloat16) come back as
+        they are."""
+        arr = np.asarray(arr)
+        if arr.dtype == object or self.unsupported_dtype_reason(arr.dtype):
+            return arr
+        native = self.from_numpy(arr)
+        mx.eval(native)
+        try:
+            view = np.asarray(memoryview(native))
+        except (TypeError, ValueError, RuntimeError):  # no buffer format NumPy reads (bfloat16)
+            return arr
+        if view.dtype != arr.dtype or view.shape != arr.shape:
+            return arr
+        view.flags.writeable = False  # kernels never write into weights; nor may anyone through this view
+        return view
+
     def to_numpy(self, arr) -> np.ndarray:
         if isinstance(arr, list):
             return np.asarray([self.to_numpy(a) for a in arr])
@@ -658,6 +685,21 @@ class _ComputeIn:
 
 
 MLXBackend = MlxBackend
+
+
+def _mx_owner(arr: np.ndarray):
+    """The mx.array whose whole memory NumPy array ``arr`` views (through a memoryview of it,
+    as :meth:`MlxBackend.share` makes), or None: same address, shape and dtype, C-contiguous."""
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, memoryview) or not isinstance(base.obj, mx.array) or not arr.flags.c_contiguous:
+        return None
+    whole = np.asarray(base)
+    if (whole.shape != arr.shape or whole.dtype != arr.dtype
+            or whole.__array_interface__["data"][0] != arr.__array_interface__["data"][0]):
+        return None
+    return base.obj
 
 
 def _mx_leaves(value):
