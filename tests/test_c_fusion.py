@@ -96,3 +96,73 @@ def test_profile_times_each_node(monkeypatch):
     seconds = {pn.op_type: s for pn, s in pm.program.profile()}
     assert seconds["Conv"] > 0 and seconds["Sigmoid"] > 0
     assert seconds["Relu"] == 0  # fused into the Conv: timed there
+
+
+# -- Conv + Add (the residual connection, render.fuse_residuals) ---------------------------------
+
+def _pointwise_model(before, after, x_shape, groups=1, out="y"):
+    """x -> ``before`` nodes; x -> Conv (1x1, bias, C -> C channels in ``groups``) -> c; ``after``."""
+    rng = np.random.default_rng(2)
+    C = x_shape[1]
+    w = helper.make_tensor("w", F, [C, C // groups, 1, 1], (rng.standard_normal(C * C // groups) / C**0.5).tolist())
+    b = helper.make_tensor("b", F, [C], rng.standard_normal(C).tolist())
+    nodes = [*before, helper.make_node("Constant", [], ["W"], value=w), helper.make_node("Constant", [], ["B"], value=b),
+             helper.make_node("Conv", ["x", "W", "B"], ["c"], group=groups), *after]
+    return make_model(nodes, [("x", F, x_shape)], [(out, F, None)], opset=17)
+
+
+def _adds(program) -> int:
+    return program.source.count("mt_add_f32(")
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_add_after_conv_is_fused_either_operand_order(skip_first):
+    operands = ["s", "c"] if skip_first else ["c", "s"]
+    after = [helper.make_node("Add", operands, ["y"])]
+    model = _conv_model(after, extra_inputs=[("s", F, [1, 4, 9, 9])])
+    program = _compare(model, {**X, "s": np.random.default_rng(3).standard_normal((1, 4, 9, 9)).astype(np.float32)})
+    assert _adds(program) == 0
+    assert "mt_conv_f32(" in program.source
+
+
+def test_add_then_relu_after_conv_are_both_fused():
+    """ResNet's basic block ends in Conv, Add (the identity) and Relu: one kernel call."""
+    after = [helper.make_node("Add", ["c", "s"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    model = _conv_model(after, extra_inputs=[("s", F, [1, 4, 9, 9])])
+    program = _compare(model, {**X, "s": np.random.default_rng(3).standard_normal((1, 4, 9, 9)).astype(np.float32)})
+    assert _adds(program) == 0 and _calls(program, "mt_relu") == 0
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_fused_residual_from_the_arena_survives_a_deep_product(groups):
+    """The residual is an intermediate (in the arena, alive while the Conv writes its output) and
+    the product is deeper than one K block (the output is written before the epilogue adds the
+    residual); two images and two groups offset the residual like the output."""
+    before = [helper.make_node("Sigmoid", ["x"], ["s"])]
+    model = _pointwise_model(before, [helper.make_node("Add", ["c", "s"], ["y"])], [2, 320, 5, 7], groups=groups)
+    x = np.random.default_rng(4).standard_normal((2, 320, 5, 7)).astype(np.float32)
+    program = _compare(model, {"x": x})
+    assert _adds(program) == 0
+
+
+def test_residual_computed_after_the_conv_is_not_fused():
+    """The Add's other operand comes from a node after the Conv: the Conv cannot read it yet."""
+    after = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Add", ["c", "s"], ["y"])]
+    program = _compare(_pointwise_model([], after, [1, 8, 6, 6]), {"x": X["x"][:, :, :6, :6].repeat(2, axis=1)})
+    assert _adds(program) == 1
+
+
+def test_add_after_relu_or_depthwise_conv_or_with_broadcast_is_not_fused():
+    s = {"s": np.random.default_rng(3).standard_normal((1, 4, 9, 9)).astype(np.float32)}
+    # the clamp comes before the Add: the epilogue adds first, so the Relu is fused and the Add is not
+    relu_then_add = [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["r", "s"], ["y"])]
+    program = _compare(_conv_model(relu_then_add, extra_inputs=[("s", F, [1, 4, 9, 9])]), {**X, **s})
+    assert _adds(program) == 1 and _calls(program, "mt_relu") == 0
+    # the depthwise kernel has no residual epilogue
+    program = _compare(_conv_model([helper.make_node("Add", ["c", "s"], ["y"])], extra_inputs=[("s", F, [1, 4, 9, 9])],
+                                   group=4), {**X, **s})
+    assert _adds(program) == 1
+    # a broadcast operand is not shaped like the output
+    program = _compare(_conv_model([helper.make_node("Add", ["c", "s"], ["y"])], extra_inputs=[("s", F, [1, 4, 1, 1])]),
+                       {**X, "s": s["s"][:, :, :1, :1]})
+    assert _adds(program) == 1

@@ -1,7 +1,7 @@
 """The register tiles of the C kernel library's GEMM (mithril/backends/c/lib/mt_gemm_t.h) at the
 edges of their widths, through mt_gemm_clamp (the convolutions' entry): a ragged last panel run
 one vector wide, its last columns past whole vectors done as dot products (N = 49, a 7x7 plane),
-and the epilogue (alpha, a C value per row, the clamp) applied as the tiles store, over one K block
+and the epilogue (alpha, a C value per row, a residual R, the clamp) applied as the tiles store, over one K block
 and several, with A's rows read in place and packed, against NumPy in float32 and float64."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ SOURCE = """
 #include <omp.h>
 #endif
 #define WRAP(S, T)                                                                                        \\
-    void gemm_clamp_##S(const T *A, const T *B, const T *C, T *Y, mt_i M, mt_i N, mt_i K, mt_i ar, mt_i ac, \\
-                        mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta, T lo, T hi, int threads) {     \\
+    void gemm_clamp_##S(const T *A, const T *B, const T *C, const T *R, T *Y, mt_i M, mt_i N, mt_i K,       \\
+                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta, T lo, T hi,  \\
+                        int threads) {                                                                    \\
         set_threads(threads);                                                                             \\
-        mt_gemm_clamp_##S(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);             \\
+        mt_gemm_clamp_##S(A, B, C, R, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);          \\
     }
 static void set_threads(int n) {
 #ifdef _OPENMP
@@ -45,9 +46,9 @@ def lib(tmp_path_factory):
     mp.undo()
 
 
-def _gemm_clamp(lib, a, b, c, alpha, beta, lo, hi, threads=1):
-    """Y = clamp(alpha * a @ b + beta * c, lo, hi) by mt_gemm_clamp; c None, one value per row
-    (shape (M, 1), stride 0 along N) or (M, N)."""
+def _gemm_clamp(lib, a, b, c, alpha, beta, lo, hi, threads=1, r=None):
+    """Y = clamp(alpha * a @ b + beta * c + r, lo, hi) by mt_gemm_clamp; c None, one value per row
+    (shape (M, 1), stride 0 along N) or (M, N); r None or (M, N) C-contiguous."""
     (M, K), N = a.shape, b.shape[1]
     dtype = a.dtype
     ctype = ctypes.c_float if dtype == np.float32 else ctypes.c_double
@@ -59,21 +60,24 @@ def _gemm_clamp(lib, a, b, c, alpha, beta, lo, hi, threads=1):
     (ar, ac), (br, bc) = st(a), st(b)
     cr, cc = st(np.broadcast_to(c, (M, N))) if c is not None else (0, 0)
     L = ctypes.c_long
-    fn(ptr(a), ptr(b), ptr(c), ptr(y), L(M), L(N), L(K), L(ar), L(ac), L(br), L(bc), L(cr), L(cc), ctype(alpha),
+    fn(ptr(a), ptr(b), ptr(c), ptr(r), ptr(y), L(M), L(N), L(K), L(ar), L(ac), L(br), L(bc), L(cr), L(cc), ctype(alpha),
        ctype(beta), ctype(lo), ctype(hi), ctypes.c_int(threads))
     return y
 
 
-def _check(lib, M, N, K, dtype, cshape, alpha, lo, hi, threads=1, seed=0):
+def _check(lib, M, N, K, dtype, cshape, alpha, lo, hi, threads=1, seed=0, residual=False):
     rng = np.random.default_rng(seed)
     a = rng.uniform(-1, 1, (M, K)).astype(dtype)
     b = rng.uniform(-1, 1, (K, N)).astype(dtype)
     c = None if cshape is None else rng.uniform(-1, 1, {"row": (M, 1), "full": (M, N)}[cshape]).astype(dtype)
+    r = rng.uniform(-4, 4, (M, N)).astype(dtype) if residual else None
     beta = 1.5
-    y = _gemm_clamp(lib, a, b, c, alpha, beta, lo, hi, threads)
+    y = _gemm_clamp(lib, a, b, c, alpha, beta, lo, hi, threads, r)
     ref = alpha * (a.astype(np.float64) @ b.astype(np.float64))
     if c is not None:
         ref = ref + beta * np.broadcast_to(c, ref.shape)
+    if r is not None:
+        ref = ref + r
     ref = np.clip(ref, lo, hi)
     tol = (1e-5, 2e-6 * K) if dtype == np.float32 else (1e-12, 1e-14 * K)
     np.testing.assert_allclose(y, ref, rtol=tol[0], atol=tol[1])
@@ -91,14 +95,17 @@ def test_ragged_panels_equal_numpy(lib, N, dtype):
     # ragged last one, one K block and two (KC 128).
     for M, K in ((203, 200), (40, 1000), (97, 400), (9, 3700)):
         _check(lib, M, N, K, dtype, "row", 1.0, 0.0, 6.0, seed=N)
+        _check(lib, M, N, K, dtype, "row", 1.0, -np.inf, np.inf, seed=N, residual=True)
 
 
 @pytest.mark.parametrize("cshape", [None, "row", "full"])
 @pytest.mark.parametrize("alpha,lo,hi", [(1.0, -np.inf, np.inf), (0.5, 0.0, 6.0), (-2.0, -0.25, np.inf)])
-@pytest.mark.parametrize("M,N,K", [(64, 49, 160), (40, 196, 64), (17, 33, 129), (24, 100, 16)])
+@pytest.mark.parametrize("M,N,K", [(64, 49, 160), (40, 196, 64), (17, 33, 129), (24, 100, 16), (8, 20, 16)])
 def test_epilogue_in_the_tiles_equals_numpy(lib, M, N, K, cshape, alpha, lo, hi):
+    # (8, 20, 16) is below the tiles' threshold (M*N*K < 32^3): the plain loops' epilogue
     for dtype in (np.float32, np.float64):
-        _check(lib, M, N, K, dtype, cshape, alpha, lo, hi, seed=M + N + K)
+        for residual in (False, True):
+            _check(lib, M, N, K, dtype, cshape, alpha, lo, hi, seed=M + N + K, residual=residual)
 
 
 @pytest.mark.parametrize("N", [49, 36, 196, 100])
@@ -106,6 +113,7 @@ def test_packed_rows_and_threads_equal_numpy(lib, N):
     # K 512 float: rows 2 KiB apart, so A is packed (wide tiles); two threads split the tiles.
     for dtype in (np.float32, np.float64):
         _check(lib, 70, N, 512, dtype, "row", 1.0, 0.0, 6.0, threads=2, seed=N)
+        _check(lib, 70, N, 512, dtype, "row", 1.0, 0.0, 6.0, threads=2, seed=N, residual=True)
         _check(lib, 13, N, 512, dtype, None, 2.0, -np.inf, np.inf, threads=1, seed=N)
 
 
@@ -116,6 +124,6 @@ def test_nan_and_clamp_bounds_kept(lib):
         a = rng.uniform(-1, 1, (16, 40)).astype(dtype)
         b = rng.uniform(-1, 1, (40, 49)).astype(dtype)
         a[3, 5] = np.nan
-        y = _gemm_clamp(lib, a, b, np.zeros((16, 1), dtype), 1.0, 1.0, 0.0, 6.0)
+        y = _gemm_clamp(lib, a, b, np.zeros((16, 1), dtype), 1.0, 1.0, 0.0, 6.0, r=np.ones((16, 49), dtype))
         assert np.isnan(y[3]).all() and not np.isnan(np.delete(y, 3, axis=0)).any()
         assert (np.delete(y, 3, axis=0) >= 0).all() and (np.delete(y, 3, axis=0) <= 6).all()

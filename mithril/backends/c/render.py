@@ -21,8 +21,9 @@ from math import prod
 import numpy as np
 
 from ..plan import Plan, PlanNode, PlanValue, reads_of
-from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, CKernel, Emitter
+from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
+from .ops.nn import fuses_residual
 
 ALIGN = 64  # bytes: arena offsets start on a cache line
 
@@ -242,24 +243,67 @@ def _clamp_bounds(pn: PlanNode) -> tuple[float, float] | None:
     return (hi if lo > hi else lo), hi  # Clip's rule: a > b gives b
 
 
-def fuse_activations(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The plan's nodes with each Relu or constant-bound Clip that is the only reader of a Conv's
-    output folded into that Conv (its kernel clamps before storing, ``kwargs[CLAMP]``): one pass
-    over memory instead of two, as onnxruntime's Conv+activation fusion. Also returns, by id of
-    each fused node, the node it replaces."""
+def _readers(nodes: list[PlanNode]) -> dict[PlanValue, int]:
+    """How many times each value is read (a subgraph's outer reads count twice: never fused away)."""
     readers: dict[PlanValue, int] = {}
-    for pn in plan.nodes:
+    for pn in nodes:
         for v in pn.inputs:
             if v is not None:
                 readers[v] = readers.get(v, 0) + 1
         for sub in pn.subgraphs.values():
             for p in sub if isinstance(sub, tuple) else (sub,):
                 for v in p.outer:
-                    readers[v] = readers.get(v, 0) + 2  # never fused away
+                    readers[v] = readers.get(v, 0) + 2
+    return readers
+
+
+def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    """The plan's nodes with what a Conv's kernel can apply as it stores folded into that Conv, as
+    onnxruntime's Conv+Add and Conv+activation fusions do (one pass over memory instead of two or
+    three): first an Add that is the only reader of the Conv's output (``kwargs[RESIDUAL]``, the
+    Add's other operand the Conv's fourth input), then a Relu or constant-bound Clip that is the
+    only reader of the result (``kwargs[CLAMP]``). Also returns, by id of each fused node, the plan
+    node it replaces."""
     outputs = set(plan.outputs)
-    producer = {pn.outputs[0]: i for i, pn in enumerate(plan.nodes) if len(pn.outputs) == 1}
-    nodes, dropped, fused = list(plan.nodes), set(), {}
-    for i, act in enumerate(plan.nodes):
+    nodes, fused = _fuse_residuals(list(plan.nodes), outputs)
+    return _fuse_activations(nodes, outputs, fused)
+
+
+def _fuse_residuals(nodes: list[PlanNode], outputs: set) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    readers = _readers(nodes)
+    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
+    dropped, fused = set(), {}
+    for i, add in enumerate(list(nodes)):
+        if (add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2 or None in add.inputs
+                or why_not_c(add) is not None):
+            continue
+        y = add.outputs[0]
+        for x, res in (add.inputs, add.inputs[::-1]):
+            j = producer.get(x)
+            if (j is None or j in dropped or readers.get(x) != 1 or x in outputs or x is res
+                    or x.static_shape != y.static_shape or res.static_shape != y.static_shape
+                    or x.dtype != y.dtype or res.dtype != y.dtype
+                    # the residual must exist when the Conv runs, not only when the Add did
+                    or producer.get(res, -1) >= j):
+                continue
+            pn = nodes[j]
+            if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or RESIDUAL in pn.kwargs
+                    or why_not_c(pn) is not None or not fuses_residual(pn)):
+                continue
+            inputs = (*pn.inputs, *(None,) * (3 - len(pn.inputs)), res)
+            nodes[j] = replace(pn, inputs=inputs, outputs=add.outputs, kwargs={**pn.kwargs, RESIDUAL: True})
+            fused[id(nodes[j])] = pn
+            dropped.add(i)
+            break
+    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
+
+
+def _fuse_activations(nodes: list[PlanNode], outputs: set,
+                      fused: dict[int, PlanNode]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    readers = _readers(nodes)
+    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
+    dropped = set()
+    for i, act in enumerate(list(nodes)):
         bounds = _clamp_bounds(act)
         x = act.inputs[0] if act.inputs else None
         j = producer.get(x)
@@ -270,7 +314,7 @@ def fuse_activations(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
                 or why_not_c(pn) is not None or why_not_c(act) is not None):
             continue
         nodes[j] = replace(pn, outputs=act.outputs, kwargs={**pn.kwargs, CLAMP: bounds})
-        fused[id(nodes[j])] = pn
+        fused[id(nodes[j])] = fused.pop(id(pn), pn)  # the plan's node, through a residual fusion
         dropped.add(i)
     return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
 
@@ -281,7 +325,7 @@ def render(plan: Plan, dtype=None) -> CSource:
     r = _Renderer(plan)
     steps: list = []
     fallback: list[PlanNode] = []
-    nodes, fused = fuse_activations(plan)
+    nodes, fused = fuse(plan)
     r.slots.update({new: r.slots[id(old)] for new, old in fused.items()})
     for pn in nodes:
         if why_not_c(pn) is None:

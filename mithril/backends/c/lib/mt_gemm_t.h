@@ -3,7 +3,8 @@
  *
  * Y[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] (+ beta * C broadcast). A(i,k) = A[i*ar + k*ac],
  * B(k,j) = B[k*br + j*bc], C (may be NULL) C(i,j) = C[i*cr + j*cc]; Y is C-contiguous and shares
- * no memory with A, B or C. */
+ * no memory with A, B or C. mt_gemm_clamp also adds R (may be NULL; C-contiguous like Y, sharing
+ * no memory with it: a residual connection fused into the product) and clamps. */
 
 #define MT_GEMM_VL ((mt_i)(MT_GEMM_VBYTES / sizeof(T)))  /* elements of T per vector */
 #define MT_GEMM_NR (MT_GEMM_NV * MT_GEMM_VL)               /* NV vectors of T */
@@ -21,7 +22,7 @@
 #define MT_GEMM_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
 #define MT_GEMM_DOTROWS 8 /* rows of a transposed B per step of mt_gemm_plain's dot products */
-static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M, mt_i N, mt_i K,
                                         mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
                                         T lo, T hi) {
     for (mt_i i = 0; i < M; i++) {
@@ -76,6 +77,8 @@ static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, T *r
             for (mt_i j = 0; j < N; j++) y[j] *= alpha;
         if (C)
             for (mt_i j = 0; j < N; j++) y[j] += beta * C[i * cr + j * cc];
+        if (R)
+            for (mt_i j = 0; j < N; j++) y[j] += R[i * N + j];
         if (lo > -(T)INFINITY || hi < (T)INFINITY)
             for (mt_i j = 0; j < N; j++) y[j] = MT_GEMM_CLAMP(y[j], lo, hi);
     }
@@ -128,11 +131,13 @@ static inline void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt
 }
 
 /* The epilogue a register tile applies as it stores its last K block: y = clamp(y * alpha + the
- * row's C value, lo, hi), the operations in the order of the pass over Y it replaces. */
+ * row's C value + R, lo, hi), the operations in the order of the passes over Y it replaces. */
 typedef struct {
     T alpha, beta, lo, hi;
     const T *c; /* C at the tile's first row (one value per row, cc == 0), or NULL */
     mt_i cr;
+    const T *r; /* R at the tile's first element (rows lr apart), or NULL */
+    mt_i lr;
 } MT_FN(mt_gemm_ep);
 
 /* Y[0:mr, 0:nr] = (add ? Y : 0) + acc (rows W apart), then the epilogue when ep is given. */
@@ -144,25 +149,31 @@ static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restri
             T *yr = y + r * ldy;
             const T *ar = acc + r * W;
             const T ci = ep->c ? ep->beta * ep->c[r * ep->cr] : (T)0;
+            const T *rr = ep->r ? ep->r + r * ep->lr : 0;
             /* each case its own vector loop, full width with a constant trip count; Y is not read
              * unless added to (a load of Y's line, not yet in cache, would wait where a store does not) */
-#define MT_GEMM_EP_LOOP(n, V, BIAS)                                                                    \
+#define MT_GEMM_EP_LOOP(n, V, BIAS, RES)                                                               \
     _Pragma("omp simd")                                                                               \
     for (mt_i c = 0; c < (n); c++) {                                                                  \
         T v = V;                                                                                      \
         v *= alpha;                                                                                   \
         BIAS;                                                                                         \
+        RES;                                                                                          \
         yr[c] = MT_GEMM_CLAMP(v, lo, hi);                                                             \
     }
-#define MT_GEMM_EP_CASES(n)                                                                            \
-    if (add && ep->c) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], v += ci) }                                  \
-    else if (add) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], (void)0) }                                      \
-    else if (ep->c) { MT_GEMM_EP_LOOP(n, ar[c], v += ci) }                                            \
-    else { MT_GEMM_EP_LOOP(n, ar[c], (void)0) }
-            if (nr == W) {
-                MT_GEMM_EP_CASES(W)
+#define MT_GEMM_EP_CASES(n, RES)                                                                       \
+    if (add && ep->c) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], v += ci, RES) }                             \
+    else if (add) { MT_GEMM_EP_LOOP(n, yr[c] + ar[c], (void)0, RES) }                                 \
+    else if (ep->c) { MT_GEMM_EP_LOOP(n, ar[c], v += ci, RES) }                                       \
+    else { MT_GEMM_EP_LOOP(n, ar[c], (void)0, RES) }
+            if (rr && nr == W) {
+                MT_GEMM_EP_CASES(W, v += rr[c])
+            } else if (rr) {
+                MT_GEMM_EP_CASES(nr, v += rr[c])
+            } else if (nr == W) {
+                MT_GEMM_EP_CASES(W, (void)0)
             } else {
-                MT_GEMM_EP_CASES(nr)
+                MT_GEMM_EP_CASES(nr, (void)0)
             }
 #undef MT_GEMM_EP_CASES
 #undef MT_GEMM_EP_LOOP
@@ -296,6 +307,7 @@ static inline void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, con
             if (ep) {
                 v *= ep->alpha;
                 if (ep->c) v += ep->beta * ep->c[r * ep->cr];
+                if (ep->r) v += ep->r[r * ep->lr + c];
                 v = MT_GEMM_CLAMP(v, ep->lo, ep->hi);
             }
             y[r * ldy + c] = v;
@@ -309,7 +321,7 @@ static inline void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, con
  * columns past whole vectors, up to MT_GEMM_DOT of them, to mt_gemm_dot.
  * The scratch is static thread-local (allocated once per thread, never per call), so threads of
  * one GEMM and GEMMs running in different threads never share it. */
-static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *restrict Y, mt_i N, mt_i K,
+static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i N, mt_i K,
                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
                                        T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
@@ -325,7 +337,7 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
     int clamp = lo > -(T)INFINITY || hi < (T)INFINITY;
     /* alpha, a C value per row and the clamp are applied by the register tiles as they store the
      * last K block, while the tile is in registers; a C varying along rows takes a pass over Y. */
-    int fuse = (alpha != (T)1 || C || clamp) && (!C || cc == 0);
+    int fuse = (alpha != (T)1 || C || R || clamp) && (!C || cc == 0);
     /* The ragged last panel: its first `head` columns go to a register tile, `tail` to mt_gemm_dot. */
     const mt_i qlast = (nc - 1) / MT_GEMM_NR, last = nc - qlast * MT_GEMM_NR;
     const mt_i tail = last % MT_GEMM_VL <= MT_GEMM_DOT ? last % MT_GEMM_VL : 0, head = last - tail;
@@ -360,7 +372,8 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
             {
                 mt_i row = p * MT_GEMM_MR, mr = mc - row < MT_GEMM_MR ? mc - row : MT_GEMM_MR;
                 T *y = Y + (i0 + row) * N + j0 + q * MT_GEMM_NR;
-                MT_FN(mt_gemm_ep) ep = {alpha, beta, lo, hi, C ? C + (i0 + row) * cr : 0, cr};
+                const T *rq = R ? R + (i0 + row) * N + j0 + q * MT_GEMM_NR : 0;
+                MT_FN(mt_gemm_ep) ep = {alpha, beta, lo, hi, C ? C + (i0 + row) * cr : 0, cr, rq, N};
                 const MT_FN(mt_gemm_ep) *epp = fuse && k0 + kc >= K ? &ep : 0;
                 const T *arow = A + (i0 + row) * ar + k0, *apack = pa + (row - full) * kc;
                 /* rows outer: the next row panel, prefetched while the first micro-panel runs */
@@ -368,20 +381,25 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
                 if (nr > 0)
                     MT_FN(mt_gemm_micro_any)(kc, apack, row < full ? arow : 0, ar, pq, y, N, mr, nr, k0 > 0, epp, pf);
                 if (q == qlast && tail > 0) {
+                    MT_FN(mt_gemm_ep) ept = ep; /* the tail's columns start `head` in */
+                    ept.r = rq ? rq + head : 0;
+                    const MT_FN(mt_gemm_ep) *eptp = epp ? &ept : 0;
                     if (row < full)
-                        MT_FN(mt_gemm_dot)(kc, arow, ar, 1, bt, y + head, N, mr, tail, k0 > 0, epp);
+                        MT_FN(mt_gemm_dot)(kc, arow, ar, 1, bt, y + head, N, mr, tail, k0 > 0, eptp);
                     else
-                        MT_FN(mt_gemm_dot)(kc, apack, 1, MT_GEMM_MR, bt, y + head, N, mr, tail, k0 > 0, epp);
+                        MT_FN(mt_gemm_dot)(kc, apack, 1, MT_GEMM_MR, bt, y + head, N, mr, tail, k0 > 0, eptp);
                 }
             }
         }
     }
-    if (!fuse && (alpha != (T)1 || C || clamp))
+    if (!fuse && (alpha != (T)1 || C || R || clamp))
         for (mt_i i = i0; i < i0 + mc; i++) {
             T *restrict y = Y + i * N;
             if (alpha != (T)1)
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] *= alpha;
             for (mt_i j = j0; j < j0 + nc; j++) y[j] += beta * C[i * cr + j * cc];
+            if (R)
+                for (mt_i j = j0; j < j0 + nc; j++) y[j] += R[i * N + j];
             if (clamp) {
                 _Pragma("omp simd")
                 for (mt_i j = j0; j < j0 + nc; j++) y[j] = MT_GEMM_CLAMP(y[j], lo, hi);
@@ -389,8 +407,9 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, T *re
         }
 }
 
-/* mt_gemm with every result clamped to [lo, hi] in the epilogue (-inf, inf: no clamp). */
-static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
+/* mt_gemm plus R (NULL: none) with every result clamped to [lo, hi] in the epilogue (-inf, inf:
+ * no clamp). */
+static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M, mt_i N, mt_i K,
                                         mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta, T lo,
                                         T hi) {
     if (M <= 0 || N <= 0) return;
@@ -417,6 +436,9 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
                 if (C)
                     for (mt_i i = i0; i < i0 + m; i++)
                         for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] += beta * C[i * cr + j * cc];
+                if (R)
+                    for (mt_i i = i0; i < i0 + m; i++)
+                        for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] += R[i * N + j];
                 if (lo > -(T)INFINITY || hi < (T)INFINITY)
                     for (mt_i i = i0; i < i0 + m; i++)
                         for (mt_i j = j0; j < j0 + n; j++) Y[i * N + j] = MT_GEMM_CLAMP(Y[i * N + j], lo, hi);
@@ -427,7 +449,7 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
 #endif
     /* A few rows over contiguous B rows: streaming B once beats padding the register tile. */
     if (K == 0 || M * N * K < MT_GEMM_SMALL || (M < MT_GEMM_MR / 2 && (bc == 1 || (br == 1 && ac == 1)))) {
-        MT_FN(mt_gemm_plain)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);
+        MT_FN(mt_gemm_plain)(A, B, C, R, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi);
         return;
     }
     mt_i mc = MT_GEMM_MC, nc = MT_GEMM_NC, threads = 1;
@@ -447,7 +469,7 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
     for (mt_i ib = 0; ib < mt; ib++)                                                                   \
         for (mt_i jb = 0; jb < nt; jb++) {                                                             \
             mt_i i0 = ib * mc, j0 = jb * nc;                                                           \
-            MT_FN(mt_gemm_tile)(A, B, C, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0,     \
+            MT_FN(mt_gemm_tile)(A, B, C, R, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0,  \
                                 M - i0 < mc ? M - i0 : mc, j0, N - j0 < nc ? N - j0 : nc);             \
         }
     /* Tiles in whole rounds: each thread the same contiguous run of them on every call (static), so
@@ -463,7 +485,7 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, T *r
 
 static inline void MT_FN(mt_gemm)(const T *A, const T *B, const T *C, T *restrict Y, mt_i M, mt_i N, mt_i K,
                                   mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta) {
-    MT_FN(mt_gemm_clamp)(A, B, C, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, -(T)INFINITY, (T)INFINITY);
+    MT_FN(mt_gemm_clamp)(A, B, C, 0, Y, M, N, K, ar, ac, br, bc, cr, cc, alpha, beta, -(T)INFINITY, (T)INFINITY);
 }
 
 #undef MT_GEMM_CLAMP

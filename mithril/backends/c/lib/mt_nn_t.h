@@ -42,8 +42,9 @@ static inline void MT_FN(mt_im2col)(const T *x, T *restrict col, const mt_i *g, 
     }
 }
 
-/* Y = clamp(conv(X, W) + Bias, lo, hi): lo, hi -inf, inf unless a Relu or Clip was fused in. */
-static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *restrict Y, T *restrict col,
+/* Y = clamp(conv(X, W) + Bias + Res, lo, hi): Res (NULL: none) is an Add's other operand, shaped
+ * like Y, and lo, hi are -inf, inf unless a Relu or Clip was fused in (render.fuse). */
+static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, const T *Res, T *restrict Y, T *restrict col,
                                   mt_i N, mt_i C, mt_i M, mt_i groups, const mt_i *g, T lo, T hi) {
     const mt_i Cg = C / groups, Mg = M / groups, S = g[0] * g[1] * g[2], P = g[3] * g[4] * g[5];
     const mt_i R = Cg * g[6] * g[7] * g[8];
@@ -53,6 +54,7 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, T *rest
             if (col) MT_FN(mt_im2col)(x, col, g, Cg);
             /* Y_g[Mg, P] = W_g[Mg, R] @ col[R, P] + bias (one value per row) */
             MT_FN(mt_gemm_clamp)(W + grp * Mg * R, col ? col : x, Bias ? Bias + grp * Mg : 0,
+                                 Res ? Res + (n * M + grp * Mg) * P : 0,
                                  Y + (n * M + grp * Mg) * P, Mg, P, R, R, 1, P, 1, 1, 0, (T)1, (T)1, lo, hi);
         }
 }

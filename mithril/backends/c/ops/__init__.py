@@ -74,9 +74,13 @@ class CKernel:
 KERNELS: dict[tuple[str, str], CKernel] = {}
 
 # The kwarg under which the renderer hands a node the bounds (lo, hi) of a Relu or Clip fused
-# into it (render.fuse_activations): the node's kernel clamps its results before storing them.
+# into it (render.fuse): the node's kernel clamps its results before storing them.
 CLAMP = "_c_clamp"
 FUSES_ACTIVATION = {("", "Conv")}
+# The kwarg set (True) on a Conv into which the renderer fused the Add that was its only reader
+# (render.fuse_residuals): the Add's other operand is the Conv's fourth input, added before the
+# clamp, as onnxruntime's Conv+Add(+Relu) fusion does.
+RESIDUAL = "_c_residual"
 
 
 def c_kernel(*op_types: str, domain: str = "", dtypes: Iterable[np.dtype] | None = None,

@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from ...kernels.geometry import transposed_window, window
-from . import CLAMP, FLOATS, broadcast_strides, c_kernel, ints, same_types, text
+from . import CLAMP, FLOATS, RESIDUAL, broadcast_strides, c_kernel, ints, same_types, text
 
 MAX_SPATIAL = 3  # the window kernels take up to three spatial axes
 
@@ -213,7 +213,19 @@ def _check_conv(pn):
         return f"W {w} does not fit X {x} with group={group}"
     if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[0]:
         return "bias is not one value per output channel"
+    if pn.kwargs.get(RESIDUAL) and (not _has(pn, 3) or pn.inputs[3].static_shape != pn.outputs[0].static_shape
+                                    or _conv_kind(pn)[0] not in FUSES_RESIDUAL):
+        return "a fused residual must be shaped like the output, on a GEMM convolution"
     return _check_out(pn, w[0], _conv_kind(pn)[1].out) or same_types(pn)
+
+
+# The Conv kinds whose kernel adds a residual (mt_conv's GEMM epilogue); render.fuse_residuals asks.
+FUSES_RESIDUAL = ("pointwise", "im2col")
+
+
+def fuses_residual(pn) -> bool:
+    """Whether this Conv's kernel can add an Add's other operand before storing."""
+    return _conv_kind(pn)[0] in FUSES_RESIDUAL
 
 
 def _conv_scratch(pn) -> int:
@@ -237,7 +249,7 @@ def conv(pn, c):
     kind, win = _conv_kind(pn)
     g = c.arr(_geometry(c.shape(x)[2:], win.out, win.kernel, win.strides, win.begin, win.dilations))
     sfx, bias = c.sfx(y), _bias(pn, c)
-    # A Relu or Clip the renderer fused into this node (render.fuse_activations): its bounds.
+    # A Relu or Clip the renderer fused into this node (render.fuse): its bounds.
     lo, hi = (c.literal(b, y.dtype) for b in pn.kwargs.get(CLAMP, (-np.inf, np.inf)))
     if kind == "depthwise":
         c.line(f"mt_conv_depthwise_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {N}, {C}, {M}, {g}, {lo}, {hi});")
@@ -248,7 +260,8 @@ def conv(pn, c):
                f"{N}, {C}, {M}, {H}, {W}, {win.out[0]}, {win.out[1]}, {win.begin[0]}, {win.begin[1]}, {lo}, {hi});")
         return
     col = f"({c.ctype(y)} *){c.scratch}" if kind == "im2col" else "0"
-    c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
+    res = c.buf(pn.inputs[3]) if pn.kwargs.get(RESIDUAL) else "0"  # render.fuse_residuals
+    c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {res}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
            f"{int(pn.kwargs.get('group') or 1)}, {g}, {lo}, {hi});")
 
 
