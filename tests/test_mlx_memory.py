@@ -134,3 +134,61 @@ def test_compiled_model_holds_its_weights_once(backend):
         # The NumPy array the model keeps is a view of the very mx.array the program runs.
         assert np.asarray(memoryview(native)).__array_interface__["data"][0] == \
             pm._params_numpy[k].__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 16, 12, 12), (2, 8, 5, 7), (3, 6, 9)], ids=["2d", "2d-batch", "1d"])
+def test_pointwise_conv_is_one_matmul_with_conv_generals_values(shape, bias):
+    # A 1x1 convolution runs as (O, C) @ (N, C, H*W) on the NCHW layout: the same values as
+    # conv_general on the channels-last copy, bit for bit, without that copy.
+    from mithril.backends.mlx.overrides import _channels_first, _channels_last, _pointwise
+
+    rng = np.random.default_rng(3)
+    x = mx.array(rng.standard_normal(shape).astype(np.float32))
+    w = mx.array(rng.standard_normal((5, shape[1]) + (1,) * (len(shape) - 2)).astype(np.float32))
+    b = mx.array(rng.standard_normal(5).astype(np.float32)) if bias else None
+    want = mx.conv_general(_channels_last(x), _channels_last(w))
+    want = _channels_first(want + b if bias else want)
+    got = _pointwise(x, w, b)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_pointwise_conv_needs_no_channels_last_copy():
+    from mithril.backends.mlx.overrides import _channels_first, _channels_last, _pointwise
+
+    x = mx.random.normal((1, 96, 56, 56), key=mx.random.key(0))
+    w = mx.random.normal((24, 96, 1, 1), key=mx.random.key(1))
+    mx.eval(x, w)
+
+    def peak_added(f):
+        gc.collect()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        start = mx.get_active_memory()
+        y = f()
+        mx.eval(y)
+        return mx.get_peak_memory() - start, y.nbytes
+
+    added, out = peak_added(lambda: _pointwise(x, w, None))
+    assert added <= out + w.nbytes  # the output (and at most a cast of the weight), no copy of x
+    conv_added, _ = peak_added(lambda: _channels_first(mx.conv_general(_channels_last(x), _channels_last(w))))
+    assert conv_added > added + x.nbytes // 2  # what conv_general needed beside it: x channels-last
+
+
+def test_compiled_pointwise_conv_model_matches_the_numpy_backend(monkeypatch):
+    from mithril.backends.mlx import overrides
+
+    calls = []
+    pointwise = overrides._pointwise
+    monkeypatch.setattr(overrides, "_pointwise", lambda *a: calls.append(a[1].shape) or pointwise(*a))
+    rng = np.random.default_rng(4)
+    inits = {"W": rng.standard_normal((8, 4, 1, 1)).astype(np.float32), "B": rng.standard_normal(8).astype(np.float32)}
+    model = make_model([helper.make_node("Conv", ["x", "W", "B"], ["y"])], [("x", TensorProto.FLOAT, [2, 4, 5, 5])],
+                       [("y", TensorProto.FLOAT, [2, 8, 5, 5])], inits)
+    x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    mlx_pm = ml.compile(ml.load_onnx(model), ml.MlxBackend(device="cpu"))
+    ref_pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend())
+    got = np.asarray(mlx_pm.evaluate(None, {"x": x})["y"])
+    np.testing.assert_allclose(got, ref_pm.evaluate(None, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+    assert calls and all(tuple(c) == (8, 4, 1, 1) for c in calls)  # the Conv ran as the matmul

