@@ -414,7 +414,14 @@ class MlxBackend(Backend):
         """``arr``'s values held once, in MLX's memory: a read-only NumPy array over an mx.array
         copy of ``arr``, which :meth:`hold` then runs without a copy (the model drops ``arr``).
         Arrays MLX cannot hold or cannot show NumPy (strings, float64, bfloat16) come back as
-        they are."""
+        they are.
+
+        >>> import numpy as np, mithril as ml
+        >>> b = ml.MlxBackend(device="cpu")
+        >>> w = b.share(np.ones(3, np.float32))
+        >>> w.flags.writeable, b.hold(w) is b.hold(w)
+        (False, True)
+        """
         arr = np.asarray(arr)
         if arr.dtype == object or self.unsupported_dtype_reason(arr.dtype):
             return arr
