@@ -1,0 +1,69 @@
+"""The C backend's thread governor (program.ThreadGovernor): each call runs on all the threads it
+was given until calls slow down as other processes take the CPUs (OpenMP's barriers then wait for
+a descheduled thread at every region), then on one thread for a while, trying all again after.
+Driven here with made-up call times, so the decisions are exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from mithril.backends.c.program import ThreadGovernor, default_threads
+
+
+def _run(gov: ThreadGovernor, seconds: float, calls: int = 1) -> list[int]:
+    """Make ``calls`` calls of ``seconds`` each; the thread count each ran on."""
+    used = []
+    for _ in range(calls):
+        used.append(gov.begin())
+        gov.end(seconds)
+    return used
+
+
+def test_quiet_calls_stay_on_all_threads(monkeypatch):
+    monkeypatch.delenv("MITHRIL_C_ADAPTIVE_THREADS", raising=False)
+    gov = ThreadGovernor(2)
+    assert _run(gov, 0.005, 50) == [2] * 50
+    # one slow call alone (a page fault, a passing interrupt) moves nothing
+    assert _run(gov, 0.05) == [2] and _run(gov, 0.005, 3) == [2] * 3
+
+
+def test_slowed_calls_move_to_one_thread_and_back_when_the_cpus_free(monkeypatch):
+    monkeypatch.delenv("MITHRIL_C_ADAPTIVE_THREADS", raising=False)
+    gov = ThreadGovernor(2)
+    _run(gov, 0.005, 5)
+    assert _run(gov, 0.022, 2) == [2, 2]  # two calls in a row over twice the fastest
+    # on one thread for HOLD_S seconds of calls (two at least), then all threads again
+    held = _run(gov, 0.008, 3)
+    assert held == [1, 1, 1] and gov.begin() == 2
+    assert _run(gov, 0.005, 5) == [2] * 5  # the try was fast: all threads stay
+
+
+def test_a_slow_try_doubles_the_hold(monkeypatch):
+    monkeypatch.delenv("MITHRIL_C_ADAPTIVE_THREADS", raising=False)
+    gov = ThreadGovernor(2)
+    _run(gov, 0.005, 5)
+    _run(gov, 0.022, 2)
+    _run(gov, 0.008, 3)  # 24 ms held: the try comes
+    assert _run(gov, 0.012, 2) == [2, 2]  # slower than one thread's recent calls (8 ms): back
+    assert gov.begin() == 1 and gov.backoff == pytest.approx(2 * ThreadGovernor.HOLD_S)
+    assert _run(gov, 0.008, 5) == [1] * 5  # 40 ms now, not 20
+    assert gov.begin() == 2
+
+
+def test_governor_off_and_single_thread(monkeypatch):
+    monkeypatch.setenv("MITHRIL_C_ADAPTIVE_THREADS", "0")
+    gov = ThreadGovernor(2)
+    _run(gov, 0.005, 3)
+    assert _run(gov, 0.05, 10) == [2] * 10
+    gov = ThreadGovernor(None)  # OpenMP's default stays OpenMP's
+    assert _run(gov, 0.05, 3) == [None] * 3
+    monkeypatch.delenv("MITHRIL_C_ADAPTIVE_THREADS")
+    gov = ThreadGovernor(1)
+    assert not gov.enabled and _run(gov, 0.05, 3) == [1] * 3
+
+
+def test_default_threads_reads_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
+    assert default_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert default_threads() >= 1
