@@ -109,6 +109,26 @@ class PhysicalModel:
         self._params_numpy = {
             name: tensor_array(graph.initializers[name].const_value) for name in param_names
         }
+        # Weights held once where the backend keeps its own memory (MLX): the model keeps NumPy
+        # views of the backend's arrays (Backend.share), hold() then shares them.
+        user_inits = model.ir.graph.initializers
+        shared_any = False
+        for name in list(self._params_numpy):
+            arr = self._params_numpy[name]
+            shared = backend.share(arr)
+            if shared is arr:
+                continue
+            self._params_numpy[name] = shared
+            old = graph.initializers[name].const_value
+            new = ir.Tensor(shared, name=old.name, doc_string=old.doc_string)
+            graph.initializers[name].const_value = new
+            if name in user_inits and user_inits[name].const_value is old:
+                user_inits[name].const_value = new
+            del old, new, arr
+            shared_any = True
+        if shared_any:
+            from .onnx_bridge.load import _return_freed_memory
+            _return_freed_memory()  # the NumPy copies' pages, back to the system
         # Where each parameter and input goes on the backend's device mesh (compile's parallel= and
         # sharding=; mithril.distributed.ShardingPlan), None on one device.
         self.sharding = None

@@ -124,16 +124,19 @@ def test_evaluate_with_shared_weights_matches_and_keeps_parameters(backend):
         np.testing.assert_array_equal(np.asarray(v), originals[k])
 
 
-@pytest.mark.xfail(strict=True, reason="compile does not yet call Backend.share (mithril/compile.py, the lead's): "
-                                       "the compiled model keeps its NumPy weights beside MLX's copies")
 def test_compiled_model_holds_its_weights_once(backend):
-    pm = ml.compile(ml.load_onnx(_mlp()), backend)
+    model = ml.load_onnx(_mlp())
+    pm = ml.compile(model, backend)
     x = np.zeros((2, 64), np.float32)
     pm.evaluate(None, {"x": x})
     for k, native in pm._own_parameters().items():
         # The NumPy array the model keeps is a view of the very mx.array the program runs.
         assert np.asarray(memoryview(native)).__array_interface__["data"][0] == \
             pm._params_numpy[k].__array_interface__["data"][0]
+    # Compiled again, the same model keeps those arrays (no third copy).
+    pm2 = ml.compile(model, backend)
+    for k, arr in pm2._params_numpy.items():
+        assert arr.__array_interface__["data"][0] == pm._params_numpy[k].__array_interface__["data"][0]
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -423,8 +423,8 @@ class MlxBackend(Backend):
         (False, True)
         """
         arr = np.asarray(arr)
-        if arr.dtype == object or self.unsupported_dtype_reason(arr.dtype):
-            return arr
+        if arr.dtype == object or self.unsupported_dtype_reason(arr.dtype) or _mx_owner(arr) is not None:
+            return arr  # (already MLX's: a model compiled twice keeps one copy)
         native = self.from_numpy(arr)
         mx.eval(native)
         try:
