@@ -44,10 +44,15 @@ def test_a_slow_try_doubles_the_hold(monkeypatch):
     _run(gov, 0.005, 5)
     _run(gov, 0.022, 2)
     _run(gov, 0.008, 3)  # 24 ms held: the try comes
-    assert _run(gov, 0.012, 2) == [2, 2]  # slower than one thread's recent calls (8 ms): back
+    assert _run(gov, 0.012) == [2]  # slower than one thread's recent calls (8 ms): back at once
     assert gov.begin() == 1 and gov.backoff == pytest.approx(2 * ThreadGovernor.HOLD_S)
     assert _run(gov, 0.008, 5) == [1] * 5  # 40 ms now, not 20
     assert gov.begin() == 2
+    for _ in range(10):  # a neighbour that stays: the hold doubles up to HOLD_MAX_S
+        _run(gov, 0.012)
+        while gov.begin() == 1:
+            _run(gov, 0.008)
+    assert gov.backoff == ThreadGovernor.HOLD_MAX_S
 
 
 def test_governor_off_and_single_thread(monkeypatch):

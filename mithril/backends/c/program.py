@@ -46,14 +46,15 @@ class ThreadGovernor:
     calling thread runs the work a descheduled worker has not claimed. Here the calls are watched
     instead: STRIKES calls in a row slower than SLOW times the fastest seen on all threads (and
     than the fastest on one, once known) move the calls of the next HOLD_S seconds (two at least)
-    to one thread; then all threads are tried again, and a try slower than the recent one-thread
-    calls doubles the hold (up to HOLD_MAX_S). A short hold lets a passing neighbour (another
-    runtime's pool spinning for tens of milliseconds after its own call) cost little.
+    to one thread; then one call tries all threads again, and a try slower than the recent
+    one-thread calls goes back for twice the hold (up to HOLD_MAX_S). A short hold lets a passing
+    neighbour (another runtime's pool spinning for tens of milliseconds after its own calls) cost
+    little; a lasting one costs one slow try per HOLD_MAX_S.
     ``MITHRIL_C_ADAPTIVE_THREADS=0`` keeps every call on all threads."""
 
     SLOW = 2.0
     STRIKES = 2
-    HOLD_S, HOLD_MAX_S = 0.02, 1.0
+    HOLD_S, HOLD_MAX_S = 0.02, 0.5
 
     def __init__(self, num_threads: int | None):
         self.configured = num_threads
@@ -89,7 +90,7 @@ class ThreadGovernor:
         if self.probing and self.recent_one is not None:
             limit = min(limit, self.recent_one)  # worth it only if it beats one thread now
         self.strikes = self.strikes + 1 if seconds > limit else 0
-        if self.strikes >= self.STRIKES:
+        if self.strikes >= (1 if self.probing else self.STRIKES):
             self.backoff = min(2 * self.backoff, self.HOLD_MAX_S) if self.probing else self.HOLD_S
             self.threads, self.held, self.strikes, self.probing = 1, (0, 0.0), 0, False
         elif self.probing and self.strikes == 0:
