@@ -1,7 +1,8 @@
-"""The C renderer's activation fusion (render.fuse_activations): a Relu or a constant-bound Clip
-that is the only reader of a Conv's output is folded into the Conv's kernel, which clamps before
-storing; anything else reading the Conv's output keeps the two nodes apart. And the per-node
-profile a library built with MITHRIL_C_PROFILE=1 keeps."""
+"""The C renderer's fusions (render.fuse): a Relu or a constant-bound Clip that is the only reader
+of a Conv's output is folded into the Conv's kernel, which clamps before storing, and so is an Add
+(a residual connection) whose other operand exists before the Conv runs; anything else reading
+the Conv's output keeps the nodes apart. And the per-node profile a library built with
+MITHRIL_C_PROFILE=1 keeps."""
 
 from __future__ import annotations
 

@@ -127,3 +127,13 @@ def test_nan_and_clamp_bounds_kept(lib):
         y = _gemm_clamp(lib, a, b, np.zeros((16, 1), dtype), 1.0, 1.0, 0.0, 6.0, r=np.ones((16, 49), dtype))
         assert np.isnan(y[3]).all() and not np.isnan(np.delete(y, 3, axis=0)).any()
         assert (np.delete(y, 3, axis=0) >= 0).all() and (np.delete(y, 3, axis=0) <= 6).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K", [(128, 600, 200), (203, 520, 130), (250, 300, 64)])
+def test_tiles_of_up_to_256_rows_read_in_place_equal_numpy(lib, M, N, K, threads):
+    # A's rows read in place (row stride not a multiple of 2 KiB) and Y wider than one column panel:
+    # a tile takes every row (MT_GEMM_MC_DIRECT), B packed once per panel, ragged row panels last.
+    for dtype in (np.float32, np.float64):
+        _check(lib, M, N, K, dtype, "row", 1.0, 0.0, 6.0, threads=threads, seed=M + N)
+        _check(lib, M, N, K, dtype, None, 1.0, -np.inf, np.inf, threads=threads, seed=M + N, residual=True)

@@ -40,6 +40,9 @@
 #ifndef MT_GEMM_MC
 #define MT_GEMM_MC (MT_GEMM_MR * 12)   /* rows of a packed A block (L2) */
 #endif
+#ifndef MT_GEMM_MC_DIRECT
+#define MT_GEMM_MC_DIRECT 256          /* rows of a tile whose A rows are read in place (no A block) */
+#endif
 #ifndef MT_GEMM_NBLK
 #define MT_GEMM_NBLK 8                 /* micro-panels per packed B panel (NC = NBLK * NR) */
 #endif

@@ -457,12 +457,19 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, cons
     /* Y one tile wide and A's rows read in place (mt_gemm_tile's `direct`; the packed rows stay
      * under MR): the rows in one tile per thread, so that each thread packs B once, not once per MC
      * rows (1x1 convolutions of 7x7 and 14x14 planes: 1280x49x320 on 2 threads packed B 16 times). */
-    if (N <= nc && ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0 && M >= threads * MT_GEMM_MR)
+    const int in_place = ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0;
+    /* A's rows read in place need no A scratch: a tile may then take up to MT_GEMM_MC_DIRECT rows,
+     * so that B is packed (and, for a layer's weights, read from memory) once per column panel
+     * rather than once per MC rows (GPT-2's 128-row products packed each weight matrix twice). */
+    const mt_i mc_max = in_place && M <= MT_GEMM_MC_DIRECT ? (M + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : MT_GEMM_MC;
+    if (N <= nc && in_place && M >= threads * MT_GEMM_MR)
         mc = threads > 1 ? ((M + threads - 1) / threads + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : M;
     else if (threads > 1)
-        mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, MT_GEMM_MC, MT_GEMM_NC, &mc, &nc);
-    else if (N <= nc && ac == 1 && (ar * (mt_i)sizeof(T)) % 2048 != 0)
+        mt_gemm_balance(M, N, threads, MT_GEMM_MR, MT_GEMM_NR, mc_max, MT_GEMM_NC, &mc, &nc);
+    else if (N <= nc && in_place)
         mc = M;
+    else
+        mc = mc_max;
     mt_i mt = (M + mc - 1) / mc, nt = (N + nc - 1) / nc;
 #define MT_GEMM_TILES(PRAGMA)                                                                          \
     _Pragma(PRAGMA)                                                                                    \
