@@ -105,10 +105,11 @@ def _pointwise_model(before, after, x_shape, groups=1, out="y"):
     """x -> ``before`` nodes; x -> Conv (1x1, bias, C -> C channels in ``groups``) -> c; ``after``."""
     rng = np.random.default_rng(2)
     C = x_shape[1]
-    w = helper.make_tensor("w", F, [C, C // groups, 1, 1], (rng.standard_normal(C * C // groups) / C**0.5).tolist())
+    weights = rng.standard_normal(C * C // groups) / C**0.5
+    w = helper.make_tensor("w", F, [C, C // groups, 1, 1], weights.tolist())
     b = helper.make_tensor("b", F, [C], rng.standard_normal(C).tolist())
-    nodes = [*before, helper.make_node("Constant", [], ["W"], value=w), helper.make_node("Constant", [], ["B"], value=b),
-             helper.make_node("Conv", ["x", "W", "B"], ["c"], group=groups), *after]
+    constants = [helper.make_node("Constant", [], ["W"], value=w), helper.make_node("Constant", [], ["B"], value=b)]
+    nodes = [*before, *constants, helper.make_node("Conv", ["x", "W", "B"], ["c"], group=groups), *after]
     return make_model(nodes, [("x", F, x_shape)], [(out, F, None)], opset=17)
 
 

@@ -22,9 +22,9 @@
 #define MT_GEMM_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
 
 #define MT_GEMM_DOTROWS 8 /* rows of a transposed B per step of mt_gemm_plain's dot products */
-static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M, mt_i N, mt_i K,
-                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
-                                        T lo, T hi) {
+static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M,
+                                        mt_i N, mt_i K, mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha,
+                                        T beta, T lo, T hi) {
     for (mt_i i = 0; i < M; i++) {
         T *restrict y = Y + i * N;
         if (bc == 1) {
@@ -409,9 +409,9 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, const
 
 /* mt_gemm plus R (NULL: none) with every result clamped to [lo, hi] in the epilogue (-inf, inf:
  * no clamp). */
-static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M, mt_i N, mt_i K,
-                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta, T lo,
-                                        T hi) {
+static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i M,
+                                        mt_i N, mt_i K, mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha,
+                                        T beta, T lo, T hi) {
     if (M <= 0 || N <= 0) return;
 #ifdef MT_BLAS
     /* cblas needs one unit stride per operand; Y is row-major contiguous. C is added after. */
@@ -461,7 +461,8 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, cons
     /* A's rows read in place need no A scratch: a tile may then take up to MT_GEMM_MC_DIRECT rows,
      * so that B is packed (and, for a layer's weights, read from memory) once per column panel
      * rather than once per MC rows (GPT-2's 128-row products packed each weight matrix twice). */
-    const mt_i mc_max = in_place && M <= MT_GEMM_MC_DIRECT ? (M + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : MT_GEMM_MC;
+    const mt_i mc_max =
+        in_place && M <= MT_GEMM_MC_DIRECT ? (M + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : MT_GEMM_MC;
     if (N <= nc && in_place && M >= threads * MT_GEMM_MR)
         mc = threads > 1 ? ((M + threads - 1) / threads + MT_GEMM_MR - 1) / MT_GEMM_MR * MT_GEMM_MR : M;
     else if (threads > 1)
