@@ -154,6 +154,15 @@ def test_residual_computed_after_the_conv_is_not_fused():
     assert _adds(program) == 1
 
 
+def test_residual_from_a_multi_output_node_after_the_conv_is_not_fused():
+    """The same with the operand one of a Split's outputs (a node with several outputs)."""
+    after = [helper.make_node("Concat", ["x", "x"], ["xx"], axis=1),
+             helper.make_node("Split", ["xx"], ["s", "t"], axis=1, num_outputs=2),
+             helper.make_node("Add", ["c", "s"], ["y"])]
+    program = _compare(_pointwise_model([], after, [1, 8, 6, 6]), {"x": X["x"][:, :, :6, :6].repeat(2, axis=1)})
+    assert _adds(program) == 1
+
+
 def test_add_after_relu_or_depthwise_conv_or_with_broadcast_is_not_fused():
     s = {"s": np.random.default_rng(3).standard_normal((1, 4, 9, 9)).astype(np.float32)}
     # the clamp comes before the Add: the epilogue adds first, so the Relu is fused and the Add is not

@@ -272,6 +272,7 @@ def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
 def _fuse_residuals(nodes: list[PlanNode], outputs: set) -> tuple[list[PlanNode], dict[int, PlanNode]]:
     readers = _readers(nodes)
     producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
+    made_at = {v: i for i, pn in enumerate(nodes) for v in pn.outputs}  # multi-output nodes too
     dropped, fused = set(), {}
     for i, add in enumerate(list(nodes)):
         if (add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2 or None in add.inputs
@@ -284,7 +285,7 @@ def _fuse_residuals(nodes: list[PlanNode], outputs: set) -> tuple[list[PlanNode]
                     or x.static_shape != y.static_shape or res.static_shape != y.static_shape
                     or x.dtype != y.dtype or res.dtype != y.dtype
                     # the residual must exist when the Conv runs, not only when the Add did
-                    or producer.get(res, -1) >= j):
+                    or made_at.get(res, -1) >= j):
                 continue
             pn = nodes[j]
             if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or RESIDUAL in pn.kwargs
