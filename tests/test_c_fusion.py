@@ -99,7 +99,7 @@ def test_profile_times_each_node(monkeypatch):
     assert seconds["Relu"] == 0  # fused into the Conv: timed there
 
 
-# -- Conv + Add (the residual connection, render.fuse_residuals) ---------------------------------
+# -- Conv + Add (the residual connection, render.fuse) ------------------------------------------
 
 def _pointwise_model(before, after, x_shape, groups=1, out="y"):
     """x -> ``before`` nodes; x -> Conv (1x1, bias, C -> C channels in ``groups``) -> c; ``after``."""

@@ -28,7 +28,6 @@ rule run on NumPy between segments (the forward kernels, NumPy's vjp rules), war
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import prod
@@ -308,10 +307,7 @@ class CGradientProgram(CProgram):
         return self._others[key]
 
     def run(self, params: dict, data: dict, cotangents: dict | None = None):  # type: ignore[override]
-        threads = self._governor.begin()
-        if threads is not None:
-            self.library.mt_set_threads(threads)
-        started = time.perf_counter()
+        started = self._start_call()
         cotangents = cotangents or {}
         env: dict = {}
         for v in self.plan.inputs:
@@ -335,7 +331,7 @@ class CGradientProgram(CProgram):
                 grads[name] = env[gv]
             else:
                 grads[name] = np.zeros_like(np.asarray(params[name] if name in params else data[name]))
-        self._governor.end(time.perf_counter() - started)
+        self._end_call(started)
         return outputs, grads
 
     def _run_numpy(self, item: Item, env: dict) -> None:

@@ -162,11 +162,18 @@ class CProgram:
             return self._constants[v]
         return env[v]
 
-    def run(self, params: dict, data: dict) -> dict:
+    def _start_call(self) -> float:
+        """Sets the threads this call runs on (the governor's choice); returns its start time."""
         threads = self._governor.begin()
         if threads is not None:
             self.library.mt_set_threads(threads)
-        started = time.perf_counter()
+        return time.perf_counter()
+
+    def _end_call(self, started: float) -> None:
+        self._governor.end(time.perf_counter() - started)
+
+    def run(self, params: dict, data: dict) -> dict:
+        started = self._start_call()
         env: dict = {}
         for v in self.plan.inputs:
             env[v] = params[v.name] if v.kind == "param" else data[v.name]
@@ -179,7 +186,7 @@ class CProgram:
                 args = [None if v is None else self._read(v, env) for v in step.inputs]
                 for o, r in zip(step.outputs, self._interpreter.run_node(step, args, env)):
                     env[o] = r
-        self._governor.end(time.perf_counter() - started)
+        self._end_call(started)
         return {v.name: self._read(v, env) for v in self.plan.outputs}
 
     def _run_segment(self, seg, env) -> None:

@@ -78,7 +78,7 @@ KERNELS: dict[tuple[str, str], CKernel] = {}
 CLAMP = "_c_clamp"
 FUSES_ACTIVATION = {("", "Conv")}
 # The kwarg set (True) on a Conv into which the renderer fused the Add that was its only reader
-# (render.fuse_residuals): the Add's other operand is the Conv's fourth input, added before the
+# (render.fuse): the Add's other operand is the Conv's fourth input, added before the
 # clamp, as onnxruntime's Conv+Add(+Relu) fusion does.
 RESIDUAL = "_c_residual"
 

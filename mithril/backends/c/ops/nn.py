@@ -219,7 +219,7 @@ def _check_conv(pn):
     return _check_out(pn, w[0], _conv_kind(pn)[1].out) or same_types(pn)
 
 
-# The Conv kinds whose kernel adds a residual (mt_conv's GEMM epilogue); render.fuse_residuals asks.
+# The Conv kinds whose kernel adds a residual (mt_conv's GEMM epilogue); render.fuse asks.
 FUSES_RESIDUAL = ("pointwise", "im2col")
 
 
@@ -260,7 +260,7 @@ def conv(pn, c):
                f"{N}, {C}, {M}, {H}, {W}, {win.out[0]}, {win.out[1]}, {win.begin[0]}, {win.begin[1]}, {lo}, {hi});")
         return
     col = f"({c.ctype(y)} *){c.scratch}" if kind == "im2col" else "0"
-    res = c.buf(pn.inputs[3]) if pn.kwargs.get(RESIDUAL) else "0"  # render.fuse_residuals
+    res = c.buf(pn.inputs[3]) if pn.kwargs.get(RESIDUAL) else "0"  # render.fuse
     c.line(f"mt_conv_{sfx}({c.buf(x)}, {c.buf(w)}, {bias}, {res}, {c.buf(y)}, {col}, {N}, {C}, {M}, "
            f"{int(pn.kwargs.get('group') or 1)}, {g}, {lo}, {hi});")
 
