@@ -307,6 +307,23 @@ def test_absent_device_warns_and_runs_on_cpu():
     assert ml.TorchBackend(device="cpu").device == "cpu"
 
 
+def test_cotangents_move_to_the_device_as_data_inputs_do():
+    # A CPU tensor or a NumPy cotangent on a GPU backend reached torch.autograd.grad on the CPU
+    # ("invalid gradient at index 0 - expected device cuda:0 but got cpu"). torch's meta device
+    # (shapes only, present in every torch) stands in for the GPU here.
+    model = ml.load_onnx(make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                                    [("x", TensorProto.FLOAT, ["N", 4])], [("y", TensorProto.FLOAT, ["N", 3])],
+                                    {"w": np.ones((4, 3), np.float32)}))
+    b = ml.TorchBackend()
+    b._device = torch.device("meta")
+    pm = ml.compile(model, b, data_keys=["x"])
+    x = np.ones((2, 4), np.float32)
+    for cot in (torch.ones(2, 3), np.ones((2, 3), np.float32)):
+        out, grads = pm.evaluate(None, {"x": x}, output_gradients={"y": cot})
+        assert out["y"].device.type == "meta" and grads["w"].device.type == "meta" and grads["w"].shape == (4, 3)
+        assert grads["x"].device.type == "meta" and grads["x"].shape == (2, 4)
+
+
 def test_unsupported_dtype_is_reported_with_reason():
     model = make_model([helper.make_node("Add", ["a", "b"], ["c"])],
                        [("a", TensorProto.UINT32, [2]), ("b", TensorProto.UINT32, [2])],

@@ -628,7 +628,9 @@ class TorchBackend(Backend):
                 if t is None or not t.requires_grad or g is None:
                     continue
                 roots.append(t)
-                g = _native(g, self._device)  # evaluate checked its dtype and shape: no cast, no broadcast
+                # Placed as data inputs are (prepare_inputs): a CPU tensor or a NumPy array moves to the
+                # device. evaluate checked its dtype and shape: no cast, no broadcast.
+                g = _native(self._to_facade(g), self._device)
                 if self._torch_mesh is not None:  # a cotangent placed as its output is
                     g = _tmesh.like_output(g, t)
                 cots.append(g)
