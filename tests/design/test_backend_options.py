@@ -381,9 +381,12 @@ def test_torch_data_parallel_splits_the_batch():
     x = data((7, 64))
     ref_out, ref_grads = ml.compile(model, ml.TorchBackend()).evaluate(None, {"x": x}, output_gradients={"y": torch.ones(7, 32)})
     for b in (backend, two):
+        # The seed is a CPU tensor: it moves to the main device as data inputs do (on a GPU
+        # machine the outputs and gradients live on cuda:0).
         got_out, got_grads = ml.compile(model, b).evaluate(None, {"x": x}, output_gradients={"y": torch.ones(7, 32)})
-        torch.testing.assert_close(got_out["y"], ref_out["y"])
-        torch.testing.assert_close(got_grads["w"], ref_grads["w"])
+        assert str(got_out["y"].device) == b.device and str(got_grads["w"].device) == b.device
+        torch.testing.assert_close(got_out["y"].cpu(), ref_out["y"])
+        torch.testing.assert_close(got_grads["w"].cpu(), ref_grads["w"])
 
 
 
@@ -428,7 +431,9 @@ def test_torch_model_parallel_and_strategy_errors():
                                               r"--nproc 2 script.py, torchrun\)")
     model = matmul_relu()
     x = data((2, 64))
-    np.testing.assert_allclose(ml.compile(model, backend).evaluate(None, {"x": x})["y"].numpy(),
+    y = ml.compile(model, backend).evaluate(None, {"x": x})["y"]
+    assert str(y.device) == backend.device  # outputs stay on the device, as torch's do
+    np.testing.assert_allclose(backend.to_numpy(y),
                                np.maximum(x @ w_of(model), 0), rtol=1e-5, atol=1e-5)
     with pytest.raises(BackendOptionError, match=r"unknown parallel_strategy 'pipeline'; valid strategies: data_parallel \(.*\); "
                                                  r"model_parallel \("):
