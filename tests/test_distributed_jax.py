@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 import warnings
 
 import numpy as np
@@ -82,6 +83,13 @@ def test_mesh_errors_say_how_to_fix_them(monkeypatch):
                                         r"--xla_force_host_platform_device_count=8\.$"):
         jax_mesh.build_mesh(jax, "cpu", eight, jax_mesh.ask_host_devices(jax, eight))
     monkeypatch.undo()
+    # A GPU that is present, but fewer of them than the mesh: an error (not a silent move to the
+    # CPU) naming the count and both ways out. A stand-in for jax with one GPU.
+    one_gpu = types.SimpleNamespace(devices=lambda platform: [object()] if platform == "gpu" else jax.devices(platform))
+    with pytest.raises(MeshError, match=r"^JaxBackend: device_mesh=\(2, 2\) needs 4 devices, but jax sees 1 gpu "
+                                        r"device\(s\)\. Give a device_mesh of at most 1 device\(s\), or device='cpu' to "
+                                        r"run the mesh over the CPU's host devices\.$"):
+        jax_mesh.build_mesh(one_gpu, "gpu", parse_mesh("JaxBackend", (2, 2)))
     backend = ml.JaxBackend(device_mesh=(4,))
     with pytest.raises(MeshError, match=r"shape \(6, 2\) can't be split on dim 0 \(6\) over mesh axis 'data' of 4 "
                                         r"devices"):
@@ -117,7 +125,8 @@ def mesh_error(shape):
     return "no error"
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
-    # No GPU here: the backend falls back to the CPU, which has the host devices it asked for.
+    # No GPU for JAX here (the test runs the process with JAX_PLATFORMS=cpu): the backend falls
+    # back to the CPU, which has the host devices it asked for.
     on_gpu = ml.JaxBackend(device="gpu", device_mesh=(2,))
 print("fallback", any(issubclass(w.category, DeviceFallbackWarning) for w in seen), on_gpu._device.platform)
 # Design 003's Device Mesh: (2,) then (2, 2) in one process.
@@ -130,13 +139,16 @@ def test_host_devices_in_a_fresh_process():
     """A fresh process (the test process has started JAX with conftest's 4 host devices): the first
     mesh asks JAX for 8 host devices, so a later, larger mesh finds its own, also when the device
     asked for (a GPU) is absent and the backend falls back to the CPU; past 8, the error says JAX
-    had started (test_mesh_errors_say_how_to_fix_them checks the XLA_FLAGS cause)."""
+    had started (test_mesh_errors_say_how_to_fix_them checks the XLA_FLAGS cause). JAX_PLATFORMS=cpu
+    hides a GPU, so the process sees what a machine without one does (with one GPU,
+    device="gpu" and a mesh of 2 is a MeshError: test_initialization_reference_meshes)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run([sys.executable, "-c", _FRESH], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -398,6 +410,9 @@ _HOST = r"""
 import os, sys
 rank, port = int(sys.argv[1]), sys.argv[2]
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"  # two devices per "host"
+# The hosts' devices are CPUs: on a GPU machine both processes would otherwise take its GPU as
+# jax's default (NCCL: "Duplicate GPU detected").
+os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")  # collectives between CPU processes
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=rank)

@@ -68,7 +68,7 @@ def test_x64_is_scoped_not_global(backend, conv_model):
 
 def test_missing_device_warns_and_runs_on_cpu():
     # Issue 22: an absent device says so in one warning line (naming what is present) and runs.
-    with pytest.warns(ml.errors.DeviceFallbackWarning, match=r"'tpu:3' is not present \(present devices: .*cpu:0(, cpu:\d)*\); running on cpu"):
+    with pytest.warns(ml.errors.DeviceFallbackWarning, match=r"'tpu:3' is not present \(present devices: cpu:0(, \w+:\d+)*\); running on cpu"):
         b = ml.JaxBackend(device="tpu:3")
     assert b.device == "cpu:0" and b.to_numpy(b.ones(2)).tolist() == [1.0, 1.0]
     assert ml.JaxBackend(device="cpu:0").device == "cpu:0"
@@ -287,6 +287,15 @@ def test_accelerator_conv_path_matches_im2col(monkeypatch):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture
+def on_the_cpu():
+    """The CPU as jax's default device: the Conv kernel picks its CPU paths by the device it
+    traces for (JaxBackend.scope sets it; these tests call the kernel under a bare jax.jit), and
+    on a GPU machine jax's default is the GPU, which takes lax.conv."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 @pytest.mark.parametrize(
     "x_shape, w_shape, attrs",
     [
@@ -301,7 +310,7 @@ def test_accelerator_conv_path_matches_im2col(monkeypatch):
         ((2, 2, 4, 5, 3), (4, 2, 3, 3, 3), dict(group=1, auto_pad="SAME_LOWER")),
     ],
 )
-def test_cpu_conv_paths_match_the_shared_kernel(x_shape, w_shape, attrs):
+def test_cpu_conv_paths_match_the_shared_kernel(on_the_cpu, x_shape, w_shape, attrs):
     from mithril.backends.kernels import nn
     from mithril.backends.jax import overrides as jax_kernels
 
@@ -323,7 +332,7 @@ def test_cpu_conv_paths_match_the_shared_kernel(x_shape, w_shape, attrs):
 
 
 @pytest.mark.parametrize("limit", ["between", "below"])
-def test_large_patch_convs_go_per_sample_or_to_xla(monkeypatch, limit):
+def test_large_patch_convs_go_per_sample_or_to_xla(monkeypatch, on_the_cpu, limit):
     # Batched convs whose patch matrix passes the limit run one sample at a time (lax.map), or as
     # lax.conv when one sample's patches pass it too; values and gradients match either way.
     from mithril.backends.kernels import nn

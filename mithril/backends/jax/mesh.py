@@ -65,7 +65,6 @@ def build_mesh(jax, platform: str, mesh: DeviceMesh, why: tuple[str, ...] | list
     for the error when there are too few host devices."""
     devices = jax.devices(platform)
     if len(devices) < mesh.size:
-        how = "."
         if platform == "cpu":
             n = mesh.size
             if _flag_count() is not None:
@@ -76,6 +75,11 @@ def build_mesh(jax, platform: str, mesh: DeviceMesh, why: tuple[str, ...] | list
             if _STARTED in why:
                 fix = f"in a new process, {fix}"
             how = f"{': ' + '; '.join(why) if why else ''}. JAX makes host devices only when it starts: {fix}."
+        else:
+            # Present but too few accelerators: an error, not the CPU (a user who asked for the GPU
+            # would not want a silent move to host devices), as jax.make_mesh refuses it too.
+            how = (f". Give a device_mesh of at most {len(devices)} device(s), or device='cpu' to run the mesh over "
+                   f"the CPU's host devices.")
         raise MeshError(f"JaxBackend: device_mesh={mesh.shape} needs {mesh.size} devices, but jax sees {len(devices)} "
                         f"{platform} device(s){how}")
     from jax.sharding import Mesh
