@@ -199,6 +199,13 @@ _CONVOLUTIONS = frozenset(f for f in (
     torch.convolution}
 
 
+# Gather's lookup (xp.take): with a split index (token ids split by their batch), DTensor's rules
+# for index_select and its backward's index_add_ differ between torch versions (torch 2.11's
+# backward met a whole index and a split gradient: "Number of indices (32) should be equal to
+# source.size(dim): (16)"); the lookup runs on local tensors instead (_local_index_select).
+_INDEX_SELECTS = frozenset({torch.index_select, torch.Tensor.index_select})
+
+
 class MeshMode(TorchFunctionMode):
     """The torch ops of a program over DTensors. A plain tensor that meets a DTensor (a constant,
     positions made by Range, a value computed on the host) becomes a replicated DTensor: the
@@ -209,8 +216,9 @@ class MeshMode(TorchFunctionMode):
     ``Replicate()``, the op on the local (whole) tensors, its tensor outputs replicated DTensors;
     autograd follows (``to_local``/``from_local`` are differentiable). A convolution's split
     weight and bias are gathered whole first (DTensor's rule would ignore their split), and its
-    input's split channels or positions too; its batch stays split. Those ops are collected in
-    ``ops``."""
+    input's split channels or positions too; its batch stays split, and it runs on the local
+    tensors; so does a lookup (``index_select``) by a split index. Those gathered weights and the
+    replicated ops are collected in ``ops``."""
 
     active = 0  # MeshModes entered and not left (a program's forward, a recomputed checkpoint)
 
@@ -243,6 +251,11 @@ class MeshMode(TorchFunctionMode):
         args, kwargs = replicated(args), {k: replicated(v) for k, v in kwargs.items()}
         if func in _CONVOLUTIONS:
             args, kwargs = self._conv_arguments(func, tmesh, args, kwargs)
+            return _local_convolution(func, tmesh, args, kwargs)
+        if func in _INDEX_SELECTS:
+            out = _local_index_select(func, tmesh, args, kwargs)
+            if out is not NotImplemented:
+                return out
         try:
             return func(*args, **kwargs)
         except (NotImplementedError, RuntimeError) as exc:
@@ -277,6 +290,61 @@ class MeshMode(TorchFunctionMode):
             if name in kwargs:
                 kwargs[name] = gathered(kwargs[name], keep_batch=name == "input")
         return tuple(args), kwargs
+
+
+def _local_convolution(func, tmesh, args, kwargs):
+    """A convolution whose input is split on its batch only and whose weight and bias are whole
+    (after ``MeshMode._conv_arguments``), run on each process's local tensors: its output is split
+    as its input is. DTensor's own convolution handler is not used: up to torch 2.11 it took
+    every split input for a split of the width (tensor-parallel convolution) and refused most
+    geometries ("input_size[-1] is divisible by stride[-1] and stride[-1] equals
+    kernel_size[-1]"); torch 2.13's skips that for a batch split. The weight's and bias's
+    gradients are pending sums over the axes the batch is split on."""
+    from torch.distributed.tensor import Partial
+
+    x = args[0] if args else kwargs["input"]
+    if not isinstance(x, DTensor):
+        return func(*args, **kwargs)
+    if any(p.is_partial() for p in x.placements):  # a pending sum: the bias would be added on every process
+        x = x.redistribute(tmesh, [Replicate() if p.is_partial() else p for p in x.placements])
+    split = [Partial() if p.is_shard() else Replicate() for p in x.placements]
+
+    def local(v, is_input):
+        if is_input:
+            return x.to_local()
+        if isinstance(v, DTensor):  # whole: redistribute a pending sum, if any, before its local copy
+            if any(not p.is_replicate() for p in v.placements):
+                v = v.redistribute(tmesh, [Replicate()] * tmesh.ndim)
+            return v.to_local(grad_placements=split)
+        return v
+
+    args = tuple(local(v, i == 0) for i, v in enumerate(args))
+    kwargs = {k: local(v, k == "input") for k, v in kwargs.items()}
+    out = func(*args, **kwargs)
+    return DTensor.from_local(out, tmesh, x.placements, run_check=False)
+
+
+def _local_index_select(func, tmesh, args, kwargs):
+    """``index_select(values, dim, index)`` with an index split on its dim 0, run on each
+    process's local tensors: the values whole (gathered where split; their gradient a pending sum
+    over the axes the index is split on, as each process looks up its own rows), the output split
+    on ``dim`` as the index is. NotImplemented where the index is not split (DTensor's rule runs)."""
+    from torch.distributed.tensor import Partial
+
+    names = ("input", "dim", "index")
+    bound = dict(zip(names, args), **kwargs)
+    values, dim, index = bound.get("input", bound.get("self")), bound.get("dim"), bound.get("index")
+    if set(bound) - {"input", "self", "dim", "index"} or not isinstance(index, DTensor) or \
+            not any(p.is_shard() for p in index.placements) or \
+            any(p.is_shard() and p.dim != 0 for p in index.placements) or not isinstance(values, DTensor):
+        return NotImplemented
+    dim = dim % values.ndim
+    split = [Partial() if p.is_shard() else Replicate() for p in index.placements]
+    if any(not p.is_replicate() for p in values.placements):
+        values = values.redistribute(tmesh, [Replicate()] * tmesh.ndim)
+    out = func(values.to_local(grad_placements=split), dim, index.to_local())
+    return DTensor.from_local(out, tmesh, [Shard(dim) if p.is_shard() else Replicate() for p in index.placements],
+                              run_check=False)
 
 
 def under_mesh_mode(fn):
