@@ -85,10 +85,10 @@ def test_mesh_errors_say_how_to_fix_them(monkeypatch):
     monkeypatch.undo()
     # A GPU that is present, but fewer of them than the mesh: an error (not a silent move to the
     # CPU) naming the count and both ways out. A stand-in for jax with one GPU.
-    one_gpu = types.SimpleNamespace(devices=lambda platform: [object()] if platform == "gpu" else jax.devices(platform))
+    one_gpu = types.SimpleNamespace(devices=lambda kind: [object()] if kind == "gpu" else jax.devices(kind))
     with pytest.raises(MeshError, match=r"^JaxBackend: device_mesh=\(2, 2\) needs 4 devices, but jax sees 1 gpu "
-                                        r"device\(s\)\. Give a device_mesh of at most 1 device\(s\), or device='cpu' to "
-                                        r"run the mesh over the CPU's host devices\.$"):
+                                        r"device\(s\)\. Give a device_mesh of at most 1 device\(s\), or "
+                                        r"device='cpu' to run the mesh over the CPU's host devices\.$"):
         jax_mesh.build_mesh(one_gpu, "gpu", parse_mesh("JaxBackend", (2, 2)))
     backend = ml.JaxBackend(device_mesh=(4,))
     with pytest.raises(MeshError, match=r"shape \(6, 2\) can't be split on dim 0 \(6\) over mesh axis 'data' of 4 "

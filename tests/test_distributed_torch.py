@@ -306,8 +306,8 @@ def _mesh_worker(folder):
     # handler (torch 2.11's took a batch split for a width split and refused LeNet's 5x5 convs):
     # here that handler raises.
     handlers = DTensor._op_dispatcher._custom_op_handlers
-    saved = {op: handlers[op] for op in (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
-             if op in handlers}
+    aten = torch.ops.aten
+    saved = {op: handlers[op] for op in (aten.convolution.default, aten.convolution_backward.default) if op in handlers}
 
     def refused(op_call, args, kwargs):
         raise AssertionError(f"DTensor's handler ran {op_call}")

@@ -311,8 +311,8 @@ def test_cotangents_move_to_the_device_as_data_inputs_do():
     # A CPU tensor or a NumPy cotangent on a GPU backend reached torch.autograd.grad on the CPU
     # ("invalid gradient at index 0 - expected device cuda:0 but got cpu"). torch's meta device
     # (shapes only, present in every torch) stands in for the GPU here.
-    model = ml.load_onnx(make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-                                    [("x", TensorProto.FLOAT, ["N", 4])], [("y", TensorProto.FLOAT, ["N", 3])],
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = ml.load_onnx(make_model(nodes, [("x", TensorProto.FLOAT, ["N", 4])], [("y", TensorProto.FLOAT, ["N", 3])],
                                     {"w": np.ones((4, 3), np.float32)}))
     b = ml.TorchBackend()
     b._device = torch.device("meta")

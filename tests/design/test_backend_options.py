@@ -124,9 +124,9 @@ def test_initialization_reference_meshes():
     gpus = jax_gpu_count()
     device = "gpu"
     if 0 < gpus < 4:
-        with pytest.raises(ml.errors.MeshError, match=rf"device_mesh=\(2, 2\) needs 4 devices, but jax sees {gpus} gpu "
-                                                      rf"device\(s\)\. Give a device_mesh of at most {gpus} device\(s\), "
-                                                      r"or device='cpu'"):
+        with pytest.raises(ml.errors.MeshError, match=rf"device_mesh=\(2, 2\) needs 4 devices, but jax sees {gpus} "
+                                                      rf"gpu device\(s\)\. Give a device_mesh of at most {gpus} "
+                                                      r"device\(s\), or device='cpu'"):
             ml.JaxBackend(dtype=ml.float32, device="gpu", device_mesh=(2, 2))
         device = "cpu"
     with warnings.catch_warnings(record=True) as record:
