@@ -305,7 +305,7 @@ def _mesh_worker(folder):
     # The convolutions run on each process's local tensors, never through DTensor's convolution
     # handler (torch 2.11's took a batch split for a width split and refused LeNet's 5x5 convs):
     # here that handler raises.
-    handlers = DTensor._op_dispatcher._custom_op_handlers
+    handlers = getattr(getattr(DTensor, "_op_dispatcher", None), "_custom_op_handlers", {})  # torch's private table
     aten = torch.ops.aten
     saved = {op: handlers[op] for op in (aten.convolution.default, aten.convolution_backward.default) if op in handlers}
 
