@@ -205,6 +205,11 @@ _CONVOLUTIONS = frozenset(f for f in (
 # source.size(dim): (16)"); the lookup runs on local tensors instead (_local_index_select).
 _INDEX_SELECTS = frozenset({torch.index_select, torch.Tensor.index_select})
 
+# LayerNormalization (F.layer_norm): torch 2.11's DTensor rule left an FSDP-split weight split
+# ("Expected weight to be of same shape as normalized_shape, but got weight of shape [8] and
+# normalized_shape = [16]", the GPT under fsdp); it runs on local tensors instead (_local_layer_norm).
+_LAYER_NORMS = frozenset({torch.nn.functional.layer_norm, torch.layer_norm})
+
 
 class MeshMode(TorchFunctionMode):
     """The torch ops of a program over DTensors. A plain tensor that meets a DTensor (a constant,
@@ -217,8 +222,8 @@ class MeshMode(TorchFunctionMode):
     autograd follows (``to_local``/``from_local`` are differentiable). A convolution's split
     weight and bias are gathered whole first (DTensor's rule would ignore their split), and its
     input's split channels or positions too; its batch stays split, and it runs on the local
-    tensors; so does a lookup (``index_select``) by a split index. Those gathered weights and the
-    replicated ops are collected in ``ops``."""
+    tensors; so do a lookup (``index_select``) by a split index and a LayerNorm. Those gathered
+    weights and the replicated ops are collected in ``ops``."""
 
     active = 0  # MeshModes entered and not left (a program's forward, a recomputed checkpoint)
 
@@ -254,6 +259,10 @@ class MeshMode(TorchFunctionMode):
             return _local_convolution(func, tmesh, args, kwargs)
         if func in _INDEX_SELECTS:
             out = _local_index_select(func, tmesh, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        if func in _LAYER_NORMS:
+            out = _local_layer_norm(func, tmesh, args, kwargs)
             if out is not NotImplemented:
                 return out
         try:
@@ -345,6 +354,37 @@ def _local_index_select(func, tmesh, args, kwargs):
     out = func(values.to_local(grad_placements=split), dim, index.to_local())
     return DTensor.from_local(out, tmesh, [Shard(dim) if p.is_shard() else Replicate() for p in index.placements],
                               run_check=False)
+
+
+def _local_layer_norm(func, tmesh, args, kwargs):
+    """``layer_norm(input, normalized_shape, weight, bias, eps)`` on each process's local tensors:
+    the input keeps its splits on the leading (not normalized) dims, others are gathered; the
+    weight and bias are gathered whole (their gradients pending sums over the axes the input is
+    split on); the output is split as the input. NotImplemented for an input that is not a
+    DTensor (DTensor's rule runs)."""
+    from torch.distributed.tensor import Partial
+
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    bound = dict(zip(names, args), **kwargs)
+    x = bound.get("input")
+    if set(bound) - set(names) or not isinstance(x, DTensor) or "normalized_shape" not in bound:
+        return NotImplemented
+    lead = x.ndim - len(tuple(bound["normalized_shape"]))
+    keep = [p if p.is_shard() and p.dim < lead else Replicate() for p in x.placements]
+    if keep != list(x.placements):
+        x = x.redistribute(tmesh, keep)
+    split = [Partial() if p.is_shard() else Replicate() for p in x.placements]
+
+    def whole(v):
+        if not isinstance(v, DTensor):
+            return v
+        if any(not p.is_replicate() for p in v.placements):
+            v = v.redistribute(tmesh, [Replicate()] * tmesh.ndim)
+        return v.to_local(grad_placements=split)
+
+    out = func(x.to_local(), tuple(bound["normalized_shape"]), whole(bound.get("weight")), whole(bound.get("bias")),
+               bound.get("eps", 1e-5))
+    return DTensor.from_local(out, tmesh, x.placements, run_check=False)
 
 
 def under_mesh_mode(fn):
