@@ -13,13 +13,19 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 # Reinstall only when the dependency files change.
-stamp="$VENV/.mithril-deps-$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
+stamp="$VENV/.mithril-deps-$(cat pyproject.toml constraints.txt scripts/patches/*.patch | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "installing dependencies into $VENV (CPU torch pinned by constraints.txt)" >&2
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  # ggml-python is a source build (about 2 minutes): first, with llamafile's matmuls (1.5-2.5x faster).
-  "$VENV/bin/python" -m pip install --quiet -c constraints.txt ggml-python \
+  # ggml-python is a source build (about 2 minutes): first, with llamafile's matmuls (1.5-2.5x
+  # faster) and ggml's AMX matmul fixed (scripts/patches: as published it dies with SIGILL).
+  src=$(mktemp -d)
+  "$VENV/bin/python" -m pip download --quiet --no-deps --no-binary :all: -c constraints.txt ggml-python -d "$src"
+  tar -xzf "$src"/ggml_python-*.tar.gz -C "$src"
+  for p in scripts/patches/ggml-*.patch; do patch --quiet --forward -p1 -d "$src"/ggml_python-*/ < "$p"; done
+  "$VENV/bin/python" -m pip install --quiet -c constraints.txt "$src"/ggml_python-*/ \
     --config-settings=cmake.args=-DGGML_LLAMAFILE=ON
+  rm -rf "$src"
   "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[all]"
   rm -f "$VENV"/.mithril-deps-*
   touch "$stamp"

@@ -190,14 +190,14 @@ def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, m
     pm = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 8, 64]})
     got = pm.evaluate(params, x)["y"]
     weights = {w.value.name: w for w in pm.program._weights.values()}
-    if ggml_program._repack_buffer_type() is None or not ggml.ggml_cpu_has_avx2():
+    if ggml_program._repack_buffer_type(quantize) is None or not ggml.ggml_cpu_has_avx2():
         assert not any(w.repacked for w in weights.values())  # no kernel: everything stays plain
         return
     assert len(weights["w1"].repacked) == 1 and weights["w1"].buffer is None  # the repacked copy only
     assert not weights["w2"].repacked  # 36 rows
     assert pm.memory_report().weights_by_dtype[quantize] == \
         weights["w1"].repacked[0][2] + weights["w2"].buffer.nbytes
-    monkeypatch.setattr(ggml_program, "REPACKED", ())
+    monkeypatch.setattr(ggml_program, "REPACKED", {})
     plain = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 8, 64]})
     want = plain.evaluate(params, x)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -207,6 +207,52 @@ def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, m
     again, want = pm.evaluate(new, x)["y"], plain.evaluate(new, x)["y"]
     assert np.abs(again - got).max() > 0.1 * np.abs(got).max()
     np.testing.assert_allclose(again, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_q8_0_matmul_weights_run_on_amx_where_it_works(monkeypatch):
+    """q8_0 matmul weights go to ggml's AMX buffer (laid out as int8 tiles) where the CPU has
+    AMX-INT8 and this ggml build's AMX matmul runs (ggml-python as published dies with SIGILL;
+    scripts/dev.sh builds it patched, and amx_works asks a child process first): same results as
+    llamafile's q8_0 kernel; a weight whose rows are not whole 32-row tiles stays plain."""
+    from mithril.backends.ggml import program as ggml_program
+
+    if ggml_program._repack_buffer_type("q8_0") is None:
+        pytest.skip("no working AMX here: this CPU has no AMX-INT8, or this ggml-python build's AMX "
+                    "matmul faults (not built by scripts/dev.sh), or MITHRIL_GGML_AMX=0")
+    rng = np.random.default_rng(3)
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = rng.standard_normal((64, 96)).astype(np.float32)  # 96 rows stored transposed: three tiles
+    w2 = rng.standard_normal((96, 40)).astype(np.float32)  # 40 rows: not whole tiles
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 40])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = ml.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = {"x": rng.standard_normal((1, 24, 64)).astype(np.float32)}
+    params = {"w1": w1, "w2": w2}
+    for threads in (1, 2):
+        pm = _compile(model, ml.GGMLBackend(quantize="q8_0", num_threads=threads), {"x": [1, 24, 64]})
+        got = pm.evaluate(params, x)["y"]
+        weights = {w.value.name: w for w in pm.program._weights.values()}
+        assert len(weights["w1"].repacked) == 1 and not weights["w2"].repacked
+        with monkeypatch.context() as m:
+            m.setattr(ggml_program, "REPACKED", {})
+            plain = _compile(model, ml.GGMLBackend(quantize="q8_0", num_threads=threads), {"x": [1, 24, 64]})
+            want = plain.evaluate(params, x)["y"]
+        assert not any(w.repacked for w in plain.program._weights.values())
+        # the same int8 products, summed in another order (AMX accumulates in int32, per tile)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+        np.testing.assert_allclose(want, x["x"] @ w1 @ w2, rtol=0.05, atol=0.05 * np.abs(want).max())
+
+
+def test_amx_can_be_turned_off(monkeypatch):
+    from mithril.backends.ggml import program as ggml_program
+
+    monkeypatch.setenv("MITHRIL_GGML_AMX", "0")
+    assert ggml_program.amx_works() is False and ggml_program._repack_buffer_type("q8_0") is None
 
 
 def test_repack_refuses_what_ggmls_repacked_matmul_would_assert_on():
@@ -231,6 +277,13 @@ def test_repack_refuses_what_ggmls_repacked_matmul_would_assert_on():
         odd = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_Q4_0, 64, 12)
         assert "8-row" in _repack_refusal(ggml, odd.contents, [(ggml.ggml_mul_mat(ctx, odd, x3).contents, 0)])
         assert _repack_refusal(ggml, w.contents, []) == "read by no node"
+        # AMX: whole 32-row tiles, and a contiguous activation
+        assert "32-row" in _repack_refusal(ggml, w.contents, [(good, 0)], amx=True)
+        w32 = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_Q8_0, 64, 32)
+        assert _repack_refusal(ggml, w32.contents, [(ggml.ggml_mul_mat(ctx, w32, x3).contents, 0)], amx=True) is None
+        strided = ggml.ggml_view_2d(ctx, x3, 64, 4, x3.contents.nb[1] * 2, 0)
+        assert "contiguous" in _repack_refusal(ggml, w32.contents, [(ggml.ggml_mul_mat(ctx, w32, strided).contents, 0)],
+                                               amx=True)
         assert ctypes.addressof(w.contents)  # the tensors are still ggml's (nothing was computed)
     finally:
         ggml.ggml_free(ctx)

@@ -14,10 +14,12 @@ of ggml's buffer (it is reused by the next call).
 from __future__ import annotations
 
 import ctypes
+import os
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -321,7 +323,7 @@ class GGMLProgram:
         if not self._cpu:
             raise MithrilError("GGMLBackend: ggml's CPU backend did not start")
         self._buffer_type = ggml.ggml_backend_get_default_buffer_type(self._cpu)
-        self._repack_type = _repack_buffer_type() if self.format.quantize in REPACKED else None
+        self._repack_type = _repack_buffer_type(self.format.quantize) if self.format.quantize in REPACKED else None
         self._repack_buffers: list = []  # ggml backend buffers the finalizer frees
         self._threads = num_threads or _default_threads()
         pool_params = ggml.ggml_threadpool_params_default(self._threads)
@@ -454,13 +456,14 @@ class GGMLProgram:
                 seg.views.append((t, external[ctypes.addressof(src.contents)], int(t.contents.view_offs)))
 
     def _repack(self, gf) -> None:
-        """Moves the quantized matmul weights of graph ``gf`` that ggml's CPU_REPACK buffer takes
-        into it: their bytes are interleaved there once (q4_0 and q4_K as 8x8 blocks for the AVX2
-        gemm, 1.7x and 4.5x faster than llamafile's kernels, see :data:`REPACKED`). ggml runs its
+        """Moves the quantized matmul weights of graph ``gf`` that ggml's CPU_REPACK or AMX buffer
+        takes into it: their bytes are laid out there once (q4_0 and q4_K as 8x8 blocks for the AVX2
+        gemm, 1.7x and 4.5x faster than llamafile's kernels; q8_0 as AMX tiles, see
+        :data:`REPACKED`). ggml runs its
         repacked kernel for every MUL_MAT whose first operand lives in that buffer, with no check of
         the other operand, and other ops would read the interleaved bytes as plain ones: a tensor
         moves only when every use is such a matmul that the kernel computes (float32 activations,
-        no 4th dim; a 2-D weight of whole 8-row groups, see :func:`_repack_refusal`). Whether this
+        no 4th dim; a 2-D weight of whole 8-row groups, 32 for AMX, see :func:`_repack_refusal`). Whether this
         CPU has a kernel for the type is read back from ggml (the tensor's ``extra`` after
         allocation); where it has none the tensor stays as it was."""
         ggml = _ggml()
@@ -473,11 +476,12 @@ class GGMLProgram:
             if node.view_src:
                 uses.setdefault(ctypes.addressof(node.view_src.contents), []).append((node, -1))
         for w in self._weights.values():
-            if w.type_name not in REPACKED:
+            if REPACKED.get(w.type_name) != REPACKED[self.format.quantize]:  # another buffer's type
                 continue
             for t in w.tensors:
                 addr = ctypes.addressof(t.contents)
-                if t.contents.buffer or _repack_refusal(ggml, t.contents, uses.get(addr, [])):
+                if t.contents.buffer or _repack_refusal(ggml, t.contents, uses.get(addr, []),
+                                                        REPACKED[w.type_name] == b"AMX"):
                     continue
                 size = int(ggml.ggml_backend_buft_get_alloc_size(self._repack_type, t))
                 buf = ggml.ggml_backend_buft_alloc_buffer(self._repack_type, size)
@@ -750,15 +754,18 @@ def _stored_bytes(w: _Weight) -> int:
     return (int(w.buffer.nbytes) if w.buffer is not None else 0) + sum(size for _, _, size in w.repacked)
 
 
-# Quantized types whose matmul weights go to ggml's CPU_REPACK buffer where this CPU has a kernel for
-# them (x86 with AVX2: q4_0 and q4_K as 8x8 interleaved blocks). On a 128x512x2048 matmul, one
-# Sapphire Rapids thread: q4_0 3.2 ms repacked vs 5.7 on llamafile's kernel, q4_K 2.1 vs 9.2,
-# float32 3.9. ggml has none for q8_0 here (its AMX one is broken in this build, see below).
-REPACKED = ("q4_0", "q4_K")
+# Quantized types whose matmul weights go to one of ggml's extra CPU buffers, which lay them out once
+# for a faster kernel, where this CPU has one: q4_0 and q4_K to CPU_REPACK (x86 with AVX2: 8x8
+# interleaved blocks), q8_0 to AMX (Intel AMX-INT8 tiles). On a 128x512x2048 matmul, one Sapphire
+# Rapids thread: q4_0 3.2 ms repacked vs 5.7 on llamafile's kernel, q4_K 2.1 vs 9.2, float32 3.9;
+# BERT-Small's forward at q8_0 went from 1.2x slower than float32 to 1.9x faster with AMX.
+REPACKED = {"q4_0": b"CPU_REPACK", "q4_K": b"CPU_REPACK", "q8_0": b"AMX"}
 
 
-def _repack_buffer_type():
-    """ggml's CPU_REPACK buffer type (one of the CPU device's extra buffer types), or None."""
+def _repack_buffer_type(quantize: str):
+    """The ggml extra buffer type (one of the CPU device's) that ``quantize``'s matmul weights go
+    to (:data:`REPACKED`), or None: this CPU or this ggml build has none, or it is AMX and
+    :func:`amx_works` says no."""
     ggml = _ggml()
     reg = ggml.ggml_backend_cpu_reg()
     dev = ggml.ggml_backend_reg_dev_get(reg, 0) if reg else None
@@ -768,12 +775,80 @@ def _repack_buffer_type():
     bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)(dev)
     i = 0
     while bufts and bufts[i]:
-        # Not AMX: ggml-python 0.0.45's AMX matmul loads an empty tile configuration (the compiler
-        # drops its stores, llama.cpp PR 26954) and dies on an illegal instruction.
-        if ggml.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+        name = ggml.ggml_backend_buft_name(bufts[i])
+        if name == REPACKED[quantize] and (name != b"AMX" or amx_works()):
             return bufts[i]
         i += 1
     return None
+
+
+_AMX: list[bool] = []  # amx_works' answer, once per process
+
+
+def amx_works() -> bool:
+    """Whether ggml's AMX matmul runs in this ggml build on this machine. ggml-python 0.0.45 as
+    published loads an empty tile configuration (GCC 12 drops the stores to it) and the first AMX
+    instruction dies with SIGILL, taking the process with it; scripts/dev.sh builds it patched
+    (scripts/patches/ggml-amx-tilecfg.patch). So a child process runs one q8_0 matmul from the AMX
+    buffer first, and a fault there is a "no". The answer is kept on disk per ggml library file.
+    ``MITHRIL_GGML_AMX=0`` turns AMX off, ``=1`` on without asking."""
+    setting = os.environ.get("MITHRIL_GGML_AMX", "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        return False
+    if setting in ("1", "on", "true", "yes"):
+        return True
+    if not _AMX:
+        _AMX.append(_probe_amx())
+    return _AMX[0]
+
+
+def _probe_amx() -> bool:
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    from ..c.build import cache_dir
+
+    lib = Path(_ggml().__file__).parent / "lib"
+    files = sorted(lib.glob("libggml*"))
+    key = hashlib.sha256(repr([(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]).encode()).hexdigest()[:16]
+    record = cache_dir().parent / "ggml" / f"amx-{key}.json"
+    try:
+        return bool(json.loads(record.read_text())["works"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        done = subprocess.run([sys.executable, "-c", _AMX_PROBE], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "MITHRIL_GGML_AMX": "1"})
+        works = done.returncode == 0 and done.stdout.strip().endswith("amx ok")
+    except (OSError, subprocess.SubprocessError):
+        return False  # not known, not recorded
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"works": works, "ggml": [str(f) for f in files]}))
+    except OSError:
+        pass
+    return works
+
+
+# One q8_0 matmul from the AMX buffer (8 rows: ggml's tile path, not its one-row VNNI one), checked
+# against NumPy; "amx ok" when it ran there and agrees.
+_AMX_PROBE = """
+import numpy as np, onnx
+from onnx import helper, numpy_helper
+import mithril as ml
+w = (np.arange(64 * 64, dtype=np.float32).reshape(64, 64) % 7 - 3) / 4
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "amx",
+                      [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [8, 64])],
+                      [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 64])],
+                      [numpy_helper.from_array(w, "w")])
+pm = ml.compile(ml.load_onnx(helper.make_model(g)), ml.GGMLBackend(quantize="q8_0", fallback=None))
+x = (np.arange(8 * 64, dtype=np.float32).reshape(8, 64) % 5 - 2) / 2
+y = pm.evaluate(pm.get_parameters(), {"x": x})["y"]
+used = any(w.repacked for w in pm.program._weights.values())
+print("amx ok" if used and np.allclose(y, x @ w, rtol=1e-2, atol=1e-1) else "amx not used or wrong")
+"""
 
 
 _MUTED: list = []  # the ggml log callback that drops messages, made once and kept alive
@@ -794,20 +869,26 @@ def _ggml_log_muted():
         ggml.ggml_log_set(callback, data)
 
 
-def _repack_refusal(ggml, t, uses) -> str | None:
+def _repack_refusal(ggml, t, uses, amx: bool = False) -> str | None:
     """Why weight tensor ``t`` (read by ``uses``: (node, source index), -1 for a view) may not
-    move to the CPU_REPACK buffer; None when it may. What ggml's repacked matmul asserts or
-    cannot compute is refused here: it aborts the process."""
+    move to the CPU_REPACK buffer (``amx``: the AMX one); None when it may. ggml runs the buffer's
+    kernel for every MUL_MAT whose weight lives there without asking whether it can: what that
+    kernel asserts on or cannot compute is refused here (an abort takes the process). AMX's
+    (ggml's own test, which it does not apply at compute time): whole 32-row and 32-value tiles,
+    both operands contiguous."""
     if not uses:
         return "read by no node"
-    if t.ne[2] != 1 or t.ne[3] != 1 or t.ne[1] % 8 or t.ne[0] % 32:
-        return f"shape {list(t.ne)} (a matrix of whole 8-row groups and 32-value blocks)"
+    rows = 32 if amx else 8
+    if t.ne[2] != 1 or t.ne[3] != 1 or t.ne[1] % rows or t.ne[0] % 32:
+        return f"shape {list(t.ne)} (a matrix of whole {rows}-row groups and 32-value blocks)"
     for node, k in uses:
         if node.op != ggml.GGML_OP_MUL_MAT or k != 0:
             return "read by an op other than as a matmul's weight"
         x = node.src[1].contents
         if x.type != ggml.GGML_TYPE_F32 or x.ne[3] != 1 or node.ne[3] != 1:
             return "its matmul's activation is not float32 of at most 3 dims"
+        if amx and not ggml.ggml_is_contiguous(node.src[1]):
+            return "its matmul's activation is not contiguous"
     return None
 
 
