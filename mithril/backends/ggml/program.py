@@ -458,14 +458,13 @@ class GGMLProgram:
     def _repack(self, gf) -> None:
         """Moves the quantized matmul weights of graph ``gf`` that ggml's CPU_REPACK or AMX buffer
         takes into it: their bytes are laid out there once (q4_0 and q4_K as 8x8 blocks for the AVX2
-        gemm, 1.7x and 4.5x faster than llamafile's kernels; q8_0 as AMX tiles, see
-        :data:`REPACKED`). ggml runs its
-        repacked kernel for every MUL_MAT whose first operand lives in that buffer, with no check of
-        the other operand, and other ops would read the interleaved bytes as plain ones: a tensor
-        moves only when every use is such a matmul that the kernel computes (float32 activations,
-        no 4th dim; a 2-D weight of whole 8-row groups, 32 for AMX, see :func:`_repack_refusal`). Whether this
-        CPU has a kernel for the type is read back from ggml (the tensor's ``extra`` after
-        allocation); where it has none the tensor stays as it was."""
+        gemm, 1.7x and 4.5x faster than llamafile's kernels; q8_0 as AMX tiles; see
+        :data:`REPACKED`). ggml runs the buffer's kernel for every MUL_MAT whose first operand lives
+        there, with no check of the other operand, and other ops would read the laid-out bytes as
+        plain ones: a tensor moves only when every use is such a matmul that the kernel computes
+        (float32 activations, no 4th dim; a 2-D weight of whole 8-row groups, 32-row tiles for AMX,
+        see :func:`_repack_refusal`). Whether this CPU has a kernel for the type is read back from
+        ggml (the tensor's ``extra`` after allocation); where it has none the tensor stays as it was."""
         ggml = _ggml()
         uses: dict[int, list] = {}
         for i in range(ggml.ggml_graph_n_nodes(gf)):
@@ -812,7 +811,8 @@ def _probe_amx() -> bool:
 
     lib = Path(_ggml().__file__).parent / "lib"
     files = sorted(lib.glob("libggml*"))
-    key = hashlib.sha256(repr([(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]).encode()).hexdigest()[:16]
+    stamp = repr([(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files])
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     record = cache_dir().parent / "ggml" / f"amx-{key}.json"
     try:
         return bool(json.loads(record.read_text())["works"])
