@@ -301,6 +301,20 @@ class MeshMode(TorchFunctionMode):
         return tuple(args), kwargs
 
 
+def _whole_local(v, tmesh, split_like):
+    """``v`` (a weight, a table) for an op run on local tensors whose operand is placed as
+    ``split_like``: gathered whole on every process (a split or a pending sum redistributed), its
+    local copy, whose gradient is a pending sum over the mesh axes ``split_like`` splits (each
+    process's share of the batch adds its part). Anything not a DTensor as it is."""
+    from torch.distributed.tensor import Partial
+
+    if not isinstance(v, DTensor):
+        return v
+    if any(not p.is_replicate() for p in v.placements):
+        v = v.redistribute(tmesh, [Replicate()] * tmesh.ndim)
+    return v.to_local(grad_placements=[Partial() if p.is_shard() else Replicate() for p in split_like])
+
+
 def _local_convolution(func, tmesh, args, kwargs):
     """A convolution whose input is split on its batch only and whose weight and bias are whole
     (after ``MeshMode._conv_arguments``), run on each process's local tensors: its output is split
@@ -309,26 +323,13 @@ def _local_convolution(func, tmesh, args, kwargs):
     geometries ("input_size[-1] is divisible by stride[-1] and stride[-1] equals
     kernel_size[-1]"); torch 2.13's skips that for a batch split. The weight's and bias's
     gradients are pending sums over the axes the batch is split on."""
-    from torch.distributed.tensor import Partial
-
     x = args[0] if args else kwargs["input"]
     if not isinstance(x, DTensor):
         return func(*args, **kwargs)
     if any(p.is_partial() for p in x.placements):  # a pending sum: the bias would be added on every process
         x = x.redistribute(tmesh, [Replicate() if p.is_partial() else p for p in x.placements])
-    split = [Partial() if p.is_shard() else Replicate() for p in x.placements]
-
-    def local(v, is_input):
-        if is_input:
-            return x.to_local()
-        if isinstance(v, DTensor):  # whole: redistribute a pending sum, if any, before its local copy
-            if any(not p.is_replicate() for p in v.placements):
-                v = v.redistribute(tmesh, [Replicate()] * tmesh.ndim)
-            return v.to_local(grad_placements=split)
-        return v
-
-    args = tuple(local(v, i == 0) for i, v in enumerate(args))
-    kwargs = {k: local(v, k == "input") for k, v in kwargs.items()}
+    args = tuple(x.to_local() if i == 0 else _whole_local(v, tmesh, x.placements) for i, v in enumerate(args))
+    kwargs = {k: x.to_local() if k == "input" else _whole_local(v, tmesh, x.placements) for k, v in kwargs.items()}
     out = func(*args, **kwargs)
     return DTensor.from_local(out, tmesh, x.placements, run_check=False)
 
@@ -338,8 +339,6 @@ def _local_index_select(func, tmesh, args, kwargs):
     process's local tensors: the values whole (gathered where split; their gradient a pending sum
     over the axes the index is split on, as each process looks up its own rows), the output split
     on ``dim`` as the index is. NotImplemented where the index is not split (DTensor's rule runs)."""
-    from torch.distributed.tensor import Partial
-
     names = ("input", "dim", "index")
     bound = dict(zip(names, args), **kwargs)
     values, dim, index = bound.get("input", bound.get("self")), bound.get("dim"), bound.get("index")
@@ -348,10 +347,7 @@ def _local_index_select(func, tmesh, args, kwargs):
             any(p.is_shard() and p.dim != 0 for p in index.placements) or not isinstance(values, DTensor):
         return NotImplemented
     dim = dim % values.ndim
-    split = [Partial() if p.is_shard() else Replicate() for p in index.placements]
-    if any(not p.is_replicate() for p in values.placements):
-        values = values.redistribute(tmesh, [Replicate()] * tmesh.ndim)
-    out = func(values.to_local(grad_placements=split), dim, index.to_local())
+    out = func(_whole_local(values, tmesh, index.placements), dim, index.to_local())
     return DTensor.from_local(out, tmesh, [Shard(dim) if p.is_shard() else Replicate() for p in index.placements],
                               run_check=False)
 
@@ -362,8 +358,6 @@ def _local_layer_norm(func, tmesh, args, kwargs):
     weight and bias are gathered whole (their gradients pending sums over the axes the input is
     split on); the output is split as the input. NotImplemented for an input that is not a
     DTensor (DTensor's rule runs)."""
-    from torch.distributed.tensor import Partial
-
     names = ("input", "normalized_shape", "weight", "bias", "eps")
     bound = dict(zip(names, args), **kwargs)
     x = bound.get("input")
@@ -373,17 +367,8 @@ def _local_layer_norm(func, tmesh, args, kwargs):
     keep = [p if p.is_shard() and p.dim < lead else Replicate() for p in x.placements]
     if keep != list(x.placements):
         x = x.redistribute(tmesh, keep)
-    split = [Partial() if p.is_shard() else Replicate() for p in x.placements]
-
-    def whole(v):
-        if not isinstance(v, DTensor):
-            return v
-        if any(not p.is_replicate() for p in v.placements):
-            v = v.redistribute(tmesh, [Replicate()] * tmesh.ndim)
-        return v.to_local(grad_placements=split)
-
-    out = func(x.to_local(), tuple(bound["normalized_shape"]), whole(bound.get("weight")), whole(bound.get("bias")),
-               bound.get("eps", 1e-5))
+    out = func(x.to_local(), tuple(bound["normalized_shape"]), _whole_local(bound.get("weight"), tmesh, x.placements),
+               _whole_local(bound.get("bias"), tmesh, x.placements), bound.get("eps", 1e-5))
     return DTensor.from_local(out, tmesh, x.placements, run_check=False)
 
 
