@@ -342,7 +342,7 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
     backend = pm.backend
     clock = _Clock(sync, backend.is_traced)
     namespace = {**backend.program_namespace(), "_timed": clock.timed}
-    program = emit_python(pm.plan, namespace=namespace, constant=backend.constant, timed=True)
+    program = emit_python(backend.forward_plan(pm.plan), namespace=namespace, constant=backend.constant, timed=True)
     nodes = program.timed_nodes
 
     def describe(key, args):

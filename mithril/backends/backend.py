@@ -326,9 +326,16 @@ class Backend(metaclass=TensorAPI):
         from .checkpoint import checkpoint_segments
         from .emit_python import emit_python
 
+        plan = self.forward_plan(plan)
         segments = checkpoint_segments(plan) if gradient_checkpointing and self.checkpoint is not None else None
         return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
                            checkpointing=segments)
+
+    def forward_plan(self, plan):
+        """The plan :meth:`lower` prints for the forward program: ``plan`` itself here; a backend
+        may swap kernels on a copy (NumPy: activations written into their input,
+        :mod:`mithril.backends.numpy.inplace`). :mod:`mithril.profile` times the same program."""
+        return plan
 
     def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
         """:meth:`vjp` of each ``(params, data, cotangents)`` of ``parts`` (a pipeline's
