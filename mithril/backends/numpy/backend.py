@@ -56,9 +56,10 @@ class NumpyBackend(Backend):
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
     def forward_plan(self, plan):
-        from .inplace import in_place_activations
+        from ..inplace import in_place_activations
+        from .inplace import SWAPS
 
-        return in_place_activations(plan)
+        return in_place_activations(plan, SWAPS)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from

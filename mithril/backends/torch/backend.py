@@ -531,6 +531,12 @@ class TorchBackend(Backend):
         return v
 
     # -- compilation hooks -----------------------------------------------------------
+    def forward_plan(self, plan):
+        from ..inplace import in_place_activations
+        from .inplace import SWAPS
+
+        return in_place_activations(plan, SWAPS)
+
     def lower(self, plan, **kwargs):
         """The generated program, run under ``torch.autocast`` with ``enable_amp`` (outputs cast
         back to the dtypes the graph declares), and over ``devices`` with data_parallel (one

@@ -1,7 +1,8 @@
-"""NumPy's in-place activations (mithril/backends/numpy/inplace.py): a Clip or Relu writes into a
-Conv/Gemm/MatMul result only that node reads, and nowhere else. Each case checks the program
-printed (which kernel each node calls) and the outputs against onnxruntime, including the cases
-where writing in place would corrupt a value another node, a graph output or the caller holds."""
+"""In-place activations on NumPy and Torch (mithril/backends/inplace.py): a Clip or Relu writes
+into a Conv/Gemm/MatMul result only that node reads, and nowhere else. Each case checks the
+program printed (which kernel each node calls) and the outputs against onnxruntime, including the
+cases where writing in place would corrupt a value another node, a graph output or the caller
+holds; and that gradients, where autograd records the forward, are unchanged."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
-from mithril.backends.numpy.inplace import in_place_activations
+from mithril.backends.inplace import in_place_activations
+from mithril.backends.numpy.inplace import SWAPS
+
+on_each_backend = pytest.mark.parametrize("backend", [ml.NumpyBackend, ml.TorchBackend], ids=["numpy", "torch"])
 
 RNG = np.random.default_rng(0)
 X_SHAPE = [1, 3, 6, 6]
@@ -31,11 +35,11 @@ def _conv(out="c", x="x"):
     return helper.make_node("Conv", [x, "w", "b"], [out], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
 
 
-def _run(model):
+def _run(model, backend):
     x = RNG.standard_normal(X_SHAPE).astype(np.float32) * 3
-    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes={"x": X_SHAPE}, inference=True)
+    pm = ml.compile(ml.load_onnx(model), backend(), shapes={"x": X_SHAPE}, inference=True)
     given = x.copy()
-    got = pm.evaluate(pm.get_parameters(), {"x": given})
+    got = {k: np.asarray(pm.backend.to_numpy(v)) for k, v in pm.evaluate(pm.get_parameters(), {"x": given}).items()}
     assert np.array_equal(given, x), "the caller's input changed"
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     names = [o.name for o in model.graph.output]
@@ -44,42 +48,48 @@ def _run(model):
     return pm
 
 
+@on_each_backend
 @pytest.mark.parametrize("act", ["Clip", "Relu"])
-def test_activation_after_conv_runs_in_place(act):
+def test_activation_after_conv_runs_in_place(act, backend):
     inputs = ["c", "lo", "hi"] if act == "Clip" else ["c"]
-    pm = _run(_model([_conv(), helper.make_node(act, inputs, ["y"])], ["y"]))
+    pm = _run(_model([_conv(), helper.make_node(act, inputs, ["y"])], ["y"]), backend)
     assert f"{act.lower()}_into" in pm.code
 
 
-def test_clip_with_one_bound_in_place():
-    pm = _run(_model([_conv(), helper.make_node("Clip", ["c", "", "hi"], ["y"])], ["y"]))
+@on_each_backend
+def test_clip_with_one_bound_in_place(backend):
+    pm = _run(_model([_conv(), helper.make_node("Clip", ["c", "", "hi"], ["y"])], ["y"]), backend)
     assert "clip_into" in pm.code
 
 
-def test_conv_result_read_elsewhere_is_left_alone():
+@on_each_backend
+def test_conv_result_read_elsewhere_is_left_alone(backend):
     # Add reads the convolution's result after the Clip: clipping it in place would change the sum.
     nodes = [_conv(), helper.make_node("Clip", ["c", "lo", "hi"], ["r"]), helper.make_node("Add", ["c", "r"], ["y"])]
-    pm = _run(_model(nodes, ["y"]))
+    pm = _run(_model(nodes, ["y"]), backend)
     assert "clip_into" not in pm.code
 
 
-def test_conv_result_that_is_a_graph_output_is_left_alone():
-    pm = _run(_model([_conv(), helper.make_node("Relu", ["c"], ["y"])], ["c", "y"]))
+@on_each_backend
+def test_conv_result_that_is_a_graph_output_is_left_alone(backend):
+    pm = _run(_model([_conv(), helper.make_node("Relu", ["c"], ["y"])], ["c", "y"]), backend)
     assert "relu_into" not in pm.code
 
 
-def test_activation_of_a_graph_input_or_a_view_is_left_alone():
+@on_each_backend
+def test_activation_of_a_graph_input_or_a_view_is_left_alone(backend):
     shape = numpy_helper.from_array(np.array([1, 4, 36], np.int64), "shape")
     nodes = [helper.make_node("Relu", ["x"], ["rx"]), _conv(x="rx"),
              helper.make_node("Reshape", ["c", "shape"], ["v"]), helper.make_node("Clip", ["v", "lo", "hi"], ["y"])]
-    pm = _run(_model(nodes, ["y"], [shape]))
+    pm = _run(_model(nodes, ["y"], [shape]), backend)
     assert "relu_into" not in pm.code and "clip_into" not in pm.code
 
 
-def test_matmul_and_gemm_results():
+@on_each_backend
+def test_matmul_and_gemm_results(backend):
     wm = numpy_helper.from_array(RNG.standard_normal((6, 5)).astype(np.float32), "wm")
     nodes = [helper.make_node("MatMul", ["x", "wm"], ["m"]), helper.make_node("Relu", ["m"], ["y"])]
-    pm = _run(_model(nodes, ["y"], [wm]))
+    pm = _run(_model(nodes, ["y"], [wm]), backend)
     assert "relu_into" in pm.code
 
 
@@ -103,6 +113,16 @@ def test_plan_is_not_changed():
     model = _model([_conv(), helper.make_node("Clip", ["c", "lo", "hi"], ["y"])], ["y"])
     pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes={"x": X_SHAPE}, inference=True)
     before = [pn.spec.fn for pn in pm.plan.nodes]
-    rewritten = in_place_activations(pm.plan)
+    rewritten = in_place_activations(pm.plan, SWAPS)
     assert rewritten is not pm.plan and [pn.spec.fn for pn in pm.plan.nodes] == before
-    assert in_place_activations(rewritten).nodes[-1].spec.fn is rewritten.nodes[-1].spec.fn
+    assert in_place_activations(rewritten, SWAPS).nodes[-1].spec.fn is rewritten.nodes[-1].spec.fn
+
+
+def test_torch_compile_traces_the_plain_kernel():
+    # Under torch.compile the in-place kernel hands over to the one it replaced (dynamo traces it).
+    model = _model([_conv(), helper.make_node("Clip", ["c", "lo", "hi"], ["y"])], ["y"])
+    x = RNG.standard_normal(X_SHAPE).astype(np.float32) * 3
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(compile=True), shapes={"x": X_SHAPE}, inference=True)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(2):
+        np.testing.assert_allclose(pm.backend.to_numpy(pm.evaluate(None, {"x": x})["y"]), want, rtol=1e-5, atol=1e-5)
