@@ -333,8 +333,8 @@ class Backend(metaclass=TensorAPI):
 
     def forward_plan(self, plan):
         """The plan :meth:`lower` prints for the forward program: ``plan`` itself here; a backend
-        may swap kernels on a copy (NumPy: activations written into their input,
-        :mod:`mithril.backends.numpy.inplace`). :mod:`mithril.profile` times the same program."""
+        may swap kernels on a copy (NumPy and Torch: activations written into their input,
+        :mod:`mithril.backends.inplace`). :mod:`mithril.profile` times the same program."""
         return plan
 
     def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
