@@ -132,7 +132,10 @@ class CProgram:
                 self._segments[step.index] = fn
         # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
         # (np.ascontiguousarray would make a 0-d constant 1-d: np.require keeps the shape.)
-        self._constants = {v: np.require(v.value, requirements="C") for v in self.plan.constants}
+        # Besides the plan's, the constants the renderer derived (weights packed for NCHWc kernels).
+        derived = [v for step in self.steps if hasattr(step, "nodes") for v in step.inputs if v.kind == "constant"]
+        self._constants = {v: np.require(v.value, requirements="C") for v in dict.fromkeys([*self.plan.constants,
+                                                                                             *derived])}
         # Per segment, what each call checks and allocates: (value, shape, dtype) of inputs and outputs.
         self._io = {step.index: ([(v, v.static_shape, v.dtype) for v in step.inputs],
                                  [(v, v.static_shape, v.dtype) for v in step.outputs])

@@ -24,6 +24,7 @@ from ..plan import Plan, PlanNode, PlanValue, reads_of
 from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 from .ops.nn import fuses_residual
+from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 
 ALIGN = 64  # bytes: arena offsets start on a cache line
 
@@ -320,9 +321,13 @@ def _fuse_activations(nodes: list[PlanNode], outputs: set,
     return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
 
 
-def render(plan: Plan, dtype=None) -> CSource:
+def render(plan: Plan, dtype=None, blocked_layout: bool | None = None) -> CSource:
     """The plan as C source and the steps that run it (see the module docstring). Each value
-    has its own element type; ``dtype`` is accepted for callers that pass the program's."""
+    has its own element type; ``dtype`` is accepted for callers that pass the program's.
+    ``blocked_layout`` (default: unless ``MITHRIL_C_NCHWC=0``) runs chains of 1x1 and depthwise
+    convolutions with constant weights in NCHWc (:mod:`.nchwc`)."""
+    if blocked_layout is None:
+        blocked_layout = nchwc.enabled()
     r = _Renderer(plan)
     steps: list = []
     fallback: list[PlanNode] = []
@@ -344,6 +349,12 @@ def render(plan: Plan, dtype=None) -> CSource:
             for v in reads_of(pn):
                 readers.setdefault(v, []).append(i)
     plan_outputs = set(plan.outputs)
+    if blocked_layout:  # chains of 1x1 and depthwise convolutions in NCHWc (nchwc.py)
+        for si, step in enumerate(steps):
+            if isinstance(step, Segment):
+                step.nodes, made = nchwc.block_segment(
+                    step.nodes, lambda v, si=si: v in plan_outputs or any(i > si for i in readers.get(v, [])))
+                r.slots.update({new: r.slots.get(id(old), len(plan.nodes)) for new, old in made.items()})
 
     r.lines += preamble(plan, "one function per C segment of the model")
     arena_bytes, naive = 0, 0

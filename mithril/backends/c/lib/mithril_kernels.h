@@ -7,5 +7,6 @@
 #include "mt_gemm.h"
 #include "mt_movement.h"
 #include "mt_nn.h"
+#include "mt_nchwc.h"
 
 #endif /* MITHRIL_KERNELS_H */
