@@ -143,7 +143,11 @@ DRIVER = r"""
 #define B 16 /* float32 channels per block */
 static unsigned seed = 1;
 static float rnd(void) { seed = seed * 1103515245u + 12345u; return (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f; }
-static float *fill(mt_i n) { float *p = malloc(sizeof(float) * (size_t)(n ? n : 1)); for (mt_i i = 0; i < n; i++) p[i] = rnd(); return p; }
+static float *fill(mt_i n) {
+    float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (mt_i i = 0; i < n; i++) p[i] = rnd();
+    return p;
+}
 static float *zeros(mt_i n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
 static mt_i pad(mt_i c) { return (c + B - 1) / B * B; }
 static int off(float got, float want) { return fabsf(got - want) > 1e-4f + 1e-4f * fabsf(want); }
@@ -244,3 +248,32 @@ def test_kernels_under_sanitizers(sanitizers, tmp_path):
     done = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip().endswith("0 off")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="building the export needs make on PATH")
+def test_export_packs_its_weights(tmp_path):
+    """An export's weights are fixed once written: its 1x1 and depthwise convolutions run blocked
+    (weights packed into model.bin, listed in model.h), and the tree built with make alone gives
+    NumPy's outputs, with the params= given to export_c (they replace the model's own, then are
+    packed)."""
+    model, feeds, _ = _chain(np.float32)
+    (tmp_path / "chain.onnx").write_bytes(model.SerializeToString())
+    pm = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    params = {k: (v * 0.5).astype(v.dtype) for k, v in pm.get_parameters().items()}
+    out = ml.export_c(tmp_path / "chain.onnx", tmp_path / "c", params=params, weights="file")
+    # c1 stays a GEMM: the Clip's bounds are parameters here (fixed too, but the Clip is not fused
+    # into it), so c1's result is read by the Clip, not by a convolution
+    assert out.directory.joinpath("model.c").read_text().count("mt_conv1x1_nchwc_f32(") == 3
+    assert "a4_w@nchwc" in out.directory.joinpath("model.h").read_text()
+    done = subprocess.run(["make", "-C", str(out.directory)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    feeds["x"].tofile(tmp_path / "x.bin")
+    outs = ["a7", "gap", "a5", "g1"]
+    done = subprocess.run([str(out.directory / "model"), str(tmp_path / "x.bin"),
+                           *(str(tmp_path / f"{o}.bin") for o in outs)],
+                          capture_output=True, text=True, cwd=out.directory, timeout=120)
+    assert done.returncode == 0, done.stderr
+    want = pm.evaluate(params, feeds)
+    for o in outs:
+        got = np.fromfile(tmp_path / f"{o}.bin", np.float32).reshape(want[o].shape)
+        np.testing.assert_allclose(got, want[o], rtol=1e-4, atol=1e-4, err_msg=o)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ...errors import ExportError, MithrilError
 from .backend import CBackend, CKernelMissingError
+from .nchwc import PackedValue
 
 EMBED_LIMIT = 256 * 1024  # bytes of weights up to which weights="auto" embeds them in model.c
 ALIGN = 64
@@ -71,7 +72,7 @@ class ExportBackend(CBackend):
     def lower(self, plan, *, file_path=None, gradient_checkpointing=False):
         from .render import render, why_not_c
 
-        rendered = render(plan, self._np_dtype)
+        rendered = render(plan, self._np_dtype, pack_params=True)  # the weights are fixed once written
         if rendered.fallback:
             listed = ", ".join(f"{pn.label} ({pn.op_type}: {why_not_c(pn)})" for pn in rendered.fallback)
             raise CKernelMissingError(f"export_c: {len(rendered.fallback)} node(s) have no C kernel, so the model "
@@ -172,7 +173,10 @@ def write_tree(directory: Path, name: str, plan, rendered, param_values: dict, w
             stored.append(v)
     arrays = []
     for v in stored:
-        arr = np.asarray(v.value) if v.kind == "constant" else np.asarray(param_values[v.name])
+        if isinstance(v, PackedValue) and v.source is not None and v.source.kind == "param":
+            arr = v.pack(np.asarray(param_values[v.source.name]))  # weights packed for NCHWc kernels
+        else:
+            arr = np.asarray(v.value) if v.kind == "constant" else np.asarray(param_values[v.name])
         if arr.dtype != v.dtype or tuple(arr.shape) != v.static_shape:
             arr = arr.reshape(v.static_shape) if arr.size == prod(v.static_shape) and arr.dtype == v.dtype else arr
         if arr.dtype != v.dtype or tuple(arr.shape) != v.static_shape:

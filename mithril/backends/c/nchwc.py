@@ -18,8 +18,9 @@ here reads its result (it then reads its input in NCHW, where that is about as f
 any other 1x1 convolution stays a GEMM. Inputs come blocked through ``ToNCHWc`` where needed (a
 depthwise convolution's, a residual fused into a 1x1 one); every other reader, and anything the
 segment hands back to Python, gets the NCHW value through ``FromNCHWc`` before the first of them.
-Gradient programs (parameters, not constants) are never rewritten. ``MITHRIL_C_NCHWC=0`` turns it
-off.
+Weights given at run time (parameters) may change between calls and keep the NCHW kernels, but
+for an export (``ml.export_c``), whose weights are written once: :class:`PackedValue` says how.
+Gradient programs are never rewritten. ``MITHRIL_C_NCHWC=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from math import prod
 
 import numpy as np
@@ -53,13 +54,16 @@ def _padded(channels: int, b: int) -> int:
     return -(-channels // b) * b
 
 
-def blocked_kind(pn: PlanNode) -> str | None:
-    """"pointwise" or "depthwise" when this Conv (after render.fuse) can run blocked; else None."""
+def blocked_kind(pn: PlanNode, pack_params: bool = False) -> str | None:
+    """"pointwise" or "depthwise" when this Conv (after render.fuse) can run blocked; else None.
+    Its weights and bias must be constants, or with ``pack_params`` parameters too (an export,
+    whose weights are fixed when it is written)."""
     if pn.domain != "" or pn.op_type != "Conv" or len(pn.inputs) < 2 or pn.inputs[1] is None:
         return None
     x, w = pn.inputs[0], pn.inputs[1]
     bias = pn.inputs[2] if len(pn.inputs) > 2 else None
-    if (x.dtype not in FLOATS or w.kind != "constant" or (bias is not None and bias.kind != "constant")
+    fixed = ("constant", "param") if pack_params else ("constant",)
+    if (x.dtype not in FLOATS or w.kind not in fixed or (bias is not None and bias.kind not in fixed)
             or x.static_shape is None or len(x.static_shape) != 4 or pn.outputs[0].static_shape is None):
         return None
     kind, _ = _conv_kind(pn)
@@ -71,24 +75,47 @@ def blocked_kind(pn: PlanNode) -> str | None:
     return None
 
 
-def _constant(name: str, array: np.ndarray) -> PlanValue:
-    array = np.ascontiguousarray(array)
-    return PlanValue(next(_ids), name, array.shape, array.dtype, "constant", None, array)
+@dataclass(eq=False, repr=False)
+class PackedValue(PlanValue):
+    """A constant the renderer derives from a weight: ``pack(source's array)``. From a constant
+    it is computed here; from a parameter (an export) when the export writes its weights."""
+
+    source: PlanValue | None = None
+    pack: Callable[[np.ndarray | None], np.ndarray] | None = None
 
 
-def _packed(pn: PlanNode) -> tuple[PlanValue, PlanValue]:
+def _pack_weights(w: np.ndarray, b: int) -> np.ndarray:
+    """[C_out][rest] -> [C_out / B][rest][B] (rows past C_out zero): the 1x1 kernel's
+    [C_out/B][C_in][B] and the depthwise kernel's [C/B][taps][B]."""
+    w = np.asarray(w)
+    rows = np.zeros((_padded(w.shape[0], b), prod(w.shape[1:])), dtype=w.dtype)
+    rows[:w.shape[0]] = w.reshape(w.shape[0], -1)
+    return np.ascontiguousarray(rows.reshape(-1, b, rows.shape[1]).transpose(0, 2, 1))
+
+
+def _pack_bias(bias: np.ndarray | None, channels: int, b: int, dtype) -> np.ndarray:
+    out = np.zeros(_padded(channels, b), dtype=dtype)
+    if bias is not None:
+        out[:channels] = np.asarray(bias).reshape(-1)
+    return out
+
+
+def _packed_value(name: str, source: PlanValue | None, pack, dtype) -> PackedValue:
+    """``pack`` of ``source``'s array (None: of nothing), computed now unless it is a parameter."""
+    now = source is None or source.kind == "constant"
+    array = pack(None if source is None else source.value) if now else None
+    shape = array.shape if now else pack(np.zeros(source.static_shape, dtype)).shape
+    return PackedValue(next(_ids), name, tuple(shape), np.dtype(dtype), "constant", None, array, source, pack)
+
+
+def _packed(pn: PlanNode) -> tuple[PackedValue, PackedValue]:
     """The node's weights and bias as the blocked kernels read them (see the module docstring)."""
     w, y = pn.inputs[1], pn.outputs[0]
-    b = block(y.dtype)
-    cout = w.static_shape[0]
-    rows = np.zeros((_padded(cout, b), prod(w.static_shape[1:])), dtype=y.dtype)
-    rows[:cout] = np.asarray(w.value, dtype=y.dtype).reshape(cout, -1)
-    # pointwise: [C_out/B][C_in][B] (a row of C_in inputs per output); depthwise: [C/B][taps][B]
-    wp = rows.reshape(-1, b, rows.shape[1]).transpose(0, 2, 1)
-    bias = np.zeros(_padded(cout, b), dtype=y.dtype)
-    if len(pn.inputs) > 2 and pn.inputs[2] is not None:
-        bias[:cout] = np.asarray(pn.inputs[2].value, dtype=y.dtype).reshape(-1)
-    return _constant(f"{w.name}@nchwc", wp), _constant(f"{w.name}@nchwc.bias", bias)
+    b, cout, dt = block(y.dtype), w.static_shape[0], y.dtype
+    bias = pn.inputs[2] if len(pn.inputs) > 2 else None
+    wp = _packed_value(f"{w.name}@nchwc", w, lambda a: _pack_weights(np.asarray(a, dtype=dt), b), dt)
+    bp = _packed_value(f"{(bias or w).name}@nchwc.bias", bias, lambda a: _pack_bias(a, cout, b, dt), dt)
+    return wp, bp
 
 
 def _blocked_value(v: PlanValue) -> PlanValue:
@@ -105,12 +132,12 @@ def _reads_plain_well(x: PlanValue) -> bool:
     return c <= 64 or prod(spatial) <= 1024
 
 
-def block_segment(nodes: list[PlanNode],
-                  keep: Callable[[PlanValue], bool]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+def block_segment(nodes: list[PlanNode], keep: Callable[[PlanValue], bool],
+                  pack_params: bool = False) -> tuple[list[PlanNode], dict[int, PlanNode]]:
     """The segment's nodes with the convolutions it can take blocked (see the module docstring),
     and, by id of each node made here, the node it runs for (profile slots). ``keep(v)``: ``v``
-    is read after the segment (or is a graph output)."""
-    kinds = {id(pn): blocked_kind(pn) for pn in nodes}
+    is read after the segment (or is a graph output); ``pack_params`` as in :func:`blocked_kind`."""
+    kinds = {id(pn): blocked_kind(pn, pack_params) for pn in nodes}
     if not any(kinds.values()):
         return nodes, {}
     takes_blocked: set[PlanValue] = set()  # values some convolution here would read blocked
@@ -202,4 +229,4 @@ def conv_nchwc(pn, c):
            f"{k['n']}, {k['in_channels']}, {k['out_channels']}, {k['positions']}, {lo}, {hi});")
 
 
-__all__ = ["DOMAIN", "block", "block_segment", "blocked_kind", "enabled"]
+__all__ = ["DOMAIN", "PackedValue", "block", "block_segment", "blocked_kind", "enabled"]

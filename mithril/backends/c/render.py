@@ -321,11 +321,12 @@ def _fuse_activations(nodes: list[PlanNode], outputs: set,
     return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
 
 
-def render(plan: Plan, dtype=None, blocked_layout: bool | None = None) -> CSource:
+def render(plan: Plan, dtype=None, blocked_layout: bool | None = None, pack_params: bool = False) -> CSource:
     """The plan as C source and the steps that run it (see the module docstring). Each value
     has its own element type; ``dtype`` is accepted for callers that pass the program's.
     ``blocked_layout`` (default: unless ``MITHRIL_C_NCHWC=0``) runs chains of 1x1 and depthwise
-    convolutions with constant weights in NCHWc (:mod:`.nchwc`)."""
+    convolutions with constant weights in NCHWc (:mod:`.nchwc`); ``pack_params`` takes
+    parameters as fixed weights too (an export)."""
     if blocked_layout is None:
         blocked_layout = nchwc.enabled()
     r = _Renderer(plan)
@@ -353,7 +354,8 @@ def render(plan: Plan, dtype=None, blocked_layout: bool | None = None) -> CSourc
         for si, step in enumerate(steps):
             if isinstance(step, Segment):
                 step.nodes, made = nchwc.block_segment(
-                    step.nodes, lambda v, si=si: v in plan_outputs or any(i > si for i in readers.get(v, [])))
+                    step.nodes, lambda v, si=si: v in plan_outputs or any(i > si for i in readers.get(v, [])),
+                    pack_params)
                 r.slots.update({new: r.slots.get(id(old), len(plan.nodes)) for new, old in made.items()})
 
     r.lines += preamble(plan, "one function per C segment of the model")
