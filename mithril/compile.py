@@ -718,6 +718,8 @@ def compile(
             pm.gradient_error = exc
         stages.done("gradients")
     pm.loss_key, pm.buffer_updates = loss_key, buffer_outputs
+    backend.wait_for_build(program)
+    stages.done("build")
     if jit:
         jitted = backend.jit(program.forward, dict(jit_options or {}))
         blocking = _jit_blockers(plan) if jitted is not program.forward else []

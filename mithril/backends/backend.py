@@ -337,6 +337,11 @@ class Backend(metaclass=TensorAPI):
         :mod:`mithril.backends.inplace`). :mod:`mithril.profile` times the same program."""
         return plan
 
+    def wait_for_build(self, program) -> None:
+        """Returns once ``program`` (from :meth:`lower`) is ready to run: ``ml.compile`` calls it
+        last, so that its time includes what lower left running in the background (C: the C
+        compiler, beside the gradient program's build). Here nothing is left."""
+
     def vjp_parts(self, program, parts, diff_params, diff_data) -> list:
         """:meth:`vjp` of each ``(params, data, cotangents)`` of ``parts`` (a pipeline's
         micro-batches) -> ``[(outputs, gradients)...]``. Here one after the other; a backend that

@@ -55,7 +55,7 @@ class CBackend(NumpyBackend):
         """The plan as C: every graph input's shape fixed (an error names those that are not),
         the nodes without a C kernel listed (warned, or refused with ``fallback=None``), the
         source built (or found in the cache) and loaded."""
-        from .build import build_library, load_library
+        from .build import LazyLibrary, start_build
         from .render import render, why_not_c
 
         loose = [f"{v.name} {list(v.shape) if v.shape is not None else '(rank unknown)'}"
@@ -75,13 +75,19 @@ class CBackend(NumpyBackend):
 
             warn_user(f"CBackend: {len(rendered.fallback)} node(s) run on NumPy (no C kernel): {listed}",
                       CFallbackWarning)
-        library = build_library(rendered.source)
+        # The compiler runs in the background: beside the gradient program's rendering and build
+        # (lower_backward), the two compilers on two CPUs. ml.compile waits (wait_for_build).
+        library = LazyLibrary(start_build(rendered.source))
         if file_path:
             with open(file_path, "w") as f:
                 f.write(rendered.source)
         return CProgram(rendered.source, file_path or "<mithril-c>", rendered.steps, rendered.arena_bytes,
-                        rendered.naive_bytes, rendered.fallback, load_library(library), self.num_threads, plan,
-                        rendered.failures)
+                        rendered.naive_bytes, rendered.fallback, library, self.num_threads, plan, rendered.failures)
+
+    def wait_for_build(self, program) -> None:
+        wait = getattr(program, "wait", None)  # a CProgram (an export renders only)
+        if callable(wait):
+            wait()
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         """The gradient program in C (:mod:`.grad`): the forward nodes, then each node's backward

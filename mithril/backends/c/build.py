@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -111,8 +112,34 @@ def library_key(source: str, cc: tuple[str, ...], flags: tuple[str, ...]) -> str
 BUILDS = {"count": 0}
 
 
-def build_library(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None = None) -> Path:
-    """The shared library of ``source``, from the cache or built now; ``blas`` as in :func:`blas_flags`."""
+class PendingBuild:
+    """A library from the cache, or being built: the C compiler runs in the background while
+    Python goes on (the forward program's compiler beside the gradient program's rendering and
+    compiler, on two CPUs: ResNet-50's cold compile 7.3-7.7 s where one after the other took
+    9.5). :meth:`path` waits for it."""
+
+    def __init__(self, target: Path, cc: tuple[str, ...] = (), process=None, tmp: str | None = None,
+                 out: Path | None = None):
+        self.target, self._cc, self._process, self._tmp, self._out = target, cc, process, tmp, out
+
+    def path(self) -> Path:
+        """The built library; a CCompilerError when the compiler refused the source."""
+        if self._process is not None:
+            process, self._process = self._process, None
+            try:
+                _, stderr = process.communicate()
+                if process.returncode != 0:
+                    raise CCompilerError(f"CBackend: the C compiler refused the generated source "
+                                         f"({' '.join(self._cc)}):\n{stderr.strip()[-2000:]}")
+                os.replace(self._out, self.target)  # atomic: a concurrent build of the same key writes the same bytes
+            finally:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+        return self.target
+
+
+def start_build(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None = None) -> PendingBuild:
+    """The shared library of ``source``, from the cache or with the compiler started now;
+    ``blas`` as in :func:`blas_flags`."""
     cc = tuple(compiler())
     cflags, ldflags, blas_label = blas_flags(blas)
     if os.environ.get("MITHRIL_C_PROFILE", "").strip() in _BLAS_ON:  # seconds per node: CProgram.profile()
@@ -122,19 +149,24 @@ def build_library(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"mithril_{key}.so"
     if target.exists():
-        return target
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        src = Path(tmp) / f"mithril_{key}.c"
-        src.write_text(source)
-        out = Path(tmp) / target.name
-        BUILDS["count"] += 1
-        done = subprocess.run([*cc, *flags, *cflags, f"-I{LIB_DIR}", "-o", str(out), str(src), *ldflags, "-lm"],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise CCompilerError(f"CBackend: the C compiler refused the generated source "
-                                 f"({' '.join(cc)}):\n{done.stderr.strip()[-2000:]}")
-        os.replace(out, target)  # atomic: a concurrent build of the same key writes the same bytes
-    return target
+        return PendingBuild(target)
+    tmp = tempfile.mkdtemp(dir=directory)
+    src = Path(tmp) / f"mithril_{key}.c"
+    src.write_text(source)
+    out = Path(tmp) / target.name
+    BUILDS["count"] += 1
+    try:
+        process = subprocess.Popen([*cc, *flags, *cflags, f"-I{LIB_DIR}", "-o", str(out), str(src), *ldflags, "-lm"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CCompilerError(f"CBackend: could not run the C compiler ({' '.join(cc)}): {exc}") from exc
+    return PendingBuild(target, cc, process, tmp, out)
+
+
+def build_library(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None = None) -> Path:
+    """The shared library of ``source``, from the cache or built now; ``blas`` as in :func:`blas_flags`."""
+    return start_build(source, flags, blas).path()
 
 
 # libgomp reads its settings once, when it is loaded (with the first model's library). After each
@@ -152,4 +184,23 @@ def load_library(path: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(path))
 
 
-__all__ = ["BUILDS", "CCompilerError", "blas_flags", "build_library", "cache_dir", "compiler", "load_library"]
+class LazyLibrary:
+    """The library of a :class:`PendingBuild`, loaded when first used (any attribute), or by
+    :meth:`wait` (``ml.compile`` waits before it returns: its time includes the compiler's)."""
+
+    def __init__(self, pending: PendingBuild):
+        self._pending, self._lib = pending, None
+
+    def wait(self) -> None:
+        if self._lib is None:
+            self._lib = load_library(self._pending.path())
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self.wait()
+        return getattr(self._lib, name)
+
+
+__all__ = ["BUILDS", "CCompilerError", "LazyLibrary", "PendingBuild", "blas_flags", "build_library", "cache_dir",
+           "compiler", "load_library", "start_build"]

@@ -124,12 +124,6 @@ class CProgram:
         self._arena = np.empty(max(self.arena_bytes, 1) + 64, dtype=np.uint8)
         base = self._arena.ctypes.data
         self._arena_ptr = ctypes.c_void_p(base + (-base) % 64)  # 64-byte aligned, as offsets are
-        for step in self.steps:
-            if hasattr(step, "nodes"):
-                fn = getattr(self.library, f"seg{step.index}")
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-                self._segments[step.index] = fn
         # Constants the C segments read, as C-contiguous arrays of their dtype, kept alive here.
         # (np.ascontiguousarray would make a 0-d constant 1-d: np.require keeps the shape.)
         # Besides the plan's, the constants the renderer derived (weights packed for NCHWc kernels).
@@ -144,6 +138,18 @@ class CProgram:
     @property
     def forward(self):
         return self.run
+
+    def wait(self) -> None:
+        """Until the library is built (lower starts the C compiler in the background); then loads
+        it and binds its segment functions."""
+        if self._segments:
+            return
+        for step in self.steps:
+            if hasattr(step, "nodes"):
+                fn = getattr(self.library, f"seg{step.index}")  # a LazyLibrary waits for the compiler here
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                self._segments[step.index] = fn
 
     def memory_report(self) -> dict[str, int]:
         """Arena bytes (intermediates of the C segments, lifetimes shared) and the naive sum."""
@@ -218,6 +224,8 @@ class CProgram:
             env[v] = out
             pointers.append(out.__array_interface__["data"][0])
         io = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+        if not self._segments:
+            self.wait()
         status = self._segments[seg.index](io, self._arena_ptr)
         if status:
             from ...errors import NodeError
