@@ -202,3 +202,19 @@ def test_docs_backends_examples_run(capsys):
         exec(compile(block, "docs/backends.md", "exec"), {})
     out = capsys.readouterr().out
     assert "(1, 10)" in out and "arena (C):" in out
+
+
+def test_compiler_refusing_the_source_is_an_error_from_compile(monkeypatch, tmp_path):
+    """The compiler runs in the background (build.start_build); its refusal still comes from
+    ml.compile, with the compiler's message, and leaves no temporary folder in the cache."""
+    fake = tmp_path / "fakecc"
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "fakecc 1.0"; exit 0; fi\n'
+                    'echo "model.c:1: error: this compiler refuses everything" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("MITHRIL_CACHE_DIR", str(cache))
+    model = models_zoo.mlp([16, 8, 4])
+    with pytest.raises(build.CCompilerError, match=r"(?s)refused the generated source.*refuses everything"):
+        ml.compile(model, ml.CBackend(), shapes={"input": (3, 12)}, inference=True)
+    assert list(cache.iterdir()) == []  # no library, no leftover build folder

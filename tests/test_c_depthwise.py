@@ -110,9 +110,16 @@ def _check(model, feeds, dtype):
     mdt = ml.float64 if dtype == np.float64 else ml.float32
     pm = ml.compile(ml.load_onnx(model), ml.CBackend(dtype=mdt, fallback=None), inference=True)
     assert not pm.program.fallback
-    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(dtype=mdt), inference=True)
-    got, want = pm.evaluate({}, feeds), ref.evaluate({}, feeds)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-12)
+    matches_numpy_and_onnxruntime(pm.evaluate({}, feeds), model, feeds, dtype, tol)
+    return pm.program
+
+
+def matches_numpy_and_onnxruntime(got, model, feeds, dtype, tol):
+    """``got`` (a C program's outputs) against NumPy's, and onnxruntime's in float32."""
+    mdt = ml.float64 if dtype == np.float64 else ml.float32
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(dtype=mdt), inference=True)
+    want = ref.evaluate({}, feeds)
     assert got.keys() == want.keys()
     for k in want:
         assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype, k
@@ -123,7 +130,6 @@ def _check(model, feeds, dtype):
         names = [o.name for o in sess.get_outputs()]
         for k, v in zip(names, sess.run(names, feeds)):
             np.testing.assert_allclose(got[k], v, err_msg=k, **tol)
-    return pm.program
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 import mithril as ml
 from .conftest import make_model
+from .test_c_depthwise import matches_numpy_and_onnxruntime
 from .test_c_sanitize import CC, SANITIZE, sanitizers  # noqa: F401 - the fixture, used by name
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -77,20 +78,8 @@ def test_chain_runs_blocked_and_matches(dtype):
     assert src.count(f"mt_conv1x1_nchwc_{sfx}(") == 4 and src.count(f"mt_dw_nchwc_{sfx}(") == 4
     assert src.count(f"mt_nchwc_to_{sfx}(") == 1 and src.count(f"mt_nchwc_from_{sfx}(") == 4
     assert src.count(f"mt_conv_{sfx}(") == 1
-    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(dtype=ml.float64 if dtype == np.float64 else ml.float32),
-                     inference=True)
-    got, want = pm.evaluate({}, feeds), ref.evaluate({}, feeds)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype, k
-        np.testing.assert_allclose(got[k], want[k], err_msg=k, **tol)
-    if dtype == np.float32:
-        ort = pytest.importorskip("onnxruntime")
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        for k, v in zip(names, sess.run(names, feeds)):
-            np.testing.assert_allclose(got[k], v, err_msg=k, **tol)
+    matches_numpy_and_onnxruntime(pm.evaluate({}, feeds), model, feeds, dtype, tol)
     np.testing.assert_array_equal(feeds["x"], _chain(dtype)[1]["x"])  # the caller's input untouched
 
 

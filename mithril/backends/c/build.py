@@ -155,12 +155,9 @@ def start_build(source: str, flags: tuple[str, ...] = FLAGS, blas: bool | None =
     src.write_text(source)
     out = Path(tmp) / target.name
     BUILDS["count"] += 1
-    try:
-        process = subprocess.Popen([*cc, *flags, *cflags, f"-I{LIB_DIR}", "-o", str(out), str(src), *ldflags, "-lm"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CCompilerError(f"CBackend: could not run the C compiler ({' '.join(cc)}): {exc}") from exc
+    # (a compiler that cannot be run was refused by library_key's compiler_version already)
+    process = subprocess.Popen([*cc, *flags, *cflags, f"-I{LIB_DIR}", "-o", str(out), str(src), *ldflags, "-lm"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return PendingBuild(target, cc, process, tmp, out)
 
 
