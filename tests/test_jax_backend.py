@@ -650,6 +650,27 @@ def test_depthwise_reads_every_tap_from_its_padded_input():
         np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3, err_msg=name)
 
 
+def test_weights_are_held_once_on_the_cpu():
+    # The model keeps each weight in a buffer aligned as XLA:CPU aligns its own (JaxBackend.share),
+    # and evaluate(None, ...) runs that buffer in place: no second copy of the weights on the
+    # device. Read-only (XLA treats its buffers as immutable); the values are the file's.
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])]
+    rng = np.random.default_rng(3)
+    params = {"W": rng.standard_normal((64, 48)).astype(np.float32),
+              "b": rng.standard_normal(48).astype(np.float32)}
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    model = ml.load_onnx(make_model(nodes, [("x", F, [5, 64])], [("y", F, [5, 48])], params))
+    backend = ml.JaxBackend()
+    pm = ml.compile(model, backend)
+    got = backend.to_numpy(pm.evaluate(None, {"x": backend.from_numpy(x)})["y"])
+    np.testing.assert_allclose(got, x @ params["W"] + params["b"], rtol=1e-5, atol=1e-5)
+    for name, value in params.items():
+        kept = model.ir.graph.initializers[name].const_value.numpy()
+        assert not kept.flags.writeable and kept.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(kept, value)
+        assert pm._own_parameters()[name].unsafe_buffer_pointer() == kept.ctypes.data, name
+
+
 @pytest.mark.parametrize("ynn", [True, False])
 def test_large_weight_transposed_for_a_dot_is_read_in_place_by_ynnpack(ynn):
     # A tied LM head (logits = h @ embedding.T): with YNNPACK's dots the per-call program reads the
@@ -710,3 +731,27 @@ def test_parameter_only_work_runs_once_per_set_of_parameters():
     mutable["W1"] *= -2
     mutable["W2"] += 1
     check(mutable, changed)  # the same NumPy arrays, changed in place
+
+
+def test_rearranging_prepare_runs_in_numpy_on_the_cpu():
+    # MobileNetV2-like: prepare is transposes, slices and reshapes only. On the CPU NumPy runs it
+    # (XLA would compile a kernel per weight for work done once): the jitted prepare is never
+    # compiled, and the residuals NumPy made are bit for bit what that program gives.
+    model, params, x, _ = _mobile_block(2, 10)
+    backend = ml.JaxBackend()
+    pm = _compile(model, backend)
+    jparams = {k: backend.from_numpy(v) for k, v in params.items()}
+    pm.evaluate(jparams, {"x": backend.from_numpy(x)})
+    hoisted = pm._jitted._compiled
+    split, prepare, _ = next(iter(hoisted._programs.values()))
+    assert split.host_prepare and hoisted.host_device == backend._device
+    assert prepare._cache_size() == 0
+    residuals = hoisted._kept[3][len(split.main_params):]
+    assert residuals and all(r.devices() == {backend._device} for r in residuals)
+    for got, want in zip(residuals, prepare(jparams), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # Work NumPy has no rule for (a gather of an embedding table) keeps the jitted prepare.
+    from mithril.backends.jax import hoist
+    table = [eqn for eqn in jax.make_jaxpr(lambda w: w[np.array([1, 0])])(np.ones((2, 3), np.float32)).eqns]
+    assert not hoist._runs_on_host(table)

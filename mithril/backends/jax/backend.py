@@ -291,8 +291,10 @@ class _Jitted:
         options = backend.compiler_options if compiler_options is None else compiler_options
         # YNNPACK's dots read a transposed weight in place as fast as a copy (GPT-2's 128x256 by
         # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
+        # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
+        host = backend._device if backend._device.platform == "cpu" and backend._jmesh is None else None
         self._compiled = Hoisted(forward, functools.partial(_jit, compiler_options=options),
-                                 transposed_dot_operands=_on_cpu_ynn_dots(backend, options))
+                                 transposed_dot_operands=_on_cpu_ynn_dots(backend, options), host_device=host)
 
     def __call__(self, params, data):
         with self.backend.scope():
@@ -463,6 +465,29 @@ class JaxBackend(Backend):
             # On a mesh every array the backend makes is on the mesh (whole on each device), so it
             # meets sharded ones in one program.
             return jax.device_put(arr, self._device if self._jmesh is None else self._replicated)
+
+    def share(self, arr):
+        """``arr``'s values held once: on one CPU device, a read-only copy aligned as XLA:CPU aligns
+        its buffers (64 bytes), which :meth:`hold` then puts on the device without a copy (XLA adopts
+        such a buffer); the model drops ``arr``. A read-only ``arr`` aligned so already comes back
+        as it is, as does any array on a GPU, a mesh, or of a dtype JAX does not hold.
+
+        >>> import numpy as np, mithril as ml
+        >>> b = ml.JaxBackend(device="cpu")
+        >>> w = b.share(np.ones(3, np.float32))
+        >>> w.flags.writeable, w.ctypes.data % 64, b.hold(w).unsafe_buffer_pointer() == w.ctypes.data
+        (False, 0, True)
+        """
+        from .hoist import _ALIGNMENT, _aligned_copy
+
+        arr = np.asarray(arr)
+        if (self._device.platform != "cpu" or self._jmesh is not None or arr.dtype == object
+                or self.unsupported_dtype_reason(arr.dtype)
+                or (not arr.flags.writeable and arr.ctypes.data % _ALIGNMENT == 0)):
+            return arr
+        out = _aligned_copy(arr)
+        out.flags.writeable = False  # XLA reads the buffer as immutable; nor may anyone write it here
+        return out
 
     # -- device meshes -----------------------------------------------------------------
     @functools.cached_property
