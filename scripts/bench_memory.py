@@ -4,7 +4,10 @@
     python scripts/bench_memory.py model.onnx [more.onnx ...] [--runtimes onnxruntime,numpy,torch,jax,mlx,c]
 
 Each (model, runtime) runs in a fresh process: the frameworks are imported first (onnx, onnxruntime,
-mithril, numpy, torch, jax, mlx: their memory is not the model's), the kernel's peak-RSS mark is
+mithril, numpy, torch, jax, mlx: their memory is not the model's) and the runtime started by running
+a two-input Add through it (an onnxruntime session; the Mithril backend, compiled and evaluated: the
+JAX backend's XLA client and compiler start here, about 45 MiB, as a process pays once, not per
+model; the same backend object then runs the model), the kernel's peak-RSS mark is
 reset (``/proc/self/clear_refs``), then the model is loaded, compiled and run five times on seeded
 inputs with its own parameters (``pm.evaluate(None, data)``, as an onnxruntime session runs its own
 weights; ``get_parameters()`` would hand out a copy on the backends that keep their own memory). "Peak" is VmHWM minus the RSS before loading (what the model needed at its height, loading
@@ -56,6 +59,26 @@ _CHILD = textwrap.dedent("""
             feeds[i.name] = rng.standard_normal(shape).astype(dtype)
     del model, inits
     torch.set_num_threads(threads)
+    # The runtime started on a two-input Add: its start-up is not the model's memory.
+    f32 = onnx.TensorProto.FLOAT
+    tiny = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Add", ["a", "b"], ["c"])], "tiny",
+                               [onnx.helper.make_tensor_value_info(n, f32, [4]) for n in "ab"],
+                               [onnx.helper.make_tensor_value_info("c", f32, [4])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)])
+    pair = {"a": np.ones(4, np.float32), "b": np.ones(4, np.float32)}
+    if runtime == "onnxruntime":
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        ort.InferenceSession(tiny.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, pair)
+    else:
+        make = {"numpy": ml.NumpyBackend, "torch": ml.TorchBackend, "jax": ml.JaxBackend, "mlx": ml.MlxBackend,
+                "c": ml.CBackend}[runtime]
+        backend = make(num_threads=threads) if runtime in ("numpy", "c") else make()
+        extra = {"inference": True} if runtime == "c" else {}
+        warm = ml.compile(ml.load_onnx(tiny), backend, **extra)
+        backend.to_numpy(warm.evaluate(None, {k: backend.from_numpy(v) for k, v in pair.items()})["c"])
+        del warm
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
@@ -67,10 +90,6 @@ _CHILD = textwrap.dedent("""
         for _ in range(5):
             sess.run(None, feeds)
     else:
-        make = {"numpy": ml.NumpyBackend, "torch": ml.TorchBackend, "jax": ml.JaxBackend, "mlx": ml.MlxBackend,
-                "c": ml.CBackend}[runtime]
-        backend = make(num_threads=threads) if runtime in ("numpy", "c") else make()
-        extra = {"inference": True} if runtime == "c" else {}
         pm = ml.compile(ml.load_onnx(path), backend, shapes={k: list(v.shape) for k, v in feeds.items()}, **extra)
         data = {k: backend.from_numpy(v) for k, v in feeds.items()}
         for _ in range(5):

@@ -342,8 +342,11 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
 
         lines += ["", "### Resident memory", "",
                   f"What each model adds to a process at {max(r['threads'] for r in rows) if rows else '?'} threads "
-                  "(scripts/bench_memory.py): a fresh process per model and runtime imports every framework first, "
-                  "then loads, compiles and runs the model five times on its own parameters (`pm.evaluate(None, data)`); peak is the process's peak resident memory "
+                  "(scripts/bench_memory.py): a fresh process per model and runtime imports every framework first "
+                  "and starts the runtime on a two-input Add (an onnxruntime session; the backend compiled and run, "
+                  "which starts JAX's XLA client and compiler: start-up a process pays once, not per model), "
+                  "then loads, compiles and runs the model five times on its own parameters "
+                  "(`pm.evaluate(None, data)`) on that backend; peak is the process's peak resident memory "
                   "(VmHWM, reset before loading) minus its resident memory before loading, kept is what stays "
                   "resident after the runs. Issue 21's bar: every backend within 1.3x of onnxruntime's peak.", ""]
         lines += bench_memory.table(list(memory))
