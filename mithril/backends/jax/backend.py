@@ -11,6 +11,7 @@ import types
 import numpy as np
 
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
+from ...memory import ALIGNMENT, aligned_copy
 from ..backend import Backend, device_kind, process_memory_info, warn_user
 from ..mesh import check_batch, parse_mesh
 from . import mesh as _mesh
@@ -478,14 +479,12 @@ class JaxBackend(Backend):
         >>> w.flags.writeable, w.ctypes.data % 64, b.hold(w).unsafe_buffer_pointer() == w.ctypes.data
         (False, 0, True)
         """
-        from .hoist import _ALIGNMENT, _aligned_copy
-
         arr = np.asarray(arr)
         if (self._device.platform != "cpu" or self._jmesh is not None or arr.dtype == object
                 or self.unsupported_dtype_reason(arr.dtype)
-                or (not arr.flags.writeable and arr.ctypes.data % _ALIGNMENT == 0)):
+                or (not arr.flags.writeable and arr.ctypes.data % ALIGNMENT == 0)):
             return arr
-        out = _aligned_copy(arr)
+        out = aligned_copy(arr)
         out.flags.writeable = False  # XLA reads the buffer as immutable; nor may anyone write it here
         return out
 

@@ -36,6 +36,8 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 
+from ...memory import aligned_copy
+
 
 def _is_var(atom) -> bool:
     return not isinstance(atom, jcore.Literal)
@@ -144,18 +146,6 @@ def _eval_on_host(jaxpr, consts, args) -> list[np.ndarray]:
     return [read(v) for v in jaxpr.outvars]
 
 
-_ALIGNMENT = 64  # bytes: XLA:CPU adopts a NumPy buffer aligned so instead of copying it
-
-
-def _aligned_copy(value: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``value`` in a buffer aligned to ``_ALIGNMENT`` bytes."""
-    raw = np.empty(value.nbytes + _ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % _ALIGNMENT
-    out = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
-    np.copyto(out, value)
-    return out
-
-
 def _host_readable(leaves, device) -> bool:
     """Whether these parameter leaves are host memory NumPy can read in place: NumPy arrays, or
     concrete JAX arrays on ``device`` (a CPU device) alone; not tracers."""
@@ -231,9 +221,9 @@ class _Split:
     def prepare_on_host(self, param_leaves, device) -> list:
         """prepare, evaluated in NumPy (host_prepare), its results put on ``device``."""
         # NumPy's rearrangements are views; each result is copied once, into a buffer aligned as
-        # XLA:CPU wants its own, which device_put then adopts without a second copy (a copy would
+        # XLA:CPU aligns its own (64 bytes), which device_put then adopts without a second copy (a copy would
         # leave the freed NumPy results in the heap: ResNet-18's 42 MiB of transposed weights).
-        return [jax.device_put(_aligned_copy(out), device)
+        return [jax.device_put(aligned_copy(out), device)
                 for out in _eval_on_host(self._prepare.jaxpr, self._prepare.consts, param_leaves)]
 
     def state(self, param_leaves, residuals) -> list:
