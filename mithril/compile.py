@@ -109,8 +109,9 @@ class PhysicalModel:
         self._params_numpy = {
             name: tensor_array(graph.initializers[name].const_value) for name in param_names
         }
-        # Weights held once where the backend keeps its own memory (MLX): the model keeps NumPy
-        # views of the backend's arrays (Backend.share), hold() then shares them.
+        # Weights held once where the backend keeps its own memory: the model keeps NumPy arrays
+        # the backend runs in place (Backend.share: views of MLX's arrays; on JAX's CPU, buffers
+        # aligned as XLA adopts them), hold() then shares them.
         user_inits = model.ir.graph.initializers
         shared_any = False
         for name in list(self._params_numpy):
