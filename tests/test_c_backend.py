@@ -3,9 +3,11 @@ the NumPy fallback (warned, or refused), the compiler and its cache, zero-copy b
 
 from __future__ import annotations
 
+import gc
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -218,3 +220,27 @@ def test_compiler_refusing_the_source_is_an_error_from_compile(monkeypatch, tmp_
     with pytest.raises(build.CCompilerError, match=r"(?s)refused the generated source.*refuses everything"):
         ml.compile(model, ml.CBackend(), shapes={"input": (3, 12)}, inference=True)
     assert list(cache.iterdir()) == []  # no library, no leftover build folder
+
+
+def test_a_build_dropped_unwaited_is_stopped_and_its_folder_removed(monkeypatch, tmp_path):
+    """lower starts the compiler in the background; when the gradient program then fails with an
+    error compile re-raises, the forward build nobody will wait for is stopped (not left running
+    for its full time) and the cache keeps no temporary folder."""
+    fake = tmp_path / "fakecc"
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "fakecc 1.0"; exit 0; fi\nexec sleep 60\n')
+    fake.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("MITHRIL_CACHE_DIR", str(cache))
+
+    def refuse(self, plan, **kwargs):
+        raise CompileError("no gradients for this test")
+
+    monkeypatch.setattr(ml.CBackend, "lower_backward", refuse)
+    model = models_zoo.mlp([16, 8, 4])
+    started = time.perf_counter()
+    with pytest.raises(CompileError, match="no gradients for this test"):
+        ml.compile(model, ml.CBackend(), shapes={"input": (3, 12)}, data_keys=["input"])
+    gc.collect()
+    assert time.perf_counter() - started < 30  # the 60 s "compiler" was stopped, not waited for
+    assert list(cache.iterdir()) == []

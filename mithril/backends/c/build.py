@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import weakref
 from pathlib import Path
 
 from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
@@ -112,19 +113,30 @@ def library_key(source: str, cc: tuple[str, ...], flags: tuple[str, ...]) -> str
 BUILDS = {"count": 0}
 
 
+def _abandon(process: subprocess.Popen, tmp: str) -> None:
+    """A build nobody waited for (its model's compile failed after lower started it, or the
+    interpreter is leaving): the compiler stopped and its temporary folder removed."""
+    if process.poll() is None:
+        process.kill()
+    process.communicate()  # reaped, its pipes drained and closed
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 class PendingBuild:
     """A library from the cache, or being built: the C compiler runs in the background while
     Python goes on (the forward program's compiler beside the gradient program's rendering and
     compiler, on two CPUs: ResNet-50's cold compile 7.3-7.7 s where one after the other took
-    9.5). :meth:`path` waits for it."""
+    9.5). :meth:`path` waits for it; a build dropped unwaited is stopped and its folder removed."""
 
     def __init__(self, target: Path, cc: tuple[str, ...] = (), process=None, tmp: str | None = None,
                  out: Path | None = None):
         self.target, self._cc, self._process, self._tmp, self._out = target, cc, process, tmp, out
+        self._abandon = weakref.finalize(self, _abandon, process, tmp) if process is not None else None
 
     def path(self) -> Path:
         """The built library; a CCompilerError when the compiler refused the source."""
         if self._process is not None:
+            self._abandon.detach()  # waited for here, whatever comes of it
             process, self._process = self._process, None
             try:
                 _, stderr = process.communicate()
