@@ -20,22 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-import numpy as np
-
-# XLA:CPU's buffer alignment in bytes: jax.device_put adopts a NumPy array aligned so instead of
-# copying it (JaxBackend.share, the JAX hoisted parameter work).
-ALIGNMENT = 64
-
-
-def aligned_copy(value: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
-    """A C-contiguous copy of ``value`` whose data starts on an ``alignment``-byte boundary."""
-    value = np.asarray(value)
-    raw = np.empty(value.nbytes + alignment, np.uint8)
-    start = -raw.ctypes.data % alignment
-    out = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
-    np.copyto(out, value)
-    return out
-
 
 @dataclass(frozen=True)
 class MemoryReport:

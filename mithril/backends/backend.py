@@ -722,6 +722,21 @@ def parse_bytes(value, what: str = "memory_limit") -> int:
     return int(float(match[1]) * units[match[2]])
 
 
+# XLA:CPU's buffer alignment in bytes: jax.device_put adopts a NumPy array aligned so instead of
+# copying it (JaxBackend.share, the JAX hoisted parameter work).
+ALIGNMENT = 64
+
+
+def aligned_copy(value: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
+    """A C-contiguous copy of ``value`` whose data starts on an ``alignment``-byte boundary."""
+    value = np.asarray(value)
+    raw = np.empty(value.nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    out = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    np.copyto(out, value)
+    return out
+
+
 def process_memory_info() -> dict:
     """The process's resident memory now (``used``) and at most so far (``peak``), in MB."""
     peak = used = None

@@ -11,8 +11,7 @@ import types
 import numpy as np
 
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
-from ...memory import ALIGNMENT, aligned_copy
-from ..backend import Backend, device_kind, process_memory_info, warn_user
+from ..backend import ALIGNMENT, Backend, aligned_copy, device_kind, process_memory_info, warn_user
 from ..mesh import check_batch, parse_mesh
 from . import mesh as _mesh
 

@@ -36,7 +36,7 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 
-from ...memory import aligned_copy
+from ..backend import aligned_copy
 
 
 def _is_var(atom) -> bool:
