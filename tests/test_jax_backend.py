@@ -753,5 +753,5 @@ def test_rearranging_prepare_runs_in_numpy_on_the_cpu():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     # Work NumPy has no rule for (a gather of an embedding table) keeps the jitted prepare.
     from mithril.backends.jax import hoist
-    table = [eqn for eqn in jax.make_jaxpr(lambda w: w[np.array([1, 0])])(np.ones((2, 3), np.float32)).eqns]
-    assert not hoist._runs_on_host(table)
+    gather = jax.make_jaxpr(lambda w: w[np.array([1, 0])])(np.ones((2, 3), np.float32))
+    assert not hoist._runs_on_host(gather.eqns)
