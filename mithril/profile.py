@@ -342,12 +342,33 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
     backend = pm.backend
     clock = _Clock(sync, backend.is_traced)
     namespace = {**backend.program_namespace(), "_timed": clock.timed}
-    program = emit_python(backend.forward_plan(pm.plan), namespace=namespace, constant=backend.constant, timed=True)
+    plan = backend.forward_plan(pm.plan)
+    program = emit_python(plan, namespace=namespace, constant=backend.constant, timed=True)
     nodes = program.timed_nodes
+    # Nodes the backend runs inside another (Torch: Conv -> Add -> Relu as one oneDNN call) get
+    # a row of no calls naming their host, whose row names them, as the C backend's do.
+    fused_into = _fused_into(pm.plan, plan)
+    guests = defaultdict(list)
+    for guest, host in fused_into.items():
+        guests[host].append(guest)
+    for pn in pm.plan.nodes:
+        if pn.label in fused_into:
+            shapes = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+            clock.rows[("fused", pn.label)] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes,
+                                               _attributes(pn))
 
     def describe(key, args):
         pn = nodes[key]
-        clock.rows[key] = (pn.label, pn.op_type, [_shape(a) for a in args[:len(pn.inputs)]], _attributes(pn))
+        name = pn.label + "".join(f" (+ {g})" for g in guests.get(pn.label, ()))
+        shapes = [_shape(a) for a in args[:len(pn.inputs)]]
+        while shapes and shapes[-1] is None:  # optional inputs left out
+            shapes.pop()
+        clock.rows[key] = (name, pn.op_type, shapes, _attributes(pn))
+
+    def end_run():
+        for guest in fused_into:
+            clock.add(("fused", guest), 0.0, 0)
+        clock.end_run()
 
     clock.describe = describe
     forward = program.forward
@@ -360,8 +381,33 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
         for _ in range(warmup):
             run(forward)()
         clock.reset()
-        instrumented = _median_ms(run(forward), runs, 0, clock.end_run)
+        instrumented = _median_ms(run(forward), runs, 0, end_run)
     return clock, instrumented, eager
+
+
+def _fused_into(plan, program_plan) -> dict[str, str]:
+    """The label of each node of ``plan`` that ``program_plan`` (the backend's forward plan) runs
+    inside another node -> that node's label: the node writing its output, or, for an
+    intermediate result (an Add between a Conv and its Relu), the host of the node reading it."""
+    kept = {pn.label for pn in program_plan.nodes}
+    writer = {v: pn.label for pn in program_plan.nodes for v in pn.outputs}
+    readers = defaultdict(list)
+    for pn in plan.nodes:
+        for v in pn.inputs:
+            if v is not None:
+                readers[v].append(pn)
+
+    def host(pn, depth: int = 0):
+        for v in pn.outputs:
+            if v in writer:
+                return writer[v]
+        for v in pn.outputs:
+            for r in readers[v]:
+                if r.label not in kept and depth < 8:
+                    return host(r, depth + 1)
+        return None
+
+    return {pn.label: h for pn in plan.nodes if pn.label not in kept and (h := host(pn)) is not None}
 
 
 # -- C: the library's per-node clocks ----------------------------------------------------

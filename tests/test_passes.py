@@ -111,6 +111,9 @@ def test_set_input_shapes_with_the_declared_shape_or_none():
     assert_untouched(SetInputShapes(None), relu())
     with pytest.raises(ShapeError, match="dim 1 is fixed to 3"):
         SetInputShapes({"x": [2, 4]})(relu())
+    # A symbolic name is no size: the message says how to keep the model's own dim.
+    with pytest.raises(ShapeError, match=r"shapes\['x'\] must be a sequence of ints, got \('N', 3\)"):
+        SetInputShapes({"x": ("N", 3)})(relu())
 
 
 # -- InferShapes --------------------------------------------------------------------------------

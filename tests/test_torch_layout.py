@@ -95,9 +95,10 @@ def test_channels_last_weight_is_copied_once_per_weight_version():
     leaf = w.clone().requires_grad_(True)
     tov.channels_last_weight(leaf).sum().backward()
     assert torch.equal(leaf.grad, torch.ones_like(w))
-    key = id(w)
+    key = (id(w), "nhwc")
+    assert key in tov._kept_copies
     del w
-    assert key not in tov._nhwc_weights  # dropped with its weight
+    assert key not in tov._kept_copies  # dropped with its weight
 
 
 def test_forward_only_convs_run_channels_last_and_gradient_calls_nchw():
@@ -127,3 +128,75 @@ def test_1d_and_3d_convs_give_numpy_values_row_major(shape, kernel, group):
     got = ml.compile(ml.load_onnx(model), ml.TorchBackend(), shapes={"x": shape}, inference=True)(None, {"x": x})["y"]
     assert got.is_contiguous()
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def _residual(lo=0.0, hi=6.0, n=2):
+    """Conv -> Relu; Conv -> Add(residual) -> Relu; Conv -> Clip(lo, hi); a Conv -> Relu whose
+    convolution is also a graph output (not fused); a 1x1 Conv -> Clip (its weight is not packed)."""
+    rng = np.random.default_rng(5)
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["r1", "c2"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "W3"], ["c3"], pads=[0, 0, 1, 1], strides=[2, 2]),
+        helper.make_node("Clip", ["c3", "lo", "hi"], ["y"]),
+        helper.make_node("Conv", ["r2", "W4"], ["c4"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c4"], ["r4"]),
+        helper.make_node("Conv", ["r4", "W5"], ["c5"]),
+        helper.make_node("Clip", ["c5", "lo", "hi"], ["z"]),
+    ]
+    inits = {"W1": rng.standard_normal((8, 3, 3, 3)) * 0.4, "B1": rng.standard_normal(8),
+             "W2": rng.standard_normal((8, 8, 3, 3)) * 0.3, "B2": rng.standard_normal(8),
+             "W3": rng.standard_normal((4, 8, 3, 3)) * 0.3, "W4": rng.standard_normal((8, 8, 3, 3)) * 0.3,
+             "W5": rng.standard_normal((4, 8, 1, 1)) * 0.3}
+    inits = {k: v.astype(np.float32) for k, v in inits.items()}
+    inits.update(lo=np.float32(lo), hi=np.float32(hi))
+    outputs = [("y", f, [n, 4, 4, 4]), ("c4", f, [n, 8, 9, 9]), ("r4", f, [n, 8, 9, 9]), ("z", f, [n, 4, 9, 9])]
+    return make_model(nodes, [("x", f, [n, 3, 9, 9])], outputs, inits)
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, 6.0), (2.0, 1.0)])  # crossed bounds: ONNX gives hi everywhere
+def test_fused_convolutions_give_numpy_outputs_and_gradients(lo, hi):
+    from mithril.backends.torch.fusion import conv_activation
+
+    model = _residual(lo, hi)
+    x = np.random.default_rng(6).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), shapes={"x": x.shape}, data_keys=["x"])
+    ref_params = ref.get_parameters()
+    backend = ml.TorchBackend()
+    pm = ml.compile(ml.load_onnx(model), backend, shapes={"x": x.shape}, data_keys=["x"])
+    fused = [pn for pn in backend.forward_plan(pm.plan).nodes if pn.spec.fn is conv_activation]
+    # Conv->Relu, Conv->Add->Relu, Conv->Clip and the 1x1 Conv->Clip; not the Conv read as an output.
+    assert sorted(pn.kwargs["activation"] for pn in fused) == ["Clip", "Clip", "Relu", "Relu"]
+    assert len(backend.forward_plan(pm.plan).nodes) == len(pm.plan.nodes) - 5
+    params = pm.get_parameters()
+    got = pm.evaluate(params, {"x": x})
+    want = ref.evaluate(ref_params, {"x": x})
+    for k in want:
+        np.testing.assert_allclose(got[k].numpy(), want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    if lo > hi:
+        assert np.all(got["y"].numpy() == hi)
+    # The 3x3 weights ran packed for oneDNN (kept with their tensor), the 1x1 one as it is.
+    packed = {k for k, v in params.items() if (id(v), "mkldnn") in tov._kept_copies}
+    assert packed == {"W1", "W2", "W3", "W4"}
+    # Gradients take the unfused kernels under autograd: the same values as NumPy's.
+    cot = {k: np.ones(v.shape, np.float32) for k, v in want.items()}
+    _, grads = pm.evaluate(params, {"x": x}, output_gradients={k: backend.array(v) for k, v in cot.items()})
+    _, ref_grads = ref.evaluate(ref_params, {"x": x}, output_gradients=cot)
+    assert set(grads) == set(ref_grads)
+    for k, g in grads.items():
+        np.testing.assert_allclose(g.numpy(), ref_grads[k], rtol=1e-3, atol=1e-3, err_msg=k)
+
+
+def test_a_packed_weight_is_packed_again_for_another_input_size():
+    model = _residual(n="N")
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(), inference=True)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    for n in (2, 3, 2):
+        x = np.random.default_rng(n).standard_normal((n, 3, 9, 9)).astype(np.float32)
+        got, want = pm.evaluate(None, {"x": x}), ref.evaluate(None, {"x": x})
+        for k in want:
+            np.testing.assert_allclose(got[k].numpy(), want[k], rtol=1e-4, atol=1e-4, err_msg=k)

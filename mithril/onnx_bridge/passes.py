@@ -140,6 +140,10 @@ class SetInputShapes(InPlacePass):
                     f"shapes names {name!r}, which is not a graph input (inputs: {sorted(by_name)})"
                 )
             value = by_name[name]
+            if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+                raise ShapeError(f"shapes[{name!r}] must be a sequence of ints, got {shape!r}: a dim left out "
+                                 "of shapes keeps the model's own (symbolic) dim; leave the input out of shapes "
+                                 "to keep them all")
             shape = tuple(int(d) for d in shape)
             if value.shape is not None:
                 declared = value.shape
