@@ -8,6 +8,7 @@ folded on the host); every kernel returns TorchArrays. Cases torch cannot run na
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -92,11 +93,18 @@ def _conv_window(xt, wt, auto_pad, dilations, pads, strides):
     symmetric padding cannot give the ONNX windows."""
     size = tuple(xt.shape[2:])
     win = window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
-    pairs = win.read_pads(size)
-    padding = _symmetric_padding(win, size, pairs)
+    pairs, padding = _conv_padding(win, size)
     if padding is None:
         xt, padding = _pad_input(xt, pairs, 0.0), (0,) * len(size)
     return xt, padding, win
+
+
+@functools.lru_cache(maxsize=4096)
+def _conv_padding(win, size):
+    """(pads the windows read, torch's symmetric padding or None): the same for every call of a
+    node (``window`` is cached too), computed once."""
+    pairs = win.read_pads(size)
+    return pairs, _symmetric_padding(win, size, pairs)
 
 
 def packed_conv_arguments(xt, wt, bt, *, auto_pad, dilations, group, pads, strides):
