@@ -436,6 +436,40 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
         assert backend._library_convolutions
 
 
+def test_programs_without_convolutions_keep_xla_s_own_ynn_fusions(monkeypatch):
+    # Where the default sends dots alone to YNNPACK (Intel, AVX-512, several threads), a forward
+    # program with no convolution or pool gets XLA's own fusion list back (a transformer's matmuls
+    # with their elementwise and reduce work ran faster); a CNN's keeps the dot-only list, and
+    # options the user chose are never changed.
+    from mithril.backends.jax import backend as jax_backend
+
+    monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda: True)
+    mlp = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                     [("x", F, [128, 64])], [("y", F, [128, 64])],
+                     {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)})
+    cnn = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])],
+                     {"w": np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32)})
+
+    def options(model, backend):
+        pm = _compile(model, backend, inference=True)
+        return pm._jitted._compiled._jit.keywords["compiler_options"]
+
+    default = ml.JaxBackend()
+    assert default.compiler_options["xla_cpu_experimental_ynn_fusion_type"] == "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+    assert options(mlp, default) == {k: v for k, v in default.compiler_options.items()
+                                     if k != "xla_cpu_experimental_ynn_fusion_type"}
+    assert options(cnn, default) == default.compiler_options
+    chosen = dict(default.compiler_options)
+    assert options(mlp, ml.JaxBackend(compiler_options=chosen)) == chosen
+    # And the program runs its dots in YNNPACK fusions, with the values of the dot-only one.
+    pm = _compile(mlp, ml.JaxBackend(), inference=True)
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    assert "__ynn_fusion" in _optimized_hlo(pm, pm.backend, pm.get_parameters(), {"x": x})
+    want = _compile(mlp, ml.JaxBackend(compiler_options=chosen), inference=True).evaluate(None, {"x": x})["y"]
+    np.testing.assert_allclose(np.asarray(pm.evaluate(None, {"x": x})["y"]), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_ynn_dots_on_intel_cpus_with_avx512_and_several_threads(monkeypatch):
     from mithril.backends.jax import backend as jax_backend
 

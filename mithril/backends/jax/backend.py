@@ -182,6 +182,22 @@ _CPU_COMPILER_OPTIONS = ({**_EXACT_HALVES, **_NO_YNN_FUSIONS, **_XNN_CONVOLUTION
 _CPU_COMPILER_OPTIONS_YNN = ({**_EXACT_HALVES, **_YNN_DOT_FUSIONS, **_XNN_CONVOLUTIONS},
                              {**_EXACT_HALVES, **_YNN_DOT_FUSIONS}, _EXACT_HALVES, {})
 _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
+# A program with no convolution or pooling (transformers, MLPs) keeps XLA's own list of YNNPACK
+# fusions where the dots go to YNNPACK: the dot, elementwise and reduce fusions that slowed
+# ResNet-18's last stage run a transformer's matmuls with their bias, GELU and LayerNorm faster.
+# Issue 21's BERT (hidden 256, 2 threads, same process, medians of 25x4 calls): 9.17 -> 7.88 ms
+# (onnxruntime ~7.4), GPT-2 with its LM head 33.5 -> 32.4 ms. (XLA's list is not the dot-only one
+# plus more: DOT alone ran BERT in 12.5 ms, DOT,ELTWISE,REDUCE in 10.0.)
+_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv", "FusedConv",
+                         "NhwcConv", "MaxPool", "AveragePool", "LpPool", "MaxUnpool", "Col2Im"})
+
+
+def _window_free_options(options: dict) -> dict | None:
+    """The options for a program without convolutions or pools, where they differ from
+    ``options``: XLA's own YNNPACK fusions instead of the dot-only list; None elsewhere."""
+    if options.get("xla_cpu_experimental_ynn_fusion_type") != _YNN_DOT_FUSIONS["xla_cpu_experimental_ynn_fusion_type"]:
+        return None
+    return {k: v for k, v in options.items() if k != "xla_cpu_experimental_ynn_fusion_type"}
 
 
 def _library_convolutions(options: dict) -> bool:
@@ -289,6 +305,9 @@ class _Jitted:
         self.backend = backend
         self.forward = forward
         options = backend.compiler_options if compiler_options is None else compiler_options
+        if compiler_options is None and backend._default_options and \
+                getattr(forward, "window_ops", True) is False:  # set by JaxBackend.lower
+            options = _window_free_options(options) or options
         # YNNPACK's dots read a transposed weight in place as fast as a copy (GPT-2's 128x256 by
         # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
@@ -320,7 +339,9 @@ class JaxBackend(Backend):
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
     argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
     default on the CPU sends dots to YNNPACK on Intel CPUs with AVX-512, where its kernels are
-    faster than XLA's own, and turns XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD
+    faster than XLA's own (only the dots in a program with convolutions or pools; XLA's own
+    fusion list, with elementwise and reduce fusions, in a forward program without: a
+    transformer's), and turns XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD
     EPYC), and sends the convolutions that XNNPACK runs faster than
     im2col + matmul to XNNPACK (docs/performance.md); on every device it has XLA round each
     float16/bfloat16 op's result as the graph does (``xla_allow_excess_precision`` off, no effect
@@ -392,8 +413,10 @@ class JaxBackend(Backend):
             else:
                 defaults = _CPU_COMPILER_OPTIONS_YNN if _ynn_fusions_win() else _CPU_COMPILER_OPTIONS
             compiler_options = next(o for o in defaults if not o or self._rejected(o) is None)
+            self._default_options = True
         else:
             self._check_compiler_options(compiler_options)
+            self._default_options = False
         self.compiler_options = dict(compiler_options)
         self._library_convolutions = _library_convolutions(self.compiler_options)
         self._ynn_dots = _ynn_dots(self.compiler_options)
@@ -533,6 +556,15 @@ class JaxBackend(Backend):
         a second axis, each stage's batch rows are split over that axis's devices."""
         if plan.pipeline is not None:
             self._pipeline_axes = (plan.strategies["pipeline"], plan.strategies.get("data"))
+
+    def lower(self, plan, **kwargs):
+        """The generated program; its forward notes whether the graph convolves or pools (which
+        XLA options :meth:`jit` gives it by default: see ``_window_free_options``)."""
+        program = super().lower(plan, **kwargs)
+        forward = program.forward
+        if isinstance(forward, types.FunctionType):
+            forward.window_ops = any(pn.op_type in _WINDOW_OPS for pn in plan.all_nodes())
+        return program
 
     def lower_stages(self, plan, stages, *, file_path: str | None = None):
         """The program with its pipeline stages; each stage's arguments are marked batched (a
