@@ -200,3 +200,44 @@ def test_a_packed_weight_is_packed_again_for_another_input_size():
         got, want = pm.evaluate(None, {"x": x}), ref.evaluate(None, {"x": x})
         for k in want:
             np.testing.assert_allclose(got[k].numpy(), want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
+@pytest.mark.parametrize("conv", [
+    dict(pads=[0, 1, 1, 0], strides=[2, 2]),  # asymmetric: the input is padded before oneDNN
+    dict(pads=[2, 2, 2, 2], dilations=[2, 2]),
+    dict(pads=[1, 1, 1, 1], group=2),  # grouped, not depthwise: its weight is packed
+    dict(auto_pad="SAME_UPPER", strides=[2, 1]),
+    dict(auto_pad="VALID", bias=False),
+])
+@pytest.mark.parametrize("act", ["Relu", "Clip", "AddRelu"])
+def test_packed_and_fused_convolutions_match_numpy(conv, act):
+    conv = dict(conv)
+    bias = conv.pop("bias", True)
+    group = conv.get("group", 1)
+    rng = np.random.default_rng(7)
+    f = TensorProto.FLOAT
+    inits = {"W": (rng.standard_normal((6, 4 // group, 3, 3)) * 0.4).astype(np.float32),
+             "lo": np.float32(-0.25), "hi": np.float32(0.5)}
+    if bias:
+        inits["B"] = rng.standard_normal(6).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"] if bias else ["x", "W"], ["c"], **conv)]
+    if act == "AddRelu":  # the residual's shape is the convolution's, read from a first run below
+        nodes += [helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    else:
+        nodes.append(helper.make_node(act, ["c", "lo", "hi"] if act == "Clip" else ["c"], ["y"]))
+    x = rng.standard_normal((3, 4, 9, 10)).astype(np.float32)
+    shape = ml.compile(ml.load_onnx(make_model(nodes[:1], [("x", f, [3, 4, 9, 10])], [("c", f, None)], inits)),
+                       ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})["c"].shape
+    inputs = [("x", f, [3, 4, 9, 10])] + ([("r", f, list(shape))] if act == "AddRelu" else [])
+    model = make_model(nodes, inputs, [("y", f, None)], inits)
+    data = {"x": x, **({"r": rng.standard_normal(shape).astype(np.float32)} if act == "AddRelu" else {})}
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(None, data)["y"]
+    backend = ml.TorchBackend()
+    pm = ml.compile(ml.load_onnx(model), backend, inference=True)
+    from mithril.backends.torch.fusion import conv_activation
+    assert any(pn.spec.fn is conv_activation for pn in backend.forward_plan(pm.plan).nodes)
+    params = pm.get_parameters()
+    got = pm.evaluate(params, data)["y"]
+    assert got.is_contiguous()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert (id(params["W"]), "mkldnn") in tov._kept_copies  # it ran the packed path
