@@ -41,9 +41,10 @@ def _bound(v):
     """A Clip bound as a Python float; None when absent; False when not one host scalar."""
     if v is None:
         return None
-    if type(v) is not TorchArray or v.native.numel() != 1 or v.native.device.type != "cpu" or v.native.requires_grad:
+    t = v.native if type(v) is TorchArray else None
+    if t is None or t.numel() != 1 or t.device.type != "cpu" or t.requires_grad:
         return False
-    return float(v.native.to(torch.float32).item())
+    return float((t if t.dtype == torch.float32 else t.to(torch.float32)).item())
 
 
 def conv_activation(x, w, b=None, other=None, low=None, high=None, *, activation, auto_pad, dilations, group,

@@ -26,9 +26,10 @@ def _scalar(v, dtype):
     False where it is not one host scalar."""
     if v is None:
         return None
-    if type(v) is not TorchArray or v.native.numel() != 1 or v.native.device.type != "cpu":
+    t = v.native if type(v) is TorchArray else None
+    if t is None or t.numel() != 1 or t.device.type != "cpu":
         return False
-    return v.native.to(dtype).item()
+    return (t if t.dtype == dtype else t.to(dtype)).item()
 
 
 def clip_into(x, low=None, high=None, *, xp):

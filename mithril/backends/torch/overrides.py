@@ -68,9 +68,11 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     if nd not in _CONV or xt.dtype not in _FLOATS or wt.dtype != xt.dtype:
         return _nn.conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group,
                         kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
-    bt = _t(b).to(xt.dtype) if b is not None else None
-    packed = packed_conv_arguments(xt, wt, bt, auto_pad=auto_pad, dilations=dilations, group=group, pads=pads,
-                                   strides=strides)
+    bt = _t(b) if b is not None else None
+    if bt is not None and bt.dtype != xt.dtype:
+        bt = bt.to(xt.dtype)
+    packed = None if nd != 2 else packed_conv_arguments(xt, wt, bt, auto_pad=auto_pad, dilations=dilations,
+                                                        group=group, pads=pads, strides=strides)
     if packed is not None:
         xt, wp, bt, padding, strides_, dilations_, _ = packed
         return TorchArray(torch.ops.mkldnn._convolution_pointwise(xt, wp, bt, padding, strides_, dilations_, group,
@@ -111,10 +113,11 @@ def packed_conv_arguments(xt, wt, bt, *, auto_pad, dilations, group, pads, strid
     """For a forward-only float32 2-D convolution on the CPU whose weight :func:`packed_weight`
     packs: ``(input NHWC, packed weight, bias, padding, strides, dilations, output shape)``, the
     arguments of ``torch.ops.mkldnn._convolution_pointwise``; None for any other convolution."""
-    if not _PACKED or type(xt) is not torch.Tensor or type(wt) is not torch.Tensor or xt.dim() != 4 or \
-            xt.dtype != torch.float32 or wt.dtype != torch.float32 or xt.device.type != "cpu" or \
-            wt.device.type != "cpu" or torch.is_grad_enabled() or wt.is_contiguous(memory_format=torch.channels_last) \
-            or (bt is not None and (type(bt) is not torch.Tensor or bt.dtype != torch.float32)):
+    # Cheapest refusals first: most weights that are not packed are 1x1 or depthwise ones.
+    if not _PACKED or type(wt) is not torch.Tensor or wt.is_contiguous(memory_format=torch.channels_last) or \
+            type(xt) is not torch.Tensor or xt.dim() != 4 or xt.dtype != torch.float32 or \
+            wt.dtype != torch.float32 or torch.is_grad_enabled() or xt.device.type != "cpu" or \
+            wt.device.type != "cpu" or (bt is not None and (type(bt) is not torch.Tensor or bt.dtype != torch.float32)):
         return None
     xt, padding, win = _conv_window(xt, wt, auto_pad, dilations, pads, strides)
     xt = xt.contiguous(memory_format=torch.channels_last)
