@@ -1636,7 +1636,7 @@ def main(argv=None) -> int:
         # The training-memory, precision and C build sections are regenerated on their own
         # (--training-memory, --precision, --c-backend): kept as found.
         for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING, MESH_HEADING,
-                        PEERS_HEADING, PEERS_MISSES_HEADING):
+                        PEERS_HEADING):
             text = _splice_section(text, heading, _existing_section(out, heading))
         out.write_text(text)
         print(f"wrote {out}")
@@ -1644,8 +1644,6 @@ def main(argv=None) -> int:
 
 
 PEERS_HEADING = "## Peers (issue 21)"  # scripts/bench_peers.py's section
-# Written by hand after a peers run: why a row misses issue 21's bar, with its profile.
-PEERS_MISSES_HEADING = "## Peers: where issue 21's bars are missed, and why"
 
 
 def _training_memory_main(args, backend_names: list[str]) -> int:
