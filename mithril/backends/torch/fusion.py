@@ -27,7 +27,7 @@ import torch
 
 from ..plan import Plan, PlanNode, reads_of
 from . import overrides as _ov
-from .inplace import clip_into, relu_into
+from .inplace import host_scalar, clip_into, relu_into
 from .xp import TorchArray
 
 _ACTIVATIONS = {("", "Relu"): "Relu", ("", "Clip"): "Clip"}
@@ -35,16 +35,6 @@ _ACTIVATIONS = {("", "Relu"): "Relu", ("", "Clip"): "Clip"}
 
 def _ours(pn: PlanNode, fns) -> bool:
     return pn.spec is not None and pn.domain == "" and pn.spec.fn in fns and not pn.subgraphs
-
-
-def _bound(v):
-    """A Clip bound as a Python float; None when absent; False when not one host scalar."""
-    if v is None:
-        return None
-    t = v.native if type(v) is TorchArray else None
-    if t is None or t.numel() != 1 or t.device.type != "cpu" or t.requires_grad:
-        return False
-    return float((t if t.dtype == torch.float32 else t.to(torch.float32)).item())
 
 
 def conv_activation(x, w, b=None, other=None, low=None, high=None, *, activation, auto_pad, dilations, group,
@@ -79,7 +69,8 @@ def _fused(x, w, b, other, low, high, activation, conv):
         return None
     scalars = []
     if activation == "Clip":
-        lo, hi = _bound(low), _bound(high)
+        # Under no_grad (packed_conv_arguments refuses otherwise): the bounds as host floats.
+        lo, hi = host_scalar(low, torch.float32), host_scalar(high, torch.float32)
         if lo is False or hi is False or (lo is None and hi is None):
             return None
         lo = -math.inf if lo is None else lo

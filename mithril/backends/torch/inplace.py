@@ -21,7 +21,7 @@ def _writable(x) -> torch.Tensor | None:
     return t
 
 
-def _scalar(v, dtype):
+def host_scalar(v, dtype):
     """A bound as the Python number clamp_ takes (rounded to x's dtype, as ONNX casts it), or
     False where it is not one host scalar."""
     if v is None:
@@ -36,7 +36,7 @@ def clip_into(x, low=None, high=None, *, xp):
     """ONNX Clip (opset 11+) written into ``x``."""
     t = _writable(x)
     if t is not None and (low is not None or high is not None):
-        lo, hi = _scalar(low, t.dtype), _scalar(high, t.dtype)
+        lo, hi = host_scalar(low, t.dtype), host_scalar(high, t.dtype)
         if lo is not False and hi is not False:
             return TorchArray(t.clamp_(lo, hi))
     return _ov.clip(x, low, high, xp=xp)
