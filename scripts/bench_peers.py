@@ -314,7 +314,8 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
         "includes jit compilation (jax.jit, mx.compile, torch.compile); \"load\" is onnxruntime's session",
         "creation, Mithril's load+compile or the port's weight conversion. \"max |diff|\" is against",
         "onnxruntime's outputs. \"Hot ops\": the op types taking most of a Mithril row's time by `ml.profile`",
-        "(kernel clocks on NumPy and Torch, eager per-op time on JAX and MLX; `mithril profile FILE --backend B`).", "",
+        "(kernel clocks on NumPy and Torch, eager per-op time on JAX and MLX; `mithril profile FILE --backend B`).",
+        "Why each bar still missed is missed, profile by profile: [peers_analysis.md](peers_analysis.md).", "",
         f"Load average (1 / 5 / 15 min) at the start {b._fmt_load(loads[0])}, at the end {b._fmt_load(loads[1])}.",
         "", "Exports (scripts/export_models.py):", "",
     ]
