@@ -132,7 +132,7 @@ def test_1d_and_3d_convs_give_numpy_values_row_major(shape, kernel, group):
 
 def _residual(lo=0.0, hi=6.0, n=2):
     """Conv -> Relu; Conv -> Add(residual) -> Relu; Conv -> Clip(lo, hi); a Conv -> Relu whose
-    convolution is also a graph output (not fused); a 1x1 Conv -> Clip (its weight is not packed)."""
+    convolution is also a graph output (not fused); a 1x1 Conv -> Clip."""
     rng = np.random.default_rng(5)
     f = TensorProto.FLOAT
     nodes = [
@@ -179,9 +179,9 @@ def test_fused_convolutions_give_numpy_outputs_and_gradients(lo, hi):
         np.testing.assert_allclose(got[k].numpy(), want[k], rtol=1e-4, atol=1e-4, err_msg=k)
     if lo > hi:
         assert np.all(got["y"].numpy() == hi)
-    # The 3x3 weights ran packed for oneDNN (kept with their tensor), the 1x1 one as it is.
+    # Every weight ran packed for oneDNN (kept with its tensor), the 1x1 one too.
     packed = {k for k, v in params.items() if (id(v), "mkldnn") in tov._kept_copies}
-    assert packed == {"W1", "W2", "W3", "W4"}
+    assert packed == {"W1", "W2", "W3", "W4", "W5"}
     # Gradients take the unfused kernels under autograd: the same values as NumPy's.
     cot = {k: np.ones(v.shape, np.float32) for k, v in want.items()}
     _, grads = pm.evaluate(params, {"x": x}, output_gradients={k: backend.array(v) for k, v in cot.items()})
@@ -208,29 +208,34 @@ def test_a_packed_weight_is_packed_again_for_another_input_size():
     dict(pads=[1, 1, 1, 1], group=2),  # grouped, not depthwise: its weight is packed
     dict(auto_pad="SAME_UPPER", strides=[2, 1]),
     dict(auto_pad="VALID", bias=False),
+    dict(pads=[1, 1, 1, 1], group=4, out=8),  # depthwise, two filters per channel
+    dict(kernel=1),  # 1x1
+    dict(kernel=1, strides=[2, 2], bias=False),
 ])
-@pytest.mark.parametrize("act", ["Relu", "Clip", "AddRelu"])
+@pytest.mark.parametrize("act", ["Relu", "Clip", "AddRelu", "Add"])
 def test_packed_and_fused_convolutions_match_numpy(conv, act):
     conv = dict(conv)
-    bias = conv.pop("bias", True)
+    bias, out, k = conv.pop("bias", True), conv.pop("out", 6), conv.pop("kernel", 3)
     group = conv.get("group", 1)
     rng = np.random.default_rng(7)
     f = TensorProto.FLOAT
-    inits = {"W": (rng.standard_normal((6, 4 // group, 3, 3)) * 0.4).astype(np.float32),
+    inits = {"W": (rng.standard_normal((out, 4 // group, k, k)) * 0.4).astype(np.float32),
              "lo": np.float32(-0.25), "hi": np.float32(0.5)}
     if bias:
-        inits["B"] = rng.standard_normal(6).astype(np.float32)
+        inits["B"] = rng.standard_normal(out).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "W", "B"] if bias else ["x", "W"], ["c"], **conv)]
     if act == "AddRelu":  # the residual's shape is the convolution's, read from a first run below
         nodes += [helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    elif act == "Add":
+        nodes.append(helper.make_node("Add", ["r", "c"], ["y"]))
     else:
         nodes.append(helper.make_node(act, ["c", "lo", "hi"] if act == "Clip" else ["c"], ["y"]))
     x = rng.standard_normal((3, 4, 9, 10)).astype(np.float32)
     shape = ml.compile(ml.load_onnx(make_model(nodes[:1], [("x", f, [3, 4, 9, 10])], [("c", f, None)], inits)),
                        ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})["c"].shape
-    inputs = [("x", f, [3, 4, 9, 10])] + ([("r", f, list(shape))] if act == "AddRelu" else [])
+    inputs = [("x", f, [3, 4, 9, 10])] + ([("r", f, list(shape))] if act.startswith("Add") else [])
     model = make_model(nodes, inputs, [("y", f, None)], inits)
-    data = {"x": x, **({"r": rng.standard_normal(shape).astype(np.float32)} if act == "AddRelu" else {})}
+    data = {"x": x, **({"r": rng.standard_normal(shape).astype(np.float32)} if act.startswith("Add") else {})}
     want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(None, data)["y"]
     backend = ml.TorchBackend()
     pm = ml.compile(ml.load_onnx(model), backend, inference=True)
@@ -241,3 +246,23 @@ def test_packed_and_fused_convolutions_match_numpy(conv, act):
     assert got.is_contiguous()
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
     assert (id(params["W"]), "mkldnn") in tov._kept_copies  # it ran the packed path
+
+
+def test_a_conv_is_not_fused_where_its_input_is_freed_before_the_add():
+    """The fused node runs where the Add ran: a Neg between them that reads the convolution's
+    input last (and frees it) keeps the Conv and the Add apart."""
+    from mithril.backends.torch.fusion import conv_activation
+
+    rng = np.random.default_rng(8)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"]), helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Add", ["c", "n"], ["y"])]
+    model = make_model(nodes, [("x", f, [1, 4, 5, 5])], [("y", f, None)],
+                       {"W": rng.standard_normal((4, 4, 1, 1)).astype(np.float32)})
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    backend = ml.TorchBackend()
+    pm = ml.compile(ml.load_onnx(model), backend, inference=True)
+    assert [pn.op_type for pn in pm.plan.nodes] == ["Conv", "Neg", "Add"]
+    assert not any(pn.spec.fn is conv_activation for pn in backend.forward_plan(pm.plan).nodes)
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})["y"]
+    np.testing.assert_allclose(pm.evaluate(None, {"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-4)
