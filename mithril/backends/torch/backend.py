@@ -113,11 +113,11 @@ class TorchBackend(Backend):
     On the CPU, forward-only calls run 2-D float32/bfloat16 convolutions channels_last (NHWC
     strides, the same values): oneDNN's NHWC kernels are faster (ResNet-18 1.27x, MobileNetV2's
     depthwise convs 3x), and each weight is copied to NHWC once while it lives unchanged. A
-    float32 weight that needs such a copy (a kernel larger than 1x1, not depthwise) is instead
-    reordered once into oneDNN's blocked layout and run by oneDNN's own convolution (what
-    torch.compile's freezing calls; ResNet-18's 3x3 layers 1.2-1.25x faster), which also applies
-    a following Relu, Clip, or Add-then-Relu to each output tile (``torch/fusion.py``). 4-D
-    outputs come back row-major. Gradient calls keep NCHW, whose backward was faster.
+    float32 weight is instead reordered once into oneDNN's blocked layout, whatever its kernel,
+    and run by oneDNN's own convolution (what torch.compile's freezing calls; ResNet-18's 3x3
+    layers 1.2-1.25x faster, MobileNetV2 1.1-1.15x), which also applies a following Relu, Clip,
+    Add, or Add-then-Relu to each output tile (``torch/fusion.py``). 4-D outputs come back
+    row-major. Gradient calls keep NCHW, whose backward was faster.
 
     ``compile=True`` wraps the generated forward in ``torch.compile`` (inductor). Measured on
     this 2-core CPU, interleaved with PyTorch eager, it is not faster: ResNet-18 (batch 1,
