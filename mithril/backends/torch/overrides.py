@@ -398,6 +398,21 @@ def relu(x):
     return TorchArray(torch.relu(_t(x)))
 
 
+@override("torch", "Pow", since=7,
+          reason="speed: a one-element exponent as a Python number takes torch's scalar-exponent kernel (x * x * x "
+                 "for Gelu's x ** 3: 0.03 against 0.39 ms on 128x1024)")
+def pow_(x, y, *, xp):
+    if type(x) is TorchArray and type(y) is TorchArray:
+        xt, yt = x.native, y.native
+        # Same dtype (the shared kernel's plain power), a host scalar autograd does not need and
+        # torch.compile does not trace (.item() would break its graph), no broadcast beyond x.
+        if xt.dtype in (torch.float32, torch.float64) and yt.dtype == xt.dtype and yt.numel() == 1 and \
+                yt.dim() <= xt.dim() and yt.device.type == "cpu" and \
+                not (yt.requires_grad and torch.is_grad_enabled()) and not torch.compiler.is_compiling():
+            return TorchArray(torch.pow(xt, yt.item()))
+    return _ew.pow_(x, y, xp=xp)
+
+
 @override("torch", "Erf", since=9,
           reason="speed: torch.erf is one fused kernel; the shared polynomial is a dozen facade ops")
 def erf(x, *, xp):
