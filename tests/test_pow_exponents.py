@@ -32,11 +32,11 @@ def _x(shape=(2, 3, 4)):
     return np.random.default_rng(0).uniform(0.2, 2.0, shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("name", ["jax", "torch"])
+@pytest.mark.parametrize("name,jit", [("jax", True), ("jax", False), ("torch", None)])
 @pytest.mark.parametrize("exponent_shape", [(), (1,)])
-def test_a_parameter_exponent_gives_numpy_values(name, exponent_shape):
+def test_a_parameter_exponent_gives_numpy_values(name, jit, exponent_shape):
     x = _x()
-    pm = ml.compile(ml.load_onnx(_model(exponent_shape=exponent_shape)), _backend(name), inference=True)
+    pm = ml.compile(ml.load_onnx(_model(exponent_shape=exponent_shape)), _backend(name), inference=True, jit=jit)
     for e in EXPONENTS:  # one compiled program: the exponent changes between calls
         params = {"p": np.full(exponent_shape, e, np.float32)}
         got = np.asarray(pm.evaluate(params, {"x": x})["y"])

@@ -365,14 +365,26 @@ def gelu(x, *, approximate, xp):
 # new exponent never recompiles. Derivatives are pow's own (the exponent's included).
 
 
+def _general_pow(x, y):
+    return elementwise.pow_(x, y, xp=jnp)
+
+
+def _square(x, y):
+    return x * x
+
+
+def _cube(x, y):
+    return x * x * x
+
+
+# Module-level branches: eager lax.switch caches its compiled branches by their identity.
+_POW_BRANCHES = (_general_pow, _square, _cube)
+
+
 @jax.custom_jvp
 def _pow_by_scalar(x, y):
     case = jnp.where(y == 2, 1, jnp.where(y == 3, 2, 0)).astype(jnp.int32).reshape(())
-    return lax.switch(case, (_general_pow, lambda x, y: x * x, lambda x, y: x * x * x), x, y)
-
-
-def _general_pow(x, y):
-    return elementwise.pow_(x, y, xp=jnp)
+    return lax.switch(case, _POW_BRANCHES, x, y)
 
 
 @_pow_by_scalar.defjvp
@@ -386,7 +398,11 @@ def _pow_by_scalar_jvp(primals, tangents):
 def pow_(x, y, *, xp):
     if x.dtype in (jnp.float32, jnp.float64) and y.size == 1 and y.ndim <= x.ndim and \
             (jnp.issubdtype(y.dtype, jnp.floating) or jnp.issubdtype(y.dtype, jnp.integer)):
-        return _pow_by_scalar(x, y)
+        if _traced(y):
+            return _pow_by_scalar(x, y)
+        # A concrete exponent (eager calls, constants): the branch chosen here, nothing left to XLA.
+        e = float(np.asarray(y).reshape(()))
+        return _POW_BRANCHES[2 if e == 3 else 1 if e == 2 else 0](x, y)
     return elementwise.pow_(x, y, xp=xp)
 
 
