@@ -402,7 +402,8 @@ def pow_(x, y, *, xp):
             return _pow_by_scalar(x, y)
         # A concrete exponent (eager calls, constants): the branch chosen here, nothing left to XLA.
         e = float(np.asarray(y).reshape(()))
-        return _POW_BRANCHES[2 if e == 3 else 1 if e == 2 else 0](x, y)
+        if e in (2, 3):
+            return _POW_BRANCHES[int(e) - 1](x, y)
     return elementwise.pow_(x, y, xp=xp)
 
 

@@ -115,7 +115,7 @@ class TorchBackend(Backend):
     depthwise convs 3x), and each weight is copied to NHWC once while it lives unchanged. A
     float32 weight is instead reordered once into oneDNN's blocked layout, whatever its kernel,
     and run by oneDNN's own convolution (what torch.compile's freezing calls; ResNet-18's 3x3
-    layers 1.2-1.25x faster, MobileNetV2 1.1-1.15x), which also applies a following Relu, Clip,
+    layers 1.2-1.25x faster, MobileNetV2 1.1-1.3x), which also applies a following Relu, Clip,
     Add, or Add-then-Relu to each output tile (``torch/fusion.py``). 4-D outputs come back
     row-major. Gradient calls keep NCHW, whose backward was faster.
 

@@ -27,7 +27,7 @@ import torch
 
 from ..plan import Plan, PlanNode, reads_of
 from . import overrides as _ov
-from .inplace import host_scalar, clip_into, relu_into
+from .inplace import clip_into, host_scalar, relu_into
 from .xp import TorchArray
 
 _ACTIVATIONS = {("", "Relu"): "Relu", ("", "Clip"): "Clip"}
@@ -91,11 +91,11 @@ def _fused(x, w, b, other, low, high, activation, conv):
 
 
 def fuse_conv_activations(plan: Plan) -> Plan:
-    """``plan`` with each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain whose intermediate results nothing
-    else reads (no other node, subgraph or graph output) as one :func:`conv_activation` node; the
-    same plan object when there is none. Only nodes that resolved to this backend's own kernels
-    are fused (a user's register_op over one of them keeps its node). Nodes are replaced, never
-    changed."""
+    """``plan`` with each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain whose
+    intermediate results nothing else reads (no other node, subgraph or graph output) as one
+    :func:`conv_activation` node; the same plan object when there is none. Only nodes that
+    resolved to this backend's own kernels are fused (a user's register_op over one of them keeps
+    its node). Nodes are replaced, never changed."""
     made = {o: pn for pn in plan.nodes for o in pn.outputs}
     readers = Counter(v for pn in plan.nodes for v in reads_of(pn))
     outputs = set(plan.outputs)
