@@ -27,7 +27,7 @@ import torch
 
 from ..plan import Plan, PlanNode, reads_of
 from . import overrides as _ov
-from .inplace import clip_into, host_scalar, relu_into
+from .inplace import clip_into, relu_into
 from .xp import TorchArray
 
 _ACTIVATIONS = {("", "Relu"): "Relu", ("", "Clip"): "Clip"}
@@ -73,7 +73,7 @@ def _fused(x, w, b, other, low, high, activation, conv):
     scalars = []
     if activation == "Clip":
         # Under no_grad (packed_conv_arguments refuses otherwise): the bounds as host floats.
-        lo, hi = host_scalar(low, torch.float32), host_scalar(high, torch.float32)
+        lo, hi = _ov.host_scalar(low, torch.float32), _ov.host_scalar(high, torch.float32)
         if lo is False or hi is False or (lo is None and hi is None):
             return None
         lo = -math.inf if lo is None else lo

@@ -21,22 +21,11 @@ def _writable(x) -> torch.Tensor | None:
     return t
 
 
-def host_scalar(v, dtype):
-    """A bound as the Python number clamp_ takes (rounded to x's dtype, as ONNX casts it), or
-    False where it is not one host scalar."""
-    if v is None:
-        return None
-    t = v.native if type(v) is TorchArray else None
-    if t is None or t.numel() != 1 or t.device.type != "cpu":
-        return False
-    return (t if t.dtype == dtype else t.to(dtype)).item()
-
-
 def clip_into(x, low=None, high=None, *, xp):
     """ONNX Clip (opset 11+) written into ``x``."""
     t = _writable(x)
     if t is not None and (low is not None or high is not None):
-        lo, hi = host_scalar(low, t.dtype), host_scalar(high, t.dtype)
+        lo, hi = _ov.host_scalar(low, t.dtype), _ov.host_scalar(high, t.dtype)
         if lo is not False and hi is not False:
             return TorchArray(t.clamp_(lo, hi))
     return _ov.clip(x, low, high, xp=xp)
