@@ -1,7 +1,9 @@
-"""NumPy's depthwise Conv override (mithril/backends/numpy/conv.py) against the shared im2col
-kernel: both layouts (channels first for large images, channels last for small ones), strides,
-dilations, asymmetric and auto pads, odd sizes, batches, float32 and float64, and through a
-compiled model under NumpyBackend(num_threads=2) against onnxruntime."""
+"""NumPy's Conv override (mithril/backends/numpy/conv.py) against the shared im2col kernel:
+depthwise in both layouts (channels first for large images, channels last for small ones) and
+dense (group 1) over one or many blocks of output rows; strides, dilations, asymmetric and auto
+pads, odd sizes, batches, float32 and float64, and through a compiled model under
+NumpyBackend(num_threads=2) against onnxruntime. Also NumPy's separable MaxPool
+(mithril/backends/numpy/pool.py) against the shared kernel, bit for bit."""
 
 from __future__ import annotations
 
@@ -91,18 +93,97 @@ def test_mobilenet_layers_both_layouts():
     ("channel_multiplier", (1, 4, 9, 9), (8, 1, 3, 3), 4, np.float32),
     ("conv1d", (1, 4, 9), (4, 1, 3), 4, np.float32),
     ("float16", (1, 4, 9, 9), (4, 1, 3, 3), 4, np.float16),
-    ("plain", (1, 4, 9, 9), (6, 4, 3, 3), 1, np.float32),
+    ("dense_1x1", (1, 4, 9, 9), (6, 4, 1, 1), 1, np.float32),
+    ("dense_float16", (1, 4, 9, 9), (6, 4, 3, 3), 1, np.float16),
+    ("dense_conv3d", (1, 2, 5, 5, 5), (3, 2, 3, 3, 3), 1, np.float32),
 ], ids=lambda c: c[0])
 def test_other_convs_take_the_shared_kernel(case):
     name, xshape, wshape, group, dtype = case
     rng = np.random.default_rng(len(name))
     x = rng.standard_normal(xshape).astype(dtype)
     w = rng.standard_normal(wshape).astype(dtype)
-    assert not fast.is_depthwise_2d(x, w, None, group)
+    assert not fast.is_depthwise_2d(x, w, None, group) and not fast.is_dense_2d(x, w, None, group)
     nd = len(xshape) - 2
     kw = dict(auto_pad="NOTSET", dilations=None, group=group, kernel_shape=list(wshape[2:]), pads=[1] * 2 * nd,
               strides=None)
     np.testing.assert_array_equal(numpy_conv(x, w, None, xp=np, **kw), shared_conv(x, w, None, xp=np, **kw))
+
+
+@pytest.mark.parametrize("cols_bytes", [1 << 20, 3000], ids=["one_block", "many_blocks"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,shape,kernel,attrs", [c for c in CASES if c[2] != (1, 1)],
+                         ids=[c[0] for c in CASES if c[2] != (1, 1)])
+def test_dense_equals_shared_kernel(name, shape, kernel, attrs, dtype, cols_bytes, monkeypatch):
+    # 3000 bytes of columns a block: several blocks of output rows on every case with more than a
+    # few rows, most with a shorter last block.
+    monkeypatch.setattr(fast, "_COLS_BYTES", cols_bytes)
+    rng = np.random.default_rng(sum(map(ord, name)) + 1)
+    x = (rng.standard_normal(shape) * 2).astype(dtype)
+    w = rng.standard_normal((5, shape[1]) + kernel).astype(dtype)
+    b = None if name.startswith("no_") else rng.standard_normal(5).astype(dtype)
+    kw = _attrs(attrs, kernel, 1)
+    assert fast.is_dense_2d(x, w, b, 1)
+    want = shared_conv(x, w, b, xp=np, **kw)
+    win = window(x.shape[2:], w.shape[2:], kw["strides"], kw["dilations"], kw["pads"], kw["auto_pad"])
+    got = fast.dense_2d(x, w, b, win)
+    assert got.shape == want.shape and got.dtype == want.dtype and got.flags.c_contiguous
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-11)
+    np.testing.assert_allclose(got, want, **tol)
+    np.testing.assert_allclose(numpy_conv(x, w, b, xp=np, **kw), want, **tol)
+
+
+def test_dense_blocks_split_resnet_layers():
+    # ResNet-18's first 3x3 layer: 2.3 MiB of float32 columns, two blocks of 28 rows; the 7x7 stem
+    # with stride 2: 7.4 MiB, seven blocks of 16 rows. Both against the shared kernel.
+    for shape, m, kernel, stride, pad in [((1, 64, 56, 56), 64, 3, 1, 1), ((1, 3, 224, 224), 64, 7, 2, 3)]:
+        rng = np.random.default_rng(m + kernel)
+        x = rng.standard_normal(shape).astype(np.float32)
+        w = (rng.standard_normal((m, shape[1], kernel, kernel)) * 0.1).astype(np.float32)
+        b = rng.standard_normal(m).astype(np.float32)
+        kw = _attrs(dict(pads=[pad] * 4, strides=[stride] * 2), (kernel, kernel), 1)
+        oh = (shape[2] + 2 * pad - kernel) // stride + 1
+        assert shape[1] * kernel * kernel * oh * oh * 4 // fast._COLS_BYTES >= 2  # more than one block
+        np.testing.assert_allclose(numpy_conv(x, w, b, xp=np, **kw), shared_conv(x, w, b, xp=np, **kw),
+                                   rtol=1e-4, atol=1e-4)
+
+
+# name, input shape, dtype, MaxPool attributes
+POOLS = [
+    ("resnet_stem", (1, 4, 112, 112), np.float32, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])),
+    ("2x2", (2, 3, 9, 8), np.float32, dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ("ceil", (1, 3, 9, 8), np.float64, dict(kernel_shape=[3, 2], strides=[2, 2], ceil_mode=1)),
+    ("dilated", (1, 2, 13, 11), np.float32, dict(kernel_shape=[3, 3], dilations=[2, 3], pads=[1, 2, 2, 0])),
+    ("same_upper", (1, 2, 10, 7), np.float32, dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER", strides=[2, 1])),
+    ("1d", (2, 3, 17), np.float32, dict(kernel_shape=[4], strides=[3], pads=[1, 2])),
+    ("3d", (1, 2, 6, 7, 5), np.float32, dict(kernel_shape=[2, 3, 2], pads=[0, 1, 0, 1, 1, 1])),
+    ("int8", (1, 3, 8, 8), np.int8, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    ("uint8", (1, 3, 8, 8), np.uint8, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])),
+    ("1x1", (1, 3, 5, 5), np.float32, dict(kernel_shape=[1, 1], strides=[2, 2])),
+]
+
+
+@pytest.mark.parametrize("name,shape,dtype,attrs", POOLS, ids=[p[0] for p in POOLS])
+def test_separable_max_pool_equals_shared_kernel(name, shape, dtype, attrs):
+    from mithril.backends.kernels.nn import max_pool as shared_max_pool
+    from mithril.backends.numpy.overrides import max_pool
+
+    rng = np.random.default_rng(sum(map(ord, name)))
+    if np.dtype(dtype).kind == "f":
+        x = (rng.standard_normal(shape) * 4).astype(dtype)
+        x.flat[::17] = -np.inf  # windows of -inf and padding: the pad value must not win or lose
+        x.flat[5] = np.nan  # propagates through np.maximum along both axes, as in the shared kernel
+    else:
+        x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+    kw = dict(dict(auto_pad="NOTSET", pads=None, strides=None), **attrs)
+    want = shared_max_pool(x, xp=np, **kw)
+    got = max_pool(x, xp=np, **kw)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)  # the same maxima, bit for bit, NaN where the shared has NaN
+    # With the Indices output the override hands the node to the shared kernel.
+    got_y, got_i = max_pool(x, xp=np, num_outputs=2, **kw)
+    want_y, want_i = shared_max_pool(x, xp=np, num_outputs=2, **kw)
+    np.testing.assert_array_equal(got_y, want_y)
+    np.testing.assert_array_equal(got_i, want_i)
 
 
 def test_compiled_model_under_two_threads_matches_onnxruntime():

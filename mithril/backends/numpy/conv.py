@@ -1,8 +1,8 @@
-"""NumPy's depthwise convolution (``group`` == channels, one filter per channel, 2-D).
+"""NumPy's own 2-D convolutions: depthwise (``group`` == channels) and dense (``group`` == 1).
 
-The shared kernel runs a depthwise convolution as im2col (nine copies of the input for a 3x3
-kernel) and a matmul batched over channels, i.e. one tiny gemv per channel. Here it is nine
-multiply-adds of shifted views into a preallocated output, with no im2col and no per-channel
+**Depthwise.** The shared kernel runs a depthwise convolution as im2col (nine copies of the input
+for a 3x3 kernel) and a matmul batched over channels, i.e. one tiny gemv per channel. Here it is
+nine multiply-adds of shifted views into a preallocated output, with no im2col and no per-channel
 matmul:
 
 - The input is copied once into a zero-padded buffer split into ``stride`` phases (phase (a, b)
@@ -19,7 +19,17 @@ against the shared kernel: 1.0x (192x28x28, stride 1) to 2x (576x14x14, stride 2
 the whole model went from 6.0x to 4.7x onnxruntime's time. The floor is NumPy's: seventeen passes
 (nine multiplies, eight adds) over the output where onnxruntime keeps the nine taps in registers,
 and stride 2's phase split (strided copies, half of the 96x112x112 layer's time).
-tests/test_numpy_conv_fast.py holds the cases it is checked on against the shared kernel.
+
+**Dense, with a kernel larger than 1x1.** Still im2col and BLAS, but over blocks of output rows:
+each block's columns (at most ~1 MiB) are copied into one reused buffer that stays in cache while
+the matmul reads it, and the matmul writes its rows of the output in place, where the bias is
+added while they are still in cache. The shared kernel builds every column at once (a 7 MiB
+array for ResNet-18's 64x56x56 layers, written to and read back from memory). Measured on
+ResNet-18's conv shapes, in one process alternating with the shared kernel: 0.74-1.0x its time
+on most layers, ~0.92x in all at 1 and 2 threads; the peak memory of a layer drops by the columns'
+size.
+
+tests/test_numpy_conv_fast.py holds the cases both are checked on against the shared kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +41,11 @@ import numpy as np
 # Elements per channel block of the channels-first path: its output and temporary (2 x 256 KiB
 # of float32) stay in a core's L2 across the taps. Chosen on MobileNetV2's 112x112 and 56x56 layers.
 _BLOCK_ELEMENTS = 65536
+
+# Bytes of im2col columns per block of output rows in the dense path: ~1 MiB, a core's L2 on this
+# project's reference machines (0.5 and 1 MiB measured alike on ResNet-18's layers; 2 MiB slower).
+# Columns under twice this go in one block: two half-full matmuls cost more than the cache saves.
+_COLS_BYTES = 1 << 20
 
 
 def is_depthwise_2d(x, w, b, group: int) -> bool:
@@ -126,3 +141,44 @@ def depthwise_2d(x, w, b, win):
             np.add(o, b[c0:c1, None], out=o)
     # A view without the phase's extra columns (a copy only when the next op needs one).
     return out.reshape(n, c, oh, wq)[:, :, :, :ow]
+
+
+def is_dense_2d(x, w, b, group: int) -> bool:
+    """Whether :func:`dense_2d` computes this Conv: 2-D, ``group`` == 1, a kernel larger than
+    1x1 (a 1x1 kernel needs no columns), float32 or float64 throughout."""
+    return (
+        x.ndim == 4 and w.ndim == 4 and group == 1 and w.shape[1] == x.shape[1] and w.shape[2] * w.shape[3] > 1
+        and x.dtype in (np.float32, np.float64) and w.dtype == x.dtype
+        and (b is None or (b.shape == (w.shape[0],) and b.dtype == x.dtype))
+    )
+
+
+def dense_2d(x, w, b, win):
+    """Conv of x (n, c, h, w) with w (m, c, kh, kw) and bias b (m,) or None over ``win``
+    (:class:`~mithril.backends.kernels.geometry.Window`): im2col and one matmul per block of
+    output rows, into a fresh (n, m, oh, ow) array."""
+    from ..kernels.nn import _pad_spatial
+
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = win.kernel, win.strides, win.dilations, win.out
+    k = c * kh * kw
+    padded = _pad_spatial(x, win, 0, np)  # the shared kernel's padding, so its taps' offsets hold
+    blocks = k * oh * ow * x.itemsize // _COLS_BYTES
+    rows = oh if blocks < 2 else -(-oh // blocks)
+    w2 = w.reshape(m, k)
+    out = np.empty((n, m, oh * ow), x.dtype)
+    buf = np.empty(k * rows * ow, x.dtype)  # flat, so that a short last block is a contiguous prefix
+    for i in range(n):
+        for r0 in range(0, oh, rows):
+            r1 = min(oh, r0 + rows)
+            cols = buf[:k * (r1 - r0) * ow].reshape(c, kh * kw, r1 - r0, ow)
+            for a in range(kh):
+                rs = slice(a * dh + r0 * sh, a * dh + (r1 - 1) * sh + 1, sh)
+                for b_ in range(kw):
+                    cols[:, a * kw + b_] = padded[i, :, rs, b_ * dw:b_ * dw + (ow - 1) * sw + 1:sw]
+            y = out[i, :, r0 * ow:r1 * ow]
+            np.matmul(w2, cols.reshape(k, -1), out=y)
+            if b is not None:
+                np.add(y, b[:, None], out=y)
+    return out.reshape(n, m, oh, ow)

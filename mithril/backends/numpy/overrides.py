@@ -1,6 +1,6 @@
 """NumPy overrides: where SciPy has the function NumPy lacks, use it (speed, and ulp-level accuracy);
-where NumPy's own loop is slow, a faster formulation (float32 Erf, Pow by 2, 3 or 4, depthwise Conv
-from conv.py)."""
+where NumPy's own loop is slow, a faster formulation (float32 Erf, Pow by 2, 3 or 4, 2-D Conv from
+conv.py, MaxPool from pool.py)."""
 
 from __future__ import annotations
 
@@ -82,19 +82,38 @@ def gelu(x, *, approximate, xp):
 
 
 @override("numpy", "Conv", since=1,
-          reason="speed: depthwise (group == channels, 2-D) as multiply-adds of shifted contiguous views over "
-                 "stride phases (mithril/backends/numpy/conv.py); the shared im2col + matmul elsewhere")
+          reason="speed: 2-D depthwise (group == channels) as multiply-adds of shifted contiguous views over "
+                 "stride phases, 2-D dense (group == 1) as im2col + matmul over cache-sized blocks of output rows "
+                 "(mithril/backends/numpy/conv.py); the shared im2col + matmul elsewhere")
 def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
     from ..kernels.geometry import window
     from ..kernels.nn import conv as shared_conv
-    from .conv import depthwise_2d, is_depthwise_2d
+    from .conv import dense_2d, depthwise_2d, is_dense_2d, is_depthwise_2d
 
-    if is_depthwise_2d(x, w, b, group):
+    depthwise = is_depthwise_2d(x, w, b, group)
+    if depthwise or is_dense_2d(x, w, b, group):
         win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
         if all(o > 0 for o in win.out):
-            return depthwise_2d(x, w, b, win)
+            return (depthwise_2d if depthwise else dense_2d)(x, w, b, win)
     return shared_conv(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
                        pads=pads, strides=strides, xp=xp)
+
+
+@override("numpy", "MaxPool", since=1,
+          reason="speed: without the Indices output, separable (one spatial axis at a time, (kh-1)+(kw-1) passes "
+                 "instead of kh*kw-1; mithril/backends/numpy/pool.py); the shared kernel with Indices")
+def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations=None, storage_order=0,
+             num_outputs=1, xp):
+    from ..kernels.geometry import window
+    from ..kernels.nn import max_pool as shared_max_pool
+    from .pool import max_pool_separable
+
+    if num_outputs < 2:
+        win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        return max_pool_separable(x, win)
+    return shared_max_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
+                           ceil_mode=ceil_mode, dilations=dilations, storage_order=storage_order,
+                           num_outputs=num_outputs, xp=xp)
 
 
 @override("numpy", "Pow", since=7,
