@@ -21,13 +21,13 @@ the whole model went from 6.0x to 4.7x onnxruntime's time. The floor is NumPy's:
 and stride 2's phase split (strided copies, half of the 96x112x112 layer's time).
 
 **Dense, with a kernel larger than 1x1.** Still im2col and BLAS, but over blocks of output rows:
-each block's columns (at most ~1 MiB) are copied into one reused buffer that stays in cache while
-the matmul reads it, and the matmul writes its rows of the output in place, where the bias is
-added while they are still in cache. The shared kernel builds every column at once (a 7 MiB
-array for ResNet-18's 64x56x56 layers, written to and read back from memory). Measured on
-ResNet-18's conv shapes, in one process alternating with the shared kernel: 0.74-1.0x its time
-on most layers, ~0.92x in all at 1 and 2 threads; the peak memory of a layer drops by the columns'
-size.
+each block's columns (1-2 MiB) are copied into one reused buffer that stays in cache while the
+matmul reads it, and the matmul writes its rows of the output in place, where the bias is added
+while they are still in cache. The shared kernel builds every column at once (a 7 MiB array for
+ResNet-18's 64x56x56 layers, written to and read back from memory). Measured on ResNet-18's conv
+shapes, in one process alternating with the shared kernel on a noisy host: ~0.92x its time over
+the network's layers at 1 and 2 threads (0.74-0.87x on the 64x56x56 ones); a layer's peak memory
+drops by the columns' size.
 
 tests/test_numpy_conv_fast.py holds the cases both are checked on against the shared kernel.
 """
@@ -42,9 +42,9 @@ import numpy as np
 # of float32) stay in a core's L2 across the taps. Chosen on MobileNetV2's 112x112 and 56x56 layers.
 _BLOCK_ELEMENTS = 65536
 
-# Bytes of im2col columns per block of output rows in the dense path: ~1 MiB, a core's L2 on this
-# project's reference machines (0.5 and 1 MiB measured alike on ResNet-18's layers; 2 MiB slower).
-# Columns under twice this go in one block: two half-full matmuls cost more than the cache saves.
+# Bytes of im2col columns per block of output rows in the dense path (a block holds 1-2x this):
+# 0.5 and 1 MiB measured alike on ResNet-18's layers on the 2-core VM, whose cores have 1 MiB of
+# L2. Columns under twice this go in one block: narrower matmuls cost more than the cache saves.
 _COLS_BYTES = 1 << 20
 
 
