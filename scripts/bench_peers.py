@@ -26,6 +26,10 @@ same count as onnxruntime (``intra_op_num_threads``), torch (``torch.set_num_thr
 (threadpoolctl), which are also set explicitly. Every call returns NumPy arrays where Mithril's rows
 do (JAX and MLX outputs are waited for and converted, as ``backend.to_numpy`` does).
 
+With built-in models, the process of the largest thread count also loads and compiles ResNet-50
+(scripts/bench.py's export) on NumPy, Torch and JAX against issue 21's Must 4 (load+compile under
+1 s on NumPy and Torch, JAX's first call under 5 s); ``--no-compile-time`` skips it.
+
 One progress line per measurement goes to stderr.
 """
 
@@ -271,7 +275,63 @@ def run_child(args) -> dict:
                             b._progress(f"{name} {args.threads}t {LABELS[row['runtime']]} hot ops: {row['hot_ops']}")
                 del prepared, runners
             del sess, ort_call
-    return {"rows": rows, "notes": notes, "facts": facts}
+        compile_rows = [row for item in args.compile_items for row in _compile_rows(item, backends, args, notes)]
+    return {"rows": rows, "notes": notes, "facts": facts, "compile_rows": compile_rows}
+
+
+# Issue 21, Must 4: ResNet-50's load + compile on NumPy and Torch, and JAX's first call (its jit compile).
+COMPILE_BARS = {"numpy": ("load+compile", 1.0), "torch": ("load+compile", 1.0), "jax": ("first call", 5.0)}
+
+
+def _compile_rows(item: dict, backends: dict, args, notes: list) -> list[dict]:
+    """Load+compile (median of at least 3) and first-call seconds of each of NumPy, Torch and JAX on
+    ``item``'s file, with onnxruntime's session creation beside them; no steady-state timing."""
+    import onnxruntime as ort
+
+    b = _bench()
+    path, name = item["path"], item["name"]
+    inputs = _user_inputs(path)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    t = time.perf_counter()
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    rows = [dict(model=name, threads=args.threads, runtime=ORT, compile_s=time.perf_counter() - t, first_s=None,
+                 diff=0.0)]
+    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+    for r in COMPILE_BARS:
+        if r not in backends:
+            continue
+        b._progress(f"{name}, {args.threads} threads: load, compile and first call on {LABELS[r]}")
+        try:
+            compile_s, first_s, _, outs, _ = b._backend_row(backends[r], path, inputs, max(3, args.compile_repeats))
+        except Exception as exc:  # one failing backend must not end the benchmark
+            notes.append(f"{name}: {LABELS[r]} failed to compile: {type(exc).__name__}: {str(exc)[:300]}")
+            b._progress(notes[-1])
+            continue
+        diff = max(float(np.max(np.abs(np.asarray(outs[k], np.float64) - ref[k]))) for k in ref)
+        rows.append(dict(model=name, threads=args.threads, runtime=r, compile_s=compile_s, first_s=first_s, diff=diff))
+        b._progress(f"{name} {LABELS[r]}: load+compile {compile_s:.2f} s, first call {first_s:.2f} s")
+    return rows
+
+
+def _compile_table(rows: list[dict], export_line: str) -> list[str]:
+    lines = ["", "### Load and compile time (issue 21, Must 4)", "",
+             f"{export_line}. One process at {rows[0]['threads']} thread{'s' if rows[0]['threads'] != 1 else ''} "
+             "after the tables above (every framework "
+             "imported and started): Mithril's `ml.compile(ml.load_onnx(path), backend)`, the median of three, "
+             "and the first `evaluate` after the first compile (where jax.jit compiles); onnxruntime's session "
+             "creation beside them. Bars: NumPy and Torch load+compile under 1 s, JAX's first call under 5 s.", "",
+             "| Runtime | Load+compile s | First call s | Bar | Result | max \\|diff\\| |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        bar = COMPILE_BARS.get(r["runtime"])
+        if bar is None:
+            verdict, bar_text = "—", "—"
+        else:
+            value = r["compile_s"] if bar[0] == "load+compile" else r["first_s"]
+            verdict, bar_text = ("met" if value < bar[1] else "missed"), f"{bar[0]} < {bar[1]:g} s"
+        lines.append(f"| {LABELS[r['runtime']]} | {r['compile_s']:.2f} | {_fmt(r['first_s'], '.2f')} | {bar_text} "
+                     f"| {verdict} | {r['diff']:.1e} |")
+    return lines
 
 
 def _hot_ops(ml, pm, params, data, top: int = 3) -> str:
@@ -295,7 +355,8 @@ def _fmt(v, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
-def render(results: list[dict], args, started: str, loads, export_lines: list[str], memory=()) -> str:
+def render(results: list[dict], args, started: str, loads, export_lines: list[str], memory=(),
+           compile_export: str = "") -> str:
     b = _bench()
     command = "python scripts/bench_peers.py" + "".join(" " + shlex.quote(a) for a in args.argv)
     facts = b._machine_facts()
@@ -338,6 +399,9 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
             lines.append(f"| {r['threads']} | {name} | {r['ms']:.2f} | {r['min_ms']:.2f}–{r['max_ms']:.2f} | {r['runs']} "
                          f"| {r['vs_ort']:.2f}x | {peer} | {_fmt(r['compile_s'], '.2f')} | {_fmt(r['first_s'], '.2f')} "
                          f"| {r['diff']:.1e} | {r.get('hot_ops', '')} |")
+    compile_rows = [r for res in results for r in res.get("compile_rows", [])]
+    if compile_rows:
+        lines += _compile_table(compile_rows, compile_export)
     if memory:
         import bench_memory
 
@@ -380,6 +444,9 @@ def main(argv=None) -> int:
                     help="skip the hot-ops column (ml.profile of each Mithril row after its timing)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the resident-memory rows (scripts/bench_memory.py: one fresh process per model and runtime)")
+    ap.add_argument("--no-compile-time", action="store_true",
+                    help="skip ResNet-50's load+compile and first-call rows (issue 21's Must 4; exported here, "
+                         "measured in the process of the largest thread count; only with built-in --models)")
     ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)  # internal: one thread count
     args = ap.parse_args(argv)
     args.argv = argv
@@ -390,7 +457,7 @@ def main(argv=None) -> int:
 
     if args.child:
         spec = json.loads(Path(args.child).read_text())
-        args.threads, args.items = spec["threads"], spec["items"]
+        args.threads, args.items, args.compile_items = spec["threads"], spec["items"], spec.get("compile_items", [])
         Path(spec["out"]).write_text(json.dumps(run_child(args)))
         return 0
 
@@ -423,10 +490,18 @@ def main(argv=None) -> int:
         for p in args.model:
             items.append({"name": os.path.basename(p), "path": os.path.abspath(p), "builtin": False})
             export_lines.append(f"{os.path.basename(p)}: the user's file")
+        compile_items, compile_export = [], ""
+        if names and not args.no_compile_time:
+            b._progress("export resnet50 (load and compile time)")
+            path50, _ = b._resnet50_onnx(workdir)
+            compile_items.append({"name": "resnet50", "path": path50})
+            compile_export = (f"ResNet-50 (scripts/bench.py's torchvision architecture, random weights, torchscript "
+                              f"exporter, input [1, 3, 224, 224], {os.path.getsize(path50) / 2**20:.0f} MiB)")
         passthrough = [a for a in argv if not a.startswith("--write")]
         for t in threads:
             spec_path, out_path = os.path.join(workdir, f"child{t}.json"), os.path.join(workdir, f"rows{t}.json")
-            Path(spec_path).write_text(json.dumps({"threads": t, "items": items, "out": out_path}))
+            Path(spec_path).write_text(json.dumps({"threads": t, "items": items, "out": out_path,
+                                                    "compile_items": compile_items if t == max(threads) else []}))
             b._progress(f"{t}-thread process")
             proc = subprocess.run([sys.executable, __file__, *passthrough, "--child", spec_path])
             if proc.returncode != 0 or not os.path.exists(out_path):
@@ -441,7 +516,7 @@ def main(argv=None) -> int:
             runtimes = ["onnxruntime", *(r for r in bench_memory.RUNTIMES[1:] if r in args.runtime_list)]
             memory = bench_memory.rows({it["name"]: it["path"] for it in items}, runtimes, max(threads),
                                        progress=b._progress)
-    section = render(results, args, started, (load_start, b._load_average()), export_lines, memory)
+    section = render(results, args, started, (load_start, b._load_average()), export_lines, memory, compile_export)
     print(section)
     if args.write:
         out = Path(args.output)

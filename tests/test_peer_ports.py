@@ -129,3 +129,28 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
         row = re.search(rf"\| conv.onnx \| {runtime} \| (\d+) \| (\d+) \| ", memory)
         assert row, memory
     assert "| conv.onnx | torch |" not in memory
+
+
+def test_compile_time_rows_judge_each_backend_against_its_bar(tmp_path, conv_model):
+    # Must 4's section: load+compile and first call per backend, beside onnxruntime's session, each
+    # judged against its bar (NumPy load+compile < 1 s; JAX's first call < 5 s), with its outputs checked.
+    import argparse
+
+    import bench_peers
+    import onnx
+
+    import mithril as ml
+
+    model = tmp_path / "conv.onnx"
+    onnx.save(conv_model, model)
+    args = argparse.Namespace(threads=1, compile_repeats=1)
+    notes = []
+    rows = bench_peers._compile_rows({"name": "conv.onnx", "path": str(model)}, {"numpy": ml.NumpyBackend()},
+                                     args, notes)
+    assert not notes and [r["runtime"] for r in rows] == ["onnxruntime", "numpy"]
+    assert rows[1]["compile_s"] > 0 and rows[1]["first_s"] > 0 and rows[1]["diff"] < 1e-4
+    table = bench_peers._compile_table(rows, "conv.onnx")
+    assert any(re.fullmatch(r"\| Mithril NumPy \| [\d.]+ \| [\d.]+ \| load\+compile < 1 s \| met \| .*", line)
+               for line in table), table
+    slow = dict(rows[1], runtime="jax", first_s=7.5)
+    assert "| first call < 5 s | missed |" in bench_peers._compile_table([rows[0], slow], "conv.onnx")[-1]
