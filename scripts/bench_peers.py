@@ -284,7 +284,7 @@ COMPILE_BARS = {"numpy": ("load+compile", 1.0), "torch": ("load+compile", 1.0), 
 
 
 def _compile_rows(item: dict, backends: dict, args, notes: list) -> list[dict]:
-    """Load+compile (median of at least 3) and first-call seconds of each of NumPy, Torch and JAX on
+    """Load+compile (median of three) and first-call seconds of each of NumPy, Torch and JAX on
     ``item``'s file, with onnxruntime's session creation beside them; no steady-state timing."""
     import onnxruntime as ort
 
@@ -303,7 +303,7 @@ def _compile_rows(item: dict, backends: dict, args, notes: list) -> list[dict]:
             continue
         b._progress(f"{name}, {args.threads} threads: load, compile and first call on {LABELS[r]}")
         try:
-            compile_s, first_s, _, outs, _ = b._backend_row(backends[r], path, inputs, max(3, args.compile_repeats))
+            compile_s, first_s, _, outs, _ = b._backend_row(backends[r], path, inputs, 3)
         except Exception as exc:  # one failing backend must not end the benchmark
             notes.append(f"{name}: {LABELS[r]} failed to compile: {type(exc).__name__}: {str(exc)[:300]}")
             b._progress(notes[-1])

@@ -143,7 +143,7 @@ def test_compile_time_rows_judge_each_backend_against_its_bar(tmp_path, conv_mod
 
     model = tmp_path / "conv.onnx"
     onnx.save(conv_model, model)
-    args = argparse.Namespace(threads=1, compile_repeats=1)
+    args = argparse.Namespace(threads=1)
     notes = []
     rows = bench_peers._compile_rows({"name": "conv.onnx", "path": str(model)}, {"numpy": ml.NumpyBackend()},
                                      args, notes)
