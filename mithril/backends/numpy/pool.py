@@ -21,19 +21,14 @@ def max_pool_separable(x, win):
     y = _pad_spatial(x, win, _lowest(x.dtype), np)  # the shared kernel's padding and tap offsets
     nd = len(win.kernel)
     for i in range(nd):
-        axis = x.ndim - nd + i
+        lead = (slice(None),) * (x.ndim - nd + i)  # the axes before this spatial axis
         k, s, d, n = win.kernel[i], win.strides[i], win.dilations[i], win.out[i]
-        index = [slice(None)] * y.ndim
-
-        def tap(o, y=y, index=index, axis=axis, s=s, d=d, n=n):
-            index[axis] = slice(o * d, o * d + (n - 1) * s + 1, s)
-            return y[tuple(index)]
-
+        taps = [y[lead + (slice(o * d, o * d + (n - 1) * s + 1, s),)] for o in range(k)]
         if k == 1:
-            y = tap(0)
+            y = taps[0]
             continue
-        acc = np.maximum(tap(0), tap(1))
-        for o in range(2, k):
-            np.maximum(acc, tap(o), out=acc)
+        acc = np.maximum(taps[0], taps[1])
+        for tap in taps[2:]:
+            np.maximum(acc, tap, out=acc)
         y = acc
     return y
