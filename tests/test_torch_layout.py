@@ -248,6 +248,47 @@ def test_packed_and_fused_convolutions_match_numpy(conv, act):
     assert (id(params["W"]), "mkldnn") in tov._kept_copies  # it ran the packed path
 
 
+@pytest.mark.parametrize("act", [None, "Relu", "AddRelu"])
+def test_a_geometry_onednn_refuses_runs_torchs_public_convolution(monkeypatch, act):
+    """torch's private oneDNN convolutions raise for some geometries on some processors (torch 2.11
+    on the device machine's CPU: "could not create a memory", ResNet-18's last 3x3 conv of a 1x1
+    input with its residual Add): that geometry runs torch's public ops, to the same values, and
+    is not tried again. The private calls are made to raise here; None: a Conv alone."""
+    calls = []
+
+    def refuse(*args):
+        calls.append(len(args))
+        raise RuntimeError("could not create a memory")
+
+    monkeypatch.setattr(tov, "_POINTWISE", refuse)
+    monkeypatch.setattr(tov, "_POINTWISE_BINARY", refuse)
+    monkeypatch.setattr(tov, "_REFUSED", set())
+    rng = np.random.default_rng(9)
+    f = TensorProto.FLOAT
+    inits = {"W": (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(np.float32),
+             "B": rng.standard_normal(8).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if act else "y"], pads=[1, 1, 1, 1])]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif act == "AddRelu":
+        nodes += [helper.make_node("Add", ["c", "r"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    inputs = [("x", f, [2, 8, 1, 1])] + ([("r", f, [2, 8, 1, 1])] if act == "AddRelu" else [])
+    model = make_model(nodes, inputs, [("y", f, None)], inits)
+    data = {k: rng.standard_normal((2, 8, 1, 1)).astype(np.float32) for k, *_ in inputs}
+    want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(None, data)["y"]
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(), inference=True)
+    params = pm.get_parameters()
+    tried = []
+    for _ in range(2):
+        np.testing.assert_allclose(pm.evaluate(params, data)["y"].numpy(), want, rtol=1e-4, atol=1e-4)
+        tried.append(len(calls))
+    # The fused call refused, then the Conv's own packed call (the unfused path's first try); each
+    # tried in the first run only.
+    posts = {None: ["none"], "Relu": ["relu", "none"], "AddRelu": ["add+relu", "none"]}[act]
+    assert tried == [len(posts)] * 2
+    assert sorted(key[0] for key in tov._REFUSED) == sorted(posts)
+
+
 def test_a_conv_is_not_fused_where_its_input_is_freed_before_the_add():
     """The fused node runs where the Add ran: a Neg between them that reads the convolution's
     input last (and frees it) keeps the Conv and the Add apart."""

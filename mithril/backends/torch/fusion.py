@@ -8,8 +8,9 @@ such an Add, becomes one node calling :func:`conv_activation`. At run time it ta
 on the CPU, forward only: see :func:`~mithril.backends.torch.overrides.packed_weight`), with the Add
 and the activation applied by oneDNN to each output tile while it is in cache, as torch.compile's
 freezing does. Anything else (a gradient call, other dtypes or devices, a weight that is not
-packed, Clip bounds that are not scalars or that cross) runs the three kernels one after the other,
-the activation written into the convolution's fresh result where autograd allows.
+packed, Clip bounds that are not scalars or that cross, a geometry oneDNN refused on this processor:
+see :func:`~mithril.backends.torch.overrides.packed_call`) runs the three kernels one after the
+other, the activation written into the convolution's fresh result where autograd allows.
 
 One difference from the unfused ops: oneDNN's Relu and clip give their lower bound for a NaN
 (torch.relu keeps the NaN), as onnxruntime's own fused Conv+Relu (MLAS) does.
@@ -84,10 +85,10 @@ def _fused(x, w, b, other, low, high, activation, conv):
     # The binary call takes no activation as None ("none" is refused there).
     attr = {"Relu": "relu", "Clip": "hardtanh", None: "none" if other is None else None}[activation]
     if other is None:
-        return torch.ops.mkldnn._convolution_pointwise(xt, packed, bt, padding, strides, dilations, group, attr,
-                                                       scalars, None)
-    return torch.ops.mkldnn._convolution_pointwise.binary(xt, ot, packed, bt, padding, strides, dilations, group,
-                                                          "add", None, attr, scalars, None)
+        return _ov.packed_call(attr, xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE(
+            xt, packed, bt, padding, strides, dilations, group, attr, scalars, None))
+    return _ov.packed_call(f"add+{attr}", xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE_BINARY(
+        xt, ot, packed, bt, padding, strides, dilations, group, "add", None, attr, scalars, None))
 
 
 def fuse_conv_activations(plan: Plan) -> Plan:

@@ -74,9 +74,11 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     packed = None if nd != 2 else packed_conv_arguments(xt, wt, bt, auto_pad=auto_pad, dilations=dilations,
                                                         group=group, pads=pads, strides=strides)
     if packed is not None:
-        xt, wp, bt, padding, strides_, dilations_, _ = packed
-        return TorchArray(torch.ops.mkldnn._convolution_pointwise(xt, wp, bt, padding, strides_, dilations_, group,
-                                                                  "none", [], None))
+        xp_, wp, bp, padding, strides_, dilations_, _ = packed
+        y = packed_call("none", xp_, wp, padding, strides_, dilations_, group,
+                        lambda: _POINTWISE(xp_, wp, bp, padding, strides_, dilations_, group, "none", [], None))
+        if y is not None:
+            return TorchArray(y)
     xt, padding, win = _conv_window(xt, wt, auto_pad, dilations, pads, strides)
     if nd == 2 and type(xt) is type(wt) is torch.Tensor and xt.device.type == "cpu" and \
             xt.dtype in _CHANNELS_LAST_DTYPES and not torch.is_grad_enabled():  # DTensors keep their layout
@@ -139,6 +141,27 @@ _kept_copies: dict = {}
 # torch.compile's freezing calls), where torch's public one reorders the weight at every call.
 _PACKED = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise", None) is not None and \
     torch.backends.mkldnn.is_available()
+_POINTWISE = torch.ops.mkldnn._convolution_pointwise if _PACKED else None
+_POINTWISE_BINARY = torch.ops.mkldnn._convolution_pointwise.binary if _PACKED else None
+# Geometries (post-op, input and packed weight shapes, padding, strides, dilations, group) whose
+# oneDNN call raised. These are torch's private ops, and oneDNN chooses its implementation by the
+# processor: on one (torch 2.11, the device machine's CPU) the binary call refused a 3x3 conv of a
+# 1x1 input ("could not create a memory") that runs here. Such a geometry takes torch's public
+# convolution from then on: the same result, at the unpacked speed.
+_REFUSED: set = set()
+
+
+def packed_call(post: str, xt, packed, padding, strides, dilations, group: int, call):
+    """``call()``, a private oneDNN convolution of this geometry; None where it raises a
+    RuntimeError, now or before (the caller then runs torch's public ops)."""
+    key = (post, tuple(xt.shape), tuple(packed.shape), tuple(padding), tuple(strides), tuple(dilations), group)
+    if key in _REFUSED:
+        return None
+    try:
+        return call()
+    except RuntimeError:
+        _REFUSED.add(key)
+        return None
 
 
 def _kept(w: torch.Tensor, what: str, key, make):
