@@ -14,6 +14,7 @@ caches) cost more than a strategy's 20 steps, so the file takes about 1.5 minute
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 import warnings
@@ -29,6 +30,7 @@ from mithril.models import CrossEntropy, Mean, Model, TrainModel, Transpose
 from mithril.optimizers import SGD, Adam, fit
 
 torch = pytest.importorskip("torch")
+TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
@@ -208,7 +210,9 @@ def test_strategy_trains_as_one_process(case, parallel, mesh):
         else:
             assert 0 < held < whole_bytes
         if case != "resnet18":  # DTensor splits every op of the MLP and the GPT: none ran replicated
-            assert not ops, ops
+            # torch 2.11 (the device machine's) has no rule for one of the GPT's fsdp matmuls: it runs
+            # on whole tensors there (warned), to the same losses and parameters, checked above.
+            assert not [o for o in ops if TORCH_VERSION >= (2, 13) or "no sharding rule for matmul:" not in o], ops
     if parallel == PIPELINE:  # each parameter held by exactly one stage's process
         assert sum(held for _, _, held, _ in results) == whole_bytes, [r[2] for r in results]
 
@@ -397,7 +401,9 @@ def test_mesh_arrays_and_evaluate(tmp_path):
         conv = got["conv"]
         assert all(conv["split"])  # each gradient placed as its parameter
         assert len(conv["warned"]) == 1, conv["warned"]  # the forward's and the backward's ops, once
-        assert "rule for avg_pool2d_backward, conv2d's split weights: these ops run on whole" in conv["warned"][0]
+        # torch 2.13 has DTensor rules for avg_pool2d's forward but not its backward; torch 2.11 for neither.
+        assert re.search(r"rule for avg_pool2d(_backward)?, conv2d's split weights: these ops run on whole",
+                         conv["warned"][0]), conv["warned"][0]
         np.testing.assert_allclose(*conv["loss"], rtol=1e-6)
         for k, (g, want) in conv["grads"].items():
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=k)

@@ -199,10 +199,11 @@ _CONVOLUTIONS = frozenset(f for f in (
     torch.convolution}
 
 
-# Gather's lookup (xp.take): with a split index (token ids split by their batch), DTensor's rules
-# for index_select and its backward's index_add_ differ between torch versions (torch 2.11's
-# backward met a whole index and a split gradient: "Number of indices (32) should be equal to
-# source.size(dim): (16)"); the lookup runs on local tensors instead (_local_index_select).
+# Gather's lookup (xp.take): DTensor's rules for index_select and its backward's index_add_ differ
+# between torch versions (torch 2.11's backward met a whole index and a split gradient: "Number of
+# indices (32) should be equal to source.size(dim): (16)", the GPT's four strategies on the device
+# machine, where running only the split index's lookups locally left them failing); the lookup runs
+# on local tensors instead (_local_index_select), by a split index or a whole one.
 _INDEX_SELECTS = frozenset({torch.index_select, torch.Tensor.index_select})
 
 # LayerNormalization (F.layer_norm): torch 2.11's DTensor rule left an FSDP-split weight split
@@ -222,7 +223,7 @@ class MeshMode(TorchFunctionMode):
     autograd follows (``to_local``/``from_local`` are differentiable). A convolution's split
     weight and bias are gathered whole first (DTensor's rule would ignore their split), and its
     input's split channels or positions too; its batch stays split, and it runs on the local
-    tensors; so do a lookup (``index_select``) by a split index and a LayerNorm. Those gathered
+    tensors; so do a lookup (``index_select``) and a LayerNorm. Those gathered
     weights and the replicated ops are collected in ``ops``."""
 
     active = 0  # MeshModes entered and not left (a program's forward, a recomputed checkpoint)
@@ -335,16 +336,19 @@ def _local_convolution(func, tmesh, args, kwargs):
 
 
 def _local_index_select(func, tmesh, args, kwargs):
-    """``index_select(values, dim, index)`` with an index split on its dim 0, run on each
-    process's local tensors: the values whole (gathered where split; their gradient a pending sum
-    over the axes the index is split on, as each process looks up its own rows), the output split
-    on ``dim`` as the index is. NotImplemented where the index is not split (DTensor's rule runs)."""
+    """``index_select(values, dim, index)`` with an index whole or split on its dim 0, run on
+    each process's local tensors: the values whole (gathered where split; their gradient a pending
+    sum over the axes the index is split on, as each process looks up its own rows), the output
+    split on ``dim`` as the index is. Its backward meets the output's gradient redistributed as
+    the output was made (``from_local``'s rule), so index and gradient agree whatever DTensor did
+    in between. NotImplemented for an index with a pending sum or other splits, or values that are
+    not a DTensor (DTensor's rule runs)."""
     names = ("input", "dim", "index")
     bound = dict(zip(names, args), **kwargs)
     values, dim, index = bound.get("input", bound.get("self")), bound.get("dim"), bound.get("index")
     if set(bound) - {"input", "self", "dim", "index"} or not isinstance(index, DTensor) or \
-            not any(p.is_shard() for p in index.placements) or \
-            any(p.is_shard() and p.dim != 0 for p in index.placements) or not isinstance(values, DTensor):
+            not all(p.is_replicate() or (p.is_shard() and p.dim == 0) for p in index.placements) or \
+            not isinstance(values, DTensor):
         return NotImplemented
     dim = dim % values.ndim
     out = func(_whole_local(values, tmesh, index.placements), dim, index.to_local())
