@@ -536,10 +536,12 @@ class TorchBackend(Backend):
 
     # -- compilation hooks -----------------------------------------------------------
     def forward_plan(self, plan):
+        from ..gelu import fuse_gelu
         from ..inplace import in_place_activations
         from .fusion import fuse_conv_activations
         from .inplace import SWAPS
 
+        plan = fuse_gelu(plan, _gelu_kernel())
         return in_place_activations(fuse_conv_activations(plan), SWAPS)
 
     def lower(self, plan, **kwargs):
@@ -853,6 +855,15 @@ class _Compiled:
                     raise _trace_error(exc) from exc
                 raise
         return {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+@functools.cache
+def _gelu_kernel():
+    """Torch's own Gelu kernel (F.gelu), for the written-out Gelus of older opsets (:mod:`..gelu`)."""
+    from ..registry import REGISTRY
+    from . import overrides
+
+    return next(spec for spec in REGISTRY.entries("Gelu", backend="torch") if spec.fn is overrides.gelu)
 
 
 _programs = itertools.count()
