@@ -226,6 +226,40 @@ def test_gradients_conv_gemm_softmax():
     _check_gradients(model, {"x": rng.standard_normal((2, 2, 5, 5))}, {"x": (2, 2, 5, 5)})
 
 
+class _BrokenBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("this op's backward is broken")
+
+
+def test_a_failing_backward_names_its_node():
+    """Torch's backward pass runs in autograd's engine, no line of the program: the node whose
+    gradient failed is found by running the pass again under anomaly mode (its forward stack)."""
+    def broken(x):
+        return _BrokenBackward.apply(x.native if hasattr(x, "native") else x)
+
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="dense"),
+             helper.make_node("Doubled", ["m"], ["d"], domain="com.example", name="the_broken_one"),
+             helper.make_node("Tanh", ["d"], ["y"], name="act")]
+    model = make_model(nodes, [("x", f, [2, 3])], [("y", f, [2, 4])],
+                       {"W": np.ones((3, 4), np.float32)}, domains=["com.example"])
+    with ml.scoped_ops():
+        ml.TorchBackend.register_op("Doubled", broken, domain="com.example")
+        pm = ml.compile(ml.load_onnx(model), ml.TorchBackend())
+        data = {"x": np.ones((2, 3), np.float32)}
+        out = pm.evaluate(pm.get_parameters(), data)  # the forward alone runs
+        np.testing.assert_allclose(out["y"].numpy(), np.tanh(6.0), rtol=1e-6)
+        with pytest.raises(ml.errors.KernelError, match=r"node .the_broken_one'.*Doubled.*the gradient of kernel "
+                                                         r".*RuntimeError: this op's backward is broken"):
+            pm.evaluate(pm.get_parameters(), data, output_gradients={"y": np.ones((2, 4), np.float32)})
+    assert not torch.is_anomaly_enabled()
+
+
 def _if_loop_model():
     d = TensorProto.DOUBLE
     then_g = helper.make_graph([helper.make_node("Mul", ["x", "W"], ["t"])], "then", [],

@@ -47,7 +47,16 @@ def node_error(program, exc: Exception) -> Exception:
         if tb.tb_frame.f_code.co_filename == program.filename and tb.tb_lineno in program.lines:
             site, frame = program.lines[tb.tb_lineno], tb.tb_frame
         tb = tb.tb_next
-    if site is None:  # failed outside the generated program's kernel calls
+    if site is None:
+        # A backward pass that ran no line of the program (Torch's autograd engine): the forward
+        # line of the op whose gradient failed, where the backend found it (``forward_frames``).
+        lines = [line for filename, line in getattr(exc, "forward_frames", ())
+                 if filename == program.filename and line in program.lines]
+        if lines:
+            site = program.lines[lines[-1]]
+            return KernelError(f"the gradient of kernel {site.kernel} failed: {type(exc).__name__}: {exc}",
+                               node=site.label, op_type=site.op_type, opset=site.opset)
+        # failed outside the generated program's kernel calls
         return EvaluationError(f"evaluate failed: {type(exc).__name__}: {exc}")
     shapes, dtypes = [], []
     for var in site.input_vars:

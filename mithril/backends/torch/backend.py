@@ -6,6 +6,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import types
 import warnings
 
@@ -623,8 +624,9 @@ class TorchBackend(Backend):
                 lambda: self._vjp(program, params, data, diff_params, diff_data, output_gradients))
         return self._vjp(program, params, data, diff_params, diff_data, output_gradients)
 
-    def _vjp(self, program, params, data, diff_params, diff_data, output_gradients):
-        forward = program.jitted or program.forward  # torch.compile's program differentiates too
+    def _vjp(self, program, params, data, diff_params, diff_data, output_gradients, eager=False):
+        forward = program.forward if eager else program.jitted or program.forward  # torch.compile's differentiates too
+        given = params, data
         params, data = dict(params), dict(data)
         leaves = {}
         with torch.enable_grad():
@@ -648,7 +650,16 @@ class TorchBackend(Backend):
                     g = _tmesh.like_output(g, t)
                 cots.append(g)
             if roots:
-                grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
+                try:
+                    grads = torch.autograd.grad(roots, list(leaves.values()), cots, allow_unused=True)
+                except Exception as exc:
+                    # Autograd's engine runs no line of the program: the forward call of the op whose
+                    # backward failed, found by running both again, names the node (runner.node_error).
+                    # Not on a mesh, where a pass run again by one process would wait on the others.
+                    if self._torch_mesh is None and not torch.is_anomaly_enabled():
+                        exc.forward_frames = _forward_frames_of_failure(lambda: self._vjp(
+                            program, *given, diff_params, diff_data, output_gradients, eager=True))
+                    raise
             else:
                 grads = [None] * len(leaves)
         out = {k: _row_major(v.native.detach()) if isinstance(v, txp.TorchArray) else v for k, v in outputs.items()}
@@ -855,6 +866,25 @@ class _Compiled:
                     raise _trace_error(exc) from exc
                 raise
         return {k: txp.TorchArray(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+def _forward_frames_of_failure(rerun) -> list[tuple[str, int]]:
+    """The forward call's frames ``(file, line)`` of the op whose backward failed in ``rerun()``
+    (the same forward and backward pass again), outermost first: autograd's anomaly mode records
+    each op's forward stack and reports it, as a warning, where its backward fails. Empty where
+    the pass does not fail again."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with torch.autograd.detect_anomaly(check_nan=False):
+            try:
+                rerun()
+            except Exception:
+                pass
+    for w in seen:
+        text = str(w.message)
+        if "Traceback of forward call that caused the error" in text:
+            return [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+)', text)]
+    return []
 
 
 @functools.cache
