@@ -77,7 +77,8 @@ def fuse_gelu(plan: Plan, gelu: KernelSpec) -> Plan:
         return readers[id(v)][0]
 
     def split(pn, want):
-        """(the operand, the constant's value) of a binary node with one constant near ``want``."""
+        """The other operand of a binary node one of whose operands is a constant near ``want``;
+        None where neither is."""
         a, b = pn.inputs
         if _near(_constant(b), want):
             return a
