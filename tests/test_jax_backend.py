@@ -789,3 +789,30 @@ def test_rearranging_prepare_runs_in_numpy_on_the_cpu():
     from mithril.backends.jax import hoist
     gather = jax.make_jaxpr(lambda w: w[np.array([1, 0])])(np.ones((2, 3), np.float32))
     assert not hoist._runs_on_host(gather.eqns)
+
+
+def test_the_compilers_freed_heap_goes_back_after_each_compile_of_ours(monkeypatch):
+    """XLA compiles in the calling thread's malloc arena; its freed heap is handed back to the
+    system (glibc's malloc_trim) after each program JaxBackend compiles, and only then: a program
+    the user jits outside Mithril's calls is left alone."""
+    from mithril.backends.jax import backend as jb
+
+    if jb._MALLOC_TRIM is None:
+        pytest.skip("no glibc malloc_trim on this system: nothing to hand back")
+    trims = []
+    monkeypatch.setattr(jb, "_MALLOC_TRIM", lambda pad: trims.append(pad))
+    rng = np.random.default_rng(3)
+    f = TensorProto.FLOAT
+    model = make_model([helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Tanh", ["m"], ["y"])],
+                       [("x", f, [5, 7])], [("y", f, [5, 3])], {"W": rng.standard_normal((7, 3)).astype(np.float32)})
+    backend = ml.JaxBackend()
+    pm = ml.compile(ml.load_onnx(model), backend, inference=True)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    want = np.tanh(x @ np.asarray(pm.get_parameters()["W"]))
+    np.testing.assert_allclose(backend.to_numpy(pm.evaluate(None, {"x": x})["y"]), want, rtol=1e-5, atol=1e-6)
+    assert trims and set(trims) == {0}  # at least the forward program's compile
+    seen = len(trims)
+    pm.evaluate(None, {"x": x})  # compiled already: no compile, no trim
+    assert len(trims) == seen
+    jax.jit(lambda v: jax.numpy.sin(v) * 3)(np.ones(11, np.float32)).block_until_ready()  # the user's own
+    assert len(trims) == seen

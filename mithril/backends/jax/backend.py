@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import os
+import sys
 import types
 
 import numpy as np
@@ -30,6 +32,10 @@ def _import_jax() -> None:
             raise BackendUnavailableError("JaxBackend needs jax: pip install mithril[jax]") from exc
         jax, jnp = _jax, _jnp
         from .hoist import Hoisted
+
+        monitoring = getattr(jax, "monitoring", None)
+        if _MALLOC_TRIM is not None and hasattr(monitoring, "register_event_duration_secs_listener"):
+            monitoring.register_event_duration_secs_listener(_release_compile_heap)
 
 
 def _present_devices() -> list[str]:
@@ -259,6 +265,32 @@ def _has_host_only(tree) -> bool:
 # The backend whose scope() this thread is in: evaluate() enters it, and the jitted program it
 # calls need not enter it again.
 _ACTIVE_SCOPE = contextvars.ContextVar("mithril_jax_active_scope", default=None)
+
+
+def _libc_malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library, another system)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+def _release_compile_heap(event: str, duration: float, **_kwargs) -> None:
+    """After XLA compiled a program inside one of these backends' calls: the compiler's freed heap
+    handed back to the system (``malloc_trim(0)``). XLA compiles in the calling thread's malloc
+    arena and runs programs on its own threads, whose arenas do not reuse that free memory, so a
+    first call held both: ResNet-18's peak over the process's start was 252 MiB without the trim
+    (onnxruntime's 151), mobilenet_v2's 137 (50). A few ms beside a compile of 0.1-2 s. Programs
+    a user compiles with jax outside Mithril's calls are left alone."""
+    if event == _BACKEND_COMPILE and _ACTIVE_SCOPE.get() is not None:
+        _MALLOC_TRIM(0)
+
 
 
 def _on_host(value) -> bool:
