@@ -29,6 +29,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from .inplace import mithril_kernel
 from .plan import RUNTIME_ARGUMENTS, Plan, PlanNode, PlanValue, reads_of
 from .registry import KernelSpec
 
@@ -66,9 +67,8 @@ def fuse_gelu(plan: Plan, gelu: KernelSpec) -> Plan:
     outputs = set(plan.outputs)
 
     def ours(pn, op_type, arity):
-        return pn is not None and pn.op_type == op_type and pn.domain == "" and pn.spec is not None and \
-            getattr(pn.spec.fn, "__module__", "").startswith("mithril.backends.") and not pn.subgraphs and \
-            len(pn.inputs) == arity and len(pn.outputs) == 1
+        return pn is not None and pn.op_type == op_type and pn.domain == "" and mithril_kernel(pn) and \
+            not pn.subgraphs and len(pn.inputs) == arity and len(pn.outputs) == 1
 
     def alone(v):
         """v's one reader, where v is an intermediate nothing else reads; else None."""

@@ -27,7 +27,7 @@ from .plan import Plan, PlanNode, reads_of
 FRESH_RESULTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
-def _ours(pn: PlanNode) -> bool:
+def mithril_kernel(pn: PlanNode) -> bool:
     """Whether ``pn`` runs one of Mithril's kernels (not a user's, registered over it)."""
     return pn.spec is not None and getattr(pn.spec.fn, "__module__", "").startswith("mithril.backends.")
 
@@ -51,7 +51,7 @@ def in_place_activations(plan: Plan, swaps: dict) -> Plan:
         x = pn.inputs[0] if pn.inputs else None
         producer = made.get(x) if x is not None else None
         if (swap is not None and pn.spec is not None and pn.spec.fn is swap[0] and producer is not None
-                and producer.op_type in FRESH_RESULTS and producer.domain == "" and _ours(producer)
+                and producer.op_type in FRESH_RESULTS and producer.domain == "" and mithril_kernel(producer)
                 and readers[x] == 1 and x not in outputs and not pn.subgraphs):
             pn = dataclasses.replace(pn, spec=dataclasses.replace(pn.spec, fn=swap[1]))
             changed = True

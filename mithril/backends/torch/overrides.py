@@ -153,14 +153,17 @@ _REFUSED: set = set()
 
 def packed_call(post: str, xt, packed, padding, strides, dilations, group: int, call):
     """``call()``, a private oneDNN convolution of this geometry; None where it raises a
-    RuntimeError, now or before (the caller then runs torch's public ops)."""
-    key = (post, tuple(xt.shape), tuple(packed.shape), tuple(padding), tuple(strides), tuple(dilations), group)
-    if key in _REFUSED:
+    RuntimeError, now or before (the caller then runs torch's public ops). The geometry's key is
+    built only once something was refused: none, in the common case."""
+    def key():
+        return post, tuple(xt.shape), tuple(packed.shape), tuple(padding), tuple(strides), tuple(dilations), group
+
+    if _REFUSED and key() in _REFUSED:
         return None
     try:
         return call()
     except RuntimeError:
-        _REFUSED.add(key)
+        _REFUSED.add(key())
         return None
 
 
