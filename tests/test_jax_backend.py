@@ -429,12 +429,57 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
            "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
     # YNNPACK takes the dots (and nothing else) where they win; its fusions are off elsewhere.
     ynn_dots = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    old_emitters = {"xla_cpu_use_fusion_emitters": False}
     for wins, ynn in ((True, ynn_dots), (False, no_ynn)):
         monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda wins=wins: wins)
         backend = ml.JaxBackend()
-        assert backend.compiler_options == {"xla_allow_excess_precision": False, **ynn, **xnn}
+        assert backend.compiler_options == {"xla_allow_excess_precision": False, **ynn, **xnn, **old_emitters}
         assert backend._library_convolutions
+        # A jaxlib without the older emitters keeps the rest of the set.
+        real = jax_backend._rejected_options
+        monkeypatch.setattr(jax_backend, "_rejected_options",
+                            lambda device, options: "unknown" if dict(options).keys() & old_emitters.keys()
+                            else real(device, options))
+        assert ml.JaxBackend().compiler_options == {"xla_allow_excess_precision": False, **ynn, **xnn}
+        monkeypatch.setattr(jax_backend, "_rejected_options", real)
 
+
+def test_programs_with_narrow_floats_keep_the_mlir_emitters(monkeypatch):
+    # The CPU default compiles forward programs with XLA's older loop emitters (half the compile
+    # memory), except one holding float8/float4 values: those emitters turn NaN into a wrong FNUZ
+    # float8. Gradient programs keep the MLIR ones; options the user chose are never changed.
+    from mithril.backends.jax import backend as jax_backend
+
+    default = ml.JaxBackend()
+    if default.compiler_options.get("xla_cpu_use_fusion_emitters") is not False:
+        pytest.skip("this jaxlib has no xla_cpu_use_fusion_emitters: nothing to choose")
+    f8 = TensorProto.FLOAT8E4M3FNUZ
+    nodes = [helper.make_node("Cast", ["x"], ["q"], to=f8), helper.make_node("Cast", ["q"], ["y"], to=F)]
+    fnuz = helper.make_model(
+        helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4])],
+                          [helper.make_tensor_value_info("q", f8, [4]), helper.make_tensor_value_info("y", F, [4])]),
+        opset_imports=[helper.make_opsetid("", 21)])
+    relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [4])], [("y", F, [4])])
+
+    def options(model, backend):
+        pm = _compile(model, backend, inference=True)
+        return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
+
+    pm, chosen = options(fnuz, default)
+    assert "xla_cpu_use_fusion_emitters" not in chosen
+    x = np.array([np.nan, 1.0, -2.0, 0.5], np.float32)
+    got = np.asarray(default.to_numpy(pm.evaluate(None, {"x": x})["q"]))
+    np.testing.assert_array_equal(got.view(np.uint8), x.astype(got.dtype).view(np.uint8))  # NaN is 0x80
+    assert options(relu, default)[1]["xla_cpu_use_fusion_emitters"] is False
+    user = ml.JaxBackend(compiler_options=dict(default.compiler_options))
+    assert options(fnuz, user)[1] == default.compiler_options
+    # Gradient programs: the MLIR emitters, the rest of the default kept.
+    seen = []
+    make_vjp = jax_backend._make_vjp
+    monkeypatch.setattr(jax_backend, "_make_vjp", lambda f, p, d, o: seen.append(o) or make_vjp(f, p, d, o))
+    pm = _compile(relu, default, data_keys=["x"])
+    pm.evaluate({}, {"x": x[1:].repeat(2)[:4]}, output_gradients={"y": np.ones(4, np.float32)})
+    assert seen == [{k: v for k, v in default.compiler_options.items() if k != "xla_cpu_use_fusion_emitters"}]
 
 def test_programs_without_convolutions_keep_xla_s_own_ynn_fusions(monkeypatch):
     # Where the default sends dots alone to YNNPACK (Intel, AVX-512, several threads), a forward

@@ -180,13 +180,54 @@ _XNN_CONVOLUTIONS = {"xla_cpu_use_xnnpack": True,
 # differed from the eager ones (and from the ONNX reference: the suite's bfloat16 Attention cases
 # with a mask, 27-37 of 192 values one bf16 ulp off). No effect on float32/float64 programs.
 _EXACT_HALVES = {"xla_allow_excess_precision": False}
+# XLA:CPU's loop emitters of before its MLIR fusion emitters, for the elementwise and reduction
+# fusions around the library calls: the MLIR ones take about twice the memory to compile a large
+# program (MobileNetV2's forward: the process's memory rose 89 MiB while XLA compiled it, 66 of
+# it freed once compiled; with the older ones 26, 9 freed). Issue 21's exports,
+# scripts/bench_memory.py (peak memory a model adds to a process), before -> after, jaxlib 0.10.2:
+# MobileNetV2 122 -> 72 MiB (onnxruntime 49), BERT 98 -> 85 (73; its peak is then the ONNX file's
+# load), GPT-2 169 -> 167, ResNet-18 193 either way (its peak is its runs'). Run times, both
+# programs in one process in shuffled blocks, 2 threads: MobileNetV2 14.37 against 14.46 ms,
+# ResNet-18 38.8 against 39.0, GPT-2 41.4 against 41.9, BERT 10.48 against 11.09 (1 thread: 12.0
+# against 12.5); first calls MobileNetV2 2.5 -> 1.8 s, ResNet-18 2.3 -> 1.4, BERT 1.0 -> 1.0,
+# GPT-2 1.5 -> 2.0.
+# Forward programs only, and not those with 8- or 4-bit floats: the older emitters convert NaN to
+# the FNUZ float8s and to float8_e8m0 wrongly (26 of the ONNX node suite's Cast/CastLike cases).
+# Gradient programs keep the MLIR ones: with the older, ResNet-18 trained with its convolutions'
+# channels split over four host devices drifted from its one-device run (losses up to 1.4% apart
+# over 20 SGD steps, against 2e-5 with the MLIR emitters on both).
+_OLD_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def _narrow_float(dtype) -> bool:
+    """Float8, float4 (and int4) dtypes: ml_dtypes' one-byte types that are not NumPy's ints."""
+    return dtype is not None and dtype.itemsize == 1 and dtype.kind not in "biu"
+
+
+def _default_options_for(forward, options: dict, *, gradient: bool = False) -> dict:
+    """The backend's default ``options`` fitted to one program (``forward``'s notes, set by
+    :meth:`JaxBackend.lower`): a forward program without convolutions or pools gets XLA's own
+    YNNPACK fusions (``_window_free_options``); gradient programs, and forward ones with narrow
+    floats, the MLIR emitters."""
+    if not gradient and getattr(forward, "window_ops", True) is False:
+        options = _window_free_options(options) or options
+    if (gradient or getattr(forward, "narrow_floats", True)) and _OLD_EMITTERS.items() <= options.items():
+        options = {k: v for k, v in options.items() if k not in _OLD_EMITTERS}
+    return options
+
+
+def _with_old_emitters(chain: tuple) -> tuple:
+    """Each set of options first with the older emitters, then (a jaxlib without them) without."""
+    return tuple(o for options in chain for o in ({**options, **_OLD_EMITTERS}, options))
+
+
 # The CPU default, best first: a jaxlib that rejects an option (YNNPACK came with 2025's XLA;
 # pyproject admits jax>=0.4.30) gets the next one.
-_CPU_COMPILER_OPTIONS = ({**_EXACT_HALVES, **_NO_YNN_FUSIONS, **_XNN_CONVOLUTIONS},
-                         {**_EXACT_HALVES, **_NO_YNN_FUSIONS}, _EXACT_HALVES, {})
+_CPU_COMPILER_OPTIONS = _with_old_emitters(({**_EXACT_HALVES, **_NO_YNN_FUSIONS, **_XNN_CONVOLUTIONS},
+                                            {**_EXACT_HALVES, **_NO_YNN_FUSIONS}, _EXACT_HALVES)) + ({},)
 # Where YNNPACK's dots win.
-_CPU_COMPILER_OPTIONS_YNN = ({**_EXACT_HALVES, **_YNN_DOT_FUSIONS, **_XNN_CONVOLUTIONS},
-                             {**_EXACT_HALVES, **_YNN_DOT_FUSIONS}, _EXACT_HALVES, {})
+_CPU_COMPILER_OPTIONS_YNN = _with_old_emitters(({**_EXACT_HALVES, **_YNN_DOT_FUSIONS, **_XNN_CONVOLUTIONS},
+                                                {**_EXACT_HALVES, **_YNN_DOT_FUSIONS}, _EXACT_HALVES)) + ({},)
 _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
 # A program with no convolution or pooling (transformers, MLPs) keeps XLA's own list of YNNPACK
 # fusions where the dots go to YNNPACK: the dot, elementwise and reduce fusions that slowed
@@ -338,9 +379,8 @@ class _Jitted:
         self.backend = backend
         self.forward = forward
         options = backend.compiler_options if compiler_options is None else compiler_options
-        if compiler_options is None and backend._default_options and \
-                getattr(forward, "window_ops", True) is False:  # set by JaxBackend.lower
-            options = _window_free_options(options) or options
+        if compiler_options is None and backend._default_options:
+            options = _default_options_for(forward, options)
         # YNNPACK's dots read a transposed weight in place as fast as a copy (GPT-2's 128x256 by
         # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
@@ -376,10 +416,12 @@ class JaxBackend(Backend):
     fusion list, with elementwise and reduce fusions, in a forward program without: a
     transformer's), and turns XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD
     EPYC), and sends the convolutions that XNNPACK runs faster than
-    im2col + matmul to XNNPACK (docs/performance.md); on every device it has XLA round each
-    float16/bfloat16 op's result as the graph does (``xla_allow_excess_precision`` off, no effect
-    on float32). ``compiler_options={}`` restores XLA's defaults, and the Conv kernel then uses
-    im2col throughout.
+    im2col + matmul to XNNPACK (docs/performance.md), and compiles forward programs with XLA's
+    older loop emitters (``xla_cpu_use_fusion_emitters`` off: half the memory to compile, as
+    fast; gradient programs and those holding float8/float4 values keep the MLIR emitters); on
+    every device it has XLA round each float16/bfloat16 op's result as the graph does
+    (``xla_allow_excess_precision`` off, no effect on float32). ``compiler_options={}`` restores
+    XLA's defaults, and the Conv kernel then uses im2col throughout.
 
     Options: ``precision`` ("bfloat16", "tensorfloat32", "float32", "default", "high",
     "highest" or a ``jax.lax.Precision``) is the matmul/conv precision of this backend's
@@ -591,12 +633,16 @@ class JaxBackend(Backend):
             self._pipeline_axes = (plan.strategies["pipeline"], plan.strategies.get("data"))
 
     def lower(self, plan, **kwargs):
-        """The generated program; its forward notes whether the graph convolves or pools (which
-        XLA options :meth:`jit` gives it by default: see ``_window_free_options``)."""
+        """The generated program; its forward notes whether the graph convolves or pools, and
+        whether it holds narrow floats (which XLA options :meth:`jit` gives it by default: see
+        ``_default_options_for``)."""
         program = super().lower(plan, **kwargs)
         forward = program.forward
         if isinstance(forward, types.FunctionType):
-            forward.window_ops = any(pn.op_type in _WINDOW_OPS for pn in plan.all_nodes())
+            nodes = list(plan.all_nodes())
+            forward.window_ops = any(pn.op_type in _WINDOW_OPS for pn in nodes)
+            forward.narrow_floats = any(_narrow_float(v.dtype) for v in plan.inputs) or any(
+                v is not None and _narrow_float(v.dtype) for pn in nodes for v in (*pn.inputs, *pn.outputs))
         return program
 
     def lower_stages(self, plan, stages, *, file_path: str | None = None):
@@ -760,8 +806,9 @@ class JaxBackend(Backend):
         with self.scope():
             run = self._vjp_cache.get(key)
             if run is None:
-                run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data),
-                                                       self.compiler_options)
+                options = _default_options_for(forward, self.compiler_options, gradient=True) \
+                    if self._default_options else self.compiler_options
+                run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data), options)
             cot = {k: jnp.asarray(v) for k, v in output_gradients.items()}
             if program.jitted is not None and not (_has_host_only(params) or _has_host_only(data)):
                 return run.jitted(dict(params), dict(data), cot)
