@@ -481,6 +481,7 @@ def test_programs_with_narrow_floats_keep_the_mlir_emitters(monkeypatch):
     pm.evaluate({}, {"x": x[1:].repeat(2)[:4]}, output_gradients={"y": np.ones(4, np.float32)})
     assert seen == [{k: v for k, v in default.compiler_options.items() if k != "xla_cpu_use_fusion_emitters"}]
 
+
 def test_programs_without_convolutions_keep_xla_s_own_ynn_fusions(monkeypatch):
     # Where the default sends dots alone to YNNPACK (Intel, AVX-512, several threads), a forward
     # program with no convolution or pool gets XLA's own fusion list back (a transformer's matmuls
