@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 
+from ... import dtypes
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
 from ..backend import ALIGNMENT, Backend, aligned_copy, device_kind, process_memory_info, warn_user
 from ..mesh import check_batch, parse_mesh
@@ -200,8 +201,8 @@ _OLD_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 
 
 def _narrow_float(dtype) -> bool:
-    """Float8, float4 (and int4) dtypes: ml_dtypes' one-byte types that are not NumPy's ints."""
-    return dtype is not None and dtype.itemsize == 1 and dtype.kind not in "biu"
+    """Float8 and float4 dtypes (ml_dtypes' one-byte floats)."""
+    return dtype is not None and dtype.itemsize == 1 and dtypes.is_floating_np(dtype)
 
 
 def _default_options_for(forward, options: dict, *, gradient: bool = False) -> dict:
@@ -453,8 +454,6 @@ class JaxBackend(Backend):
     def __init__(self, dtype=None, device: str | None = None, compiler_options: dict | None = None, *,
                  precision=None, pre_allocate: bool | None = None, jit: bool = True, debug: bool = False,
                  platform: str | None = None, device_mesh=None, axis_names=None, **unknown):
-        from ... import dtypes
-
         _import_jax()
         self._refuse_unknown_options(unknown)
         global _overrides
