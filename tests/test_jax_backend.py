@@ -388,19 +388,21 @@ def _optimized_hlo(pm, backend, params, data):
 def test_compiler_options_reach_every_program():
     # Options reach the forward and gradient programs alike: an empty YNNPACK fusion list turns
     # those fusions off, {} gives XLA's defaults (on) back, and the CPU default keeps them where
-    # they win (Intel CPUs with AVX-512) and turns them off elsewhere.
+    # they win (Intel CPUs with AVX-512), and in this window-free forward program wherever XLA
+    # has several threads, and turns them off elsewhere.
     from mithril.backends.jax import backend as jax_backend
 
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
     model = make_model(nodes, [("x", F, [128, 64]), ("w", F, [64, 64])], [("y", F, [128, 64])])
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((128, 64), np.float32), rng.standard_normal((64, 64), np.float32)
-    for options, fused in ((None, jax_backend._ynn_fusions_win()), ({}, True),
-                           ({"xla_cpu_experimental_ynn_fusion_type": ""}, False)):
+    wins = jax_backend._ynn_fusions_win()
+    for options, forward_fused, fused in ((None, wins or jax_backend._usable_cpus() > 1, wins), ({}, True, True),
+                                          ({"xla_cpu_experimental_ynn_fusion_type": ""}, False, False)):
         backend = ml.JaxBackend(compiler_options=options)
         pm = _compile(model, backend, data_keys=["x", "w"])
         data = {"x": backend.from_numpy(x), "w": backend.from_numpy(w)}
-        assert ("__ynn_fusion" in _optimized_hlo(pm, backend, {}, data)) is fused
+        assert ("__ynn_fusion" in _optimized_hlo(pm, backend, {}, data)) is forward_fused
         out, grads = pm.evaluate({}, data, output_gradients={"y": np.ones((128, 64), np.float32)})
         np.testing.assert_allclose(backend.to_numpy(out["y"]), x @ w, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(backend.to_numpy(grads["x"]), np.ones((128, 64)) @ w.T, rtol=1e-4, atol=1e-4)
@@ -518,6 +520,42 @@ def test_programs_without_convolutions_keep_xla_s_own_ynn_fusions(monkeypatch):
     assert "__ynn_fusion" in _optimized_hlo(pm, pm.backend, pm.get_parameters(), {"x": x})
     want = _compile(mlp, ml.JaxBackend(compiler_options=chosen), inference=True).evaluate(None, {"x": x})["y"]
     np.testing.assert_allclose(np.asarray(pm.evaluate(None, {"x": x})["y"]), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_window_free_programs_get_xla_s_ynn_fusions_where_xla_has_several_threads(monkeypatch):
+    # Where the default runs no YNNPACK fusions (an AMD CPU, or no AVX-512), a forward program
+    # with no convolution or pool still gets XLA's own list when XLA has more than one thread
+    # (GPT-2's LM head ran 28 against 50 ms so on an AMD EPYC); on one thread, and in a CNN's
+    # program, Eigen keeps the dots.
+    from mithril.backends.jax import backend as jax_backend
+
+    monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda: False)
+    mlp = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", F, [128, 64])], [("y", F, [128, 64])],
+                     {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)})
+    cnn = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])],
+                     {"w": np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32)})
+
+    def options(model, backend):
+        pm = _compile(model, backend, inference=True)
+        return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
+
+    default = ml.JaxBackend()
+    if default.compiler_options.get("xla_cpu_experimental_ynn_fusion_type") != "":
+        pytest.skip("this jaxlib has no YNNPACK fusions to turn on")
+    xla_list = {k: v for k, v in default.compiler_options.items() if k != "xla_cpu_experimental_ynn_fusion_type"}
+    for cpus, mlp_options in ((2, xla_list), (1, default.compiler_options)):
+        monkeypatch.setattr(jax_backend, "_usable_cpus", lambda n=cpus: n)
+        assert options(mlp, default)[1] == mlp_options
+        assert options(cnn, default)[1] == default.compiler_options
+    assert options(mlp, ml.JaxBackend(compiler_options=dict(default.compiler_options)))[1] == default.compiler_options
+    # The MLP's dots then run in YNNPACK fusions (XLA has several threads), with the same values.
+    monkeypatch.setattr(jax_backend, "_usable_cpus", lambda: 2)
+    pm, _ = options(mlp, default)
+    x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    assert "__ynn_fusion" in _optimized_hlo(pm, pm.backend, pm.get_parameters(), {"x": x})
+    np.testing.assert_allclose(np.asarray(pm.evaluate(None, {"x": x})["y"]), x @ pm.get_parameters()["w"],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_ynn_dots_on_intel_cpus_with_avx512_and_several_threads(monkeypatch):

@@ -15,6 +15,7 @@ import numpy as np
 from ... import dtypes
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
 from ..backend import ALIGNMENT, Backend, aligned_copy, device_kind, process_memory_info, warn_user
+from ..cpu import cpu_flags, usable_cpus
 from ..mesh import check_batch, parse_mesh
 from . import mesh as _mesh
 
@@ -142,27 +143,9 @@ _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 _YNN_DOT_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
-def _cpu_flags() -> tuple[str, set[str]]:
-    """The CPU's vendor id and feature flags from /proc/cpuinfo; ("", set()) where there is none."""
-    vendor, flags = "", set()
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "vendor_id" and not vendor:
-                    vendor = value.strip()
-                elif key == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    return vendor, flags
-
-
-def _usable_cpus() -> int:
-    """The CPUs this process may run on: XLA:CPU sizes its thread pool by them."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+# Module names, so that tests can stand in for the CPU.
+_cpu_flags = cpu_flags
+_usable_cpus = usable_cpus
 
 
 def _ynn_fusions_win() -> bool:
@@ -237,14 +220,22 @@ _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
 # (onnxruntime ~7.4), GPT-2 with its LM head 33.5 -> 32.4 ms. (XLA's list is not the dot-only one
 # plus more: DOT alone ran BERT in 12.5 ms, DOT,ELTWISE,REDUCE in 10.0.)
 # Gradient programs keep the dot-only list: BERT's gradient call took 29.7 ms with it, 35.3 with XLA's.
+# Where the other programs run no YNNPACK fusions (an AMD CPU, or no AVX-512), a forward program
+# without windows still gets XLA's list when XLA has more than one thread: on an AMD EPYC (Zen 4,
+# AVX-512) at 2 threads, in one process in shuffled blocks, Eigen / YNNPACK's dots / XLA's list:
+# GPT-2 with its LM head 50.0 / 28.1 / 27.7 ms (onnxruntime ~21), BERT 7.69 / 7.69 / 7.07; on one
+# thread Eigen stays faster (GPT-2 40.4 against 46.6, BERT 10.0 against 10.6), and the CNNs keep
+# it (MobileNetV2 6.37 against 6.88 ms with YNNPACK's dots at 2 threads, ResNet-18 24.2 / 24.3).
 _WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv", "FusedConv",
                          "NhwcConv", "MaxPool", "AveragePool", "LpPool", "MaxUnpool", "Col2Im"})
 
 
 def _window_free_options(options: dict) -> dict | None:
     """The options for a program without convolutions or pools, where they differ from
-    ``options``: XLA's own YNNPACK fusions instead of the dot-only list; None elsewhere."""
-    if options.get("xla_cpu_experimental_ynn_fusion_type") != _YNN_DOT_FUSIONS["xla_cpu_experimental_ynn_fusion_type"]:
+    ``options``: XLA's own YNNPACK fusions instead of the dot-only list, or instead of none where
+    XLA has more than one thread; None elsewhere."""
+    ynn = options.get("xla_cpu_experimental_ynn_fusion_type")
+    if ynn != _YNN_DOT_FUSIONS["xla_cpu_experimental_ynn_fusion_type"] and not (ynn == "" and _usable_cpus() > 1):
         return None
     return {k: v for k, v in options.items() if k != "xla_cpu_experimental_ynn_fusion_type"}
 
@@ -411,18 +402,19 @@ class JaxBackend(Backend):
     they came from, until a call passes other arrays (memory: at most about the weights again).
 
     ``compiler_options`` are XLA options for the programs this backend compiles (``jax.jit``'s
-    argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The
-    default on the CPU sends dots to YNNPACK on Intel CPUs with AVX-512, where its kernels are
-    faster than XLA's own (only the dots in a program with convolutions or pools; XLA's own
-    fusion list, with elementwise and reduce fusions, in a forward program without: a
-    transformer's), and turns XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD
-    EPYC), and sends the convolutions that XNNPACK runs faster than
-    im2col + matmul to XNNPACK (docs/performance.md), and compiles forward programs with XLA's
-    older loop emitters (``xla_cpu_use_fusion_emitters`` off: half the memory to compile, as
-    fast; gradient programs and those holding float8/float4 values keep the MLIR emitters); on
-    every device it has XLA round each float16/bfloat16 op's result as the graph does
-    (``xla_allow_excess_precision`` off, no effect on float32). ``compiler_options={}`` restores
-    XLA's defaults, and the Conv kernel then uses im2col throughout.
+    argument of that name, per program: the process-wide ``XLA_FLAGS`` are left alone). The default
+    on the CPU sends dots to YNNPACK on Intel CPUs with AVX-512, where its kernels are faster than
+    XLA's own (only the dots in a program with convolutions or pools; XLA's own fusion list, with
+    elementwise and reduce fusions, in a forward program without: a transformer's), and turns
+    XLA:CPU's YNNPACK fusions off elsewhere (slower on an AMD EPYC), except in such a transformer's
+    forward program where XLA has more than one thread (GPT-2's LM head: 28 against 50 ms on an AMD
+    EPYC at 2 threads), and sends the convolutions that XNNPACK runs faster than im2col + matmul to
+    XNNPACK (docs/performance.md), and compiles forward programs with XLA's older loop emitters
+    (``xla_cpu_use_fusion_emitters`` off: half the memory to compile, as fast; gradient programs and
+    those holding float8/float4 values keep the MLIR emitters); on every device it has XLA round
+    each float16/bfloat16 op's result as the graph does (``xla_allow_excess_precision`` off, no
+    effect on float32). ``compiler_options={}`` restores XLA's defaults, and the Conv kernel then
+    uses im2col throughout.
 
     Options: ``precision`` ("bfloat16", "tensorfloat32", "float32", "default", "high",
     "highest" or a ``jax.lax.Precision``) is the matmul/conv precision of this backend's
