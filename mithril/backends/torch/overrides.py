@@ -20,6 +20,7 @@ from ..kernels import elementwise as _ew
 from ..kernels import nn as _nn
 from ..kernels import normalization as _norm
 from ..kernels import shape as _shape
+from ..cpu import cpu_flags
 from ..kernels.geometry import transposed_window, window
 from ..registry import override
 from . import xp as txp
@@ -381,12 +382,44 @@ def transpose(data, *, perm, xp):
 # ---------------------------------------------------------------- matmul family
 
 
+# oneDNN's matmul (``torch.ops.mkldnn._linear_pointwise``, what torch.compile's freezing calls)
+# instead of torch's BLAS where that is MKL on a CPU that is not Intel's, whose AVX-512 MKL leaves
+# unused. On an AMD EPYC (Zen 4), forward-only float32, medians of 30 calls, addmm -> oneDNN: GPT-2's
+# LM head (128x256 by 256x50257) 65.3 -> 35.7 ms at 1 thread and 35.8 -> 18.3 at 2; BERT's 128x256 by
+# 256x1024 0.70 -> 0.64 and 0.46 -> 0.36 ms; 128x256 by 256x256 even; smaller products slower
+# (128x64 by 64x128: 24 -> 36 us), hence the floor in multiply-adds. On Intel CPUs, MKL's own
+# were as fast on BERT's shapes (docs/peers_analysis.md).
+_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) is not None and \
+    torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available() and \
+    cpu_flags()[0] not in ("GenuineIntel", "")
+_ONEDNN_LINEAR_MIN_MACS = 1 << 24
+
+
+def onednn_linear(xt, wt, bt=None):
+    """``xt @ wt.T + bt`` (``wt`` as (N, K), ``bt`` as (N,) or None) by oneDNN where
+    ``_ONEDNN_LINEAR`` holds, for a large forward-only float32 product of plain CPU tensors;
+    None elsewhere (the caller runs torch's own): oneDNN's op has no autograd formula."""
+    if not _ONEDNN_LINEAR or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
+            type(xt) is not torch.Tensor or type(wt) is not torch.Tensor or xt.dtype != torch.float32 or \
+            wt.dtype != torch.float32 or xt.dim() < 2 or wt.dim() != 2 or xt.shape[-1] != wt.shape[1] or \
+            xt.device.type != "cpu" or wt.device.type != "cpu" or (bt is not None and (
+                type(bt) is not torch.Tensor or bt.dtype != torch.float32 or tuple(bt.shape) != (wt.shape[0],))):
+        return None
+    if xt.numel() * wt.shape[0] < _ONEDNN_LINEAR_MIN_MACS:  # M*K*N
+        return None
+    return torch.ops.mkldnn._linear_pointwise(xt, wt, bt, "none", [], "")
+
+
 @override("torch", "MatMul", since=1,
           reason="speed: torch.matmul without the facade's promotion layer")
 def matmul(a, b):
     at, bt = _t(a), _t(b)
     if at.dtype != bt.dtype:
         return txp.matmul(a, b)
+    if bt.dim() == 2 and _ONEDNN_LINEAR:
+        y = onednn_linear(at, bt.t())
+        if y is not None:
+            return TorchArray(y)
     return TorchArray(torch.matmul(at, bt))
 
 
@@ -400,9 +433,14 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
         bt = bt.t()
     if c is not None and beta != 0 and at.dtype in _FLOATS:
         ct = _t(c).to(at.dtype)
+        if _ONEDNN_LINEAR and alpha == 1 and beta == 1 and at.dim() == 2:
+            y = onednn_linear(at, bt.t(), ct)
+            if y is not None:
+                return TorchArray(y)
         return TorchArray(torch.addmm(ct, at, bt, beta=beta, alpha=alpha) if ct.dim() <= 2 else
                           torch.matmul(at, bt) * alpha + ct * beta)
-    y = torch.matmul(at, bt)
+    y = onednn_linear(at, bt.t()) if _ONEDNN_LINEAR and alpha == 1 and at.dim() == 2 else None
+    y = torch.matmul(at, bt) if y is None else y
     return TorchArray(y * alpha if alpha != 1 else y)
 
 
@@ -412,7 +450,8 @@ def matmul_add(x, w, b, *, xp):
     xt, wt, bt = _t(x), _t(w), _t(b)
     if not (xt.dtype is wt.dtype is bt.dtype and xt.dtype in _FLOATS):
         return _nn.matmul_add(x, w, b, xp=xp)
-    return TorchArray(F.linear(xt, wt.t(), bt))  # one addmm over the folded leading dims
+    y = onednn_linear(xt, wt.t(), bt) if _ONEDNN_LINEAR else None
+    return TorchArray(F.linear(xt, wt.t(), bt) if y is None else y)  # one addmm over the folded leading dims
 
 
 # ---------------------------------------------------------------- activations and normalization
