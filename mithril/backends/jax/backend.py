@@ -180,6 +180,8 @@ _EXACT_HALVES = {"xla_allow_excess_precision": False}
 # Gradient programs keep the MLIR ones: with the older, ResNet-18 trained with its convolutions'
 # channels split over four host devices drifted from its one-device run (losses up to 1.4% apart
 # over 20 SGD steps, against 2e-5 with the MLIR emitters on both).
+# jaxlib 0.11.2 rejects the option (seen on the device machine: its CPU client no longer has them):
+# there the default set goes without it (_with_old_emitters).
 _OLD_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 
 
