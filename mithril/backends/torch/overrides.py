@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..cpu import cpu_flags
 from ..kernels import elementwise as _ew
 from ..kernels import nn as _nn
 from ..kernels import normalization as _norm
 from ..kernels import shape as _shape
-from ..cpu import cpu_flags
 from ..kernels.geometry import transposed_window, window
 from ..registry import override
 from . import xp as txp
