@@ -450,6 +450,24 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
         monkeypatch.setattr(jax_backend, "_rejected_options", real)
 
 
+def _forward_options(model, backend):
+    """The forward program compiled for inference, and the XLA options it was jitted with."""
+    pm = _compile(model, backend, inference=True)
+    return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
+
+
+def _mlp_and_cnn():
+    """A program without windows (MatMul, Relu) and one with a Conv."""
+    rng = np.random.default_rng(0)
+    mlp = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                     [("x", F, [128, 64])], [("y", F, [128, 64])],
+                     {"w": rng.standard_normal((64, 64)).astype(np.float32)})
+    cnn = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                     [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])],
+                     {"w": rng.standard_normal((4, 4, 3, 3)).astype(np.float32)})
+    return mlp, cnn
+
+
 def test_programs_with_narrow_floats_keep_the_mlir_emitters(monkeypatch):
     # The CPU default compiles forward programs with XLA's older loop emitters (half the compile
     # memory), except one holding float8/float4 values: those emitters turn NaN into a wrong FNUZ
@@ -467,10 +485,7 @@ def test_programs_with_narrow_floats_keep_the_mlir_emitters(monkeypatch):
         opset_imports=[helper.make_opsetid("", 21)])
     relu = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [4])], [("y", F, [4])])
 
-    def options(model, backend):
-        pm = _compile(model, backend, inference=True)
-        return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
-
+    options = _forward_options
     pm, chosen = options(fnuz, default)
     assert "xla_cpu_use_fusion_emitters" not in chosen
     x = np.array([np.nan, 1.0, -2.0, 0.5], np.float32)
@@ -496,16 +511,10 @@ def test_programs_without_convolutions_keep_xla_s_own_ynn_fusions(monkeypatch):
     from mithril.backends.jax import backend as jax_backend
 
     monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda: True)
-    mlp = make_model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-                     [("x", F, [128, 64])], [("y", F, [128, 64])],
-                     {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)})
-    cnn = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
-                     [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])],
-                     {"w": np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32)})
+    mlp, cnn = _mlp_and_cnn()
 
     def options(model, backend):
-        pm = _compile(model, backend, inference=True)
-        return pm._jitted._compiled._jit.keywords["compiler_options"]
+        return _forward_options(model, backend)[1]
 
     default = ml.JaxBackend()
     assert default.compiler_options["xla_cpu_experimental_ynn_fusion_type"] == "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
@@ -530,15 +539,8 @@ def test_window_free_programs_get_xla_s_ynn_fusions_where_xla_has_several_thread
     from mithril.backends.jax import backend as jax_backend
 
     monkeypatch.setattr(jax_backend, "_ynn_fusions_win", lambda: False)
-    mlp = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", F, [128, 64])], [("y", F, [128, 64])],
-                     {"w": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)})
-    cnn = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
-                     [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])],
-                     {"w": np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32)})
-
-    def options(model, backend):
-        pm = _compile(model, backend, inference=True)
-        return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
+    mlp, cnn = _mlp_and_cnn()
+    options = _forward_options
 
     default = ml.JaxBackend()
     if default.compiler_options.get("xla_cpu_experimental_ynn_fusion_type") != "":
@@ -554,8 +556,8 @@ def test_window_free_programs_get_xla_s_ynn_fusions_where_xla_has_several_thread
     pm, _ = options(mlp, default)
     x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
     assert "__ynn_fusion" in _optimized_hlo(pm, pm.backend, pm.get_parameters(), {"x": x})
-    np.testing.assert_allclose(np.asarray(pm.evaluate(None, {"x": x})["y"]), x @ pm.get_parameters()["w"],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(pm.evaluate(None, {"x": x})["y"]),
+                               np.maximum(x @ pm.get_parameters()["w"], 0), rtol=1e-5, atol=1e-5)
 
 
 def test_ynn_dots_on_intel_cpus_with_avx512_and_several_threads(monkeypatch):
