@@ -5,9 +5,11 @@ each node and returns a :class:`ProfileReport`. How each backend is measured:
 
 - NumPy, Torch: the generated program is printed again with each kernel call timed
   (``emit_python(timed=True)``); Torch on a GPU synchronizes after each kernel.
-- JAX, MLX: their whole-program jit hides the ops, so the same timed program runs op by op
+- JAX, jitted: XLA's profiler times each instruction of the compiled program (a fusion, a dot),
+  each given to the node it came from (``mithril/backends/jax/xla_profile.py``): *per XLA op*.
+- MLX (and JAX un-jitted): ``mx.compile`` hides the ops, so the same timed program runs op by op
   (eagerly, ``block_until_ready`` / ``mx.eval`` after each node): *eager per-op time*, shown
-  beside the jitted wall time.
+  beside the compiled wall time.
 - C: the per-node clocks of a library built with ``MITHRIL_C_PROFILE=1`` (built here when the
   model's own was not), and NumPy's time for the nodes without a C kernel.
 - GGML: ggml-python has no per-node timing, so each ggml segment (one ``ggml_graph_compute``)
@@ -46,7 +48,8 @@ from .errors import MithrilError
 
 # What each backend's rows measure (ProfileReport.method).
 KERNEL = "kernel"  # each kernel call of the generated program, as it runs
-EAGER_OP = "eager op"  # each node run op by op with the jit off (JAX, MLX)
+EAGER_OP = "eager op"  # each node run op by op with the jit off (MLX; JAX where it has no trace reader)
+XLA_OP = "XLA op"  # each instruction of the jitted XLA program, by XLA's profiler, given to its node (JAX)
 C_NODE = "C node"  # the C library's per-node clocks
 PARTITION = "partition"  # a ggml segment, or a node NumPy runs between segments
 
@@ -85,10 +88,10 @@ class ProfileReport:
     """What :func:`profile` measured.
 
     ``op_types`` and ``nodes``: rows sorted by time, slowest first (per run). ``method``: what a
-    row's clock covers (``"kernel"``, ``"eager op"``, ``"C node"`` or ``"partition"``; ``note``
-    says it in words). ``wall_ms``: median time of an un-instrumented ``pm.evaluate`` (jitted
-    where the model was compiled with jit); ``eager_ms``: the generated program run without jit
-    or clocks (Python backends); ``instrumented_ms``: median time of a profiled run, whose excess
+    row's clock covers (``"kernel"``, ``"XLA op"``, ``"eager op"``, ``"C node"`` or ``"partition"``;
+    ``note`` says it in words). ``wall_ms``: median time of an un-instrumented ``pm.evaluate``
+    (jitted where the model was compiled with jit); ``eager_ms``: the generated program run without
+    jit or clocks (Python backends but jitted JAX); ``instrumented_ms``: median time of a profiled run, whose excess
     over ``eager_ms`` (or ``wall_ms``) is the clocks' overhead; ``nodes_ms``: the rows' sum.
     """
 
@@ -192,7 +195,14 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
     wall = _median_ms(evaluate, runs, warmup)
     prepared_params, prepared_data, _, _ = pm._prepare(params, data, None)
     name = backend.name
-    if name in _PYTHON_BACKENDS:
+    traced = _profile_jitted(pm, prepared_params, prepared_data, runs, warmup) if jitted else None
+    if traced is not None:
+        clock, instrumented = traced
+        eager, method = None, XLA_OP
+        note = ("XLA's profiler on the compiled per-call program: each XLA instruction run (a fusion, dot, "
+                "convolution, copy) given to the node it came from, a fusion's to the node with the most arithmetic "
+                "in it, which names the others (+); instructions may overlap on XLA's threads")
+    elif name in _PYTHON_BACKENDS:
         clock, instrumented, eager = _profile_python(pm, prepared_params, prepared_data, sync, runs, warmup)
         method = EAGER_OP if name in ("jax", "mlx") else KERNEL
         note = {"jax": "eager per-op time: each node run op by op with jit off (block_until_ready after each); "
@@ -383,6 +393,60 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
         clock.reset()
         instrumented = _median_ms(run(forward), runs, 0, end_run)
     return clock, instrumented, eager
+
+
+def _profile_jitted(pm, params, data, runs: int, warmup: int):
+    """The jitted program's own per-node time, where the backend's profiler gives it
+    (:meth:`~mithril.backends.backend.Backend.profile_jitted`): (clock, ms per profiled run), or None."""
+    from .backends.emit_python import emit_python
+
+    backend = pm.backend
+    plan = backend.forward_plan(pm.plan)
+    printed = []
+
+    def print_program(call):
+        printed.append(emit_python(plan, namespace={**backend.program_namespace(), "_timed": call},
+                                   constant=backend.constant, timed=True))
+        return printed[-1].forward
+
+    trace = backend.profile_jitted(pm._jitted, print_program, params, data, runs=runs, warmup=warmup)
+    if trace is None or not trace.runs:
+        return None
+    nodes = printed[-1].timed_nodes
+    guests = defaultdict(list)
+    for guest, host in trace.fused.items():
+        guests[host].append(nodes[guest].label)
+    clock = _Clock()
+
+    def shapes(pn) -> list:
+        out = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+        while out and out[-1] is None:
+            out.pop()
+        return out
+
+    for key in trace.calls:
+        if isinstance(key, int):
+            pn = nodes[key]
+            name = pn.label + "".join(f" (+ {g})" for g in guests.get(key, ()))
+            clock.rows[key] = (name, pn.op_type, shapes(pn), _attributes(pn))
+        else:  # an instruction XLA made that no node's scope names
+            clock.rows[key] = (key, key, [], {})
+    for guest, host in trace.fused.items():
+        pn = nodes[guest]
+        clock.rows[("fused", guest)] = (f"{pn.label} (fused into {nodes[host].label})", pn.op_type, shapes(pn),
+                                        _attributes(pn))
+    # Nodes that run no instruction of their own or in another's (a Flatten XLA makes a bitcast).
+    free = [i for i in range(len(nodes)) if i not in trace.calls and i not in trace.fused]
+    for i in free:
+        clock.rows[("free", i)] = (f"{nodes[i].label} (no XLA work)", nodes[i].op_type, shapes(nodes[i]),
+                                   _attributes(nodes[i]))
+    for run in trace.runs:
+        for key, calls in trace.calls.items():
+            clock.add(key, run.get(key, 0.0), calls)
+        for key in [("fused", g) for g in trace.fused] + [("free", i) for i in free]:
+            clock.add(key, 0.0, 0)
+        clock.end_run()
+    return clock, 1e3 * statistics.median(trace.run_seconds)
 
 
 def _fused_into(plan, program_plan) -> dict[str, str]:

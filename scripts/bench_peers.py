@@ -336,7 +336,7 @@ def _compile_table(rows: list[dict], export_line: str) -> list[str]:
 
 def _hot_ops(ml, pm, params, data, top: int = 3) -> str:
     """The op types taking the most time in one run (``ml.profile``: kernel clocks on NumPy and
-    Torch, eager per-op time on JAX and MLX), as "MatMul 61%, Add 12%, ..."."""
+    Torch, XLA's profiler on JAX, eager per-op time on MLX), as "MatMul 61%, Add 12%, ..."."""
     try:
         report = ml.profile(pm, params, data, runs=2, warmup=1)
     except Exception as exc:  # a profile that fails must not end the benchmark
@@ -375,7 +375,8 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
         "includes jit compilation (jax.jit, mx.compile, torch.compile); \"load\" is onnxruntime's session",
         "creation, Mithril's load+compile or the port's weight conversion. \"max |diff|\" is against",
         "onnxruntime's outputs. \"Hot ops\": the op types taking most of a Mithril row's time by `ml.profile`",
-        "(kernel clocks on NumPy and Torch, eager per-op time on JAX and MLX; `mithril profile FILE --backend B`).",
+        "(kernel clocks on NumPy and Torch, XLA's profiler on JAX, eager per-op time on MLX; "
+        "`mithril profile FILE --backend B`).",
         "Why each bar still missed is missed, profile by profile: [peers_analysis.md](peers_analysis.md).", "",
         f"Load average (1 / 5 / 15 min) at the start {b._fmt_load(loads[0])}, at the end {b._fmt_load(loads[1])}.",
         "", "Exports (scripts/export_models.py):", "",

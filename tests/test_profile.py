@@ -81,12 +81,25 @@ def test_every_node_gets_its_time_on_each_backend(name, monkeypatch):
     assert report.backend == name
     assert {r.op_type for r in report.op_types} == MODEL_OPS
     by_type = {r.op_type: r for r in report.op_types}
-    assert by_type["Conv"].calls == 2 and by_type["Gemm"].calls == 1
+    if name == "jax":  # calls are XLA instructions: a convolution is its im2col's copies and a dot
+        assert by_type["Conv"].calls >= 2 and by_type["Gemm"].calls >= 1
+    else:
+        assert by_type["Conv"].calls == 2 and by_type["Gemm"].calls == 1
     check_sums(report)
     nodes = {r.name.split(" ")[0]: r for r in report.nodes}
     assert set(nodes) == {"conv1", "relu1", "conv2", "relu2", "pool", "flatten", "fc", "softmax"}
     assert nodes["conv2"].input_shapes == [[2, 8, 16, 16], [8, 8, 3, 3], [8]]
-    if name in ("c", "torch"):  # C and Torch (on the CPU) run each Relu inside the Conv before it
+    if name == "jax":  # jitted by default: the rows are the jitted program's XLA instructions
+        assert report.method == "XLA op" and report.jitted and report.eager_ms is None
+        assert "XLA's profiler" in report.note
+        for r in report.nodes:  # a row ran, or says where its work went
+            assert (r.ms > 0 and r.calls >= 1) or (r.ms == 0 and r.calls == 0 and (
+                "(no XLA work)" in r.name or "(fused into " in r.name)), r
+            if "(fused into " in r.name:  # and its host's row names it
+                host = r.name.split("(fused into ")[1].rstrip(")")
+                assert f"(+ {r.name.split(' ')[0]})" in nodes[host].name
+        assert all(nodes[n].ms > 0 for n in ("conv1", "conv2", "fc"))
+    elif name in ("c", "torch"):  # C and Torch (on the CPU) run each Relu inside the Conv before it
         assert name != "c" or report.method == "C node"
         assert nodes["relu1"].calls == 0 and "fused into conv1" in nodes["relu1"].name
         assert nodes["conv1"].name == "conv1 (+ relu1)"
@@ -95,10 +108,10 @@ def test_every_node_gets_its_time_on_each_backend(name, monkeypatch):
         assert all(r.ms >= 0 for r in report.nodes)
     else:
         assert all(r.ms > 0 and r.calls == 1 for r in report.nodes)
-    if name in ("jax", "mlx"):  # jitted by default: the rows are eager per-op times, the wall the jitted one
+    if name == "mlx":  # compiled by default: the rows are eager per-op times, the wall the compiled one
         assert report.method == "eager op" and report.jitted and "eager per-op time" in report.note
         assert report.eager_ms > 0
-    elif name != "c":
+    elif name not in ("c", "jax"):
         assert report.method == "kernel" and not report.jitted
 
 
@@ -152,11 +165,49 @@ def test_a_loop_body_is_counted_once_per_iteration_and_not_twice(name):
 def test_a_loop_body_that_jax_traces_is_the_loops_time():
     """Eager JAX runs a Loop through lax, which calls the body with tracers: tracing is no node's
     run, so the body adds no rows and its time stays in the Loop's."""
-    pm = ml.compile(ml.load_onnx(looped_model()), make_backend("jax"), inference=True)
+    pm = ml.compile(ml.load_onnx(looped_model()), make_backend("jax"), inference=True, jit=False)
     report = profile(pm, None, {"x": np.ones((192, 192), np.float32)}, runs=2)
+    assert report.method == "eager op" and not report.jitted
     (row,) = report.nodes
     assert row.name == "loop" and row.calls == 1 and row.ms > 0
     check_sums(report)
+
+
+def test_a_jitted_loop_body_s_xla_instructions_are_its_nodes_rows():
+    """Jitted, the Loop is an XLA while: its body's dot and tanh run once per iteration, each
+    given to its node, and the while's own event (which encloses them) is not counted again."""
+    pm = ml.compile(ml.load_onnx(looped_model()), make_backend("jax"), inference=True)
+    report = profile(pm, None, {"x": np.ones((192, 192), np.float32)}, runs=3)
+    assert report.method == "XLA op"
+    rows = {r.name: r for r in report.nodes}
+    assert rows["body_matmul"].calls == 5 and rows["body_tanh"].calls == 5
+    assert rows["body_matmul"].ms > 0 and rows["body_tanh"].ms > 0
+    check_sums(report)
+    # The rows (the body's own instructions) stay within the profiled run.
+    assert report.nodes_ms <= 1.5 * report.instrumented_ms
+
+
+def test_jax_without_a_readable_trace_times_its_nodes_eagerly(monkeypatch):
+    """XLA's profiler is one per process, and older jax cannot read its traces: then the nodes
+    run op by op, and the report says so."""
+    jax = pytest.importorskip("jax")
+    backend = make_backend("jax")
+    pm = ml.compile(ml.load_onnx(small_cnn()), backend, shapes={"x": SHAPE}, inference=True)
+    data = {"x": backend.from_numpy(np.ones(SHAPE, np.float32))}
+    with monkeypatch.context() as m:
+        m.delattr(jax.profiler, "ProfileData")
+        report = profile(pm, None, data, runs=2)
+    assert report.method == "eager op" and "eager per-op time" in report.note and report.eager_ms > 0
+    check_sums(report)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        jax.profiler.start_trace(directory)  # the user's own trace: left running, and untouched
+        try:
+            report = profile(pm, None, data, runs=2)
+        finally:
+            jax.profiler.stop_trace()
+    assert report.method == "eager op"
 
 
 @pytest.mark.parametrize("name", ["c", "ggml"])
@@ -264,3 +315,62 @@ def test_module_docstring_example_runs():
     for t in tests:
         runner.run(t)
     assert runner.summarize(verbose=False).failed == 0
+
+
+# An XLA:CPU module as `Compiled.as_text()` prints it: a dot (node 0), a fusion of node 0's bias,
+# node 1's Relu and node 2's pooling reduction, a dot XLA rewrote without metadata, read by node
+# 3's fusion, and a copy no node names.
+HLO = """HloModule jit_main, entry_computation_layout={(f32[8,4]{1,0})->f32[8]{0}}
+
+%region_0.3 (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %add.9 = f32[] add(%a, %b), metadata={op_name="jit(main)/mithril_node2/reduce_sum"}
+}
+
+%fused_computation.1 (param_0.1: f32[8,4], param_1.1: f32[4]) -> f32[8] {
+  %param_0.1 = f32[8,4]{1,0} parameter(0)
+  %param_1.1 = f32[4]{0} parameter(1)
+  %broadcast.1 = f32[8,4]{1,0} broadcast(%param_1.1), dimensions={1}, metadata={op_name="jit(main)/mithril_node0/add"}
+  %add.1 = f32[8,4]{1,0} add(%param_0.1, %broadcast.1), metadata={op_name="jit(main)/mithril_node0/add"}
+  %constant.1 = f32[] constant(0)
+  %broadcast.2 = f32[8,4]{1,0} broadcast(%constant.1), dimensions={}
+  %max.1 = f32[8,4]{1,0} maximum(%add.1, %broadcast.2), metadata={op_name="jit(main)/mithril_node1/max"}
+  ROOT %reduce.1 = f32[8]{0} reduce(%max.1, %constant.1), dimensions={1}, to_apply=%region_0.3, metadata={op_name="jit(main)/mithril_node2/reduce_sum"}
+}
+
+%fused_computation.2 (param_0.2: f32[8]) -> f32[8] {
+  %param_0.2 = f32[8]{0} parameter(0)
+  ROOT %tanh.1 = f32[8]{0} tanh(%param_0.2), metadata={op_name="jit(main)/mithril_node3/tanh"}
+}
+
+ENTRY %main.5 (x.1: f32[8,4], w.1: f32[4,4], b.1: f32[4]) -> (f32[8], f32[8]) {
+  %x.1 = f32[8,4]{1,0} parameter(0)
+  %w.1 = f32[4,4]{1,0} parameter(1)
+  %b.1 = f32[4]{0} parameter(2)
+  %dot.1 = f32[8,4]{1,0} dot(%x.1, %w.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(main)/mithril_node0/dot_general"}
+  %add_reduce_fusion = f32[8]{0} fusion(%dot.1, %b.1), kind=kLoop, calls=%fused_computation.1, metadata={op_name="jit(main)/mithril_node2/reduce_sum"}
+  %dot.2 = f32[8]{0} dot(%add_reduce_fusion, %add_reduce_fusion), lhs_contracting_dims={}, rhs_contracting_dims={}
+  %tanh_fusion = f32[8]{0} fusion(%dot.2), kind=kLoop, calls=%fused_computation.2, metadata={op_name="jit(main)/mithril_node3/tanh"}
+  %copy.1 = f32[8]{0} copy(%tanh_fusion)
+  ROOT %tuple.1 = (f32[8]{0}, f32[8]{0}) tuple(%copy.1, %tanh_fusion)
+}
+"""
+
+
+def test_each_xla_instruction_goes_to_the_node_with_the_most_arithmetic_in_it():
+    pytest.importorskip("jax")
+    from mithril.backends.jax.xla_profile import attribute, parse_hlo
+
+    instructions = parse_hlo(HLO)
+    assert instructions["add_reduce_fusion"].opcode == "fusion"
+    assert instructions["add_reduce_fusion"].calls == ["fused_computation.1"]
+    assert instructions["max.1"].node == 1 and instructions["max.1"].computation == "fused_computation.1"
+    assert instructions["tuple.1"].opcode == "tuple" and instructions["dot.2"].node is None
+    owner, fused = attribute(instructions)
+    # The reduction outweighs the bias add and the Relu: the fusion is node 2's, the Relu is fused
+    # into it; node 0 owns its dot, so it is a host of its own and not listed as fused.
+    assert owner["dot.1"] == 0 and owner["add_reduce_fusion"] == 2 and fused == {1: 2}
+    assert owner["dot.2"] == 3  # no metadata: the node that reads its result
+    assert owner["copy.1"] == "XLA copy"
+    assert "max.1" not in owner and "add.9" not in owner  # inside a fusion or a reduction: no thunks

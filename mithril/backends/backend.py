@@ -370,6 +370,13 @@ class Backend(metaclass=TensorAPI):
         self.check_jit_options(options)
         return forward
 
+    def profile_jitted(self, jitted, print_program, params, data, *, runs: int, warmup: int):
+        """Per-node time of ``jitted`` (what :meth:`jit` returned) as the framework's own profiler
+        sees the compiled program, for :mod:`mithril.profile`: ``print_program(call)`` prints the
+        same forward with each kernel call made as ``call(i, kernel, *args)``. None where the
+        backend has no such profiler (the nodes are then timed run one by one)."""
+        return None
+
     def lower_backward(self, plan, *, diff_names: list[str], file_path: str | None = None,
                        gradient_checkpointing: bool = False):
         """Called by ``compile`` (unless ``inference=True``) with the lowering plan

@@ -388,6 +388,18 @@ class _Jitted:
                 return self.forward(params, data)
             return self._compiled(params, data)
 
+    def profile(self, forward, params, data, *, runs: int, warmup: int):
+        """``forward`` (this program's forward, its ops named per node) split and compiled as this
+        one is, its per-call program run under XLA's profiler (xla_profile.py)."""
+        with self.backend.scope():
+            if _has_host_only(params) or _has_host_only(data):
+                return None
+            from . import xla_profile
+
+            own = self._compiled
+            hoisted = Hoisted(forward, own._jit, own.transposed_dot_operands, own.host_device)
+            return xla_profile.trace(hoisted, params, data, runs=runs, warmup=warmup)
+
 
 class JaxBackend(Backend):
     """Runs lowered ONNX graphs with ``jax.numpy``; ``compile(..., jit=True)`` jits the whole graph.
@@ -742,6 +754,15 @@ class JaxBackend(Backend):
             compiler_options = {**self.compiler_options, **dict(options["compiler_options"] or {})}
             self._check_compiler_options(compiler_options)
         return _Jitted(self, forward, compiler_options)
+
+    def profile_jitted(self, jitted, print_program, params, data, *, runs: int, warmup: int):
+        """XLA's profiler on the compiled per-call program, each instruction's time given to the
+        node it came from (xla_profile.py)."""
+        if not isinstance(jitted, _Jitted):
+            return None
+        from .xla_profile import scoped_call
+
+        return jitted.profile(print_program(scoped_call), params, data, runs=runs, warmup=warmup)
 
     # -- devices, random keys, memory ------------------------------------------------------
     def to_device(self, x, device):

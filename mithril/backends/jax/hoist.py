@@ -283,6 +283,17 @@ class Hoisted:
         split, prepare, main = self.programs(key)
         return main.lower(split.state(param_leaves, jax.eval_shape(prepare, params)), data)
 
+    def prepared(self, params, data):
+        """The per-call program at these inputs, its state (prepare run now) and the parameter leaves."""
+        key, param_leaves = self._key(params, data)
+        split, prepare, main = self.programs(key)
+        if (self.host_device is not None and split.host_prepare
+                and _host_readable(param_leaves, self.host_device)):
+            residuals = split.prepare_on_host(param_leaves, self.host_device)
+        else:
+            residuals = prepare(params)
+        return main, split.state(param_leaves, residuals), param_leaves
+
     def __call__(self, params, data):
         kept = self._kept
         # The very same parameter arrays as last time, and data of the same shapes: the kept
@@ -291,14 +302,7 @@ class Hoisted:
                 and all(map(operator.is_, kept[1], params.values()))
                 and kept[2] is not None and kept[2] == _data_key(data)):
             return kept[4](kept[3], data)
-        key, param_leaves = self._key(params, data)
-        split, prepare, main = self.programs(key)
-        if (self.host_device is not None and split.host_prepare
-                and _host_readable(param_leaves, self.host_device)):
-            residuals = split.prepare_on_host(param_leaves, self.host_device)
-        else:
-            residuals = prepare(params)
-        state = split.state(param_leaves, residuals)
+        main, state, param_leaves = self.prepared(params, data)
         # Only immutable arrays may be recognised by identity: a NumPy array can change in place.
         if isinstance(params, dict) and all(isinstance(v, jax.Array) for v in param_leaves):
             self._kept = (tuple(params), list(params.values()), _data_key(data), state, main)
