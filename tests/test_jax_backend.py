@@ -602,16 +602,22 @@ _XNN = {"xla_allow_excess_precision": False, "xla_cpu_use_xnnpack": True,
         "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
 
 
-@pytest.mark.parametrize("options, size, convolution", [
-    (None, 14, True),    # 196 output pixels, 16 channels: XNNPACK's convolution
-    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": ""}, 7, False),  # 49 pixels, Eigen's dots: im2col
+@pytest.mark.parametrize("options, size, avx512, convolution, in_gradients", [
+    (None, 14, False, True, True),    # 196 output pixels, 16 channels: XNNPACK's convolution
+    # 49 pixels, Eigen's dots: im2col, but in forward programs on a CPU with AVX-512.
+    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": ""}, 7, False, False, False),
+    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": ""}, 7, True, True, False),
     # YNNPACK's dots: XNNPACK at every size (its convolution beats im2col + YNNPACK's matmul).
-    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}, 7, True),
-    ({}, 14, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
+    ({**_XNN, "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}, 7, False, True, True),
+    ({}, 14, True, False, False),     # XLA's defaults send no convolution to XNNPACK: im2col throughout
 ])
-def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution):
+def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, avx512, convolution, in_gradients,
+                                                      monkeypatch):
     # Which layers: overrides/jax.py, from per-layer timings. Values and gradients match NumPy's
     # either way.
+    from mithril.backends.jax import backend as jax_backend
+
+    monkeypatch.setattr(jax_backend, "_cpu_flags", lambda: ("", frozenset({"avx512f"} if avx512 else ())))
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1], name="conv")]
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 16, size, size)).astype(np.float32)
@@ -636,6 +642,10 @@ def test_conv_layers_go_to_xnnpack_where_it_is_faster(options, size, convolution
     np.testing.assert_allclose(backend.to_numpy(out["y"]), want["y"], rtol=1e-4, atol=1e-4)
     for name, value in want_grads.items():
         np.testing.assert_allclose(backend.to_numpy(grads[name]), value, rtol=1e-4, atol=1e-3)
+    (run,) = backend._vjp_cache.values()
+    with backend.scope():
+        gradient_hlo = run.jitted.lower(jparams, data, {"y": g}).compile().as_text()
+    assert (" convolution(" in gradient_hlo) is in_gradients
 
 
 def test_conv_transpose_reads_its_filter_without_rearranging_it_per_call():

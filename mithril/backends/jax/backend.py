@@ -379,7 +379,11 @@ class _Jitted:
         # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
         host = backend._device if backend._device.platform == "cpu" and backend._jmesh is None else None
-        self._compiled = Hoisted(forward, functools.partial(_jit, compiler_options=options),
+        # Forward programs on a CPU with AVX-512 send small images' convolutions to XNNPACK too
+        # (overrides/jax.py), where the options send any there.
+        self._small_images = (backend._device.platform == "cpu" and _library_convolutions(options)
+                              and "avx512f" in _cpu_flags()[1])
+        self._compiled = Hoisted(self._traced_as_forward(forward), functools.partial(_jit, compiler_options=options),
                                  transposed_dot_operands=_on_cpu_ynn_dots(backend, options), host_device=host)
 
     def __call__(self, params, data):
@@ -387,6 +391,17 @@ class _Jitted:
             if _has_host_only(params) or _has_host_only(data):
                 return self.forward(params, data)
             return self._compiled(params, data)
+
+    def _traced_as_forward(self, forward):
+        if not self._small_images:
+            return forward
+
+        @functools.wraps(forward)
+        def traced(params, data):
+            with _overrides.small_images_to_library(True):
+                return forward(params, data)
+
+        return traced
 
     def profile(self, forward, params, data, *, runs: int, warmup: int):
         """``forward`` (this program's forward, its ops named per node) split and compiled as this
@@ -397,7 +412,7 @@ class _Jitted:
             from . import xla_profile
 
             own = self._compiled
-            hoisted = Hoisted(forward, own._jit, own.transposed_dot_operands, own.host_device)
+            hoisted = Hoisted(self._traced_as_forward(forward), own._jit, own.transposed_dot_operands, own.host_device)
             return xla_profile.trace(hoisted, params, data, runs=runs, warmup=warmup)
 
 

@@ -81,6 +81,20 @@ def ynn_dots(enabled: bool):
         _YNN_DOTS.reset(token)
 
 
+# Set while a forward program is traced for a CPU with AVX-512: XNNPACK's convolution at every
+# image size there (the 196-pixel floor below holds for gradient programs and other CPUs).
+_SMALL_IMAGES_TO_LIBRARY = contextvars.ContextVar("mithril_jax_small_images_to_library", default=False)
+
+
+@contextlib.contextmanager
+def small_images_to_library(enabled: bool):
+    token = _SMALL_IMAGES_TO_LIBRARY.set(enabled)
+    try:
+        yield
+    finally:
+        _SMALL_IMAGES_TO_LIBRARY.reset(token)
+
+
 # XNNPACK against im2col + Eigen, per ResNet layer on 2 AVX2 cores (ms, batch 1): 64x56x56 1.6 vs
 # 2.2, 128x28x28 1.5 vs 1.7, 64->128 stride 2 to 28x28 0.9 vs 1.1; the 3-channel 7x7 stem 2.5 vs
 # 2.4. Those XNNPACK times included a transposing copy of the filter on every call; read in place
@@ -92,6 +106,10 @@ def ynn_dots(enabled: bool):
 # and XNNPACK wins at every size, 7x7 included (1 thread, ms): 512x7x7 2.65 against 5.5 with
 # im2col + YNNPACK (3.6 with Eigen), 256->512 stride 2 to 7x7 1.5 against 2.9; whole ResNet-18
 # 32 against 40 ms. Its 3-channel stem stays im2col (the channel floor).
+# On an AMD EPYC (Zen 4, AVX-512, Eigen's dots) XNNPACK's 7x7 layers took ResNet-18 45.8 -> 43.1
+# ms at 1 thread (one process, alternating blocks; even at 2), its stem 45.6 (slower). Not in
+# gradient programs: a ResNet-18 trained over a four-device fsdp mesh drifted from its one-device
+# run with them (tests/test_distributed_jax.py).
 _LIBRARY_MIN_PIXELS = 196
 _LIBRARY_MIN_CHANNELS = 16
 
@@ -101,7 +119,8 @@ def _library_conv_wins(x, w, win, group) -> bool:
     return (_LIBRARY_CONVOLUTIONS.get() and x.ndim == 4 and x.dtype == jnp.float32
             and group == 1 and w.shape[1] >= _LIBRARY_MIN_CHANNELS
             and math.prod(win.kernel) > 1
-            and (_YNN_DOTS.get() or x.shape[0] * math.prod(win.out) >= _LIBRARY_MIN_PIXELS))
+            and (_YNN_DOTS.get() or _SMALL_IMAGES_TO_LIBRARY.get()
+                 or x.shape[0] * math.prod(win.out) >= _LIBRARY_MIN_PIXELS))
 
 
 # Spatial axis letters for lax's dimension-number strings, by rank.
