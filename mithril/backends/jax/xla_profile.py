@@ -32,6 +32,7 @@ import jax
 SCOPE = "mithril_node"
 _SCOPE_RE = re.compile(SCOPE + r"(\d+)")
 _RUN = "mithril_run"
+_END = "end: "
 # What an instruction inside a fusion weighs when choosing the node a fusion's time goes to.
 _HEAVY = {"dot": 1000, "convolution": 1000, "custom-call": 1000, "fft": 1000, "reduce-window": 30,
           "reduce": 10, "select-and-scatter": 30, "scatter": 10, "gather": 5, "sort": 30}
@@ -189,15 +190,27 @@ def trace(hoisted, params, data, *, runs: int, warmup: int) -> ProgramTrace | No
         if not files:
             return None
         planes = profile_data.from_file(files[0]).planes
-    spans, events = [], []
+    spans, starts, ends = [], defaultdict(list), defaultdict(list)
     for plane in planes:
         for line in plane.lines:
             for e in line.events:
-                if e.name.startswith(_RUN):
+                name = e.name
+                if name.startswith(_RUN):
                     spans.append((e.start_ns, e.start_ns + e.duration_ns))
-                elif e.name in instructions and instructions[e.name].opcode not in _CONTROL:
-                    events.append((e.start_ns, e.duration_ns, e.name))
+                elif name in instructions and instructions[name].opcode not in _CONTROL:
+                    starts[name].append((e.start_ns, e.start_ns + e.duration_ns))
+                elif name.startswith(_END) and name[len(_END):] in instructions:
+                    ends[name[len(_END):]].append(e.start_ns)
     spans.sort()
+    # An instruction's event covers its launch; XLA marks its completion with an "end: <name>"
+    # event, later for work it hands to its thread pool (a convolution, a dot): the span between
+    # them is its time. Without end events (an older XLA), the event's own duration.
+    events = []
+    for name, launched in starts.items():
+        launched.sort()
+        done = sorted(ends.get(name, ()))
+        paired = len(done) == len(launched) and all(d >= a for (a, _), d in zip(launched, done))
+        events += [(a, (d if paired else b) - a, name) for (a, b), d in zip(launched, done if paired else launched)]
     per_run = [defaultdict(float) for _ in spans]
     counts = [Counter() for _ in spans]
     for start, duration, name in events:
