@@ -315,6 +315,11 @@ def _attributes(pn) -> dict:
     return out
 
 
+def _static_shapes(pn) -> list:
+    """The compile-time shape of each input of plan node ``pn`` (None where absent or unknown)."""
+    return [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+
+
 def _shape(value) -> list[int] | None:
     shape = getattr(value, "shape", None)
     try:
@@ -363,7 +368,7 @@ def _profile_python(pm, params, data, sync, runs: int, warmup: int):
         guests[host].append(guest)
     for pn in pm.plan.nodes:
         if pn.label in fused_into:
-            shapes = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+            shapes = _static_shapes(pn)
             clock.rows[("fused", pn.label)] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes,
                                                _attributes(pn))
 
@@ -419,8 +424,8 @@ def _profile_jitted(pm, params, data, runs: int, warmup: int):
     clock = _Clock()
 
     def shapes(pn) -> list:
-        out = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
-        while out and out[-1] is None:
+        out = _static_shapes(pn)
+        while out and out[-1] is None:  # optional inputs left out
             out.pop()
         return out
 
@@ -524,7 +529,7 @@ def _profile_c(pm, params, data, runs: int, warmup: int):
     for i, pn in enumerate(program.plan.nodes):
         if id(pn) in fallback:
             continue  # timed as NumPy runs it
-        shapes = [None if v is None or v.static_shape is None else list(v.static_shape) for v in pn.inputs]
+        shapes = _static_shapes(pn)
         if pn.label in fused_into:
             clock.rows[i] = (f"{pn.label} (fused into {fused_into[pn.label]})", pn.op_type, shapes, _attributes(pn))
         else:

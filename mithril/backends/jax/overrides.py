@@ -54,45 +54,35 @@ def _on_cpu() -> bool:
 _PATCHES_MAX_BYTES = 16 << 20
 
 
+@contextlib.contextmanager
+def _set_while(var: contextvars.ContextVar, value):
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 # Set by JaxBackend.scope() while it traces: whether its compiler options send `convolution`
 # HLOs to XNNPACK.
 _LIBRARY_CONVOLUTIONS = contextvars.ContextVar("mithril_jax_library_convolutions", default=False)
-
-
-@contextlib.contextmanager
-def library_convolutions(enabled: bool):
-    token = _LIBRARY_CONVOLUTIONS.set(enabled)
-    try:
-        yield
-    finally:
-        _LIBRARY_CONVOLUTIONS.reset(token)
-
-
 # Set by JaxBackend.scope() while it traces: whether its compiler options leave dots to YNNPACK.
 _YNN_DOTS = contextvars.ContextVar("mithril_jax_ynn_dots", default=False)
-
-
-@contextlib.contextmanager
-def ynn_dots(enabled: bool):
-    token = _YNN_DOTS.set(enabled)
-    try:
-        yield
-    finally:
-        _YNN_DOTS.reset(token)
-
-
 # Set while a forward program is traced for a CPU with AVX-512: XNNPACK's convolution at every
 # image size there (the 196-pixel floor below holds for gradient programs and other CPUs).
 _SMALL_IMAGES_TO_LIBRARY = contextvars.ContextVar("mithril_jax_small_images_to_library", default=False)
 
 
-@contextlib.contextmanager
+def library_convolutions(enabled: bool):
+    return _set_while(_LIBRARY_CONVOLUTIONS, enabled)
+
+
+def ynn_dots(enabled: bool):
+    return _set_while(_YNN_DOTS, enabled)
+
+
 def small_images_to_library(enabled: bool):
-    token = _SMALL_IMAGES_TO_LIBRARY.set(enabled)
-    try:
-        yield
-    finally:
-        _SMALL_IMAGES_TO_LIBRARY.reset(token)
+    return _set_while(_SMALL_IMAGES_TO_LIBRARY, enabled)
 
 
 # XNNPACK against im2col + Eigen, per ResNet layer on 2 AVX2 cores (ms, batch 1): 64x56x56 1.6 vs
