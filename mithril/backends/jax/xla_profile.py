@@ -20,6 +20,7 @@ Instructions run on XLA's threads and may overlap, so the rows' sum can exceed t
 
 from __future__ import annotations
 
+import bisect
 import glob
 import re
 import statistics
@@ -162,6 +163,55 @@ def attribute(instructions: dict[str, Instruction]) -> tuple[dict[str, object], 
     return owner, fused
 
 
+def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans: list) -> list[tuple]:
+    """(start, duration, name) of each instruction run, in nanoseconds, from its launch events
+    (``starts``: name -> [(start, end)]), XLA's ``"end: <name>"`` events (``ends``: name -> [time])
+    and the profiled runs' ``spans``.
+
+    An instruction's event covers its launch. XLA marks its completion with an end event, later for
+    work it hands to its thread pool (an XNNPACK convolution): the span up to it is the time. But
+    XLA records that mark when the launching thread gets back to it: after a long instruction
+    run in between (GPT-2's last GELU fusion was marked done once its 27 ms LM head had run, 14-20
+    ms late). So an end event counts only inside its launch's run and before the next launch of
+    the same instruction, and an instruction is done by the time an instruction reading its result
+    is launched; without an end event, the launch's own span."""
+    launched = {name: sorted(a for a, _ in runs) for name, runs in starts.items()}
+    readers = defaultdict(list)
+    for ins in instructions.values():
+        for o in ins.operands:
+            readers[o].append(ins.name)
+
+    def first_reader(name: str, t: float, seen: set) -> float:
+        # The first launch at or after t of an instruction reading name's result; through readers
+        # with no events of their own (a bitcast, a tuple), their readers.
+        best = float("inf")
+        for r in readers[name]:
+            if r in seen:
+                continue
+            seen.add(r)
+            if r in launched:
+                times = launched[r]
+                i = bisect.bisect_left(times, t)
+                if i < len(times):
+                    best = min(best, times[i])
+            else:
+                best = min(best, first_reader(r, t, seen))
+        return best
+
+    out = []
+    for name, runs in starts.items():
+        runs = sorted(runs)
+        done = sorted(ends.get(name, ()))
+        for i, (a, b) in enumerate(runs):
+            limit = runs[i + 1][0] if i + 1 < len(runs) else float("inf")
+            limit = min(limit, next((hi for lo, hi in spans if lo <= a <= hi), float("inf")))
+            j = bisect.bisect_left(done, a)
+            finish = max(b, done[j]) if j < len(done) and done[j] < limit else b
+            finish = max(b, min(finish, first_reader(name, a, set())))
+            out.append((a, finish - a, name))
+    return out
+
+
 def trace(hoisted, params, data, *, runs: int, warmup: int) -> ProgramTrace | None:
     """Run the per-call program of ``hoisted`` (a :class:`~.hoist.Hoisted` of a forward printed with
     :func:`scoped_call`) ``warmup`` + ``runs`` times, the last ``runs`` under ``jax.profiler``.
@@ -202,15 +252,7 @@ def trace(hoisted, params, data, *, runs: int, warmup: int) -> ProgramTrace | No
                 elif name.startswith(_END) and name[len(_END):] in instructions:
                     ends[name[len(_END):]].append(e.start_ns)
     spans.sort()
-    # An instruction's event covers its launch; XLA marks its completion with an "end: <name>"
-    # event, later for work it hands to its thread pool (a convolution, a dot): the span between
-    # them is its time. Without end events (an older XLA), the event's own duration.
-    events = []
-    for name, launched in starts.items():
-        launched.sort()
-        done = sorted(ends.get(name, ()))
-        paired = len(done) == len(launched) and all(d >= a for (a, _), d in zip(launched, done))
-        events += [(a, (d if paired else b) - a, name) for (a, b), d in zip(launched, done if paired else launched)]
+    events = timed(starts, ends, instructions, spans)
     per_run = [defaultdict(float) for _ in spans]
     counts = [Counter() for _ in spans]
     for start, duration, name in events:
@@ -223,4 +265,4 @@ def trace(hoisted, params, data, *, runs: int, warmup: int) -> ProgramTrace | No
     return ProgramTrace([dict(r) for r in per_run], calls, fused, [(b - a) * 1e-9 for a, b in spans])
 
 
-__all__ = ["ProgramTrace", "attribute", "parse_hlo", "scoped_call", "trace"]
+__all__ = ["ProgramTrace", "attribute", "parse_hlo", "scoped_call", "timed", "trace"]
