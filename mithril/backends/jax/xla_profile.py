@@ -171,11 +171,11 @@ def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans:
     An instruction's event covers its launch. XLA marks its completion with an end event, later for
     work it hands to its thread pool (an XNNPACK convolution): the span up to it is the time. But
     XLA records that mark when the launching thread gets back to it: after a long instruction
-    run in between (GPT-2's last GELU fusion was marked done once its 27 ms LM head had run, 14-20
+    run in between (GPT-2's last GELU fusion was marked done once its 27 ms LM head had run, 13-20
     ms late). So an end event counts only inside its launch's run and before the next launch of
     the same instruction, and an instruction is done by the time an instruction reading its result
     is launched; without an end event, the launch's own span."""
-    launched = {name: sorted(a for a, _ in runs) for name, runs in starts.items()}
+    launched = {name: sorted(a for a, _ in launches) for name, launches in starts.items()}
     readers = defaultdict(list)
     for ins in instructions.values():
         for o in ins.operands:
@@ -199,11 +199,11 @@ def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans:
         return best
 
     out = []
-    for name, runs in starts.items():
-        runs = sorted(runs)
+    for name, launches in starts.items():
+        launches = sorted(launches)
         done = sorted(ends.get(name, ()))
-        for i, (a, b) in enumerate(runs):
-            limit = runs[i + 1][0] if i + 1 < len(runs) else float("inf")
+        for i, (a, b) in enumerate(launches):
+            limit = launches[i + 1][0] if i + 1 < len(launches) else float("inf")
             limit = min(limit, next((hi for lo, hi in spans if lo <= a <= hi), float("inf")))
             j = bisect.bisect_left(done, a)
             finish = max(b, done[j]) if j < len(done) and done[j] < limit else b
