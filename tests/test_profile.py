@@ -406,6 +406,7 @@ def test_an_xla_instruction_is_done_by_its_end_mark_or_its_readers_launch():
     assert got[("pad", 500)] == 30  # through the bitcast, to its reader's launch
     assert got[("head", 20)] == 70
 
+
 def test_jax_rows_cover_work_xla_hands_to_its_threads():
     """XLA:CPU launches a library convolution (XNNPACK's) on its thread pool and goes on: the
     instruction's own event is its launch, and its time runs until XLA's "end: <name>" event. The
