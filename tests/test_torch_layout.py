@@ -169,8 +169,9 @@ def test_fused_convolutions_give_numpy_outputs_and_gradients(lo, hi):
     backend = ml.TorchBackend()
     pm = ml.compile(ml.load_onnx(model), backend, shapes={"x": x.shape}, data_keys=["x"])
     fused = [pn for pn in backend.forward_plan(pm.plan).nodes if pn.spec.fn is conv_activation]
-    # Conv->Relu, Conv->Add->Relu, Conv->Clip and the 1x1 Conv->Clip; not the Conv read as an output.
-    assert sorted(pn.kwargs["activation"] for pn in fused) == ["Clip", "Clip", "Relu", "Relu"]
+    # Conv->Relu, Conv->Add->Relu, Conv->Clip and the 1x1 Conv->Clip; the Conv read as an output
+    # alone (activation None), its Relu reading it apart.
+    assert sorted(str(pn.kwargs["activation"]) for pn in fused) == ["Clip", "Clip", "None", "Relu", "Relu"]
     assert len(backend.forward_plan(pm.plan).nodes) == len(pm.plan.nodes) - 5
     params = pm.get_parameters()
     got = pm.evaluate(params, {"x": x})
@@ -304,6 +305,69 @@ def test_a_conv_is_not_fused_where_its_input_is_freed_before_the_add():
     backend = ml.TorchBackend()
     pm = ml.compile(ml.load_onnx(model), backend, inference=True)
     assert [pn.op_type for pn in pm.plan.nodes] == ["Conv", "Neg", "Add"]
-    assert not any(pn.spec.fn is conv_activation for pn in backend.forward_plan(pm.plan).nodes)
+    nodes = backend.forward_plan(pm.plan).nodes
+    assert [pn.op_type for pn in nodes] == ["Conv", "Neg", "Add"]  # the Conv alone, no Add in it
+    assert nodes[0].spec.fn is conv_activation and nodes[0].kwargs["activation"] is None and len(nodes[0].inputs) == 2
     want = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})["y"]
     np.testing.assert_allclose(pm.evaluate(None, {"x": x})["y"].numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def _conv_clip():
+    rng = np.random.default_rng(11)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    inits = {"W": (rng.standard_normal((6, 4, 3, 3)) * 0.4).astype(np.float32),
+             "B": rng.standard_normal(6).astype(np.float32), "lo": np.float32(-0.5), "hi": np.float32(0.75)}
+    return make_model(nodes, [("x", f, [2, 4, 7, 7])], [("y", f, None)], inits)
+
+
+def test_a_fused_node_reads_operands_changed_or_replaced_between_calls():
+    """Each fused node keeps its oneDNN call's arguments (packed weight, Clip bounds) from one call
+    to the next: a weight or bound changed in place, or a new tensor in its place, is read again."""
+    model = _conv_clip()
+    x = np.random.default_rng(12).standard_normal((2, 4, 7, 7)).astype(np.float32)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(), inference=True)
+    assert "activation='Clip', memo=" in pm.code
+    params = pm.get_parameters()
+
+    def check():
+        want = ref.evaluate({k: v.numpy() for k, v in params.items()}, {"x": x})["y"]
+        got = pm.evaluate(params, {"x": x})["y"].numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        return got
+
+    first = check()
+    assert check().tobytes() == first.tobytes()  # the kept arguments: the same result
+    params["hi"].fill_(0.25)  # in place: its version changes
+    assert check().max() == np.float32(0.25)
+    params["lo"] = torch.tensor(-0.125)  # a new tensor
+    assert check().min() == np.float32(-0.125)
+    params["W"].mul_(-1.0)
+    params["B"] = params["B"] + 1.0
+    check()
+    params["W"] = torch.flip(params["W"], (2,)).contiguous()
+    check()
+
+
+def test_a_call_memo_drops_what_it_keeps_with_its_weight():
+    import copy
+    import gc
+    import pickle
+
+    from mithril.backends.torch.fusion import CallMemo, conv_activation
+
+    memo = CallMemo()
+    x = tov.TorchArray(torch.randn(1, 4, 6, 6))
+    w = tov.TorchArray(torch.randn(5, 4, 3, 3))
+    attrs = dict(auto_pad="NOTSET", dilations=(1, 1), group=1, kernel_shape=(3, 3), pads=(0, 1, 1, 0),
+                 strides=(1, 1), xp=None, activation=None, memo=memo)
+    with torch.no_grad():
+        y = conv_activation(x, w, **attrs).native
+        assert memo.state is not None  # kept: the input's own padding (asymmetric pads) with it
+        torch.testing.assert_close(conv_activation(x, w, **attrs).native, y)
+        assert copy.deepcopy(memo).state is None and pickle.loads(pickle.dumps(memo)).state is None
+        del w
+        gc.collect()
+        assert memo.state is None  # the packed weight goes with its weight

@@ -12,6 +12,10 @@ packed, Clip bounds that are not scalars or that cross, a geometry oneDNN refuse
 see :func:`~mithril.backends.torch.overrides.packed_call`) runs the three kernels one after the
 other, the activation written into the convolution's fresh result where autograd allows.
 
+A Conv none of these follow becomes such a node too (``activation=None``): one oneDNN call as
+before, but each node keeps its call's arguments (:class:`CallMemo`) instead of working them out
+from the weight and the geometry at every call.
+
 One difference from the unfused ops: oneDNN's Relu and clip give their lower bound for a NaN
 (torch.relu keeps the NaN), as onnxruntime's own fused Conv+Relu (MLAS) does.
 ResNet-18 (2 threads): its 8 Conv -> Add -> Relu and 9 Conv -> Relu pairs took 1.3 ms of ~23 ms
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections import Counter
 
 import torch
@@ -39,12 +44,13 @@ def _ours(pn: PlanNode, fns) -> bool:
 
 
 def conv_activation(x, w, b=None, other=None, low=None, high=None, *, activation, auto_pad, dilations, group,
-                    kernel_shape, pads, strides, xp):
+                    kernel_shape, pads, strides, xp, memo=None):
     """``activation(Conv(x, w, b) [+ other])``: ONNX Conv, then Add of ``other`` (same shape and
     dtype, checked when the plan was fused) when given, then Relu, Clip(low, high) or nothing
-    (``activation=None``, after an Add)."""
+    (``activation=None``, after an Add or alone). ``memo`` (the node's :class:`CallMemo`) keeps
+    the oneDNN call's arguments from one call to the next."""
     conv = dict(auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
-    fast = _fused(x, w, b, other, low, high, activation, conv)
+    fast = _fused(x, w, b, other, low, high, activation, conv, memo)
     if fast is not None:
         return TorchArray(fast)
     y = _ov.conv(x, w, b, kernel_shape=kernel_shape, xp=xp, **conv)
@@ -56,21 +62,96 @@ def conv_activation(x, w, b=None, other=None, low=None, high=None, *, activation
     return relu_into(y) if activation == "Relu" else clip_into(y, low, high, xp=xp)
 
 
-def _fused(x, w, b, other, low, high, activation, conv):
+class CallMemo:
+    """One fused node's oneDNN arguments (padding, packed weight, bias, geometry, output shape, Clip
+    bounds) from its last call, reused while the next call's operands are the same tensors, unchanged
+    in place (their version counters), and its input has the same shape, dtype and device: a model's
+    weights are the same tensors call after call. Working them out again took ~20 us of Python a
+    node (MobileNetV2: 52 nodes, ~1 ms of a 10-12 ms run); the check takes a few. What it holds is
+    dropped with the weight (a weak reference's callback), and a copy of a plan starts empty."""
+
+    __slots__ = ("state", "__weakref__")
+
+    def __init__(self):
+        self.state = None  # (key, weak references to the operands, arguments): set in one assignment
+
+    def __reduce__(self):
+        return CallMemo, ()
+
+    def __deepcopy__(self, memo):
+        return CallMemo()
+
+    def __repr__(self):
+        return "CallMemo()"
+
+    def _drop(self, _ref=None):
+        self.state = None
+
+    def get(self, key, operands):
+        state = self.state
+        if state is None or state[0] != key:
+            return None
+        for ref, t in zip(state[1], operands):
+            if (ref is None) != (t is None) or (ref is not None and ref() is not t):
+                return None
+        return state[2]
+
+    def keep(self, key, operands, arguments):
+        refs = tuple(None if t is None else weakref.ref(t, self._drop) for t in operands)
+        self.state = (key, refs, arguments)
+
+
+def _version(t):
+    return None if t is None else t._version
+
+
+def _fused(x, w, b, other, low, high, activation, conv, memo=None):
     """The fused oneDNN call's result, or None where it does not apply."""
     if type(x) is not TorchArray or type(w) is not TorchArray or (b is not None and type(b) is not TorchArray):
         return None
+    ot = None
     if other is not None:
         ot = other.native if type(other) is TorchArray else None
         if type(ot) is not torch.Tensor or ot.dtype != torch.float32 or ot.device.type != "cpu":
             return None
-    prepared = _ov.packed_conv_arguments(x.native, w.native, None if b is None else b.native, **conv)
+    xt, wt, bt = x.native, w.native, None if b is None else b.native
+    lt, ht = (v.native if type(v) is TorchArray else None for v in (low, high))
+    arguments = key = operands = None
+    if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled():
+        operands = (wt, bt, lt, ht)
+        key = (xt.shape, xt.dtype, xt.device, *map(_version, operands), low is None, high is None)
+        arguments = memo.get(key, operands)
+    if arguments is not None:
+        pairs = arguments[0]
+        xt = (xt if pairs is None else _ov._pad_input(xt, pairs, 0.0)).contiguous(memory_format=torch.channels_last)
+    else:
+        arguments = _arguments(xt, wt, bt, low, high, activation, conv)
+        if arguments is None:
+            return None
+        xt, arguments = arguments
+        if key is not None and all(t is None or type(t) is torch.Tensor for t in operands):
+            memo.keep(key, operands, arguments)
+    _, packed, padding, strides, dilations, out_shape, scalars = arguments
+    group = conv["group"]
+    if ot is not None and ot.shape != out_shape:
+        return None
+    # The binary call takes no activation as None ("none" is refused there).
+    attr = {"Relu": "relu", "Clip": "hardtanh", None: "none" if other is None else None}[activation]
+    if other is None:
+        return _ov.packed_call(attr, xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE(
+            xt, packed, bt, padding, strides, dilations, group, attr, scalars, None))
+    return _ov.packed_call(f"add+{attr}", xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE_BINARY(
+        xt, ot, packed, bt, padding, strides, dilations, group, "add", None, attr, scalars, None))
+
+
+def _arguments(xt, wt, bt, low, high, activation, conv):
+    """(the input as oneDNN's call takes it, (the pads the input itself takes or None, packed
+    weight, padding, strides, dilations, output shape, Clip bounds)); None where that call does
+    not apply."""
+    prepared = _ov.packed_conv_arguments(xt, wt, bt, **conv)
     if prepared is None:
         return None
-    xt, packed, bt, padding, strides, dilations, out_shape = prepared
-    group = conv["group"]
-    if other is not None and tuple(ot.shape) != tuple(out_shape):
-        return None
+    ready, packed, _, padding, strides, dilations, out_shape = prepared
     scalars = []
     if activation == "Clip":
         # Under no_grad (packed_conv_arguments refuses otherwise): the bounds as host floats.
@@ -82,19 +163,15 @@ def _fused(x, w, b, other, low, high, activation, conv):
         if not lo <= hi:  # ONNX gives max everywhere there; oneDNN refuses such a clip
             return None
         scalars = [lo, hi]
-    # The binary call takes no activation as None ("none" is refused there).
-    attr = {"Relu": "relu", "Clip": "hardtanh", None: "none" if other is None else None}[activation]
-    if other is None:
-        return _ov.packed_call(attr, xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE(
-            xt, packed, bt, padding, strides, dilations, group, attr, scalars, None))
-    return _ov.packed_call(f"add+{attr}", xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE_BINARY(
-        xt, ot, packed, bt, padding, strides, dilations, group, "add", None, attr, scalars, None))
+    pairs = _ov.explicit_pads(xt, wt, conv["auto_pad"], conv["dilations"], conv["pads"], conv["strides"])
+    return ready, (pairs, packed, padding, strides, dilations, torch.Size(out_shape), scalars)
 
 
 def fuse_conv_activations(plan: Plan) -> Plan:
     """``plan`` with each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain whose
     intermediate results nothing else reads (no other node, subgraph or graph output) as one
-    :func:`conv_activation` node; the same plan object when there is none. Only nodes that
+    :func:`conv_activation` node, and each other 2-D Conv as one alone; the same plan object when
+    there is none. Only nodes that
     resolved to this backend's own kernels are fused (a user's register_op over one of them keeps
     its node). Nodes are replaced, never changed."""
     made = {o: pn for pn in plan.nodes for o in pn.outputs}
@@ -141,7 +218,7 @@ def fuse_conv_activations(plan: Plan) -> Plan:
         fused[id(last)] = dataclasses.replace(
             conv, spec=dataclasses.replace(conv.spec, fn=conv_activation),
             inputs=conv_inputs + (other,) + clip_inputs, outputs=last.outputs,
-            kwargs={**conv.kwargs, "activation": kind},
+            kwargs={**conv.kwargs, "activation": kind, "memo": CallMemo()},
             frees=tuple(dict.fromkeys(v for pn in chain for v in pn.frees if v not in between)))
         gone.update(id(pn) for pn in chain[:-1])
 
@@ -161,6 +238,12 @@ def fuse_conv_activations(plan: Plan) -> Plan:
             conv, other = conv_and_other(add)
             if conv is not None and id(conv) not in gone:
                 fuse(conv, add, other, None, None)
+    for conv in plan.nodes:  # the Convs nothing follows: the same call, with its arguments kept
+        if id(conv) not in gone and id(conv) not in fused and _ours(conv, (_ov.conv,)) and \
+                len(conv.outputs) == 1 and conv.outputs[0].shape is not None and len(conv.outputs[0].shape) == 4:
+            fused[id(conv)] = dataclasses.replace(
+                conv, spec=dataclasses.replace(conv.spec, fn=conv_activation),
+                kwargs={**conv.kwargs, "activation": None, "memo": CallMemo()})
     if not fused:
         return plan
     nodes = [fused.get(id(pn), pn) for pn in plan.nodes if id(pn) not in gone]

@@ -104,6 +104,14 @@ def _conv_window(xt, wt, auto_pad, dilations, pads, strides):
     return xt, padding, win
 
 
+def explicit_pads(xt, wt, auto_pad, dilations, pads, strides):
+    """The (begin, end) pads per spatial axis that :func:`_conv_window` applies to the input
+    itself, or None where torch's symmetric padding gives the ONNX windows."""
+    size = tuple(xt.shape[2:])
+    pairs, padding = _conv_padding(window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad), size)
+    return pairs if padding is None else None
+
+
 @functools.lru_cache(maxsize=4096)
 def _conv_padding(win, size):
     """(pads the windows read, torch's symmetric padding or None): the same for every call of a
