@@ -514,7 +514,7 @@ class TorchBackend(Backend):
         if isinstance(v, txp.TorchArray):
             return v
         if isinstance(v, torch.Tensor):  # meta: a parameter another pipeline stage holds (no data to move)
-            return txp.TorchArray(v if v.is_meta else v.to(self._device))
+            return txp.TorchArray(v if v.is_meta or v.device == self._device else v.to(self._device))
         if isinstance(v, (list, tuple)):  # a sequence input
             return [self._to_facade(x) for x in v]
         if isinstance(v, (np.ndarray, np.generic)) and np.asarray(v).dtype != object:
