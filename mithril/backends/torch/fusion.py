@@ -117,7 +117,9 @@ def _fused(x, w, b, other, low, high, activation, conv, memo=None):
     xt, wt, bt = x.native, w.native, None if b is None else b.native
     lt, ht = (v.native if type(v) is TorchArray else None for v in (low, high))
     arguments = key = operands = None
-    if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled():
+    # Not under torch.compile: what a trace reads from the memo would be baked into its graph.
+    if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled() and \
+            not torch.compiler.is_compiling():
         operands = (wt, bt, lt, ht)
         key = (xt.shape, xt.dtype, xt.device, *map(_version, operands), low is None, high is None)
         arguments = memo.get(key, operands)
