@@ -64,9 +64,9 @@ def conv_activation(x, w, b=None, other=None, low=None, high=None, *, activation
 
 class CallMemo:
     """One fused node's oneDNN arguments (the input's own padding, packed weight, geometry, output
-    shape, Clip bounds) from its last call, reused while the next call's operands are the same tensors, unchanged
-    in place (their version counters), and its input has the same shape, dtype and device: a model's
-    weights are the same tensors call after call. Working them out again took ~20 us of Python a
+    shape, Clip bounds) from its last call, reused while the next call's operands are the same
+    tensors, unchanged in place (their version counters), and its input has the same shape, dtype
+    and device: a model's weights are the same tensors call after call. Working them out again took ~20 us of Python a
     node (MobileNetV2: 52 nodes, ~1 ms of a 10-12 ms run); the check takes a few. What it holds is
     dropped with the weight (a weak reference's callback), and a copy of a plan starts empty."""
 
