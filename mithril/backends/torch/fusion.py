@@ -66,9 +66,10 @@ class CallMemo:
     """One fused node's oneDNN arguments (the input's own padding, packed weight, geometry, output
     shape, Clip bounds) from its last call, reused while the next call's operands are the same
     tensors, unchanged in place (their version counters), and its input has the same shape, dtype
-    and device: a model's weights are the same tensors call after call. Working them out again took ~20 us of Python a
-    node (MobileNetV2: 52 nodes, ~1 ms of a 10-12 ms run); the check takes a few. What it holds is
-    dropped with the weight (a weak reference's callback), and a copy of a plan starts empty."""
+    and device: a model's weights are the same tensors call after call. Working them out again
+    took ~20 us of Python a node (MobileNetV2: 52 nodes, ~1 ms of a 10-12 ms run); the check takes
+    a few. What it holds is dropped with the weight (a weak reference's callback), and a copy of a
+    plan starts empty."""
 
     __slots__ = ("state", "__weakref__")
 
@@ -165,7 +166,7 @@ def _arguments(xt, wt, bt, low, high, activation, conv):
         if not lo <= hi:  # ONNX gives max everywhere there; oneDNN refuses such a clip
             return None
         scalars = [lo, hi]
-    pairs = _ov.explicit_pads(xt, wt, conv["auto_pad"], conv["dilations"], conv["pads"], conv["strides"])
+    _, pairs, _ = _ov.conv_geometry(xt, wt, conv["auto_pad"], conv["dilations"], conv["pads"], conv["strides"])
     return ready, (pairs, packed, padding, strides, dilations, torch.Size(out_shape), scalars)
 
 
@@ -173,9 +174,8 @@ def fuse_conv_activations(plan: Plan) -> Plan:
     """``plan`` with each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain whose
     intermediate results nothing else reads (no other node, subgraph or graph output) as one
     :func:`conv_activation` node, and each other 2-D Conv as one alone; the same plan object when
-    there is none. Only nodes that
-    resolved to this backend's own kernels are fused (a user's register_op over one of them keeps
-    its node). Nodes are replaced, never changed."""
+    there is none. Only nodes that resolved to this backend's own kernels are fused (a user's
+    register_op over one of them keeps its node). Nodes are replaced, never changed."""
     made = {o: pn for pn in plan.nodes for o in pn.outputs}
     readers = Counter(v for pn in plan.nodes for v in reads_of(pn))
     outputs = set(plan.outputs)

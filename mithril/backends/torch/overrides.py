@@ -96,20 +96,18 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
 def _conv_window(xt, wt, auto_pad, dilations, pads, strides):
     """(input, padding for torch, window): the input padded explicitly (padding 0) where torch's
     symmetric padding cannot give the ONNX windows."""
+    win, pairs, padding = conv_geometry(xt, wt, auto_pad, dilations, pads, strides)
+    return (xt if pairs is None else _pad_input(xt, pairs, 0.0)), padding, win
+
+
+def conv_geometry(xt, wt, auto_pad, dilations, pads, strides):
+    """(window, the (begin, end) pads per spatial axis the input itself takes or None, torch's
+    symmetric padding): the input is padded explicitly (torch's padding then 0) only where torch's
+    symmetric padding cannot give the ONNX windows."""
     size = tuple(xt.shape[2:])
     win = window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad)
     pairs, padding = _conv_padding(win, size)
-    if padding is None:
-        xt, padding = _pad_input(xt, pairs, 0.0), (0,) * len(size)
-    return xt, padding, win
-
-
-def explicit_pads(xt, wt, auto_pad, dilations, pads, strides):
-    """The (begin, end) pads per spatial axis that :func:`_conv_window` applies to the input
-    itself, or None where torch's symmetric padding gives the ONNX windows."""
-    size = tuple(xt.shape[2:])
-    pairs, padding = _conv_padding(window(size, tuple(wt.shape[2:]), strides, dilations, pads, auto_pad), size)
-    return pairs if padding is None else None
+    return (win, pairs, (0,) * len(size)) if padding is None else (win, None, padding)
 
 
 @functools.lru_cache(maxsize=4096)
