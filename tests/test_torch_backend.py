@@ -154,6 +154,50 @@ def test_large_float32_products_run_in_onednn_where_torch_s_blas_is_mkl_off_inte
     assert seen and not any(seen)
 
 
+
+def test_a_large_matmul_weight_is_packed_for_onednn_once_it_comes_back_unchanged(monkeypatch):
+    # oneDNN packs a plain weight again at every call; a large one (from 2^20 elements, GPT-2's
+    # LM head) is packed once and kept, keyed on the tensor the MatMul's transposed view reads,
+    # made at the second call that brings it unchanged: an operand made afresh at every call (an
+    # activation) is never packed, and a weight changed in place is read again.
+    from mithril.backends.torch import overrides as ov
+
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN matmul")
+    monkeypatch.setattr(ov, "_ONEDNN_LINEAR", True)
+    made = []  # (call, the packed tensor's base) for each packing
+    real_kept = ov._kept
+
+    def spy(w, what, key, make, **kw):
+        return real_kept(w, what, key, lambda: made.append((call, w)) or make(), **kw)
+
+    monkeypatch.setattr(ov, "_kept", spy)
+    rng = np.random.default_rng(0)
+    W = (rng.standard_normal((256, 4096)) / 16).astype(np.float32)
+    F32 = TensorProto.FLOAT
+    model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("MatMul", ["x", "v"], ["z"])],
+                       [("x", F32, [32, 256]), ("v", F32, [256, 4096])],
+                       [("y", F32, [32, 4096]), ("z", F32, [32, 4096])], {"W": W})
+    pm = ml.compile(ml.load_onnx(model), ml.TorchBackend(), data_keys=["x", "v"])
+    params = pm.get_parameters()
+    w = params["W"]
+    for call in range(5):
+        if call == 3:
+            w.add_(1.0)  # in place: the packed copy no longer holds
+        data = {"x": rng.standard_normal((32, 256)).astype(np.float32),
+                "v": rng.standard_normal((256, 4096)).astype(np.float32)}
+        out = pm.evaluate(params, data)
+        np.testing.assert_allclose(out["y"].numpy(), data["x"] @ (W + 1.0 if call >= 3 else W), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out["z"].numpy(), data["x"] @ data["v"], rtol=1e-4, atol=1e-4)
+    # Packed at the second call, and again at the second call after the change; never v.
+    assert [(c, b is w) for c, b in made] == [(1, True), (4, True)]
+    kept = [held[3] for (ident, what), held in ov._kept_copies.items() if ident == id(w) and what[0] == "linear"]
+    assert len(kept) == 1 and kept[0].is_mkldnn
+    del params, w, kept, made[:]
+    pm = None
+    assert not any(isinstance(what, tuple) and what[0] == "linear" for _, what in ov._kept_copies)  # gone with W
+
+
 def test_sequence_and_string_outputs(backend):
     seq = make_model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"])],
                      [("a", TensorProto.FLOAT, [2]), ("b", TensorProto.FLOAT, [2])], [])
