@@ -128,8 +128,8 @@ class PhysicalModel:
             del old, new, arr
             shared_any = True
         if shared_any:
-            from .onnx_bridge.load import _return_freed_memory
-            _return_freed_memory()  # the NumPy copies' pages, back to the system
+            from .onnx_bridge.load import release_freed_heap
+            release_freed_heap()  # the NumPy copies' pages, back to the system
         # Where each parameter and input goes on the backend's device mesh (compile's parallel= and
         # sharding=; mithril.distributed.ShardingPlan), None on one device.
         self.sharding = None

@@ -323,7 +323,9 @@ def _own_tensors(model: ir.Model, base_dir: Path | None) -> int:
 _TRIM_FROM = 4 << 20
 
 
-def _return_freed_memory() -> None:
+def release_freed_heap() -> None:
+    """Hand the pages of freed heap blocks back to the system (glibc's ``malloc_trim(0)``), which
+    keeps them in the process unless asked; nothing on another C library or system."""
     try:
         trim = ctypes.CDLL(None).malloc_trim  # glibc only; musl and macOS have none
     except (OSError, AttributeError):
@@ -463,6 +465,6 @@ def load_onnx(src, *, max_tensor_bytes: int | None = None) -> OnnxModel:
         raise OnnxLoadError(f"the ONNX model is inconsistent and cannot be read: {exc}") from exc
     del proto
     if _own_tensors(model, base_dir) >= _TRIM_FROM:
-        _return_freed_memory()
+        release_freed_heap()
     RelaxUnknownDims()(model)
     return OnnxModel(model, source)

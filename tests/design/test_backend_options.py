@@ -79,7 +79,7 @@ def one_warning(record, category, pattern):
     (ml.JaxBackend, "dtype, device, compiler_options, precision, pre_allocate, jit, debug, platform, device_mesh, "
                     "axis_names"),
     (ml.TorchBackend, "dtype, device, compile, jit, enable_amp, cudnn_benchmark, parallel_strategy, devices, device_mesh, "
-                      "axis_names"),
+                      "axis_names, onednn_graph"),
     (ml.MLXBackend, "dtype, device, random_seed, compute_precision, use_graph, jit, memory_limit, auto_free_tensors, "
                     "enable_mps_optimization, use_ane, device_mesh, axis_names"),
 ], ids=["numpy", "jax", "torch", "mlx"])

@@ -120,7 +120,7 @@ def _fused(x, w, b, other, low, high, activation, conv, memo=None):
     arguments = key = operands = None
     # Not under torch.compile: what a trace reads from the memo would be baked into its graph.
     if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled() and \
-            not torch.compiler.is_compiling():
+            not torch.compiler.is_compiling() and not _ov._tracing():
         operands = (wt, bt, lt, ht)
         key = (xt.shape, xt.dtype, xt.device, *map(_version, operands), low is None, high is None)
         arguments = memo.get(key, operands)

@@ -27,6 +27,9 @@ from . import xp as txp
 from .xp import TorchArray
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# Whether torch.jit.trace is recording this call (torch/graph.py's oneDNN graph): kernels then take
+# torch's plain ops, which oneDNN's graph fuser knows, with no packed weights, caches or in-place writes.
+_tracing = torch._C._is_tracing
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -82,7 +85,8 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
             return TorchArray(y)
     xt, padding, win = _conv_window(xt, wt, auto_pad, dilations, pads, strides)
     if nd == 2 and type(xt) is type(wt) is torch.Tensor and xt.device.type == "cpu" and \
-            xt.dtype in _CHANNELS_LAST_DTYPES and not torch.is_grad_enabled():  # DTensors keep their layout
+            xt.dtype in _CHANNELS_LAST_DTYPES and not torch.is_grad_enabled() and \
+            not _tracing():  # DTensors keep their layout
         # oneDNN's NHWC convolutions are 1.3-2x its NCHW ones on the CPU; a channels_last weight
         # makes torch run the conv in NHWC and return an NHWC result, and the pointwise ops,
         # pools and normalizations after it keep that layout up to the next conv. The input is
@@ -122,7 +126,7 @@ def packed_conv_arguments(xt, wt, bt, *, auto_pad, dilations, group, pads, strid
     """For a forward-only float32 2-D convolution on the CPU whose weight :func:`packed_weight`
     packs: ``(input NHWC, packed weight, bias, padding, strides, dilations, output shape)``, the
     arguments of ``torch.ops.mkldnn._convolution_pointwise``; None for any other convolution."""
-    if not _PACKED or type(wt) is not torch.Tensor or type(xt) is not torch.Tensor or xt.dim() != 4 or \
+    if not _PACKED or _tracing() or type(wt) is not torch.Tensor or type(xt) is not torch.Tensor or xt.dim() != 4 or \
             xt.dtype != torch.float32 or wt.dtype != torch.float32 or torch.is_grad_enabled() or \
             xt.device.type != "cpu" or wt.device.type != "cpu" or \
             (bt is not None and (type(bt) is not torch.Tensor or bt.dtype != torch.float32)):
@@ -181,7 +185,8 @@ def _kept(w: torch.Tensor, what, key, make, *, when_back: bool = False):
     (which sees no cache). With ``when_back``, the copy is made only when ``w`` comes back
     unchanged at a later call (None until then): a tensor made afresh at every call, an
     activation, is never copied."""
-    if (w.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling() or w.is_inference():
+    if (w.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling() or w.is_inference() or \
+            _tracing():
         return None
     ident, version = (id(w), what), w._version
     held = _kept_copies.get(ident)
@@ -296,7 +301,7 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
         return _nn.average_pool(x, auto_pad=auto_pad, kernel_shape=kernel_shape, pads=pads, strides=strides,
                                 ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations,
                                 xp=xp)
-    size = tuple(xt.shape[2:])
+    size = tuple(map(int, xt.shape[2:]))  # ints while torch.jit.trace records too (it gives tensors)
     win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
     out_dtype = xt.dtype
@@ -408,7 +413,7 @@ def onednn_linear(xt, wt, bt=None):
     """``xt @ wt.T + bt`` (``wt`` as (N, K), ``bt`` as (N,) or None) by oneDNN where
     ``_ONEDNN_LINEAR`` holds, for a large forward-only float32 product of plain CPU tensors;
     None elsewhere (the caller runs torch's own): oneDNN's op has no autograd formula."""
-    if not _ONEDNN_LINEAR or torch.is_grad_enabled() or torch.compiler.is_compiling() or \
+    if not _ONEDNN_LINEAR or torch.is_grad_enabled() or torch.compiler.is_compiling() or _tracing() or \
             type(xt) is not torch.Tensor or type(wt) is not torch.Tensor or xt.dtype != torch.float32 or \
             wt.dtype != torch.float32 or xt.dim() < 2 or wt.dim() != 2 or xt.shape[-1] != wt.shape[1] or \
             xt.device.type != "cpu" or wt.device.type != "cpu" or (bt is not None and (
@@ -465,6 +470,15 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
         bt = bt.t()
     if c is not None and beta != 0 and at.dtype in _FLOATS:
         ct = _t(c).to(at.dtype)
+        if _tracing():
+            # For oneDNN's graph (torch/graph.py), whose fuser takes linear, and fails on addmm and on a
+            # matmul followed by the add of a constant: a bias of one row as linear's.
+            n = bt.shape[1]
+            if alpha == 1 and beta == 1 and at.dim() == 2 and ct.dim() <= 2 and ct.numel() in (1, n) and \
+                    (ct.dim() < 2 or ct.shape[0] == 1):
+                return TorchArray(F.linear(at, bt.t(), ct.reshape(-1).expand(n)))
+            y = torch.matmul(at, bt)
+            return TorchArray((y * alpha if alpha != 1 else y) + (ct * beta if beta != 1 else ct))
         if _ONEDNN_LINEAR and alpha == 1 and beta == 1 and at.dim() == 2:
             y = onednn_linear(at, bt.t(), ct)
             if y is not None:
@@ -493,6 +507,16 @@ def matmul_add(x, w, b, *, xp):
           reason="speed: torch.relu without the facade's promotion layer")
 def relu(x):
     return TorchArray(torch.relu(_t(x)))
+
+
+@override("torch", "LeakyRelu", since=6,
+          reason="speed: one F.leaky_relu instead of the facade's where; and traced for oneDNN's graph "
+                 "(torch/graph.py), where the facade's 0-dim alpha computed in float64")
+def leaky_relu(x, *, alpha, xp):
+    t = _t(x) if type(x) is TorchArray else None
+    if t is None or t.dtype not in (torch.float32, torch.float64):  # half types: the shared kernel's float32
+        return _ew.leaky_relu(x, alpha=alpha, xp=xp)
+    return TorchArray(F.leaky_relu(t, float(alpha)))
 
 
 def host_scalar(v, dtype):
