@@ -213,7 +213,10 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
                          + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else "")
                          + ("; run eagerly: the torch.compile'd program fuses them" if jitted else ""),
                 "numpy": "time of each kernel call of the generated program"}[name]
-        if getattr(pm.program, "wrapped", None) is not None:
+        if type(getattr(pm.program, "wrapped", None)).__name__ == "OneDnnGraph":
+            note += ("; wall and program time run it as one oneDNN graph (TorchBackend's default for this "
+                     "model, from its second call), the rows op by op, as onednn_graph=False runs it")
+        elif getattr(pm.program, "wrapped", None) is not None:
             note += ("; the rows leave out the backend's wrapper around the program (autocast, a compute dtype, "
                      "devices), which the wall time includes")
     elif name == "c":

@@ -238,3 +238,11 @@ def test_a_graph_that_fails_at_a_later_call_hands_that_call_to_the_program():
     want = eager(eager.get_parameters(), {"x": x})["y"]
     torch.testing.assert_close(pm(params, {"x": x})["y"], want, rtol=1e-5, atol=1e-5)
     assert "bailout gone wrong" in wrapper.refused and not wrapper._graphs
+
+
+def test_profile_says_its_rows_are_the_program_op_by_op_and_its_wall_time_the_graph():
+    pm, eager = _pair(_cnn())
+    x = np.random.default_rng(1).standard_normal((2, 3, 12, 12)).astype(np.float32)
+    report = ml.profile(pm, data={"x": x}, runs=3)
+    assert "one oneDNN graph" in report.note and pm.program.forward.built == 1
+    assert "oneDNN graph" not in ml.profile(eager, data={"x": x}, runs=3).note
