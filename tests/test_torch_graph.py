@@ -119,8 +119,11 @@ def test_gradient_calls_and_foreign_parameters_run_op_by_op():
     torch.testing.assert_close(out["y"], want["y"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grads["W1"], want_grads["W1"], rtol=1e-4, atol=1e-5)
     numpy_params = {k: v.numpy() for k, v in params.items()}  # made into new tensors at every call
-    for _ in range(3):
-        pm(numpy_params, {"x": x})
+    with torch.inference_mode():
+        inference_params = {k: v.clone() for k, v in params.items()}  # no version counter
+    for given in (numpy_params, inference_params):
+        for _ in range(3):
+            torch.testing.assert_close(pm(given, {"x": x})["y"], want["y"], rtol=1e-5, atol=1e-5)
     assert wrapper.built == 0
 
 

@@ -117,11 +117,13 @@ def _fused(x, w, b, other, low, high, activation, conv, memo=None):
             return None
     xt, wt, bt = x.native, w.native, None if b is None else b.native
     lt, ht = (v.native if type(v) is TorchArray else None for v in (low, high))
-    arguments = key = operands = None
+    arguments = key = None
+    operands = (wt, bt, lt, ht)
     # Not under torch.compile: what a trace reads from the memo would be baked into its graph.
+    # Nor for an inference tensor (torch.inference_mode), which has no version counter to tell an in-place change.
     if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled() and \
-            not torch.compiler.is_compiling() and not _ov._tracing():
-        operands = (wt, bt, lt, ht)
+            not torch.compiler.is_compiling() and not _ov._tracing() and \
+            not any(t is not None and t.is_inference() for t in operands):
         key = (xt.shape, xt.dtype, xt.device, *map(_version, operands), low is None, high is None)
         arguments = memo.get(key, operands)
     if arguments is not None:

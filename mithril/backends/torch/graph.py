@@ -60,7 +60,7 @@ def eligible(plan: Plan) -> bool:
     computed from a data input (a trace would bake its value in)."""
     if not any(pn.op_type == "Conv" and pn.domain == "" for pn in plan.nodes):
         return False
-    from_data = {v for v in plan.inputs}
+    from_data = set(plan.inputs)
     for pn in plan.nodes:
         if (pn.domain, pn.op_type) not in TRACEABLE or pn.spec is None or pn.spec.custom or pn.subgraphs:
             return False
@@ -70,11 +70,6 @@ def eligible(plan: Plan) -> bool:
         if any(v in from_data for v in pn.inputs if v is not None):
             from_data.update(pn.outputs)
     return True
-
-
-def tracing() -> bool:
-    """Whether torch.jit.trace is recording (the kernels then take their plain torch paths)."""
-    return torch._C._is_tracing()
 
 
 class _Refused(Exception):
@@ -95,11 +90,12 @@ def _data_key(data) -> tuple | None:
 
 
 def _param_tensors(params) -> dict | None:
-    """Name -> plain tensor of each parameter; None where one is something else."""
+    """Name -> plain tensor of each parameter; None where one is something else (an inference
+    tensor too: it has no version counter to tell an in-place change)."""
     out = {}
     for name, v in params.items():
         t = v.native if type(v) is TorchArray else None
-        if type(t) is not torch.Tensor or t.requires_grad:
+        if type(t) is not torch.Tensor or t.requires_grad or t.is_inference():
             return None
         out[name] = t
     return out
@@ -246,4 +242,4 @@ def _check(got: tuple, reference: tuple) -> None:
             raise _Refused(f"outputs differ by {diff:.3g} (largest magnitude {scale:.3g})")
 
 
-__all__ = ["AVAILABLE", "OneDnnGraph", "TRACEABLE", "eligible", "tracing"]
+__all__ = ["AVAILABLE", "OneDnnGraph", "TRACEABLE", "eligible"]
