@@ -213,12 +213,10 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
                          + (" (torch.cuda.synchronize after each)" if _on_gpu(backend) else "")
                          + ("; run eagerly: the torch.compile'd program fuses them" if jitted else ""),
                 "numpy": "time of each kernel call of the generated program"}[name]
-        if type(getattr(pm.program, "wrapped", None)).__name__ == "OneDnnGraph":
-            note += ("; wall and program time run it as one oneDNN graph (TorchBackend's default for this "
-                     "model, from its second call), the rows op by op, as onednn_graph=False runs it")
-        elif getattr(pm.program, "wrapped", None) is not None:
-            note += ("; the rows leave out the backend's wrapper around the program (autocast, a compute dtype, "
-                     "devices), which the wall time includes")
+        wrapped = getattr(pm.program, "wrapped", None)
+        if wrapped is not None:  # a wrapper may say itself how it runs the program (Torch's oneDNN graph)
+            note += getattr(wrapped, "profile_note", "; the rows leave out the backend's wrapper around the program "
+                            "(autocast, a compute dtype, devices), which the wall time includes")
     elif name == "c":
         clock, instrumented = _profile_c(pm, prepared_params, prepared_data, runs, warmup)
         eager, method = None, C_NODE

@@ -125,6 +125,10 @@ class OneDnnGraph:
     run as a oneDNN graph where it can (the module docstring). ``refused`` says why none was
     built, after a trace or its check failed (the program then stays op by op)."""
 
+    # What ``mithril profile`` says of a program so run (its rows time the program op by op).
+    profile_note = ("; wall and program time run it as one oneDNN graph (TorchBackend's default for this model, "
+                    "from its second call), the rows op by op, as onednn_graph=False runs it")
+
     def __init__(self, forward, memos=()):
         self.forward = forward
         self._memos = tuple(memos)  # the fused nodes' CallMemos (packed weights), dropped for a graph
