@@ -2,10 +2,10 @@
  *
  * Blocked and packed (the BLIS/GotoBLAS structure): op(A) is copied in MC x KC blocks and op(B) in
  * KC x NC panels into aligned per-thread scratch, laid out so an MR x NR register tile of Y is
- * updated by plain loops the compiler vectorizes (-march=native, -O3's vectorizer cost model).
- * Every stride of A and B goes through the packing, so transposed and strided operands run on the
- * same micro-kernel. Threads (OpenMP) take MC x NC tiles of Y. With MT_BLAS defined (build.py links
- * scipy-openblas32 when it is installed), large products call cblas_?gemm instead.
+ * updated by plain loops the compiler vectorizes (-O3 -march=native). Every stride of A and B goes
+ * through the packing, so transposed and strided operands run on the same micro-kernel. Threads
+ * (OpenMP) take MC x NC tiles of Y. With MT_BLAS defined (build.py links scipy-openblas32 when it
+ * is installed), large products call cblas_?gemm instead.
  */
 #ifndef MT_GEMM_H
 #define MT_GEMM_H
