@@ -335,8 +335,13 @@ def _machine_facts() -> list[tuple[str, str]]:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        cpu = info.get("model name", cpu)
+        # A bare "AMD EPYC" under a hypervisor: the family tells Zen 4 (25) from Zen 5 (26).
+        if "cpu family" in info:
+            cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    except OSError:
         pass
     facts = [
         ("CPU", cpu),
@@ -351,6 +356,12 @@ def _machine_facts() -> list[tuple[str, str]]:
         except metadata.PackageNotFoundError:
             facts.append((dist, "not installed"))
     facts.append(("XLA_FLAGS of the main process", os.environ.get("XLA_FLAGS") or "(unset)"))
+    # The kernels OpenBLAS picked for this CPU: a release older than the CPU falls back to older
+    # ones (OpenBLAS 0.3.31 runs Haswell's AVX2 kernels on Zen 5: half the single-thread sgemm rate).
+    from threadpoolctl import threadpool_info
+    blas = [f"{p['prefix']} {p['version']} ({p.get('architecture') or '?'} kernels)"
+            for p in threadpool_info() if p["user_api"] == "blas"]
+    facts.append(("BLAS libraries loaded (threadpoolctl)", ", ".join(blas) or "none found"))
     return facts
 
 
