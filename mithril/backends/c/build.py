@@ -27,10 +27,13 @@ LIB_DIR = Path(__file__).parent / "lib"
 # -O3: the kernels' register tiles (GEMM, NCHWc 1x1, depthwise, Winograd's transforms) are fixed-size
 # arrays that only -O3's early complete unrolling turns into vector registers. At -O2 (even with
 # -O3's vectorizer cost model) they stay in memory: without BLAS, ResNet-18 at 1 thread 23 -> 43 ms,
-# MobileNetV2 with constant weights 4.5 -> 38 ms (its 16->96 1x1 layer 145 -> 5 GFLOP/s), for half
-# the compile time. -fno-math-errno: libm calls set no errno, so loops calling exp/tanh/sqrt
-# vectorize (mt_base.h).
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-Wall", "-Wextra")
+# MobileNetV2 with constant weights 4.5 -> 38 ms (its 16->96 1x1 layer 145 -> 5 GFLOP/s).
+# -fno-inline: each kernel is compiled once, not again at every call site of the generated function
+# (helpers called inside a kernel's loops are MT_INNER, always inlined): the four peer models build in
+# 2.3-3.4 s instead of 4.5-6.7 and run as fast (1 thread, within this host's noise). -fno-math-errno:
+# libm calls set no errno, so loops calling exp/tanh/sqrt vectorize (mt_base.h).
+FLAGS = ("-O3", "-fno-inline", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-Wall",
+         "-Wextra")
 
 
 class CCompilerError(MithrilError):

@@ -59,6 +59,10 @@ typedef uint8_t mt_bool; /* NumPy's bool: one byte, 0 or 1 */
         for (mt_i i = mt_p_; i < mt_e_; i++) { __VA_ARGS__; }                                         \
     }
 
+/* A helper called inside a kernel's loops (a GEMM tile's store, one border pixel, a row's
+ * moments): inlined even though the library is built with -fno-inline (build.py). */
+#define MT_INNER static inline __attribute__((always_inline))
+
 #define MT_CAT_(a, b) a##_##b
 #define MT_CAT(a, b) MT_CAT_(a, b)
 #define MT_FN(name) MT_CAT(name, MT_SFX) /* mt_relu -> mt_relu_f32 inside a template */

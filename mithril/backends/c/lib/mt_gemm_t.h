@@ -86,7 +86,7 @@ static inline void MT_FN(mt_gemm_plain)(const T *A, const T *B, const T *C, cons
 
 /* Packs rows [0, mc) x depth [0, kc) of op(A) (already offset to the block) in panels of MR rows:
  * pa[(p * kc + k) * MR + r] = A(p*MR + r, k), rows past mc zero. */
-static inline void MT_FN(mt_gemm_pack_a)(const T *A, T *restrict pa, mt_i mc, mt_i kc, mt_i ar, mt_i ac) {
+MT_INNER void MT_FN(mt_gemm_pack_a)(const T *A, T *restrict pa, mt_i mc, mt_i kc, mt_i ar, mt_i ac) {
     for (mt_i p = 0; p * MT_GEMM_MR < mc; p++) {
         mt_i rows = mc - p * MT_GEMM_MR < MT_GEMM_MR ? mc - p * MT_GEMM_MR : MT_GEMM_MR;
         const T *a = A + p * MT_GEMM_MR * ar;
@@ -108,7 +108,7 @@ static inline void MT_FN(mt_gemm_pack_a)(const T *A, T *restrict pa, mt_i mc, mt
 
 /* Packs depth [0, kc) x columns [0, nc) of op(B) in micro-panels of NR columns:
  * pb[(q * kc + k) * NR + c] = B(k, q*NR + c), columns past nc zero. */
-static inline void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt_i nc, mt_i br, mt_i bc) {
+MT_INNER void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt_i nc, mt_i br, mt_i bc) {
     mt_i whole = nc / MT_GEMM_NR; /* full micro-panels */
     if (bc == 1) { /* row by row: B's rows are read contiguously, whatever their stride */
         for (mt_i k = 0; k < kc; k++) {
@@ -141,7 +141,7 @@ typedef struct {
 } MT_FN(mt_gemm_ep);
 
 /* Y[0:mr, 0:nr] = (add ? Y : 0) + acc (rows W apart), then the epilogue when ep is given. */
-static inline void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restrict y, mt_i ldy, mt_i mr, mt_i nr,
+MT_INNER void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restrict y, mt_i ldy, mt_i mr, mt_i nr,
                                         int add, const MT_FN(mt_gemm_ep) *ep) {
     if (ep) {
         const T alpha = ep->alpha, lo = ep->lo, hi = ep->hi;
@@ -290,7 +290,7 @@ static inline void MT_FN(mt_gemm_micro_any)(mt_i kc, const T *apack, const T *ar
 /* The last few columns of a ragged panel (nr <= MT_GEMM_DOT), as dot products over k: bt holds
  * them k-contiguous (bt[c*kc + k]). A register tile would spend a whole vector per row on them
  * (N = 49, a 7x7 plane: 64 columns computed for 49). Same epilogue as mt_gemm_store. */
-static inline void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, const T *restrict bt, T *restrict y,
+MT_INNER void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, const T *restrict bt, T *restrict y,
                                       mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
     for (mt_i r = 0; r < mr; r++) {
         const T *ar = a + r * rs;

@@ -16,7 +16,7 @@
 #include "mt_gemm.h" /* convolution is im2col + GEMM */
 
 /* [*lo, *hi): the positions o in [0, count) for which o * s + off lies in [0, limit), s >= 1. */
-static inline void mt_window_range(mt_i count, mt_i limit, mt_i s, mt_i off, mt_i *lo, mt_i *hi) {
+MT_INNER void mt_window_range(mt_i count, mt_i limit, mt_i s, mt_i off, mt_i *lo, mt_i *hi) {
     mt_i a = off >= 0 ? 0 : (-off + s - 1) / s;
     mt_i t = limit - off, b = t <= 0 ? 0 : (t + s - 1) / s;
     if (b > count) b = count;
@@ -31,7 +31,7 @@ static inline void mt_window_range(mt_i count, mt_i limit, mt_i s, mt_i off, mt_
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define MT_TR16 1
-static inline void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
+MT_INNER void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
     __m512 r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ss);
     for (int i = 0; i < 8; i++) { /* pairs of rows: 2x2 blocks of elements */
@@ -59,7 +59,7 @@ static inline void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
 }
 #else
 #define MT_TR16 0
-static inline void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
+MT_INNER void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
     for (mt_i i = 0; i < 16; i++)
         for (mt_i j = 0; j < 16; j++) dst[j * ds + i] = src[i * ss + j];
 }
@@ -67,7 +67,7 @@ static inline void mt_tr16_f32(const float *src, mt_i ss, float *dst, mt_i ds) {
 
 /* Groups of a reduction over arbitrary axes (MeanVarianceNormalization): element i of a
  * C-contiguous array of `shape` belongs to group sum(index[d] * gstr[d]). */
-static inline mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *gstr) {
+MT_INNER mt_i mt_group_of(mt_i i, int rank, const mt_i *shape, const mt_i *gstr) {
     mt_i o = 0;
     for (int d = rank - 1; d >= 0; d--) {
         o += (i % shape[d]) * gstr[d];

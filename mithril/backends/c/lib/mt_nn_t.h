@@ -75,7 +75,7 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, const T
 
 /* By output rows, for planes too large for the stack: r0..r2 are the input rows under the window,
  * NULL where outside; mt_dw3_at computes an output whose window leaves the row. */
-static inline T MT_FN(mt_dw3_at)(const T *r0, const T *r1, const T *r2, const T *w, T b, mt_i IW, mt_i i,
+MT_INNER T MT_FN(mt_dw3_at)(const T *r0, const T *r1, const T *r2, const T *w, T b, mt_i IW, mt_i i,
                                 T clo, T chi) {
     T a = b;
     for (mt_i kw = 0; kw < 3; kw++) {
@@ -584,7 +584,7 @@ static inline void MT_FN(mt_batchnorm)(const T *X, const T *scale, const T *bias
 }
 
 /* Mean and 1/sqrt(var + eps) of n values (two passes, accumulated in double). */
-static inline void MT_FN(mt_moments)(const T *x, mt_i n, double eps, double *mean, double *inv) {
+MT_INNER void MT_FN(mt_moments)(const T *x, mt_i n, double eps, double *mean, double *inv) {
     double s = 0, v = 0;
     _Pragma("omp simd reduction(+:s)")
     for (mt_i i = 0; i < n; i++) s += (double)x[i];
