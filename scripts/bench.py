@@ -356,8 +356,10 @@ def _machine_facts() -> list[tuple[str, str]]:
         except metadata.PackageNotFoundError:
             facts.append((dist, "not installed"))
     facts.append(("XLA_FLAGS of the main process", os.environ.get("XLA_FLAGS") or "(unset)"))
-    # The kernels OpenBLAS picked for this CPU: a release older than the CPU falls back to older
-    # ones (OpenBLAS 0.3.31 runs Haswell's AVX2 kernels on Zen 5: half the single-thread sgemm rate).
+    # The kernels OpenBLAS runs: its own pick for the CPU unless OPENBLAS_CORETYPE forces one (a
+    # machine that sets it to Haswell on an AVX-512 CPU halves the single-thread sgemm rate).
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        facts.append((var, os.environ.get(var) or "(unset)"))
     from threadpoolctl import threadpool_info
     blas = [f"{p['prefix']} {p['version']} ({p.get('architecture') or '?'} kernels)"
             for p in threadpool_info() if p["user_api"] == "blas"]
