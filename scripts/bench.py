@@ -963,7 +963,8 @@ def _render_c_build(res: dict, rows: list[dict], targets, notes: list[str], star
              f"again and compiled from that cache, median of {res['repeats']} ({res['cached_builds']} builds). Arena:",
              "ResNet-18's intermediates in one arena planned from lifetimes (`pm.program.memory_report()`), against",
              "the naive sum of every intermediate's bytes.", "",
-             f"C compiler: {res['cc']}. BLAS: {res['blas']}. CPU: {dict(_machine_facts())['CPU']}, "
+             f"C compiler: {res['cc']}. BLAS: {res['blas']} (OPENBLAS_CORETYPE "
+             f"{os.environ.get('OPENBLAS_CORETYPE') or 'unset'}). CPU: {dict(_machine_facts())['CPU']}, "
              f"{_usable_cpus()} usable.", "",
              "| Target (issue 18) | Measured | Met |", "|---|---|---|",
              f"| ResNet-50 compiles cold (C compiler included) in < {C_COLD_TARGET_S:g} s | {res['cold_s']:.2f} s "
