@@ -142,7 +142,7 @@ typedef struct {
 
 /* Y[0:mr, 0:nr] = (add ? Y : 0) + acc (rows W apart), then the epilogue when ep is given. */
 MT_INNER void MT_FN(mt_gemm_store)(const T *restrict acc, mt_i W, T *restrict y, mt_i ldy, mt_i mr, mt_i nr,
-                                        int add, const MT_FN(mt_gemm_ep) *ep) {
+                                   int add, const MT_FN(mt_gemm_ep) *ep) {
     if (ep) {
         const T alpha = ep->alpha, lo = ep->lo, hi = ep->hi;
         for (mt_i r = 0; r < mr; r++) {
@@ -291,7 +291,7 @@ static inline void MT_FN(mt_gemm_micro_any)(mt_i kc, const T *apack, const T *ar
  * them k-contiguous (bt[c*kc + k]). A register tile would spend a whole vector per row on them
  * (N = 49, a 7x7 plane: 64 columns computed for 49). Same epilogue as mt_gemm_store. */
 MT_INNER void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, const T *restrict bt, T *restrict y,
-                                      mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
+                                 mt_i ldy, mt_i mr, mt_i nr, int add, const MT_FN(mt_gemm_ep) *ep) {
     for (mt_i r = 0; r < mr; r++) {
         const T *ar = a + r * rs;
         for (mt_i c = 0; c < nr; c++) {

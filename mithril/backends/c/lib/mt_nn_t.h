@@ -76,7 +76,7 @@ static inline void MT_FN(mt_conv)(const T *X, const T *W, const T *Bias, const T
 /* By output rows, for planes too large for the stack: r0..r2 are the input rows under the window,
  * NULL where outside; mt_dw3_at computes an output whose window leaves the row. */
 MT_INNER T MT_FN(mt_dw3_at)(const T *r0, const T *r1, const T *r2, const T *w, T b, mt_i IW, mt_i i,
-                                T clo, T chi) {
+                           T clo, T chi) {
     T a = b;
     for (mt_i kw = 0; kw < 3; kw++) {
         if (i + kw < 0 || i + kw >= IW) continue;
