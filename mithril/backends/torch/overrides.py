@@ -401,12 +401,17 @@ def transpose(data, *, perm, xp):
 # unused. On an AMD EPYC (Zen 4), forward-only float32, medians of 30 calls, addmm -> oneDNN: GPT-2's
 # LM head (128x256 by 256x50257) 65.3 -> 35.7 ms at 1 thread and 35.8 -> 18.3 at 2; BERT's 128x256 by
 # 256x1024 0.70 -> 0.64 and 0.46 -> 0.36 ms; 128x256 by 256x256 even; smaller products slower
-# (128x64 by 64x128: 24 -> 36 us), hence the floor in multiply-adds. On Intel CPUs, MKL's own
-# were as fast on BERT's shapes (docs/peers_analysis.md).
+# (128x64 by 64x128: 24 -> 36 us), hence the floor in multiply-adds. On the same host in a later
+# session (Zen 5, its AVX-512 twice as fast as before against MKL's AVX2 kernels), 1 / 2 threads:
+# 128x256 by 256x256 175 -> 94 / 95 -> 55 us, 128x256 by 256x128 91 -> 55 / 49 -> 35, 128x128 by
+# 128x128 47 -> 33 / 38 -> 29, 128x64 by 64x128 25 -> 24 / 17 -> 24; the floor at 2^22 (it was
+# 2^24) takes BERT's 256x256 projections: the model 8.74 -> 6.98 ms at 1 thread, 5.85 -> 4.71 at 2
+# (onnxruntime 6.58 and 3.80; one process, alternating blocks). On Intel CPUs, MKL's own were as
+# fast on BERT's shapes (docs/peers_analysis.md).
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) is not None and \
     torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available() and \
     cpu_flags()[0] not in ("GenuineIntel", "")
-_ONEDNN_LINEAR_MIN_MACS = 1 << 24
+_ONEDNN_LINEAR_MIN_MACS = 1 << 22
 
 
 def onednn_linear(xt, wt, bt=None):
