@@ -696,8 +696,8 @@ def _targets(rows, model_names, backend_names, jax_sub) -> list[tuple[str, str, 
                 pairs = [(x, _find(rows, model, "numpy", x["threads"])) for x in by_threads]
                 pairs = [(x, n) for x, n in pairs if n is not None]
                 # By the two medians, not by their ratios to onnxruntime: in NumPy's rounds onnxruntime
-                # shares the cores with OpenBLAS's threads, which spin on after each of NumPy's matmuls,
-                # and at 2 threads ran as if on one (bert_small 19.17 ms there, 10.99-11.69 in C's
+                # shares the cores with OpenBLAS's threads, which spin on after each of NumPy's matmuls
+                # (the likely cause), and at 2 threads ran as if on one (bert_small 19.17 ms there, 10.99-11.69 in C's
                 # rounds, 02:19 UTC on 2026-12-03), which flattered NumPy's ratio (1.64x; 31.35 ms
                 # against C's 19.26).
                 if pairs:
