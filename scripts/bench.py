@@ -85,6 +85,8 @@ BACKENDS = {
     "jax-xla-defaults": ("JaxBackend", {"compiler_options": {}}),
     "torch": ("TorchBackend", {}),
     "torch-compile": ("TorchBackend", {"compile": True}),
+    # Op by op where the default runs a convolutional model as a oneDNN graph (its time against memory).
+    "torch-op-by-op": ("TorchBackend", {"onednn_graph": False}),
     "mlx": ("MlxBackend", {}),
     "c": ("CBackend", {}),
     "c-noblas": ("CBackend", {}),  # built with MITHRIL_C_BLAS=0 (BUILD_ENV)

@@ -18,7 +18,10 @@ groups, each group taking turns in the same process with onnxruntime on the same
 - mlx: the direct mlx.core port under ``mx.compile`` (scripts/peers), Mithril MLX.
 
 ``--runtimes ...,jax-port-options`` adds the JAX port compiled with the XLA options Mithril's
-JaxBackend uses (XNNPACK convolutions), to tell their share of a JAX row from the lowering's.
+JaxBackend uses (XNNPACK convolutions), to tell their share of a JAX row from the lowering's;
+``torch-op-by-op`` adds ``TorchBackend(onednn_graph=False)``, the Torch backend without the oneDNN
+graph it runs convolutional models as, to set that graph's time against its memory. The memory rows
+(scripts/bench_memory.py) measure the framework-native peers too.
 
 Each thread count runs in its own child process whose CPU affinity is that many CPUs, set before any
 framework starts, so XLA and MLX (which size their pools from the CPUs they may use, once) run at the
@@ -63,19 +66,22 @@ GROUPS = {
     "jax": ("jax-port", "jax"),
     "mlx": ("mlx-port", "mlx"),
 }
-MITHRIL = {"numpy", "jax", "torch", "mlx"}  # scripts/bench.py's backend names
+MITHRIL = {"numpy", "jax", "torch", "mlx", "torch-op-by-op"}  # scripts/bench.py's backend names
 # runtime -> its framework-native peer in the same group
 PEER_OF = {"torch": "torch-eager", "torch-compile": "torch-eager", "jax": "jax-port", "mlx": "mlx-port",
-           "jax-port-options": "jax-port"}
+           "jax-port-options": "jax-port", "torch-op-by-op": "torch-eager"}
 LABELS = {
     ORT: "onnxruntime", "numpy": "Mithril NumPy", "torch": "Mithril Torch", "jax": "Mithril JAX",
     "mlx": "Mithril MLX", "torch-eager": "Torch eager (module)", "torch-compile": "torch.compile (module)",
     "jax-port": "JAX port (jax.jit)", "mlx-port": "MLX port (mx.compile)",
     "jax-port-options": "JAX port (jax.jit, JaxBackend's XLA options)",
+    "torch-op-by-op": "Mithril Torch (onednn_graph=False)",
 }
-# Not run unless --runtimes names it: the JAX port under the XLA options Mithril's JaxBackend
-# compiles with (XNNPACK convolutions...), to tell the options' share of a JAX row from the lowering's.
-OPTIONAL = {"jax-port-options": "jax"}
+# Not run unless --runtimes names them: the JAX port under the XLA options Mithril's JaxBackend
+# compiles with (XNNPACK convolutions...), to tell the options' share of a JAX row from the lowering's;
+# TorchBackend(onednn_graph=False), op by op where the default runs a convolutional model as a oneDNN
+# graph, to set that graph's time against its memory.
+OPTIONAL = {"jax-port-options": "jax", "torch-op-by-op": "torch"}
 RUNTIMES = tuple(r for g in GROUPS.values() for r in g)
 
 
@@ -418,7 +424,11 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
                   "then loads, compiles and runs the model five times on its own parameters "
                   "(`pm.evaluate(None, data)`) on that backend; peak is the process's peak resident memory "
                   "(VmHWM, reset before loading) minus its resident memory before loading, kept is what stays "
-                  "resident after the runs. Issue 21's bar: every backend within 1.3x of onnxruntime's peak.", ""]
+                  "resident after the runs. The framework-native peers are measured the same way: Torch eager "
+                  "builds the torch module (its construction counts, as loading the file does for the others), a "
+                  "port converts the module's weights (the module is built before the mark: a port's user would load "
+                  "its weights from a file) and runs compiled; \"vs its peer\" divides a Mithril row by its "
+                  "framework's. Issue 21's bar: every backend within 1.3x of onnxruntime's peak.", ""]
         lines += bench_memory.table(list(memory))
     notes = [n for res in results for n in res["notes"]]
     if notes:
@@ -518,7 +528,8 @@ def main(argv=None) -> int:
         if not args.no_memory:
             import bench_memory
 
-            runtimes = ["onnxruntime", *(r for r in bench_memory.RUNTIMES[1:] if r in args.runtime_list)]
+            runtimes = ["onnxruntime", *(r for r in (*bench_memory.RUNTIMES[1:], *bench_memory.PEERS)
+                                         if r in args.runtime_list)]
             memory = bench_memory.rows({it["name"]: it["path"] for it in items}, runtimes, max(threads),
                                        progress=b._progress)
     section = render(results, args, started, (load_start, b._load_average()), export_lines, memory, compile_export)

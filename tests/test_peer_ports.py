@@ -121,14 +121,15 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
     assert "### conv.onnx (x [1, 4, 8, 8])" in text
     assert "| 1 | onnxruntime (numpy group) |" in text and "| 1 | Mithril NumPy |" in text
     assert re.search(r"\| 1 \| Mithril NumPy \|.*\| Conv \d+%", text), text  # its hot ops, by ml.profile
-    assert "Torch eager" not in text.split("### conv.onnx")[1]  # a user's file has no module to run
+    timing = text.split("### conv.onnx")[1].split("### Resident memory")[0]
+    assert "Torch eager" not in timing  # a user's file has no module to run
     assert "conv.onnx 1t [numpy] Mithril NumPy" in proc.stderr  # a progress line per measurement
     # Resident memory, one fresh process per runtime: onnxruntime and the Mithril backends asked for.
     memory = text.split("### Resident memory")[1]
     for runtime in ("onnxruntime", "numpy"):
         row = re.search(rf"\| conv.onnx \| {runtime} \| (\d+) \| (\d+) \| ", memory)
         assert row, memory
-    assert "| conv.onnx | torch |" not in memory
+    assert "| conv.onnx | torch |" not in memory and "| conv.onnx | torch-eager |" not in memory
 
 
 def test_compile_time_rows_judge_each_backend_against_its_bar(tmp_path, conv_model):
@@ -154,3 +155,27 @@ def test_compile_time_rows_judge_each_backend_against_its_bar(tmp_path, conv_mod
                for line in table), table
     slow = dict(rows[1], runtime="jax", first_s=7.5)
     assert "| first call < 5 s | missed |" in bench_peers._compile_table([rows[0], slow], "conv.onnx")[-1]
+
+
+def test_memory_rows_set_each_mithril_row_against_its_frameworks_peer(tmp_path):
+    # Issue 21, Must 5's table: the framework-native peers' resident memory measured as the backends'
+    # (a fresh process each), each Mithril row divided by its framework's; peers only for built-in
+    # models, which they build from the torch module.
+    pytest.importorskip("jax", reason=FRAMEWORK_MODULES["jax"][1])
+    import bench_memory
+
+    path, _ = export_models.export("mobilenet_v2", tmp_path, image_size=64)
+    found = bench_memory.rows({"mobilenet_v2": path, "theirs.onnx": path},
+                              ["onnxruntime", "torch-eager", "jax-port-options", "jax"], progress=lambda s: None)
+    by = {(r["model"], r["runtime"]): r for r in found}
+    assert set(by) == {("mobilenet_v2", r) for r in ("onnxruntime", "torch-eager", "jax-port-options", "jax")} | {
+        ("theirs.onnx", "onnxruntime"), ("theirs.onnx", "jax")}  # a user's file has no module to port
+    for r in found:
+        assert r["peak"] > 2**20 and r["after"] > 0, r  # the weights alone are 13.6 MiB
+    jax_row = by[("mobilenet_v2", "jax")]
+    assert jax_row["peer"] == "jax-port-options"
+    assert jax_row["vs_peer"] == pytest.approx(jax_row["peak"] / by[("mobilenet_v2", "jax-port-options")]["peak"])
+    assert "vs_peer" not in by[("theirs.onnx", "jax")]
+    table = "\n".join(bench_memory.table(found))
+    assert re.search(r"\| mobilenet_v2 \| jax \| \d+ \| \d+ \| [\d.]+x \| [\d.]+x jax-port-options \|", table), table
+    assert "needs a built-in model" in bench_memory.measure(path, "torch-eager", name="theirs.onnx")["error"]
