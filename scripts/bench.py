@@ -162,6 +162,16 @@ def _c_constants(backend, model) -> dict:
     return {"constant_keys": list(model.initializer_names)} if backend.name == "c" else {}
 
 
+def jax_program_options(path: str) -> dict:
+    """The XLA options JaxBackend compiles ``path``'s forward program with: its defaults fitted to
+    the program (a transformer's differ from a CNN's), which a port run "under JaxBackend's
+    options" must take too."""
+    backend = ml.JaxBackend()
+    pm = ml.compile(ml.load_onnx(path), backend)
+    jitted = pm._jitted  # None where the model runs eagerly: then the backend's own options
+    return dict(jitted.compiler_options if jitted is not None else backend.compiler_options)
+
+
 def _backend_row(backend, path: str, inputs: dict[str, np.ndarray], compile_repeats: int):
     """Load+compile seconds (the first compile, median with further ones when repeated), first-call
     seconds (the first evaluate of the first compiled model: where jax.jit and mx.compile compile),

@@ -17,14 +17,14 @@ only. scripts/bench_peers.py writes these rows into its section of docs/performa
 
 The framework-native peers of scripts/bench_peers.py are measured the same way on its built-in
 models (scripts/export_models.py's names, not a file): ``torch-eager`` builds the torch module
-(seeded random weights) and runs it under ``torch.no_grad``; ``jax-port``, ``jax-port-options``
-(JaxBackend's XLA options) and ``mlx-port`` port the module's weights (scripts/peers) and run the
-compiled port. Their start-up is a two-input add in their framework (jitted, compiled). Torch eager's
-peak includes building the module, as the others' includes loading the file; a port's user would
-load its weights from a file, not from a torch module, so the module is built before the mark and
-the port's conversion of the weights and its own copy of them count. ``torch-op-by-op`` is
-``TorchBackend(onednn_graph=False)``: the Torch backend without the oneDNN graph it runs
-convolutional models as by default.
+(seeded random weights) and runs it under ``torch.no_grad``; ``jax-port``, ``jax-port-options`` (the
+XLA options JaxBackend compiles that model with) and ``mlx-port`` port the module's weights
+(scripts/peers) and run the compiled port. Their start-up is a two-input add in their framework
+(jitted, compiled). Torch eager's peak includes building the module, as the others' includes loading
+the file; a port's user would load its weights from a file, not from a torch module, so the module
+is built before the mark and the port's conversion of the weights and its own copy of them count.
+``torch-op-by-op`` is ``TorchBackend(onednn_graph=False)``: the Torch backend without the oneDNN
+graph it runs convolutional models as by default.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ _CHILD = textwrap.dedent("""
             return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
 
     path, runtime, threads, name, scripts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    xla_options = json.loads(sys.argv[6])  # jax-port-options: what JaxBackend compiles this model with
     peer = runtime in ("torch-eager", "jax-port", "jax-port-options", "mlx-port")
     if peer:
         sys.path.insert(0, scripts)
@@ -98,7 +99,7 @@ _CHILD = textwrap.dedent("""
         opts.intra_op_num_threads = threads
         ort.InferenceSession(tiny.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, pair)
     elif peer:
-        options = {"compiler_options": ml.JaxBackend().compiler_options} if runtime == "jax-port-options" else {}
+        options = {"compiler_options": xla_options} if runtime == "jax-port-options" else {}
         if runtime == "torch-eager":
             with torch.no_grad():
                 torch.add(torch.from_numpy(pair["a"]), torch.from_numpy(pair["b"]))
@@ -153,9 +154,16 @@ def measure(path: str, runtime: str, threads: int = 2, timeout: float = 900, nam
     :data:`PEERS` builds the built-in model ``name`` (scripts/export_models.py) instead of reading ``path``."""
     if runtime in PEERS and name not in _builtin_models():
         return {"error": f"{runtime} needs a built-in model ({', '.join(_builtin_models())}), not {name!r}"}
+    xla_options = {}
+    if runtime == "jax-port-options":  # made here, not in the child, whose heap it would change
+        if str(SCRIPTS) not in sys.path:
+            sys.path.insert(0, str(SCRIPTS))
+        import bench
+
+        xla_options = bench.jax_program_options(path)
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, path, runtime, str(threads), name, str(SCRIPTS)],
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([sys.executable, "-c", _CHILD, path, runtime, str(threads), name, str(SCRIPTS),
+                               json.dumps(xla_options)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:
@@ -204,8 +212,8 @@ def rows(paths: dict[str, str], runtimes=RUNTIMES, threads: int = 2, progress=pr
 
 
 def table(memory_rows: list[dict]) -> list[str]:
-    lines = ["| Model | Runtime | Peak added (MiB) | Kept after the runs (MiB) | Peak vs onnxruntime | Peak vs its peer |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| Model | Runtime | Peak added (MiB) | Kept after the runs (MiB) | Peak vs onnxruntime "
+             "| Peak vs its peer |", "|---|---|---|---|---|---|"]
     for r in memory_rows:
         if "peak" not in r:
             lines.append(f"| {r['model']} | {r['runtime']} | failed: {r['error']} | | | |")

@@ -18,7 +18,8 @@ groups, each group taking turns in the same process with onnxruntime on the same
 - mlx: the direct mlx.core port under ``mx.compile`` (scripts/peers), Mithril MLX.
 
 ``--runtimes ...,jax-port-options`` adds the JAX port compiled with the XLA options Mithril's
-JaxBackend uses (XNNPACK convolutions), to tell their share of a JAX row from the lowering's;
+JaxBackend compiles that model with (XNNPACK convolutions for a CNN; XLA's YNNPACK fusions for a
+transformer at 2 threads), to tell their share of a JAX row from the lowering's;
 ``torch-op-by-op`` adds ``TorchBackend(onednn_graph=False)``, the Torch backend without the oneDNN
 graph it runs convolutional models as, to set that graph's time against its memory. The memory rows
 (scripts/bench_memory.py) measure the framework-native peers too.
@@ -78,7 +79,7 @@ LABELS = {
     "torch-op-by-op": "Mithril Torch (onednn_graph=False)",
 }
 # Not run unless --runtimes names them: the JAX port under the XLA options Mithril's JaxBackend
-# compiles with (XNNPACK convolutions...), to tell the options' share of a JAX row from the lowering's;
+# compiles the model with (bench.jax_program_options), to tell their share of a JAX row from the lowering's;
 # TorchBackend(onednn_graph=False), op by op where the default runs a convolutional model as a oneDNN
 # graph, to set that graph's time against its memory.
 OPTIONAL = {"jax-port-options": "jax", "torch-op-by-op": "torch"}
@@ -190,7 +191,7 @@ def _prepare(runtime: str, path: str, ex, inputs: dict, backends: dict, args) ->
     from peers import make_peer
 
     framework = runtime.split("-")[0]
-    options = {"compiler_options": b.ml.JaxBackend().compiler_options} if runtime == "jax-port-options" else {}
+    options = {"compiler_options": b.jax_program_options(path)} if runtime == "jax-port-options" else {}
     t = time.perf_counter()
     call = make_peer(framework, ex.name, ex.module, **options).bind(inputs)
     load_s = time.perf_counter() - t

@@ -453,7 +453,9 @@ def test_cpu_default_options_are_dropped_where_xla_does_not_know_them(monkeypatc
 def _forward_options(model, backend):
     """The forward program compiled for inference, and the XLA options it was jitted with."""
     pm = _compile(model, backend, inference=True)
-    return pm, pm._jitted._compiled._jit.keywords["compiler_options"]
+    options = pm._jitted.compiler_options  # what scripts/bench.py's jax_program_options reads
+    assert options == pm._jitted._compiled._jit.keywords["compiler_options"]  # what both programs compile with
+    return pm, options
 
 
 def _mlp_and_cnn():

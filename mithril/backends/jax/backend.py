@@ -367,7 +367,8 @@ class _HostAwareJnp:
 class _Jitted:
     """The whole generated forward as jitted XLA programs: its parameter-only work in one, run
     once per set of parameters, and the rest in another (hoist.py). Host-only inputs
-    (strings) run it eagerly."""
+    (strings) run it eagerly. ``compiler_options`` are the XLA options both compile with: the
+    backend's, or its defaults fitted to this program (``_default_options_for``)."""
 
     def __init__(self, backend: "JaxBackend", forward, compiler_options: dict | None = None):
         self.backend = backend
@@ -375,6 +376,7 @@ class _Jitted:
         options = backend.compiler_options if compiler_options is None else compiler_options
         if compiler_options is None and backend._default_options:
             options = _default_options_for(forward, options)
+        self.compiler_options = dict(options)
         # YNNPACK's dots read a transposed weight in place as fast as a copy (GPT-2's 128x256 by
         # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
