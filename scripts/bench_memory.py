@@ -256,5 +256,6 @@ def main(argv=None) -> int:
     print("\n".join(table(found)))
     return 0 if all("peak" in r for r in found) else 1
 
+
 if __name__ == "__main__":
     sys.exit(main())
