@@ -60,7 +60,7 @@ _CHILD = textwrap.dedent("""
 
     path, runtime, threads, name, scripts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
     xla_options = json.loads(sys.argv[6])  # jax-port-options: what JaxBackend compiles this model with
-    peer = runtime in ("torch-eager", "jax-port", "jax-port-options", "mlx-port")
+    peer = runtime in sys.argv[7].split(",")  # PEERS
     if peer:
         sys.path.insert(0, scripts)
         import importlib.util
@@ -163,7 +163,8 @@ def measure(path: str, runtime: str, threads: int = 2, timeout: float = 900, nam
         xla_options = bench.jax_program_options(path)
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, path, runtime, str(threads), name, str(SCRIPTS),
-                               json.dumps(xla_options)], capture_output=True, text=True, timeout=timeout)
+                               json.dumps(xla_options), ",".join(PEERS)], capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:

@@ -179,3 +179,19 @@ def test_memory_rows_set_each_mithril_row_against_its_frameworks_peer(tmp_path):
     table = "\n".join(bench_memory.table(found))
     assert re.search(r"\| mobilenet_v2 \| jax \| \d+ \| \d+ \| [\d.]+x \| [\d.]+x jax-port-options \|", table), table
     assert "needs a built-in model" in bench_memory.measure(path, "torch-eager", name="theirs.onnx")["error"]
+
+
+def test_bench_memory_refuses_what_it_cannot_measure(capsys):
+    # A model that is neither a file nor a built-in name, and a runtime it does not know: argparse's
+    # error naming both the input and what it takes, before any process starts.
+    import bench_memory
+
+    for argv, said, offered in ((["no_such_model.onnx"], "no_such_model.onnx: no such file, and not a built-in model",
+                                 "mobilenet_v2"),
+                                (["mobilenet_v2", "--runtimes", "onnxruntime,tvm"], "unknown runtime 'tvm'",
+                                 "jax-port-options")):
+        with pytest.raises(SystemExit) as exc:
+            bench_memory.main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and offered in err, err
