@@ -1,4 +1,4 @@
-"""The shape of the code: what imports what inside mithril/."""
+"""The shape of the code: what imports what inside mithril/ and models_zoo/."""
 
 from __future__ import annotations
 
@@ -6,17 +6,19 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "mithril"
+# The packages whose import graph must have no cycle: the library and the models built on it.
+ROOTS = (ROOT, ROOT.parent / "models_zoo")
 
 # Packages that are one layer each; every other module directly under mithril/ is a layer of its own.
 # The intended order: errors/dtypes <- onnx_bridge <- backends <- compile/validate/export <- frontend.
 PACKAGE_LAYERS = ("mithril.onnx_bridge", "mithril.backends", "mithril.frontend", "mithril.models", "mithril.testing")
 
 
-def _modules() -> dict[str, Path]:
-    """Dotted name -> file, for every module under mithril/ (a package is its __init__.py)."""
+def _modules(roots: tuple[Path, ...] = (ROOT,)) -> dict[str, Path]:
+    """Dotted name -> file, for every module under ``roots`` (a package is its __init__.py)."""
     modules = {}
-    for path in ROOT.rglob("*.py"):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    for root, path in ((root, p) for root in roots for p in root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
@@ -43,22 +45,27 @@ def _imports(tree: ast.AST):
             stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the mithril modules it imports. ``from . import x`` is an import of the submodule
-    x when x is a module; ``from a.b import name`` of a.b otherwise."""
-    modules = _modules()
+def _import_stem(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module ``from ... import`` names, with relative imports resolved against ``name``."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    parts = package.split(".")
+    return ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def import_graph(roots: tuple[Path, ...] = ROOTS) -> dict[str, set[str]]:
+    """Module -> the modules under ``roots`` it imports. ``from . import x`` is an import of the
+    submodule x when x is a module; ``from a.b import name`` of a.b otherwise. Imports inside
+    functions count: one placed there to dodge a cycle is still a cycle."""
+    modules = _modules(roots)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
-                if node.level:
-                    parts = package.split(".")
-                    stem = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-                else:
-                    stem = node.module or ""
+                stem = _import_stem(name, path, node)
                 targets = [f"{stem}.{a.name}" if f"{stem}.{a.name}" in modules else stem for a in node.names]
             for target in targets:
                 while target and target not in modules:  # import a.b.c.name: the module a.b.c
@@ -175,10 +182,72 @@ def test_import_graph_reads_relative_and_function_level_imports():
     assert "mithril.frontend.onnx_export" in graph["mithril.frontend.model"]  # inside Model.to_onnx_model
 
 
+def test_import_graph_spans_mithril_and_models_zoo():
+    graph = import_graph()
+    assert "mithril.models" in graph["models_zoo.classic"]  # from mithril.models import MLP, ...
+    assert "models_zoo.resnet" in graph["models_zoo"]  # from .resnet import resnet18, ...
+
+
 def test_no_import_cycle_between_modules():
+    """No cycle through mithril/ and models_zoo/, counting imports inside functions."""
     graph = import_graph()
     cycles = find_cycles(graph)
-    assert not cycles, "import cycles between modules of mithril/:\n" + _explain(cycles, graph)
+    assert not cycles, "import cycles between modules of mithril/ and models_zoo/:\n" + _explain(cycles, graph)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(roots: tuple[Path, ...] = ROOTS) -> list[str]:
+    """Private names one module takes from another: ``from a.b import _f``, and ``b._f`` where
+    ``b`` names a module imported (``from a import b``, ``import a.b as b``)."""
+    modules = _modules(roots)
+    packages = tuple(root.name for root in roots)
+    found = []
+    for name, path in sorted(modules.items()):
+        where = path.relative_to(roots[packages.index(name.partition(".")[0])].parent)
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}  # local name -> the module it is bound to
+        for node in _imports(tree):
+            if isinstance(node, ast.Import):
+                aliases.update({a.asname or a.name: a.name for a in node.names if a.name.startswith(packages)})
+                continue
+            stem = _import_stem(name, path, node)
+            if not stem.startswith(packages):
+                continue
+            for a in node.names:
+                if f"{stem}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{stem}.{a.name}"
+                elif _private(a.name) and stem != name:
+                    found.append(f"{where}:{node.lineno} imports {a.name} from {stem}")
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            chain, base = [], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in aliases:
+                owner = ".".join([aliases[base.id], *reversed(chain)])
+                if owner in modules and owner != name:
+                    found.append(f"{where}:{node.lineno} uses {owner}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_private_import_finder_finds_both_forms(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _f(): pass\ndef g(): pass\n")
+    (pkg / "b.py").write_text("from .a import _f, g\nfrom . import a\na._f()\na.g()\n__all__ = [g.__name__]\n")
+    assert private_imports((pkg,)) == ["pkg/b.py:1 imports _f from pkg.a", "pkg/b.py:3 uses pkg.a._f"]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name another module needs is public (no underscore, a docstring), or lives where both use it."""
+    found = private_imports()
+    assert not found, "private names used across modules:\n" + "\n".join(found)
 
 
 def test_no_import_cycle_between_layers():
@@ -204,14 +273,17 @@ def test_lower_layers_import_no_higher_one():
 
 # -- backends: one folder each, one table -------------------------------------------------------
 def _framework_owners() -> dict[str, str]:
-    """Top-level module of a framework (torch, jax, jaxlib, mlx) -> the backend folder allowed to import it."""
+    """Top-level module of a framework (torch, jax, jaxlib, mlx, ggml, and gguf, ggml's file
+    format) -> the backend folder allowed to import it."""
     from mithril.backends.table import BACKENDS
 
-    return {module: name for name, entry in BACKENDS.items() for module in entry.array_modules if module != "numpy"}
+    owners = {module: name for name, entry in BACKENDS.items()
+              for module in (*entry.array_modules, entry.framework) if module not in (None, "numpy")}
+    return {**owners, "gguf": "ggml"}
 
 
 def test_frameworks_are_imported_only_in_their_backend_folder():
-    """jax, torch and mlx are imported (at module or function level) only under
+    """jax, torch, mlx and ggml are imported (at module or function level) only under
     mithril/backends/<that framework>/, and not by that folder's __init__.py."""
     owners = _framework_owners()
     offenders = []
