@@ -1348,7 +1348,7 @@ PRECISION_MODELS = {
     "bert": Case("bert", {"seq": 128}, 1),
     "gpt2": Case("gpt2", {"seq": 128}, 1),
 }
-# tests/test_precision.py's tolerances, on the same measure: 4 eps for the half types, 32 float32
+# tests/backends/test_precision.py's tolerances, on the same measure: 4 eps for the half types, 32 float32
 # eps for float64 (compared with onnxruntime's float32, whose own rounding dominates).
 PRECISION_TOLERANCES = {"float32": 32 * 2.0**-23, "float16": 4 * 2.0**-10, "bfloat16": 4 * 2.0**-7,
                         "float64": 32 * 2.0**-23}
@@ -1356,7 +1356,7 @@ PRECISION_TOLERANCES = {"float32": 32 * 2.0**-23, "float16": 4 * 2.0**-10, "bflo
 
 def _scaled_error(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
     """The largest over outputs of max |out - ref| / max |ref|: the error relative to each
-    output's scale (tests/test_precision.py's measure)."""
+    output's scale (tests/backends/test_precision.py's measure)."""
     worst = 0.0
     for k, r in ref.items():
         got, want = np.asarray(outs[k], np.float64), np.asarray(r, np.float64)
@@ -1441,7 +1441,7 @@ def _render_precision(rows: list[dict], notes: list[str], started: str, load, ar
              "steady call, and *vs float32* its ratio to the same backend's float32 row.", "",
              "*Error* is max |output - onnxruntime| / max |onnxruntime| over the model's outputs, against "
              "onnxruntime's float32 on the same inputs (the float32 rows show the backend's own float32 "
-             "difference). tests/test_precision.py holds the same measure to 4 eps for the half types "
+             "difference). tests/backends/test_precision.py holds the same measure to 4 eps for the half types "
              "(float16 3.9e-3, bfloat16 3.1e-2) and to 32 float32 eps (3.8e-6) for float64.", "",
              "Times follow the CPU's half-precision instructions, not the bytes saved: this one has "
              f"{_half_precision_isa()}. Where a framework has no fast kernel for a dtype it converts around "

@@ -1,6 +1,6 @@
 import os
 
-# Four JAX host devices for the device-mesh tests (tests/test_distributed_jax.py): XLA reads the
+# Four JAX host devices for the device-mesh tests (tests/distributed/test_jax.py): XLA reads the
 # flag once, when JAX starts, so it is set before any test imports JAX. One-device programs run on
 # the first device as before.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

@@ -99,7 +99,7 @@ def small_images_to_library(enabled: bool):
 # On an AMD EPYC (Zen 4, AVX-512, Eigen's dots) XNNPACK's 7x7 layers took ResNet-18 45.8 -> 43.1
 # ms at 1 thread (one process, alternating blocks; even at 2), its stem 45.6 (slower). Not in
 # gradient programs: a ResNet-18 trained over a four-device fsdp mesh drifted from its one-device
-# run with them (tests/test_distributed_jax.py).
+# run with them (tests/distributed/test_jax.py).
 _LIBRARY_MIN_PIXELS = 196
 _LIBRARY_MIN_CHANNELS = 16
 

@@ -29,7 +29,7 @@ shapes, in one process alternating with the shared kernel on a noisy host: ~0.92
 the network's layers at 1 and 2 threads (0.74-0.87x on the 64x56x56 ones); a layer's peak memory
 drops by the columns' size.
 
-tests/test_numpy_conv_fast.py holds the cases both are checked on against the shared kernel.
+tests/backends/numpy/test_conv_fast.py holds the cases both are checked on against the shared kernel.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ program op by op, as before. A parameter changed in place, or another dict of pa
 graph, traced at the second call that brings it.
 
 Only plans of :data:`TRACEABLE` ops with a Conv: each was checked under oneDNN's fuser
-(tests/test_torch_graph.py), the trace bakes in what a kernel reads on the host, so a Clip bound or
+(tests/backends/torch/test_graph.py), the trace bakes in what a kernel reads on the host, so a Clip bound or
 static input computed from the data would be wrong for other data (refused), and transformer plans
 hit asserts inside TorchScript's oneDNN bridge (matmul chains with reshapes) where they gain
 nothing over the program's oneDNN matmuls.
@@ -37,7 +37,7 @@ from ..plan import Plan
 from .xp import TorchArray
 
 # (domain, op type) whose torch kernels trace into ops oneDNN's fuser takes or leaves to TorchScript,
-# each run under it in tests/test_torch_graph.py.
+# each run under it in tests/backends/torch/test_graph.py.
 TRACEABLE = frozenset({("", op) for op in (
     "Conv", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Add", "Sub", "Mul", "Div", "MaxPool", "AveragePool",
     "GlobalAveragePool", "Flatten", "Reshape", "Gemm", "MatMul", "BatchNormalization", "Concat", "Identity",
