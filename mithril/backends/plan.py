@@ -25,7 +25,7 @@ node's problem on it instead (constant folding skips such nodes).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -156,6 +156,15 @@ class Plan:
     nodes: list[PlanNode]
     outputs: list[PlanValue]
     outer: list[PlanValue] = field(default_factory=list)  # values read from enclosing graphs
+    _index: PlanIndex | None = field(default=None, init=False, repr=False)
+
+    @property
+    def index(self) -> PlanIndex:
+        """The plan's use-def index (:class:`PlanIndex`), built on first use; rewrites of
+        ``nodes`` go through it so that it stays true."""
+        if self._index is None:
+            self._index = PlanIndex(self)
+        return self._index
 
     def all_nodes(self):
         """Every node, subgraph nodes after their parent (the order of ``PlanNode.index``)."""
@@ -175,6 +184,165 @@ def reads_of(pn: PlanNode):
     for sub in pn.subgraphs.values():
         for p in sub if isinstance(sub, tuple) else (sub,):
             yield from p.outer
+
+
+# The position of a use that is a subgraph's read from an enclosing graph (not one of the node's inputs).
+OUTER = -1
+
+
+class PlanIndex:
+    """Who makes and who reads each value of one plan (torch.fx keeps ``Node.users`` so), kept true
+    by the rewrites made through it.
+
+    A use is ``(node, position)``: ``position`` is the input it reads, or :data:`OUTER` where a
+    subgraph of ``node`` reads the value from an enclosing graph. Such a read is a use by the
+    node holding the subgraph (the value lives until that node has run) that no rewrite may fuse
+    away: :meth:`only_reader` never answers for a value a subgraph reads, nor for a graph output.
+
+    Rewrites replace nodes, never change them (a plan's nodes may be shared with the plan it was
+    copied from), and rewrite the plan's own ``nodes`` list: rewrite a copy
+    (``dataclasses.replace(plan, nodes=list(plan.nodes))``, as :class:`~.passes.PassManager` does)
+    when the original must stay. ``origins`` maps the id of each node a rewrite put in to the node
+    of the plan it stands for (a fused node to the chain's anchor), which profiles use.
+
+    >>> index = plan.index                                       # doctest: +SKIP
+    >>> relu = index.only_reader(conv.outputs[0])               # doctest: +SKIP
+    >>> index.replace_nodes([conv, relu], fused, at=relu)       # doctest: +SKIP
+    """
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.origins: dict[int, PlanNode] = {}
+        self._producers: dict[PlanValue, PlanNode] = {}
+        self._uses: dict[PlanValue, list[tuple[PlanNode, int]]] = {}
+        self._positions: dict[int, int] | None = None
+        for pn in plan.nodes:
+            self._add(pn)
+
+    # -- queries ---------------------------------------------------------------
+    def producer(self, v: PlanValue | None) -> PlanNode | None:
+        """The node of this plan that makes ``v``; None for inputs, constants and outer values."""
+        return self._producers.get(v) if v is not None else None
+
+    def uses(self, v: PlanValue) -> list[tuple[PlanNode, int]]:
+        """Every read of ``v`` as ``(node, position)``, in node order (see the class docstring)."""
+        uses = self._uses.get(v, ())
+        if len(uses) < 2:
+            return list(uses)
+        return sorted(uses, key=lambda u: (self.position(u[0]), u[1]))
+
+    def users(self, v: PlanValue) -> list[PlanNode]:
+        """The nodes that read ``v``, each once, in node order."""
+        return list(dict.fromkeys(pn for pn, _ in self.uses(v)))
+
+    def is_output(self, v: PlanValue) -> bool:
+        return v in self.plan.outputs
+
+    def only_reader(self, v: PlanValue | None) -> PlanNode | None:
+        """The one node reading ``v``, where it reads it once, as an input, and ``v`` is no graph
+        output and no subgraph's read: the value a fusion may fold away. None otherwise."""
+        uses = self._uses.get(v) if v is not None else None
+        if not uses or len(uses) != 1 or uses[0][1] == OUTER or self.is_output(v):
+            return None
+        return uses[0][0]
+
+    def position(self, pn: PlanNode) -> int:
+        """``pn``'s place in the plan's nodes (KeyError when it is not there)."""
+        if self._positions is None:
+            self._positions = {id(n): i for i, n in enumerate(self.plan.nodes)}
+        return self._positions[id(pn)]
+
+    def __contains__(self, pn: PlanNode) -> bool:
+        try:
+            self.position(pn)
+        except KeyError:
+            return False
+        return True
+
+    def between(self, first: PlanNode, last: PlanNode) -> list[PlanNode]:
+        """The nodes strictly between ``first`` and ``last``."""
+        return self.plan.nodes[self.position(first) + 1:self.position(last)]
+
+    def origin(self, pn: PlanNode) -> PlanNode:
+        """The node of the plan that ``pn`` stands for (itself when no rewrite made it)."""
+        return self.origins.get(id(pn), pn)
+
+    # -- rewrites --------------------------------------------------------------
+    def replace(self, old: PlanNode, new: PlanNode) -> None:
+        """``new`` in ``old``'s place."""
+        self.replace_nodes([old], new, at=old)
+
+    def replace_nodes(self, old: Iterable[PlanNode], new: PlanNode, at: PlanNode) -> None:
+        """``old`` (nodes of the plan) removed and ``new`` put where ``at`` (one of them) was: a
+        fusion. ``new`` stands for ``at``'s origin. Values only ``old`` made and read go with them."""
+        old = list(dict.fromkeys(old))
+        if at not in old:
+            raise ValueError("replace_nodes: `at` must be one of the replaced nodes")
+        where = self.position(at)
+        origin = self.origin(at)
+        for pn in old:
+            self._drop(pn)
+            self.origins.pop(id(pn), None)
+        gone = {id(pn) for pn in old}
+        nodes = self.plan.nodes
+        nodes[where] = new
+        nodes[:] = [pn for pn in nodes if id(pn) not in gone]
+        self._positions = None
+        self._add(new)
+        if new is not origin:
+            self.origins[id(new)] = origin
+
+    def remove(self, nodes: Iterable[PlanNode]) -> None:
+        """Removes ``nodes``; none of their results may be read by a node that stays, or be a
+        graph output."""
+        nodes = list(dict.fromkeys(nodes))
+        gone = {id(pn) for pn in nodes}
+        for pn in nodes:
+            for o in pn.outputs:
+                if self.is_output(o) or any(id(r) not in gone for r, _ in self._uses.get(o, ())):
+                    raise ValueError(f"remove: {pn.label}'s result {o.name!r} is still read")
+        for pn in nodes:
+            self._drop(pn)
+            self.origins.pop(id(pn), None)
+        self.plan.nodes[:] = [pn for pn in self.plan.nodes if id(pn) not in gone]
+        self._positions = None
+
+    def redirect(self, old: PlanValue, new: PlanValue) -> None:
+        """Every input reading ``old`` reads ``new`` instead (the readers are replaced by copies),
+        and a graph output ``old`` becomes ``new``. A subgraph's read of ``old`` cannot be
+        redirected (the subgraph's plan names it): that raises."""
+        readers = self.users(old)
+        if any(pos == OUTER for _, pos in self._uses.get(old, ())):
+            raise ValueError(f"redirect: a subgraph reads {old.name!r}")
+        for pn in readers:
+            self.replace(pn, replace(pn, inputs=tuple(new if v is old else v for v in pn.inputs)))
+        self.plan.outputs = [new if v is old else v for v in self.plan.outputs]
+
+    # -- bookkeeping -----------------------------------------------------------
+    def _add(self, pn: PlanNode) -> None:
+        for o in pn.outputs:
+            self._producers[o] = pn
+        for i, v in enumerate(pn.inputs):
+            if v is not None:
+                self._insert_use(v, pn, i)
+        for sub in pn.subgraphs.values():
+            for p in sub if isinstance(sub, tuple) else (sub,):
+                for v in p.outer:
+                    self._insert_use(v, pn, OUTER)
+
+    def _insert_use(self, v: PlanValue, pn: PlanNode, position: int) -> None:
+        self._uses.setdefault(v, []).append((pn, position))
+
+    def _drop(self, pn: PlanNode) -> None:
+        for o in pn.outputs:
+            if self._producers.get(o) is pn:
+                del self._producers[o]
+        for v in reads_of(pn):
+            uses = self._uses.get(v)
+            if uses:
+                uses[:] = [u for u in uses if u[0] is not pn]
+                if not uses:
+                    del self._uses[v]
 
 
 def squeeze_output_problem(pn: PlanNode) -> str | None:
@@ -488,5 +656,5 @@ def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> P
     return builder.node(node)
 
 
-__all__ = ["Plan", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
+__all__ = ["OUTER", "Plan", "PlanIndex", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
            "outer_reads", "plan_of_node", "reads_of", "squeeze_output_problem", "static_initializers", "value_dtype"]

@@ -1,5 +1,5 @@
 """Gelu written out as elementwise ops (BERT's exact form, GPT-2's tanh form) runs as one Gelu
-kernel in TorchBackend's forward program (mithril/backends/gelu.py), to the chain's values."""
+kernel in TorchBackend's forward program (mithril/backends/passes/gelu.py), to the chain's values."""
 
 from __future__ import annotations
 

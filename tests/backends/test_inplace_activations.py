@@ -1,4 +1,4 @@
-"""In-place activations on NumPy and Torch (mithril/backends/inplace.py): a Clip or Relu writes
+"""In-place activations on NumPy and Torch (mithril/backends/passes/inplace.py): a Clip or Relu writes
 into a Conv/Gemm/MatMul result only that node reads, and nowhere else. Each case checks the
 program printed (which kernel each node calls) and the outputs against onnxruntime, including the
 cases where writing in place would corrupt a value another node, a graph output or the caller
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
-from mithril.backends.inplace import in_place_activations
+from mithril.backends.passes import in_place_activations
 from mithril.backends.numpy.inplace import SWAPS
 
 on_each_backend = pytest.mark.parametrize("backend", [ml.NumpyBackend, ml.TorchBackend], ids=["numpy", "torch"])

@@ -1,4 +1,4 @@
-"""NumPy's in-place activations (see :mod:`mithril.backends.inplace` for when they run)."""
+"""NumPy's in-place activations (see :mod:`mithril.backends.passes.inplace` for when they run)."""
 
 from __future__ import annotations
 

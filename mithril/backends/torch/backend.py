@@ -548,14 +548,12 @@ class TorchBackend(Backend):
         return v
 
     # -- compilation hooks -----------------------------------------------------------
-    def forward_plan(self, plan):
-        from ..gelu import fuse_gelu
-        from ..inplace import in_place_activations
-        from .fusion import fuse_conv_activations
+    def plan_passes(self):
+        from ..passes import InPlaceActivations, gelu_kernel_pass
+        from .fusion import FuseConvActivations
         from .inplace import SWAPS
 
-        plan = fuse_gelu(plan, _gelu_kernel())
-        return in_place_activations(fuse_conv_activations(plan), SWAPS)
+        return [gelu_kernel_pass(_gelu_kernel()), FuseConvActivations(), InPlaceActivations(SWAPS)]
 
     def lower(self, plan, **kwargs):
         """The generated program, run under ``torch.autocast`` with ``enable_amp`` (outputs cast
@@ -914,7 +912,7 @@ def _forward_frames_of_failure(rerun) -> list[tuple[str, int]]:
 
 @functools.cache
 def _gelu_kernel():
-    """Torch's own Gelu kernel (F.gelu), for the written-out Gelus of older opsets (:mod:`..gelu`)."""
+    """Torch's own Gelu kernel (F.gelu), for the written-out Gelus of older opsets (:mod:`..passes.gelu`)."""
     from ..registry import REGISTRY
     from . import overrides
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from collections import Counter
 
 import torch
 
-from ..plan import Plan, PlanNode, reads_of
+from ..passes import FuseConvChains, run_passes
+from ..passes.match import reads_stay_alive
+from ..plan import Plan, PlanNode
 from . import overrides as _ov
 from .inplace import clip_into, relu_into
 from .xp import TorchArray
@@ -172,86 +173,58 @@ def _arguments(xt, wt, bt, low, high, activation, conv):
     return ready, (pairs, packed, padding, strides, dilations, torch.Size(out_shape), scalars)
 
 
-def fuse_conv_activations(plan: Plan) -> Plan:
-    """``plan`` with each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain whose
-    intermediate results nothing else reads (no other node, subgraph or graph output) as one
-    :func:`conv_activation` node, and each other 2-D Conv as one alone; the same plan object when
-    there is none. Only nodes that resolved to this backend's own kernels are fused (a user's
-    register_op over one of them keeps its node). Nodes are replaced, never changed."""
-    made = {o: pn for pn in plan.nodes for o in pn.outputs}
-    readers = Counter(v for pn in plan.nodes for v in reads_of(pn))
-    outputs = set(plan.outputs)
+def _conv_2d(pn: PlanNode) -> bool:
+    return _ours(pn, (_ov.conv,)) and len(pn.outputs) == 1 and pn.outputs[0].shape is not None and \
+        len(pn.outputs[0].shape) == 4
 
-    def alone(v) -> bool:
-        return v is not None and readers[v] == 1 and v not in outputs
 
-    def conv_of(v):
-        pn = made.get(v)
-        if pn is not None and _ours(pn, (_ov.conv,)) and len(pn.outputs) == 1 and alone(v) and \
-                pn.outputs[0].shape is not None and len(pn.outputs[0].shape) == 4:
-            return pn
-        return None
+class FuseConvActivations(FuseConvChains):
+    """Each ``Conv [-> Add] -> Relu/Clip`` and ``Conv -> Add`` chain (the shared matcher of
+    :mod:`mithril.backends.passes.conv`; an Add only before a Relu or nothing) as one
+    :func:`conv_activation` node, where the chain's last node ran, and each other 2-D Conv as one
+    alone. Only nodes that resolved to this backend's own kernels are fused (a user's register_op
+    over one of them keeps its node)."""
 
-    def conv_and_other(add):
-        """(the Conv whose result ``add`` adds, the other operand) or (None, None)."""
-        if not _ours(add, (_ov.BINARY["Add"],)) or len(add.inputs) != 2:
-            return None, None
-        for mine, theirs in (add.inputs, add.inputs[::-1]):
-            conv = conv_of(mine)
-            if conv is not None and theirs is not None and theirs.shape == mine.shape and \
-                    theirs.dtype == mine.dtype and all(isinstance(d, int) for d in mine.shape):
-                return conv, theirs
-        return None, None
+    name = "torch-fuse-conv-activations"
 
-    fused: dict[int, PlanNode] = {}  # id of the chain's last node -> its fused node
-    gone: set[int] = set()  # ids of the Conv and Add nodes folded into one
+    def takes_conv(self, index, conv):
+        return _conv_2d(conv)
 
-    index = {id(pn): i for i, pn in enumerate(plan.nodes)}
+    def takes_residual(self, index, conv, add, residual):
+        return _ours(add, (_ov.BINARY["Add"],))
 
-    def fuse(conv, add, other, act, kind):
-        last = act if act is not None else add
-        chain = [pn for pn in (conv, add, act) if pn is not None]
-        between = {pn.outputs[0] for pn in chain[:-1]}
+    def takes_activation(self, index, act, chain):
+        kind = _ACTIVATIONS.get((act.domain, act.op_type))
+        return kind is not None and _ours(act, (_ov.relu,) if kind == "Relu" else (_ov.clip,)) and \
+            (chain.add is None or kind == "Relu")
+
+    def make(self, index, chain):
+        conv, act = chain.conv, chain.act
+        kind = _ACTIVATIONS[(act.domain, act.op_type)] if act is not None else None
         conv_inputs = tuple(conv.inputs) + (None,) * (3 - len(conv.inputs))
         clip_inputs = tuple(act.inputs[1:3]) + (None,) * (2 - len(act.inputs[1:3])) if kind == "Clip" else (None, None)
+        inputs = conv_inputs + (chain.residual,) + clip_inputs
         # The fused node runs where the chain's last node ran: a node between frees none of its inputs.
-        reads = {v for v in conv_inputs + (other,) + clip_inputs if v is not None}
-        if any(reads.intersection(pn.frees) for pn in plan.nodes[index[id(conv)] + 1:index[id(last)]]
-               if pn is not add):
-            return
-        fused[id(last)] = dataclasses.replace(
-            conv, spec=dataclasses.replace(conv.spec, fn=conv_activation),
-            inputs=conv_inputs + (other,) + clip_inputs, outputs=last.outputs,
-            kwargs={**conv.kwargs, "activation": kind, "memo": CallMemo()},
-            frees=tuple(dict.fromkeys(v for pn in chain for v in pn.frees if v not in between)))
-        gone.update(id(pn) for pn in chain[:-1])
+        if not reads_stay_alive(index, inputs, chain.nodes, chain.last):
+            return None
+        return dataclasses.replace(
+            conv, spec=dataclasses.replace(conv.spec, fn=conv_activation), inputs=inputs, outputs=chain.last.outputs,
+            kwargs={**conv.kwargs, "activation": kind, "memo": CallMemo()}, frees=chain.frees)
 
-    for act in plan.nodes:
-        kind = _ACTIVATIONS.get((act.domain, act.op_type))
-        if kind is None or not act.inputs or not _ours(act, (_ov.relu,) if kind == "Relu" else (_ov.clip,)):
-            continue
-        x = act.inputs[0]
-        conv, add, other = conv_of(x), None, None
-        if conv is None and kind == "Relu" and alone(x) and made.get(x) is not None:
-            conv, other = conv_and_other(made[x])
-            add = made[x] if conv is not None else None
-        if conv is not None and id(conv) not in gone:
-            fuse(conv, add, other, act, kind)
-    for add in plan.nodes:  # the Adds no activation follows
-        if id(add) not in gone and id(add) not in fused:
-            conv, other = conv_and_other(add)
-            if conv is not None and id(conv) not in gone:
-                fuse(conv, add, other, None, None)
-    for conv in plan.nodes:  # the Convs nothing follows: the same call, with its arguments kept
-        if id(conv) not in gone and id(conv) not in fused and _ours(conv, (_ov.conv,)) and \
-                len(conv.outputs) == 1 and conv.outputs[0].shape is not None and len(conv.outputs[0].shape) == 4:
-            fused[id(conv)] = dataclasses.replace(
-                conv, spec=dataclasses.replace(conv.spec, fn=conv_activation),
-                kwargs={**conv.kwargs, "activation": None, "memo": CallMemo()})
-    if not fused:
-        return plan
-    nodes = [fused.get(id(pn), pn) for pn in plan.nodes if id(pn) not in gone]
-    return dataclasses.replace(plan, nodes=nodes)
+    def run(self, index):
+        changed = super().run(index)
+        for conv in list(index.plan.nodes):  # the Convs nothing follows: the same call, with its arguments kept
+            if _conv_2d(conv):
+                index.replace(conv, dataclasses.replace(
+                    conv, spec=dataclasses.replace(conv.spec, fn=conv_activation),
+                    kwargs={**conv.kwargs, "activation": None, "memo": CallMemo()}))
+                changed = True
+        return changed
 
 
-__all__ = ["conv_activation", "fuse_conv_activations"]
+def fuse_conv_activations(plan: Plan) -> Plan:
+    """``plan`` after :class:`FuseConvActivations`; the same plan object when nothing is fused."""
+    return run_passes(plan, [FuseConvActivations()])
+
+
+__all__ = ["FuseConvActivations", "conv_activation", "fuse_conv_activations"]

@@ -1,4 +1,4 @@
-"""Torch's in-place activations (see :mod:`mithril.backends.inplace` for when they run): a
+"""Torch's in-place activations (see :mod:`mithril.backends.passes.inplace` for when they run): a
 plain tensor that autograd does not record and torch.compile does not trace is clamped where it
 lies; anything else goes to the kernel the node resolved to (:mod:`.overrides`)."""
 
