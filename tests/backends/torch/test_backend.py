@@ -482,6 +482,6 @@ def test_recorded_conformance_meets_target_and_every_failure_is_documented():
     assert node_pass >= 1650, f"Torch passes {node_pass} of the node cases; the target is 1,650"
     documented = conformance.expected_failures("torch")
     undocumented = sorted(n for n, c in cases.items() if c["status"] != "pass" and n not in documented)
-    assert not undocumented, f"failures without an entry in tests/expected_failures/torch.py: {undocumented}"
+    assert not undocumented, f"failures without an entry in mithril/expected_failures/torch.py: {undocumented}"
     stale = sorted(n for n in documented if cases.get(n, {}).get("status") == "pass")
     assert not stale, f"expected-failure entries that now pass (remove them): {stale}"
