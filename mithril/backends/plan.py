@@ -283,11 +283,15 @@ class PlanIndex:
         for pn in old:
             self._drop(pn)
             self.origins.pop(id(pn), None)
-        gone = {id(pn) for pn in old}
         nodes = self.plan.nodes
         nodes[where] = new
-        nodes[:] = [pn for pn in nodes if id(pn) not in gone]
-        self._positions = None
+        if len(old) == 1:  # in place: every other node keeps its position
+            del self._positions[id(at)]
+            self._positions[id(new)] = where
+        else:
+            gone = {id(pn) for pn in old if pn is not at}
+            nodes[:] = [pn for pn in nodes if id(pn) not in gone]
+            self._positions = None
         self._add(new)
         if new is not origin:
             self.origins[id(new)] = origin
