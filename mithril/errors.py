@@ -279,6 +279,16 @@ class DeviceFallbackWarning(BackendOptionWarning):
     """The device asked for is not present here; the backend runs on the CPU instead."""
 
 
+class FallbackWarning(BackendOptionWarning):
+    """A segmented backend (C, GGML) runs the nodes it has no rule for on NumPy, between its own
+    segments (``fallback="numpy"``): one warning at compile, listing them with why."""
+
+
+class KernelMissingError(CompileError):
+    """A segmented backend made with ``fallback=None`` and nodes it has no rule for: all of them
+    listed, with why each is not run natively."""
+
+
 # -- device meshes -----------------------------------------------------------------------------------
 class MeshError(MithrilError, ValueError):
     """A device mesh that can't be built here (more devices than the engine sees, a process group

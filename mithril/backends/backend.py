@@ -282,6 +282,26 @@ class Backend(metaclass=TensorAPI):
         once when the framework starts)."""
         return False
 
+    @classmethod
+    def op_ranges(cls, op_type: str, domain: str = "") -> list:
+        """What runs ``op_type`` here, per opset range (:class:`~mithril.backends.op_support.OpSupport`,
+        read by ``mithril ops`` and ``mithril inspect``): the kernel registry's choice by default."""
+        from .op_support import registry_ranges
+
+        return registry_ranges(cls.name, op_type, domain)
+
+    @classmethod
+    def op_support(cls, op_type: str, domain: str = "", opset: int = 1):
+        """What runs ``op_type`` at ``opset`` here (an OpSupport), or None when nothing does."""
+        return next((r for r in cls.op_ranges(op_type, domain) if r.covers(opset)), None)
+
+    @classmethod
+    def op_keys(cls) -> set[tuple[str, str]]:
+        """Every ``(domain, op_type)`` something runs here at some opset."""
+        from .registry import REGISTRY
+
+        return REGISTRY.ops(cls.name)
+
     def place(self, values: dict, plan) -> dict:
         """Parameters or data placed on the mesh by a :class:`~mithril.distributed.ShardingPlan`
         (a backend with device meshes overrides it)."""
@@ -331,19 +351,11 @@ class Backend(metaclass=TensorAPI):
         return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
                            checkpointing=segments)
 
-    def plan_passes(self) -> list:
-        """The plan passes (:mod:`mithril.backends.passes`) the forward program runs through: none
-        here; NumPy and Torch write activations into their input, Torch fuses Gelu chains and
-        convolutions."""
-        return []
-
     def forward_plan(self, plan):
-        """The plan :meth:`lower` prints for the forward program: ``plan`` after
-        :meth:`plan_passes` (``plan`` itself when they change nothing; they rewrite a copy).
-        :mod:`mithril.profile` times the same program."""
-        from .passes import run_passes
-
-        return run_passes(plan, self.plan_passes())
+        """The plan :meth:`lower` prints for the forward program: ``plan`` itself here; a backend
+        may swap kernels on a copy (NumPy and Torch: activations written into their input,
+        :mod:`mithril.backends.inplace`). :mod:`mithril.profile` times the same program."""
+        return plan
 
     def wait_for_build(self, program) -> None:
         """Returns once ``program`` (from :meth:`lower`) is ready to run: ``ml.compile`` calls it

@@ -46,6 +46,15 @@ class NumpyBackend(Backend):
     def from_numpy(self, arr):
         return np.asarray(arr)
 
+    def set_num_threads(self, n: int) -> bool:
+        """Caps the BLAS threads of the evaluations from now on at ``n`` (as ``num_threads=n``)."""
+        if not isinstance(n, int) or n < 1:
+            from ...errors import BackendOptionError
+
+            raise BackendOptionError(f"{type(self).__name__}: num_threads must be a positive int, got {n!r}")
+        self.num_threads = n
+        return True
+
     def scope(self):
         if self.num_threads is None:
             return super().scope()
@@ -55,11 +64,11 @@ class NumpyBackend(Backend):
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
-    def plan_passes(self):
-        from ..passes import InPlaceActivations
+    def forward_plan(self, plan):
+        from ..inplace import in_place_activations
         from .inplace import SWAPS
 
-        return [InPlaceActivations(SWAPS)]
+        return in_place_activations(plan, SWAPS)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
