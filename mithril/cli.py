@@ -126,7 +126,6 @@ def cmd_inspect(args) -> int:
 
     import mithril as ml
     from .onnx_bridge.schema import canonical_domain
-    from .backends.registry import REGISTRY
     from .dtypes import onnx_type_name
 
     model = ml.load_onnx(args.model)
@@ -153,6 +152,7 @@ def cmd_inspect(args) -> int:
     for b in backends:
         ops.add_column(b, justify="center", overflow="fold")
     unsupported: dict[str, list[str]] = {b: [] for b in backends}
+    on_numpy: dict[str, list[str]] = {b: [] for b in backends}  # run by a backend's NumPy fallback
     counts = Counter()
     for node in model.graph.all_nodes():
         counts[(canonical_domain(node.domain), node.op_type)] += 1
@@ -165,17 +165,24 @@ def cmd_inspect(args) -> int:
             if b not in avail:
                 row.append("[dim]n/a[/dim]")
                 continue
-            ok = REGISTRY.resolve(op, opset, domain, b) is not None
-            row.append("[green]yes[/green]" if ok else "[red]no[/red]")
-            if not ok:
+            support = avail[b].op_support(op, domain, opset)
+            if support is None:
+                row.append("[red]no[/red]")
                 unsupported[b].append(f"{label} (opset {opset})")
+            elif support.kind == "NumPy fallback":
+                row.append("[yellow]NumPy[/yellow]")
+                on_numpy[b].append(label)
+            else:
+                row.append("[green]yes[/green]")
         ops.add_row(*row)
     out.print(ops)
     for b in backends:
         if b in avail:
             missing = unsupported[b]
+            fallback = (f" ({len(on_numpy[b])} on its NumPy fallback: {', '.join(on_numpy[b])})"
+                        if on_numpy[b] else "")
             out.print(f"{b}: " + (f"[red]{len(missing)} unsupported op(s):[/red] " + ", ".join(missing)
-                                       if missing else "[green]every op supported[/green]"))
+                                  if missing else "[green]every op supported[/green]") + fallback)
     if any(b not in avail for b in backends):
         out.print("[dim]n/a: backend not available in this installation[/dim]")
     return 0
@@ -292,9 +299,7 @@ def cmd_profile(args) -> int:
     check_inputs(model, None, shapes, flags=("--input", "--shape"))
     (backend,), _ = make_backends(names[0])
     if args.threads is not None:
-        if backend.name in ("numpy", "c", "ggml"):
-            backend = type(backend)(num_threads=args.threads)
-        elif not backend.set_num_threads(args.threads):
+        if not backend.set_num_threads(args.threads):
             print(f"mithril: note: --threads does not apply to {backend.name}: its thread pool is fixed when it "
                   "starts", file=sys.stderr)
     inputs = random_inputs(model, shapes, args.seed)
@@ -338,94 +343,80 @@ def _load_overrides() -> dict[str, str]:
     return missing
 
 
-def _kernel_meta(spec) -> str:
-    """The metadata a kernel declares, as ``name=value`` words (defaults left out)."""
-    words = []
-    if spec.static_inputs:
-        words.append(f"static_inputs={','.join(map(str, spec.static_inputs))}")
-    if spec.graph_attributes:
-        words.append(f"graph_attributes={','.join(spec.graph_attributes)}")
-    for flag in ("host_only", "emit_required", "nondeterministic", "data_dependent_shape"):
-        if getattr(spec, flag):
-            words.append(flag)
-    if spec.output_shapes is not None:
-        words.append("output_shapes")
-    if spec.reason:
-        words.append(f"reason: {spec.reason}")
-    return "  ".join(words)
-
-
 def cmd_ops(args) -> int:
-    """Which kernel runs an op on each backend, per opset range, and where it is defined."""
+    """What runs an op on each backend, per opset range, and where it is defined: each backend
+    class answers (``Backend.op_ranges``)."""
     import difflib
 
-    from .backends.registry import REGISTRY
     from .onnx_bridge.schema import canonical_domain
 
     missing = _load_overrides()
-    backends = list(BACKENDS)
+    classes = {name: entry.load() for name, entry in BACKENDS.items()}
     if args.op is None:
-        return _list_ops(REGISTRY, backends, missing, None if args.domain is None else canonical_domain(args.domain))
+        return _list_ops(classes, missing, None if args.domain is None else canonical_domain(args.domain))
     domain = canonical_domain(args.domain or "")
     label = f"{domain or 'ai.onnx'}::{args.op}"
-    if not any((domain, args.op) in REGISTRY.ops(b) for b in ["*", *backends]):
-        elsewhere = sorted({d or "ai.onnx" for b in ["*", *backends] for d, op in REGISTRY.ops(b) if op == args.op})
+    keys = set().union(*(cls.op_keys() for cls in classes.values()))
+    if (domain, args.op) not in keys:
+        elsewhere = sorted({d or "ai.onnx" for d, op in keys if op == args.op})
         if elsewhere:
             raise MithrilError(f"no kernel for {label}; {args.op} is in domain {', '.join(elsewhere)} (--domain)")
-        names = sorted({op for b in ["*", *backends] for d, op in REGISTRY.ops(b) if d == domain})
+        names = sorted({op for d, op in keys if d == domain})
         close = difflib.get_close_matches(args.op, names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise MithrilError(f"no kernel for {label} on any backend{hint}")
     print(label)
-    for b in backends:
+    for b, cls in classes.items():
         if b in missing:
             print(f"{b}: overrides not loaded ({missing[b]}); its framework is not installed")
             continue
         print(b)
-        ranges = REGISTRY.ranges(args.op, domain, b)
+        ranges = cls.op_ranges(args.op, domain)
         if not ranges:
             print("  no kernel")
-        overrides = {id(spec) for spec in REGISTRY.entries(args.op, domain, b)}
-        for first, last, spec in ranges:
-            span = f"opset {first}+" if last is None else f"opset {first}-{last}"
-            kind = "override" if id(spec) in overrides else "shared"
-            print(f"  {span:<12} {spec.function} ({kind})  {spec.location}")
-            meta = _kernel_meta(spec)
-            if meta:
-                print(f"  {'':<12} {meta}")
+        for r in ranges:
+            span = f"opset {r.first}+" if r.last is None else f"opset {r.first}-{r.last}"
+            print(f"  {span:<12} {r.function} ({r.kind})  {r.location}")
+            if r.meta:
+                print(f"  {'':<12} {r.meta}")
     return 0
 
 
-def _list_ops(registry, backends: list[str], missing: dict[str, str], domain: str | None) -> int:
-    """Every op (of ``domain``, or of all), with its shared versions and each backend's overrides."""
-    ops = sorted({key for b in ["*", *backends] for key in registry.ops(b) if domain is None or key[0] == domain})
+# What an op's ranges on a backend come from, besides its own kernels or rules.
+_NOT_OWN = ("shared", "NumPy fallback")
+
+
+def _list_ops(classes: dict[str, type], missing: dict[str, str], domain: str | None) -> int:
+    """Every op (of ``domain``, or of all), with its shared versions and what each backend runs of its own."""
+    from .backends.registry import REGISTRY
+
+    ops = sorted({key for cls in classes.values() for key in cls.op_keys() if domain is None or key[0] == domain})
     if not ops:
         raise MithrilError(f"no kernel in domain {domain or 'ai.onnx'!r}")
     width = max(len(f"{d}::{op}" if d else op) for d, op in ops) + 2
-    print((f"{'op':<{width}}{'shared':<14}" + "".join(f"{b:<10}" for b in backends)).rstrip())
-    counts = {b: [0, 0] for b in backends}  # ops with a kernel, ops overridden
+    print((f"{'op':<{width}}{'shared':<14}" + "".join(f"{b:<10}" for b in classes)).rstrip())
+    counts = {b: [0, 0] for b in classes}  # ops with a kernel, ops with its own
     for d, op in ops:
-        shared = registry.versions(op, d)
+        shared = REGISTRY.versions(op, d)
         row = f"{(f'{d}::{op}' if d else op):<{width}}{','.join(map(str, shared)) or '-':<14}"
-        for b in backends:
-            own = registry.versions(op, d, b)
+        for b, cls in classes.items():
             if b in missing:
-                cell = "?"
-            elif own:
-                cell = "+" + ",".join(map(str, own))
-                counts[b][0] += 1
-                counts[b][1] += 1
-            else:
-                cell = "." if shared else "-"
-                counts[b][0] += bool(shared)
+                row += f"{'?':<10}"
+                continue
+            ranges = cls.op_ranges(op, d)
+            own = [r.first for r in ranges if r.kind not in _NOT_OWN]
+            cell = "+" + ",".join(map(str, own)) if own else "." if ranges else "-"
+            counts[b][0] += bool(ranges)
+            counts[b][1] += bool(own)
             row += f"{cell:<10}"
         print(row.rstrip())
-    print(f"{len(ops)} ops. Per backend: '.' the shared kernel, '+N' overrides since opset N, '-' none.")
-    for b in backends:
+    print(f"{len(ops)} ops. Per backend: '.' the shared kernel (on NumPy where the backend falls back to it), "
+          "'+N' its own since opset N, '-' none.")
+    for b in classes:
         if b in missing:
             print(f"{b}: overrides not loaded ({missing[b]})")
         else:
-            print(f"{b}: {counts[b][0]} ops, {counts[b][1]} overridden")
+            print(f"{b}: {counts[b][0]} ops, {counts[b][1]} of its own")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 ``mithril conformance --backend numpy`` (or ``python scripts/conformance.py``) runs every case,
 compares with the expected outputs at each case's own rtol/atol, prints a summary and every failing
-case not in the expected-failure lists (``mithril/expected_failures``), and exits 1 when there is one.
+case not in the expected-failure lists (``tests/expected_failures``), and exits 1 when there is one.
 It writes nothing unless asked: ``--output FILE`` (this run as JSON), ``--write-docs`` (merge into
 ``docs/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
 """
@@ -30,10 +30,9 @@ from mithril.backends.table import BACKENDS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
-EXPECTED_DIR = Path(__file__).resolve().parent / "expected_failures"
+EXPECTED_DIR = REPO / "tests" / "expected_failures"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 60
-STRICT_BACKENDS = ("c", "ggml")  # made with fallback=None: only their own kernels count
 
 
 @dataclass
@@ -174,10 +173,8 @@ def _timeout_handler(signum, frame):
 def run_case(name: str, backend_name: str) -> CaseResult:
     """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
     import mithril as ml
-    from mithril.backends.c.backend import CKernelMissingError
-    from mithril.backends.ggml.program import GGMLKernelMissingError
-    from mithril.errors import (UnsupportedAttributeError, UnsupportedDomainError, UnsupportedDTypeError,
-                                UnsupportedOpsError)
+    from mithril.errors import (KernelMissingError, UnsupportedAttributeError, UnsupportedDomainError,
+                                UnsupportedDTypeError, UnsupportedOpsError)
 
     if "/" in name:
         kind, d = model_test_dirs()[name]
@@ -222,7 +219,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
                     _compare(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
     except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError,
-            CKernelMissingError, GGMLKernelMissingError) as exc:
+            KernelMissingError) as exc:
         status, reason = "unsupported", _one_line(exc)
     except Exception as exc:  # every failure is recorded with its reason
         status, reason = "fail", f"{type(exc).__name__}: {_one_line(exc)}"
@@ -252,17 +249,19 @@ def make_backend(name: str):
         from mithril.errors import BackendUnavailableError
 
         raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    if name in STRICT_BACKENDS:
-        # Counted strictly: a node without a C kernel or ggml rule fails the case instead of
-        # running on NumPy.
-        return entry.load()(fallback=None)
-    return entry.load()()
+    from mithril.backends.segmented import SegmentedBackend
+
+    cls = entry.load()
+    if issubclass(cls, SegmentedBackend):
+        # Counted strictly: a node without the backend's own rule (a C kernel, a ggml rule) fails
+        # the case instead of running on NumPy.
+        return cls(fallback=None)
+    return cls()
 
 
 # -- expected failures -----------------------------------------------------------------
 def expected_failures(backend: str, folder: Path = EXPECTED_DIR) -> dict[str, str]:
-    """Documented expected failures: ``mithril/expected_failures/*.py`` (or ``folder``'s),
-    ``BACKEND = {case: reason}``."""
+    """Documented expected failures: ``tests/expected_failures/*.py``, ``BACKEND = {case: reason}``."""
     out: dict[str, str] = {}
     for path in sorted(Path(folder).glob("*.py")):
         ns: dict = {}
@@ -374,10 +373,11 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
 
 
 # -- the real-model corpus ---------------------------------------------------------------------
-# A folder of ONNX files and their MANIFEST.json (a checkout's is tests/data/real, made by
-# scripts/make_real_corpus.py); always named by the caller, since an installed package has none.
-def real_manifest(root: Path) -> dict[str, dict]:
-    """file -> MANIFEST entry of the real-converter corpus in ``root``."""
+REAL_DIR = REPO / "tests" / "data" / "real"
+
+
+def real_manifest(root: Path = REAL_DIR) -> dict[str, dict]:
+    """file -> MANIFEST entry of the real-converter corpus (scripts/make_real_corpus.py)."""
     path = root / "MANIFEST.json"
     if not path.exists():
         return {}
@@ -424,7 +424,7 @@ def _zipmap_rows(value):
     return None, None
 
 
-def real_mismatches(entry: dict, backend, root: Path) -> list[str]:
+def real_mismatches(entry: dict, backend, root: Path = REAL_DIR) -> list[str]:
     """Run one corpus file on ``backend`` and on onnxruntime; the outputs outside ``ml.validate``'s
     per-dtype tolerance, one line each (empty when every output matches)."""
     import mithril as ml
@@ -452,7 +452,7 @@ def real_mismatches(entry: dict, backend, root: Path) -> list[str]:
     return failures
 
 
-def run_real(backend_name: str, root: Path, progress: bool = False) -> dict[str, dict]:
+def run_real(backend_name: str, root: Path = REAL_DIR, progress: bool = False) -> dict[str, dict]:
     """Every corpus file on one backend: file -> {status, reason}. ``progress``: a line per file
     on stderr."""
     from mithril.errors import UnsupportedDTypeError, UnsupportedOpsError
@@ -489,10 +489,9 @@ def _cases_record(results: list[CaseResult]) -> dict[str, dict]:
 
 
 def save_record(record: dict, backend: str, results: list[CaseResult] | None,
-                real: dict[str, dict] | None = None, replace: bool = True, corpus: Path | None = None) -> None:
+                real: dict[str, dict] | None = None, replace: bool = True) -> None:
     """Write ``record`` with ``backend``'s results into docs/conformance.{json,md}: ``replace``
-    the backend's cases (a full run), or update only those in ``results`` (a filtered run); the
-    real-models table lists the files of ``corpus``'s manifest."""
+    the backend's cases (a full run), or update only those in ``results`` (a filtered run)."""
     record["onnx_version"] = onnx.__version__
     if results is not None:
         cases = {} if replace else dict(record["backends"].get(backend, {}).get("cases", {}))
@@ -502,7 +501,7 @@ def save_record(record: dict, backend: str, results: list[CaseResult] | None,
         record.setdefault("real", {})[backend] = real
     DOCS.mkdir(exist_ok=True)
     (DOCS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    (DOCS / "conformance.md").write_text(render_markdown(record, corpus))
+    (DOCS / "conformance.md").write_text(render_markdown(record))
 
 
 def summarize(cases: dict) -> dict[str, Counter]:
@@ -512,7 +511,7 @@ def summarize(cases: dict) -> dict[str, Counter]:
     return by_kind
 
 
-def render_markdown(record: dict, corpus: Path | None = None) -> str:
+def render_markdown(record: dict) -> str:
     backends = sorted(record["backends"])
     kinds = ["node", *MODEL_TEST_DIRS]
     out = [
@@ -552,7 +551,7 @@ def render_markdown(record: dict, corpus: Path | None = None) -> str:
             c = per_op[op][b]
             cells.append(f"{c[True]} / {c[True] + c[False]}")
         out.append(f"| {op} | " + " | ".join(cells) + " |")
-    out += render_real(record, corpus)
+    out += render_real(record)
     for b in backends:
         fails = {n: c for n, c in record["backends"][b]["cases"].items() if c["status"] != "pass"}
         documented = expected_failures(b)
@@ -564,10 +563,10 @@ def render_markdown(record: dict, corpus: Path | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_real(record: dict, corpus: Path | None) -> list[str]:
-    """The real-models table: one row per file of ``corpus``'s manifest, one column per backend."""
+def render_real(record: dict) -> list[str]:
+    """The real-models table: one row per corpus file, one column per backend."""
     real = record.get("real") or {}
-    manifest = real_manifest(corpus) if corpus is not None else {}
+    manifest = real_manifest()
     if not real or not manifest:
         return []
     backends = sorted(real)
@@ -625,7 +624,7 @@ def _check_backends(spec: str, start: bool) -> list[str]:
 
 
 def _expected_failure_folder(value: str | None) -> Path | None:
-    """``--expected-failures``: a folder of lists, ``none`` for no list, or Mithril's own."""
+    """``--expected-failures``: a folder of lists, ``none`` for no list, or the checkout's own."""
     from mithril.errors import InputError
 
     if value is None:
@@ -636,22 +635,6 @@ def _expected_failure_folder(value: str | None) -> Path | None:
     if not folder.is_dir():
         raise InputError(f"--expected-failures {value}: no such folder (a folder of .py files, each "
                          "setting NUMPY = {{case: reason}} and the like, or 'none')")
-    return folder
-
-
-def _corpus_folder(value: str | None, needed: bool) -> Path | None:
-    """``--corpus``: a folder holding MANIFEST.json, or None when not given and not ``needed``."""
-    from mithril.errors import InputError
-
-    if value is None:
-        if needed:
-            raise InputError("--real runs the real-model corpus: give its folder with --corpus DIR "
-                             "(a checkout's tests/data/real; python scripts/conformance.py passes it)")
-        return None
-    folder = Path(value)
-    if not (folder / "MANIFEST.json").is_file():
-        raise InputError(f"--corpus {value}: no MANIFEST.json there (a folder made by "
-                         "scripts/make_real_corpus.py)")
     return folder
 
 
@@ -691,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     p.add_argument("--no-models", action="store_true", help="node cases only")
     p.add_argument("--expected-failures", default=None, metavar="DIR",
-                   help="folder of expected-failure lists (default: Mithril's own, mithril/expected_failures); "
+                   help="folder of expected-failure lists (default: the checkout's tests/expected_failures); "
                         "'none': every failing case counts")
     p.add_argument("--output", default=None, metavar="FILE", help="write this run's per-case results as JSON")
     p.add_argument("--write-docs", action="store_true",
@@ -699,16 +682,12 @@ def main(argv: list[str] | None = None) -> int:
                         "column; with -k only the cases that ran are updated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
-                   help="run only the real-model corpus (--corpus); with --write-docs, update its table")
-    p.add_argument("--corpus", default=None, metavar="DIR",
-                   help="the real-model corpus: ONNX files and their MANIFEST.json (a checkout's tests/data/real, "
-                        "which scripts/conformance.py passes)")
+                   help="run only the real-model corpus (tests/data/real); with --write-docs, update its table")
     args = p.parse_args(argv)
     from mithril.errors import InputError
 
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: give 1 or more worker processes")
-    corpus = _corpus_folder(args.corpus, needed=args.real)
     # Starting JAX, Torch or MLX here would put their thread pools into the NumPy workers that
     # run_suite forks; with workers, only NumPy starts in this process (the others in theirs).
     backends = _check_backends(args.backend, start=args.real or args.jobs == 1)
@@ -716,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and not Path(args.output).resolve().parent.is_dir():
         raise InputError(f"--output {args.output}: its folder does not exist")
     if args.real:
-        return _main_real(args, backends, docs, corpus)
+        return _main_real(args, backends, docs)
     folder = _expected_failure_folder(args.expected_failures)
     names = case_names(args.filter, not args.no_models)
     if not names:
@@ -754,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if docs:
             full = args.filter is None and not args.no_models
-            save_record(record, backend, results, replace=full, corpus=corpus)
+            save_record(record, backend, results, replace=full)
             print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend}: "
                   + ("every case" if full else f"{len(results)} case(s) updated") + ")")
     if args.output:
@@ -764,12 +743,12 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _main_real(args, backends: list[str], docs: Path | None, corpus: Path) -> int:
+def _main_real(args, backends: list[str], docs: Path | None) -> int:
     record = load_record() if docs else None
     output = {"onnx_version": onnx.__version__, "real": {}}
     status = 0
     for backend in backends:
-        real = run_real(backend, corpus, progress=not args.no_progress)
+        real = run_real(backend, progress=not args.no_progress)
         counts = Counter(r["status"] for r in real.values())
         for file, r in real.items():
             if args.verbose or r["status"] != "pass":
@@ -781,7 +760,7 @@ def _main_real(args, backends: list[str], docs: Path | None, corpus: Path) -> in
         status = max(status, 1 if counts["fail"] else 0)
         output["real"][backend] = real
         if docs:
-            save_record(record, backend, None, real, corpus=corpus)
+            save_record(record, backend, None, real)
             print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend} real models)")
     if args.output:
         _write_output(args.output, output)

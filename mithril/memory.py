@@ -29,7 +29,8 @@ class MemoryReport:
     name. ``naive_bytes``: every intermediate in its own buffer; ``peak_bytes``: the most
     intermediate bytes alive at once by the plan's lifetimes; both None when a shape is not static.
     ``arena_bytes``: the arena the C backend allocates (None on the other backends).
-    ``backend``: the backend's name. ``note`` says what is not counted."""
+    ``backend``: the backend's name. ``note`` says what is not counted. ``labels``: what the
+    program calls its own entries (``arena_bytes``, ``work_bytes``) when printed."""
 
     backend: str
     weight_bytes: int
@@ -40,6 +41,7 @@ class MemoryReport:
     note: str = ""
     work_bytes: int | None = None  # GGML: the compute graphs' work buffers
     total_bytes: int | None = None  # GGML: weights + intermediates + work, what mem_size bounds
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         def mib(n):
@@ -50,9 +52,9 @@ class MemoryReport:
                 ("intermediates, naive sum", mib(self.naive_bytes)),
                 ("intermediates, peak alive", mib(self.peak_bytes))]
         if self.arena_bytes is not None:
-            rows.append(("arena (ggml graphs)" if self.backend == "ggml" else "arena (C)", mib(self.arena_bytes)))
+            rows.append((self.labels.get("arena_bytes", "arena"), mib(self.arena_bytes)))
         if self.work_bytes is not None:
-            rows.append(("work (ggml)", mib(self.work_bytes)))
+            rows.append((self.labels.get("work_bytes", "work"), mib(self.work_bytes)))
         if self.total_bytes is not None:
             rows.append(("total", mib(self.total_bytes)))
         lines = [f"memory of a model compiled for {self.backend}:"] + [f"  {k + ':':<27} {v}" for k, v in rows]
@@ -69,8 +71,8 @@ def _nbytes(v) -> int | None:
 
 
 def plan_memory(plan, backend: str, program=None) -> MemoryReport:
-    """The report of ``plan`` lowered by ``backend`` (``program``: the lowered program, which
-    knows its arena on C)."""
+    """The report of ``plan`` lowered by ``backend`` (``program``: the lowered program; a
+    segmented one (C, GGML) reports its arena, and what it calls its parts)."""
     by_dtype: dict[str, int] = {}
     for v in (*plan.params, *plan.constants, *(i for i in plan.inputs if i.kind == "param")):
         n = _nbytes(v)
@@ -100,10 +102,10 @@ def plan_memory(plan, backend: str, program=None) -> MemoryReport:
         arena = told.get("arena_bytes")
     # GGML stores weights in its own types (float16, q8_0, ...): the program tells their bytes.
     by_dtype = told.get("weights_by_dtype", by_dtype)
-    note = (f"NumPy nodes between {'ggml graphs' if backend == 'ggml' else 'C segments'} allocate their own outputs"
-            if arena is not None and getattr(program, "fallback", None) else "")
+    note = (f"NumPy nodes between {told.get('segment_noun', 'segments')} allocate their own outputs"
+            if arena is not None and told.get("fallback_nodes") else "")
     return MemoryReport(backend, told.get("weight_bytes", sum(by_dtype.values())), by_dtype, naive, peak, arena, note,
-                        told.get("work_bytes"), told.get("total_bytes"))
+                        told.get("work_bytes"), told.get("total_bytes"), told.get("labels", {}))
 
 
 __all__ = ["MemoryReport", "plan_memory"]

@@ -10,10 +10,10 @@ each node and returns a :class:`ProfileReport`. How each backend is measured:
 - MLX (and JAX un-jitted): ``mx.compile`` hides the ops, so the same timed program runs op by op
   (eagerly, ``block_until_ready`` / ``mx.eval`` after each node): *eager per-op time*, shown
   beside the compiled wall time.
-- C: the per-node clocks of a library built with ``MITHRIL_C_PROFILE=1`` (built here when the
-  model's own was not), and NumPy's time for the nodes without a C kernel.
-- GGML: ggml-python has no per-node timing, so each ggml segment (one ``ggml_graph_compute``)
-  is one row, and each node NumPy runs (no ggml rule) another: *per partition*.
+- Segmented backends (C, GGML): the program's run hook times each node NumPy runs between the
+  native segments, and each segment whole (GGML: one ``ggml_graph_compute``), *per partition*;
+  where the native code keeps per-node clocks (``program.node_clocks()``: C, from a library built
+  with ``MITHRIL_C_PROFILE=1``, built here when the model's own was not) a row per node instead.
 
 The report also holds the un-instrumented wall time (``pm.evaluate`` as a user calls it), so the
 clocks' overhead is visible.
@@ -38,12 +38,12 @@ import json
 import os
 import statistics
 import time
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .backends.segmented import Segment, SegmentedBackend
 from .errors import MithrilError
 
 # What each backend's rows measure (ProfileReport.method).
@@ -217,16 +217,9 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
         if wrapped is not None:  # a wrapper may say itself how it runs the program (Torch's oneDNN graph)
             note += getattr(wrapped, "profile_note", "; the rows leave out the backend's wrapper around the program "
                             "(autocast, a compute dtype, devices), which the wall time includes")
-    elif name == "c":
-        clock, instrumented = _profile_c(pm, prepared_params, prepared_data, runs, warmup)
-        eager, method = None, C_NODE
-        note = ("per-node clocks of the C library (built with MITHRIL_C_PROFILE=1); nodes without a C kernel "
-                "timed as NumPy runs them")
-    elif name == "ggml":
-        clock, instrumented = _profile_ggml(pm, prepared_params, prepared_data, runs, warmup)
-        eager, method = None, PARTITION
-        note = ("per partition: ggml-python has no per-node clocks, so each ggml segment (one ggml_graph_compute) "
-                "is one row, and each node NumPy runs between segments another")
+    elif isinstance(backend, SegmentedBackend):
+        clock, instrumented, method, note = _profile_segmented(pm, prepared_params, prepared_data, runs, warmup)
+        eager = None
     else:
         raise MithrilError(f"profile: no profiler for backend {name!r}")
     report = clock.report()
@@ -480,53 +473,72 @@ def _fused_into(plan, program_plan) -> dict[str, str]:
     return {pn.label: h for pn in plan.nodes if pn.label not in kept and (h := host(pn)) is not None}
 
 
-# -- C: the library's per-node clocks ----------------------------------------------------
+# -- segmented backends (C, GGML): per node where the native code has clocks, else per partition --
 
 
-class _TimedInterpreter:
-    """Runs a node as the program's own :class:`~mithril.backends.interpret.Interpreter` does,
-    with a clock around it (the nodes C or ggml leave to NumPy)."""
-
-    def __init__(self, interpreter, clock: _Clock, key: Callable[[Any], Any]):
-        self.interpreter, self.clock, self.key = interpreter, clock, key
-
-    def run_node(self, pn, args, env=None):
-        key = self.key(pn)
-        if key not in self.clock.rows:
-            self.clock.rows[key] = (f"{pn.label} (on NumPy)", pn.op_type, [_shape(a) for a in args], _attributes(pn))
-        return self.clock.timed(key, self.interpreter.run_node, pn, args, env)
-
-
-def _profiled_c_program(pm):
-    """The model's C program, built with per-node clocks when its own library has none."""
-    program = pm.program
-    if hasattr(program.library, "mt_profile"):
-        return program
-    from .backends.c.program import CFallbackWarning
-
-    before = os.environ.get("MITHRIL_C_PROFILE")
-    os.environ["MITHRIL_C_PROFILE"] = "1"  # read by the C build (a library of its own in the cache)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CFallbackWarning)  # compile already warned about fallback nodes
-            return pm.backend.lower(pm.plan)
-    finally:
-        if before is None:
-            del os.environ["MITHRIL_C_PROFILE"]
-        else:
-            os.environ["MITHRIL_C_PROFILE"] = before
-
-
-def _profile_c(pm, params, data, runs: int, warmup: int):
-    program = _profiled_c_program(pm)
+def _profile_segmented(pm, params, data, runs: int, warmup: int):
+    """Through the program's run hook: each node NumPy runs timed as it runs; each segment timed
+    whole, unless the native code keeps per-node clocks (C built with ``MITHRIL_C_PROFILE=1``,
+    built here when the model's own library has none): then a row per node, from those clocks."""
+    program = pm.program.program_for(params, data)  # a program built at its first evaluate is built now
+    if program.node_clocks() is None:
+        program = pm.backend.lower_clocked(pm.plan) or program
+    clocked = program.node_clocks() is not None
     clock = _Clock()
-    # The C renderer fuses an activation into the node before it (Conv + Relu): the fused node
-    # writes the activation's output, and its clock (the first node's slot) covers both.
-    producer = {v: pn for step in program.steps if hasattr(step, "nodes") for pn in step.nodes for v in pn.outputs}
+    index = {id(pn): i for i, pn in enumerate(program.plan.nodes)}
+    in_native: list = []  # (slot, whether fused into another) of the nodes the native code runs, with clocks
+    if clocked:
+        in_native = _clocked_rows(program, clock)
+    seen = [s for _, s in program.node_clocks()] if clocked else []
+
+    def hook(step, fn, *args):
+        if isinstance(step, Segment):
+            if clocked:  # the node clocks hold its time
+                return fn(*args)
+            key = ("segment", step.index)
+            if key not in clock.rows:
+                kinds = ", ".join(dict.fromkeys(pn.op_type for pn in step.nodes))
+                clock.rows[key] = (f"{program.segment_label} {step.index}: {len(step.nodes)} nodes ({kinds})",
+                                   program.segment_label,
+                                   [None if v is None else list(v.static_shape or ()) for v in step.inputs], {})
+            return clock.timed(key, fn, *args)
+        key = index.get(id(step), ("node", id(step)))
+        if key not in clock.rows:
+            clock.rows[key] = (f"{step.label} (on NumPy)", step.op_type, [_shape(a) for a in args[1]],
+                               _attributes(step))
+        return clock.timed(key, fn, *args)
+
+    def end_run():  # the node clocks are running sums: this run's seconds are the differences
+        if clocked:
+            now = [s for _, s in program.node_clocks()]
+            for i, fused in in_native:
+                clock.add(i, 0.0 if fused else now[i] - seen[i], 0 if fused else 1)
+            seen[:] = now
+        clock.end_run()
+
+    def run():
+        program.run(params, data, hook=hook)
+
+    for _ in range(warmup):
+        run()
+    end_run()
+    clock.reset()
+    instrumented = _median_ms(run, runs, 0, end_run)
+    if clocked:
+        return clock, instrumented, program.clock_method, program.clock_note
+    return clock, instrumented, PARTITION, program.profile_note
+
+
+def _clocked_rows(program, clock: _Clock) -> list:
+    """The rows of the plan nodes the native code runs, by plan position: (slot, whether fused
+    into another node) for each. A node fused into
+    another (Conv + Relu: the fused node writes the activation's output, its clock covers both)
+    gets a row of no calls naming its host, whose row names it."""
+    producer = {v: pn for step in program.steps if isinstance(step, Segment) for pn in step.nodes for v in pn.outputs}
     fallback = {id(pn) for pn in program.fallback}
     fused_into = {pn.label: host.label for pn in program.plan.nodes if pn.outputs
                   and (host := producer.get(pn.outputs[0])) is not None and host.label != pn.label}
-    in_c = []  # (slot, plan node) of the nodes C runs
+    rows = []
     for i, pn in enumerate(program.plan.nodes):
         if id(pn) in fallback:
             continue  # timed as NumPy runs it
@@ -536,61 +548,8 @@ def _profile_c(pm, params, data, runs: int, warmup: int):
         else:
             guests = [name for name, host in fused_into.items() if host == pn.label]
             clock.rows[i] = (pn.label + "".join(f" (+ {g})" for g in guests), pn.op_type, shapes, _attributes(pn))
-        in_c.append((i, pn))
-    index = {id(pn): i for i, pn in enumerate(program.plan.nodes)}
-    seen = [s for _, s in program.profile()]
-
-    def end_run():  # the C clocks are running sums: this run's seconds are the differences
-        now = [s for _, s in program.profile()]
-        for i, pn in in_c:
-            fused = pn.label in fused_into
-            clock.add(i, 0.0 if fused else now[i] - seen[i], 0 if fused else 1)
-        seen[:] = now
-        clock.end_run()
-
-    own = program._interpreter
-    program._interpreter = _TimedInterpreter(own, clock, lambda pn: index[id(pn)])
-    try:
-        for _ in range(warmup):
-            program.run(params, data)
-        end_run()
-        clock.reset()
-        instrumented = _median_ms(lambda: program.run(params, data), runs, 0, end_run)
-    finally:
-        program._interpreter = own
-    return clock, instrumented
-
-
-# -- GGML: per partition -------------------------------------------------------------------
-
-
-def _profile_ggml(pm, params, data, runs: int, warmup: int):
-    outer = pm.program
-    outer.run(params, data)  # a deferred program is built at its first run
-    program = getattr(outer, "current", None) or outer
-    clock = _Clock()
-    own_segment, own_interpreter = program._run_segment, program._interpreter
-
-    def run_segment(seg, env):
-        key = ("segment", seg.index)
-        if key not in clock.rows:
-            kinds = ", ".join(dict.fromkeys(pn.op_type for pn in seg.nodes))
-            clock.rows[key] = (f"ggml segment {seg.index}: {len(seg.nodes)} nodes ({kinds})", "ggml segment",
-                               [None if v is None else list(v.static_shape or ()) for v in seg.inputs], {})
-        return clock.timed(key, own_segment, seg, env)
-
-    # On this program object only, for these runs: ggml_graph_compute has no per-node clocks to read.
-    program._run_segment = run_segment
-    program._interpreter = _TimedInterpreter(own_interpreter, clock, lambda pn: ("node", id(pn)))
-    try:
-        for _ in range(warmup):
-            program.run(params, data)
-        clock.reset()
-        instrumented = _median_ms(lambda: program.run(params, data), runs, 0, clock.end_run)
-    finally:
-        del program._run_segment
-        program._interpreter = own_interpreter
-    return clock, instrumented
+        rows.append((i, pn.label in fused_into))
+    return rows
 
 
 __all__ = ["NodeTime", "OpTypeTime", "ProfileReport", "profile"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import BackendOptionError, CompileError, MithrilError
-from ..numpy.backend import NumpyBackend
+from ...errors import BackendOptionError, MithrilError
+from ..segmented import SegmentedBackend
 from .program import CFallbackWarning, CKernelMissingError, CProgram
 
 
-class CBackend(NumpyBackend):
+class CBackend(SegmentedBackend):
     """Runs models as generated C, built with the system C compiler (``CC``, default ``cc``).
 
     Every shape must be fixed at compile (``shapes=``, ``static_shapes=True``). Nodes without a
@@ -24,8 +24,8 @@ class CBackend(NumpyBackend):
 
     name = "c"
     supports_gradients = True  # the gradient program rendered as C (grad.py)
-    jit_by_default = False
-    needs_static_shapes = True
+    fallback_warning = CFallbackWarning
+    missing_error = CKernelMissingError
 
     def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *,
                  fallback: str | None = "numpy", device_mesh=None, **unknown):
@@ -34,47 +34,33 @@ class CBackend(NumpyBackend):
         nodes without a C kernel on NumPy; None refuses them at compile."""
         from ... import dtypes
 
-        if fallback not in ("numpy", None):
-            raise BackendOptionError(f"CBackend: fallback must be 'numpy' or None, got {fallback!r}")
-        super().__init__(dtype if dtype is not None else dtypes.float32, device, num_threads,
+        super().__init__(dtype if dtype is not None else dtypes.float32, device, num_threads, fallback=fallback,
                          device_mesh=device_mesh, **unknown)
         if self.dtype.numpy not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise BackendOptionError(f"CBackend computes in float32 or float64, not {self.dtype}")
-        self.fallback = fallback
-
-    def scope(self):
-        import contextlib
-
-        return contextlib.nullcontext()
 
     @property
     def _np_dtype(self) -> np.dtype:
         return self.dtype.numpy
 
-    def lower(self, plan, *, file_path: str | None = None, gradient_checkpointing: bool = False):
-        """The plan as C: every graph input's shape fixed (an error names those that are not),
-        the nodes without a C kernel listed (warned, or refused with ``fallback=None``), the
-        source built (or found in the cache) and loaded."""
+    @classmethod
+    def native_rules(cls):
+        from .render import KERNELS  # with every op family registered
+
+        return KERNELS
+
+    def rewrite(self, plan):
+        """The Conv epilogue fusions (:func:`.render.fuse`)."""
+        from .render import fuse
+
+        return fuse(plan)
+
+    def compile_segments(self, part, *, file_path: str | None = None):
+        """The segments as one C file, built (or found in the cache) and loaded."""
         from .build import LazyLibrary, start_build
-        from .render import render, why_not_c
+        from .render import render_steps
 
-        loose = [f"{v.name} {list(v.shape) if v.shape is not None else '(rank unknown)'}"
-                 for v in plan.inputs if v.kind == "input" and v.static_shape is None
-                 and v.dtype is not None and v.dtype.kind != "O"]  # maps, sequences, strings: NumPy's
-        if loose:
-            raise CompileError("CBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
-                               f"for: {', '.join(loose)}")
-        dtype = self._np_dtype
-        rendered = render(plan, dtype)
-        if rendered.fallback:
-            listed = ", ".join(f"{pn.label} ({pn.op_type}: {why_not_c(pn, dtype)})" for pn in rendered.fallback)
-            if self.fallback is None:
-                raise CKernelMissingError(f"CBackend(fallback=None): {len(rendered.fallback)} node(s) have no C kernel: "
-                                   f"{listed}")
-            from ..backend import warn_user
-
-            warn_user(f"CBackend: {len(rendered.fallback)} node(s) run on NumPy (no C kernel): {listed}",
-                      CFallbackWarning)
+        rendered = render_steps(part.plan, part.steps, part.origin)
         # The compiler runs in the background: beside the gradient program's rendering and build
         # (lower_backward), the two compilers on two CPUs. ml.compile waits (wait_for_build).
         library = LazyLibrary(start_build(rendered.source))
@@ -82,7 +68,26 @@ class CBackend(NumpyBackend):
             with open(file_path, "w") as f:
                 f.write(rendered.source)
         return CProgram(rendered.source, file_path or "<mithril-c>", rendered.steps, rendered.arena_bytes,
-                        rendered.naive_bytes, rendered.fallback, library, self.num_threads, plan, rendered.failures)
+                        rendered.naive_bytes, rendered.fallback, library, self.num_threads, part.plan,
+                        rendered.failures)
+
+    def lower_clocked(self, plan):
+        """The plan built again with per-node clocks (``MITHRIL_C_PROFILE=1``, a library of its
+        own in the cache), its fallback nodes not warned about again."""
+        import os
+        import warnings
+
+        before = os.environ.get("MITHRIL_C_PROFILE")
+        os.environ["MITHRIL_C_PROFILE"] = "1"  # read by the C build
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CFallbackWarning)  # compile already warned
+                return self.lower(plan)
+        finally:
+            if before is None:
+                del os.environ["MITHRIL_C_PROFILE"]
+            else:
+                os.environ["MITHRIL_C_PROFILE"] = before
 
     def wait_for_build(self, program) -> None:
         wait = getattr(program, "wait", None)  # a CProgram (an export renders only)

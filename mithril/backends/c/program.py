@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendOptionWarning, CompileError, MithrilError
+from ...errors import FallbackWarning, KernelMissingError, MithrilError
+from ..segmented import SegmentedProgram
 
 
-class CFallbackWarning(BackendOptionWarning):
+class CFallbackWarning(FallbackWarning):
     """Nodes without a C kernel run on NumPy between the C segments (``fallback="numpy"``)."""
 
 
-class CKernelMissingError(CompileError):
+class CKernelMissingError(KernelMissingError):
     """``CBackend(fallback=None)`` and nodes without a C kernel: all of them listed, with why."""
 
 
@@ -98,9 +99,16 @@ class ThreadGovernor:
 
 
 @dataclass
-class CProgram:
+class CProgram(SegmentedProgram):
     """A lowered C program: ``forward(params, data)`` runs the steps (C segments through the
     built library, the other nodes with the shared NumPy kernels). ``source`` is the C file."""
+
+    segment_noun = "C segments"
+    segment_label = "C segment"
+    report_labels = {"arena_bytes": "arena (C)"}
+    clock_method = "C node"
+    clock_note = ("per-node clocks of the C library (built with MITHRIL_C_PROFILE=1); nodes without a C kernel "
+                  "timed as NumPy runs them")
 
     source: str
     filename: str
@@ -119,7 +127,7 @@ class CProgram:
     def __post_init__(self):
         from ..interpret import Interpreter
 
-        self._interpreter = Interpreter(self.plan)
+        self.interpreter = Interpreter(self.plan)
         self._governor = ThreadGovernor(self.num_threads)
         self._arena = np.empty(max(self.arena_bytes, 1) + 64, dtype=np.uint8)
         base = self._arena.ctypes.data
@@ -136,8 +144,8 @@ class CProgram:
                     for step in self.steps if hasattr(step, "nodes")}
 
     @property
-    def forward(self):
-        return self.run
+    def _interpreter(self):  # CGradientProgram (grad.py) runs its NumPy steps through it
+        return self.interpreter
 
     def wait(self) -> None:
         """Until the library is built (lower starts the C compiler in the background); then loads
@@ -151,25 +159,34 @@ class CProgram:
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 self._segments[step.index] = fn
 
-    def memory_report(self) -> dict[str, int]:
+    def memory_bytes(self) -> dict[str, int]:
         """Arena bytes (intermediates of the C segments, lifetimes shared) and the naive sum."""
         return {"arena_bytes": self.arena_bytes, "naive_bytes": self.naive_bytes}
 
-    def profile(self) -> list[tuple[object, float]]:
+    def node_clocks(self) -> list[tuple[object, float]] | None:
         """(plan node, seconds) for every node run in C since the library was loaded, when it was
-        built with ``MITHRIL_C_PROFILE=1`` (per-node clocks, for scripts/bench.py --profile)."""
+        built with ``MITHRIL_C_PROFILE=1``; None when it was not."""
         try:
             fn = self.library.mt_profile
         except AttributeError:
-            raise MithrilError("CBackend: this library has no profile; compile with MITHRIL_C_PROFILE=1 set") from None
+            return None
         fn.restype = ctypes.POINTER(ctypes.c_double)
         seconds = fn()
         return [(pn, seconds[i]) for i, pn in enumerate(self.plan.nodes)]
 
-    def _read(self, v, env):
+    def profile(self) -> list[tuple[object, float]]:
+        """:meth:`node_clocks`, or an error saying how to get them (for scripts/bench.py --profile)."""
+        clocks = self.node_clocks()
+        if clocks is None:
+            raise MithrilError("CBackend: this library has no profile; compile with MITHRIL_C_PROFILE=1 set")
+        return clocks
+
+    def read(self, v, env):
         if v.kind == "constant":
             return self._constants[v]
         return env[v]
+
+    _read = read  # the name CGradientProgram (grad.py) reads values by
 
     def _start_call(self) -> float:
         """Sets the threads this call runs on (the governor's choice); returns its start time."""
@@ -181,24 +198,15 @@ class CProgram:
     def _end_call(self, started: float) -> None:
         self._governor.end(time.perf_counter() - started)
 
-    def run(self, params: dict, data: dict) -> dict:
+    def run(self, params: dict, data: dict, *, hook=None) -> dict:
+        """The segmented run loop (``hook``: around each step), on the threads the governor picks."""
         started = self._start_call()
-        env: dict = {}
-        for v in self.plan.inputs:
-            env[v] = params[v.name] if v.kind == "param" else data[v.name]
-        for v in self.plan.params:
-            env.setdefault(v, params[v.name])
-        for step in self.steps:
-            if hasattr(step, "nodes"):
-                self._run_segment(step, env)
-            else:
-                args = [None if v is None else self._read(v, env) for v in step.inputs]
-                for o, r in zip(step.outputs, self._interpreter.run_node(step, args, env)):
-                    env[o] = r
+        out = super().run(params, data, hook=hook)
         self._end_call(started)
-        return {v.name: self._read(v, env) for v in self.plan.outputs}
+        return out
 
-    def _run_segment(self, seg, env) -> None:
+    def run_segment(self, seg, env) -> None:
+        """Calls the segment's C function on its inputs' buffers and new output arrays."""
         inputs, outputs = self._io[seg.index]
         pointers, keep = [], []  # keep: arrays made here, alive until the call has run
         for v, shape, dtype in inputs:
@@ -234,6 +242,8 @@ class CProgram:
             ins = [v for v in pn.inputs if v is not None]
             raise NodeError(f"CBackend: {problem}", node=pn.label, op_type=pn.op_type, opset=pn.opset,
                             shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins])
+
+    _run_segment = run_segment  # the name CGradientProgram (grad.py) calls it by
 
 
 __all__ = ["CFallbackWarning", "CKernelMissingError", "CProgram", "ThreadGovernor", "default_threads"]

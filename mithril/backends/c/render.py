@@ -20,25 +20,14 @@ from math import prod
 
 import numpy as np
 
-from ..passes import ConvChain, FuseConvChains, PassManager
-from ..plan import Plan, PlanNode, PlanValue, reads_of
+from ..plan import Plan, PlanNode, PlanValue
+from ..segmented import Segment, later_reads, partition, segment_io, why_not
 from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 
 ALIGN = 64  # bytes: arena offsets start on a cache line
-
-
-@dataclass
-class Segment:
-    """A run of nodes rendered as the C function ``seg<index>``: ``io`` lists the values passed
-    from Python (inputs first, then ``outputs``, which Python allocates)."""
-
-    index: int
-    nodes: list[PlanNode]
-    inputs: list[PlanValue] = field(default_factory=list)
-    outputs: list[PlanValue] = field(default_factory=list)
 
 
 @dataclass
@@ -56,7 +45,7 @@ class CSource:
 
 
 def kernel_of(pn: PlanNode) -> CKernel | None:
-    return KERNELS.get((pn.domain, pn.op_type))
+    return KERNELS.rule_for(pn)
 
 
 def _tensor_inputs(pn: PlanNode) -> list[PlanValue]:
@@ -69,23 +58,9 @@ def _tensor_inputs(pn: PlanNode) -> list[PlanValue]:
 
 def why_not_c(pn: PlanNode, dtype=None) -> str | None:
     """Why ``pn`` cannot run in C; None when it can. ``dtype`` is accepted for callers that
-    pass the program's element type; values carry their own."""
-    rule = kernel_of(pn)
-    if rule is None or pn.subgraphs:
-        return "no C kernel"
-    for i in rule.folded:
-        if i < len(pn.inputs) and pn.inputs[i] is not None and pn.inputs[i].kind != "constant":
-            return f"input {i} ({pn.inputs[i].name!r}) given at run time"
-    for v in _tensor_inputs(pn) + list(pn.outputs):
-        if v.dtype not in C_TYPES:
-            return f"dtype {v.dtype} of {v.name!r} (C has {', '.join(str(d) for d in C_TYPES)})"
-        if v.static_shape is None:
-            return f"shape of {v.name!r} not fixed"
-        if v.kind == "constant" and tuple(np.shape(v.value)) != v.static_shape:
-            return f"constant {v.name!r} holds shape {np.shape(v.value)}, typed {v.static_shape}"
-    if rule.dtypes is not None and pn.inputs and pn.inputs[0] is not None and pn.inputs[0].dtype not in rule.dtypes:
-        return f"dtype {pn.inputs[0].dtype} (the C kernel has {', '.join(sorted(map(str, rule.dtypes)))})"
-    return rule.check(pn) if rule.check is not None else None
+    pass the program's element type; values carry their own. (The segmented layer's
+    capability under the C rules, :class:`~.ops.CKernel`'s hooks.)"""
+    return why_not(pn, KERNELS)
 
 
 class _Renderer:
@@ -137,21 +112,15 @@ class SegmentLayout:
     naive_bytes: int
 
 
-def layout_segment(step: Segment, later_reads: Callable[[PlanValue], bool], reads, writes, scratch_of,
+def layout_segment(step: Segment, needed_later: Callable[[PlanValue], bool], reads, writes, scratch_of,
                    alias=lambda node: False) -> SegmentLayout:
     """Fills ``step.inputs`` (values read before this segment writes them) and ``step.outputs``
-    (values written here that ``later_reads`` says are needed after it), then plans the arena:
-    every other written value and each node's scratch get first-fit offsets from their lifetimes.
+    (values written here that ``needed_later`` says are read after it: the segmented layer's
+    :func:`~mithril.backends.segmented.segment_io`), then plans the arena: every other written
+    value and each node's scratch get first-fit offsets from their lifetimes.
     ``reads(node)``/``writes(node)`` list a node's buffers, ``scratch_of(node)`` its scratch bytes,
     ``alias(node)`` whether its output is its first input's bytes (a view sharing the storage)."""
-    produced = {w for node in step.nodes for w in writes(node)}
-    seen: set[PlanValue] = set()
-    for node in step.nodes:
-        for v in reads(node):
-            if v not in produced and v not in seen:
-                seen.add(v)
-                step.inputs.append(v)
-    step.outputs.extend(w for node in step.nodes for w in writes(node) if later_reads(w))
+    segment_io(step, needed_later, reads, writes)
     io = {v: f"(({C_TYPES[v.dtype][0]} *)io[{i}])" for i, v in enumerate(step.inputs + step.outputs)}
     # Views of intermediates share their input's buffer; each storage's life spans its aliases'.
     root: dict[PlanValue, PlanValue] = {}
@@ -245,87 +214,108 @@ def _clamp_bounds(pn: PlanNode) -> tuple[float, float] | None:
     return (hi if lo > hi else lo), hi  # Clip's rule: a > b gives b
 
 
-class FuseConvEpilogues(FuseConvChains):
-    """What a Conv's kernel can apply as it stores, folded into that Conv (the shared matcher of
-    :mod:`mithril.backends.passes.conv`): an Add whose other operand exists when the Conv runs
-    (``kwargs[RESIDUAL]``, that operand the Conv's fourth input), then a Relu or constant-bound Clip
-    (``kwargs[CLAMP]``). The fused node runs where the Conv ran."""
-
-    name = "c-fuse-conv-epilogues"
-    at_conv = True
-
-    def takes_conv(self, index, conv):
-        return (conv.domain, conv.op_type) in FUSES_ACTIVATION and CLAMP not in conv.kwargs and why_not_c(conv) is None
-
-    def takes_residual(self, index, conv, add, residual):
-        y = add.outputs[0]
-        made = index.producer(residual)
-        return (RESIDUAL not in conv.kwargs and fuses_residual(conv) and why_not_c(add) is None
-                and y.static_shape == residual.static_shape and y.dtype == residual.dtype
-                # the residual must exist when the Conv runs, not only when the Add did
-                and (made is None or index.position(made) < index.position(conv)))
-
-    def takes_activation(self, index, act, chain):
-        if _clamp_bounds(act) is None or act.inputs[0].dtype != act.outputs[0].dtype or why_not_c(act) is not None:
-            return False
-        return chain.add is None or why_not_c(self._node(chain)) is None
-
-    def make(self, index, chain):
-        return self._node(chain)
-
-    @staticmethod
-    def _node(chain: ConvChain) -> PlanNode:
-        conv, inputs, kwargs = chain.conv, chain.conv.inputs, dict(chain.conv.kwargs)
-        if chain.add is not None:
-            inputs = (*inputs, *(None,) * (3 - len(inputs)), chain.residual)
-            kwargs[RESIDUAL] = True
-        if chain.act is not None:
-            kwargs[CLAMP] = _clamp_bounds(chain.act)
-        return replace(conv, inputs=inputs, outputs=chain.last.outputs, kwargs=kwargs)
+def _readers(nodes: list[PlanNode]) -> dict[PlanValue, int]:
+    """How many times each value is read (a subgraph's outer reads count twice: never fused away)."""
+    readers: dict[PlanValue, int] = {}
+    for pn in nodes:
+        for v in pn.inputs:
+            if v is not None:
+                readers[v] = readers.get(v, 0) + 1
+        for sub in pn.subgraphs.values():
+            for p in sub if isinstance(sub, tuple) else (sub,):
+                for v in p.outer:
+                    readers[v] = readers.get(v, 0) + 2
+    return readers
 
 
 def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The plan's nodes after :class:`FuseConvEpilogues`, and by id of each fused node the plan
-    node it replaces (profile slots)."""
-    result = PassManager([FuseConvEpilogues()])(plan)
-    return list(result.plan.nodes), result.origins
+    """The plan's nodes with what a Conv's kernel can apply as it stores folded into that Conv, as
+    onnxruntime's Conv+Add and Conv+activation fusions do (one pass over memory instead of two or
+    three): first an Add that is the only reader of the Conv's output (``kwargs[RESIDUAL]``, the
+    Add's other operand the Conv's fourth input), then a Relu or constant-bound Clip that is the
+    only reader of the result (``kwargs[CLAMP]``). Also returns, by id of each fused node, the plan
+    node it replaces."""
+    outputs = set(plan.outputs)
+    nodes, fused = _fuse_residuals(list(plan.nodes), outputs)
+    return _fuse_activations(nodes, outputs, fused)
+
+
+def _fuse_residuals(nodes: list[PlanNode], outputs: set) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    readers = _readers(nodes)
+    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
+    made_at = {v: i for i, pn in enumerate(nodes) for v in pn.outputs}  # multi-output nodes too
+    dropped, fused = set(), {}
+    for i, add in enumerate(list(nodes)):
+        if (add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2 or None in add.inputs
+                or why_not_c(add) is not None):
+            continue
+        y = add.outputs[0]
+        for x, res in (add.inputs, add.inputs[::-1]):
+            j = producer.get(x)
+            if (j is None or j in dropped or readers.get(x) != 1 or x in outputs or x is res
+                    or x.static_shape != y.static_shape or res.static_shape != y.static_shape
+                    or x.dtype != y.dtype or res.dtype != y.dtype
+                    # the residual must exist when the Conv runs, not only when the Add did
+                    or made_at.get(res, -1) >= j):
+                continue
+            pn = nodes[j]
+            if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or RESIDUAL in pn.kwargs
+                    or why_not_c(pn) is not None or not fuses_residual(pn)):
+                continue
+            inputs = (*pn.inputs, *(None,) * (3 - len(pn.inputs)), res)
+            nodes[j] = replace(pn, inputs=inputs, outputs=add.outputs, kwargs={**pn.kwargs, RESIDUAL: True})
+            fused[id(nodes[j])] = pn
+            dropped.add(i)
+            break
+    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
+
+
+def _fuse_activations(nodes: list[PlanNode], outputs: set,
+                      fused: dict[int, PlanNode]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+    readers = _readers(nodes)
+    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
+    dropped = set()
+    for i, act in enumerate(list(nodes)):
+        bounds = _clamp_bounds(act)
+        x = act.inputs[0] if act.inputs else None
+        j = producer.get(x)
+        if bounds is None or j is None or readers.get(x) != 1 or x in outputs or j in dropped:
+            continue
+        pn = nodes[j]
+        if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or x.dtype != act.outputs[0].dtype
+                or why_not_c(pn) is not None or why_not_c(act) is not None):
+            continue
+        nodes[j] = replace(pn, outputs=act.outputs, kwargs={**pn.kwargs, CLAMP: bounds})
+        fused[id(nodes[j])] = fused.pop(id(pn), pn)  # the plan's node, through a residual fusion
+        dropped.add(i)
+    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
 
 
 def render(plan: Plan, dtype=None, blocked_layout: bool | None = None, pack_params: bool = False) -> CSource:
-    """The plan as C source and the steps that run it (see the module docstring). Each value
-    has its own element type; ``dtype`` is accepted for callers that pass the program's.
-    ``blocked_layout`` (default: unless ``MITHRIL_C_NCHWC=0``) runs chains of 1x1 and depthwise
-    convolutions with constant weights in NCHWc (:mod:`.nchwc`); ``pack_params`` takes
+    """The plan as C source and the steps that run it (see the module docstring): its nodes
+    fused (:func:`fuse`), partitioned by :func:`why_not_c`, then :func:`render_steps`. Each value
+    has its own element type; ``dtype`` is accepted for callers that pass the program's."""
+    nodes, fused = fuse(plan)
+    steps = partition(nodes, lambda pn: why_not_c(pn) is None)
+    return render_steps(plan, steps, fused, blocked_layout, pack_params)
+
+
+def render_steps(plan: Plan, steps: list, fused: dict[int, PlanNode] | None = None,
+                 blocked_layout: bool | None = None, pack_params: bool = False) -> CSource:
+    """The C source of the Segments among ``steps`` (a partition of ``plan``'s nodes after
+    fusion, ``fused`` by id of each fused node the plan node it replaces): one function per
+    segment. ``blocked_layout`` (default: unless ``MITHRIL_C_NCHWC=0``) runs chains of 1x1 and
+    depthwise convolutions with constant weights in NCHWc (:mod:`.nchwc`); ``pack_params`` takes
     parameters as fixed weights too (an export)."""
     if blocked_layout is None:
         blocked_layout = nchwc.enabled()
     r = _Renderer(plan)
-    steps: list = []
-    fallback: list[PlanNode] = []
-    nodes, fused = fuse(plan)
-    r.slots.update({new: r.slots[id(old)] for new, old in fused.items()})
-    for pn in nodes:
-        if why_not_c(pn) is None:
-            if not steps or not isinstance(steps[-1], Segment):
-                steps.append(Segment(len([s for s in steps if isinstance(s, Segment)]), []))
-            steps[-1].nodes.append(pn)
-        else:
-            steps.append(pn)
-            fallback.append(pn)
-
-    # Who reads each value, by step.
-    readers: dict[PlanValue, list[int]] = {}
-    for i, step in enumerate(steps):
-        for pn in step.nodes if isinstance(step, Segment) else [step]:
-            for v in reads_of(pn):
-                readers.setdefault(v, []).append(i)
-    plan_outputs = set(plan.outputs)
+    r.slots.update({new: r.slots[id(old)] for new, old in (fused or {}).items()})
+    needed = later_reads(steps, plan.outputs)  # who reads each value, by step, before NCHWc's rewrites
     if blocked_layout:  # chains of 1x1 and depthwise convolutions in NCHWc (nchwc.py)
         for si, step in enumerate(steps):
             if isinstance(step, Segment):
-                step.nodes, made = nchwc.block_segment(
-                    step.nodes, lambda v, si=si: v in plan_outputs or any(i > si for i in readers.get(v, [])),
-                    pack_params)
+                step.nodes, made = nchwc.block_segment(step.nodes, lambda v, si=si: needed(si, v), pack_params)
                 r.slots.update({new: r.slots.get(id(old), len(plan.nodes)) for new, old in made.items()})
 
     r.lines += preamble(plan, "one function per C segment of the model")
@@ -333,8 +323,8 @@ def render(plan: Plan, dtype=None, blocked_layout: bool | None = None, pack_para
     for si, step in enumerate(steps):
         if not isinstance(step, Segment):
             continue
-        lay = layout_segment(step, lambda v, si=si: v in plan_outputs or any(i > si for i in readers.get(v, [])),
-                             _tensor_inputs, lambda pn: pn.outputs, _scratch_bytes, lambda pn: kernel_of(pn).alias)
+        lay = layout_segment(step, lambda v, si=si: needed(si, v), _tensor_inputs, lambda pn: pn.outputs,
+                             _scratch_bytes, lambda pn: kernel_of(pn).alias)
         arena_bytes = max(arena_bytes, lay.arena_bytes)
         naive += lay.naive_bytes
         r.lines.append(f"int seg{step.index}(void *const *io, char *arena) {{")
@@ -342,7 +332,9 @@ def render(plan: Plan, dtype=None, blocked_layout: bool | None = None, pack_para
         for j, pn in enumerate(step.nodes):
             r.node(pn, lay.buf, f"(arena + {lay.scratch[j]})" if j in lay.scratch else None)
         r.lines += ["    return 0;", "}", ""]
+    fallback = [s for s in steps if not isinstance(s, Segment)]
     return CSource("\n".join(r.lines) + "\n", steps, arena_bytes, fallback, naive, r.failures)
 
 
-__all__ = ["CSource", "Segment", "SegmentLayout", "kernel_of", "layout_segment", "preamble", "render", "why_not_c"]
+__all__ = ["CSource", "Segment", "SegmentLayout", "kernel_of", "layout_segment", "preamble", "render", "render_steps",
+           "why_not_c"]

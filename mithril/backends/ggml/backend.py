@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
-from ..numpy.backend import NumpyBackend
+from ..segmented import SegmentedBackend
+from ..segmented.policy import check_fixed_shapes
 from .program import (DeferredGGMLProgram, GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram,
-                      pending_values, why_not_ggml)
+                      Segment, pending_values, why_not_ggml)
 
 _WEIGHT_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 
-class GGMLBackend(NumpyBackend):
+class GGMLBackend(SegmentedBackend):
     """Runs models through ggml, llama.cpp's tensor library, on the CPU: inference only.
 
     ``dtype`` is the type of the matrices matmuls and embeddings read (``ml.float32``,
@@ -32,8 +33,9 @@ class GGMLBackend(NumpyBackend):
 
     name = "ggml"
     supports_gradients = False
-    jit_by_default = False
-    needs_static_shapes = True
+    segment_type = Segment
+    fallback_warning = GGMLFallbackWarning
+    missing_error = GGMLKernelMissingError
 
     def __init__(self, dtype=None, device: str = "cpu", num_threads: int | None = None, *,
                  mem_size: int | None = None, quantize: str | None = None, fallback: str | None = "numpy",
@@ -41,8 +43,6 @@ class GGMLBackend(NumpyBackend):
         from ... import dtypes
         from .quantize import quant_name
 
-        if fallback not in ("numpy", None):
-            raise BackendOptionError(f"GGMLBackend: fallback must be 'numpy' or None, got {fallback!r}")
         if mem_size is not None and (not isinstance(mem_size, int) or mem_size <= 0):
             raise BackendOptionError(f"GGMLBackend: mem_size must be a positive number of bytes, got {mem_size!r}")
         weight = dtypes.float32 if dtype is None else dtype
@@ -51,61 +51,45 @@ class GGMLBackend(NumpyBackend):
         if name not in _WEIGHT_TYPES:
             raise BackendOptionError(f"GGMLBackend computes with float32, float16 or bfloat16 weights, not {dtype}")
         # Activations and the arrays the backend hands out are float32 whatever the weight type.
-        super().__init__(dtypes.float32, device, num_threads, device_mesh=device_mesh, **unknown)
+        super().__init__(dtypes.float32, device, num_threads, fallback=fallback, device_mesh=device_mesh, **unknown)
         self.weight_type = _WEIGHT_TYPES[name]
         self.quantize = quant_name(quantize)
         self.mem_size = mem_size
-        self.fallback = fallback
 
-    def scope(self):
-        import contextlib
+    @classmethod
+    def native_rules(cls):
+        from .program import OPS  # with every op family registered
 
-        return contextlib.nullcontext()
+        return OPS
 
     def lower(self, plan, *, file_path: str | None = None, gradient_checkpointing: bool = False):
         """The plan as ggml graphs: every graph input's shape fixed, the nodes without a ggml rule
-        listed (warned, or refused with ``fallback=None``), weights converted, memory checked."""
-        from ...errors import CompileError
-
+        listed (warned, or refused with ``fallback=None``), weights converted, memory checked.
+        When a rule reads a graph input at build time, the graphs are built at the first
+        evaluate, for its value (:class:`.program.DeferredGGMLProgram`)."""
         try:
             import ggml  # noqa: F401
         except ImportError as exc:
             raise BackendUnavailableError(
                 "GGMLBackend needs ggml-python: pip install 'ggml-python==0.0.45' "
                 "(a source build, about 2 minutes; see the README)") from exc
-        loose = [f"{v.name} {list(v.shape) if v.shape is not None else '(rank unknown)'}"
-                 for v in plan.inputs if v.kind == "input" and v.static_shape is None
-                 and v.dtype is not None and v.dtype.kind != "O"]
-        if loose:
-            raise CompileError("GGMLBackend needs every input shape fixed; give shapes= (and static_shapes=True) "
-                               f"for: {', '.join(loose)}")
+        check_fixed_shapes(type(self).__name__, plan)
         pending = pending_values(plan)
         if pending:  # built at the first evaluate, for the values of the inputs read at build time
-            self._check_rules(plan.nodes, pending)
-            return DeferredGGMLProgram(plan, pending, self._lower_fixed)
-        return self._lower_fixed(plan)
+            self.apply_fallback(self.capability(plan.nodes, pending))
+            return DeferredGGMLProgram(plan, pending, lambda fixed: self.compile_segments(self.partition(fixed)))
+        return self.compile_segments(self.partition(plan), file_path=file_path)
 
-    def _lower_fixed(self, plan):
-        """:meth:`lower` once every value a rule reads at build time is a constant."""
+    def rewrite(self, plan):
+        """GELU chains as one ggml op (:func:`.fusion.fuse_gelu`)."""
         from .fusion import fuse_gelu
 
-        nodes = fuse_gelu(plan, lambda pn: why_not_ggml(pn) is None)
-        self._check_rules(nodes)
-        return GGMLProgram(plan, weight_type=self.weight_type, quantize=self.quantize,
-                           num_threads=self.num_threads, mem_size=self.mem_size, nodes=nodes)
+        return fuse_gelu(plan, lambda pn: why_not_ggml(pn) is None), {}
 
-    def _check_rules(self, nodes, pending=frozenset()) -> None:
-        """Lists the nodes without a ggml rule: refused with ``fallback=None``, else warned."""
-        missing = [(pn, why) for pn in nodes if (why := why_not_ggml(pn, pending)) is not None]
-        if missing:
-            listed = ", ".join(f"{pn.label} ({pn.op_type}: {why})" for pn, why in missing)
-            if self.fallback is None:
-                raise GGMLKernelMissingError(f"GGMLBackend(fallback=None): {len(missing)} node(s) have no ggml rule: "
-                                             f"{listed}")
-            from ..backend import warn_user
-
-            warn_user(f"GGMLBackend: {len(missing)} node(s) run on NumPy (no ggml rule): {listed}",
-                      GGMLFallbackWarning)
+    def compile_segments(self, part, *, file_path: str | None = None):
+        """Each segment built as a ggml graph, the weights converted, the memory checked."""
+        return GGMLProgram(part.plan, part.steps, weight_type=self.weight_type, quantize=self.quantize,
+                           num_threads=self.num_threads, mem_size=self.mem_size)
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         raise MithrilError("GGMLBackend runs inference only (ggml here has no backward pass); train with "

@@ -24,19 +24,21 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendOptionWarning, CompileError, MithrilError, NodeError
-from ..plan import Plan, PlanNode, PlanValue, reads_of
+from ...errors import CompileError, FallbackWarning, KernelMissingError, MithrilError, NodeError
+from ..plan import Plan, PlanNode, PlanValue
+from ..segmented import SegmentedProgram, later_reads, segment_io, why_not
+from ..segmented import Segment as NativeSegment
 from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 # The families register their rules when imported.
 from .ops import attention, elementwise, image, movement, nn, quantize_linear, recurrent  # noqa: F401
 from .quantize import QuantizedTensor
 
 
-class GGMLFallbackWarning(BackendOptionWarning):
+class GGMLFallbackWarning(FallbackWarning):
     """Nodes without a ggml rule run on NumPy between the ggml graphs (``fallback="numpy"``)."""
 
 
-class GGMLKernelMissingError(CompileError):
+class GGMLKernelMissingError(KernelMissingError):
     """``GGMLBackend(fallback=None)`` and nodes without a ggml rule: all of them listed, with why."""
 
 
@@ -51,59 +53,12 @@ def _ggml():
 
 
 def why_not_ggml(pn: PlanNode, pending: frozenset | set = frozenset()) -> str | None:
-    """Why ``pn`` cannot run in ggml; None when it can. ``pending``: values known only at the first
+    """Why ``pn`` cannot run in ggml; None when it can (the segmented layer's capability under the
+    ggml rules, :class:`~.ops.GGMLOp`'s hooks). ``pending``: values known only at the first
     evaluate (graph inputs a rule reads at build time, and the values whose shapes follow from
     them, see :func:`pending_values`): a node reading one passes for now and is checked in full
     when the program is built for those values."""
-    rule = OPS.get((pn.domain, pn.op_type))
-    if rule is None or pn.subgraphs:
-        return "no ggml rule"
-    later = False
-    for i in rule.folded:
-        if i < len(pn.inputs) and pn.inputs[i] is not None and pn.inputs[i].kind != "constant":
-            if pn.inputs[i] not in pending:
-                return f"input {i} ({pn.inputs[i].name!r}) given at run time"
-            later = True
-    for i, v in enumerate(pn.inputs):
-        if v is None or i in rule.folded:
-            continue
-        if i in rule.dtype_only:  # only its type is read
-            continue
-        problem = _why_not_value(v, INDEX_DTYPES if i in rule.indices else rule.dtypes, v in pending)
-        if problem:
-            return problem
-        later |= v in pending
-    for v in pn.outputs:
-        if not v.name:  # an omitted optional output
-            continue
-        problem = _why_not_value(v, rule.dtypes, v in pending)
-        if problem:
-            return problem
-        later |= v in pending
-    if later:
-        return None
-    try:
-        return rule.check(pn) if rule.check is not None else None
-    except Exception as exc:  # a rule that cannot read this node's attributes: NumPy runs it
-        return f"its ggml rule failed on it ({type(exc).__name__}: {exc})"
-
-
-def _why_not_value(v: PlanValue, dtypes, pending: bool = False) -> str | None:
-    if v.dtype not in dtypes:
-        return f"dtype {v.dtype} of {v.name!r} (ggml here computes {', '.join(sorted(map(str, dtypes)))})"
-    if v.shape is not None and len(v.shape) > MAX_DIMS:
-        return f"{v.name!r} has {len(v.shape)} dims (ggml has at most {MAX_DIMS})"
-    if pending and v.static_shape is None:
-        return None
-    if v.static_shape is None:
-        return f"shape of {v.name!r} not fixed"
-    if len(v.static_shape) > MAX_DIMS:
-        return f"{v.name!r} has {len(v.static_shape)} dims (ggml has at most {MAX_DIMS})"
-    if prod(v.static_shape) == 0:
-        return f"{v.name!r} is empty"
-    if v.kind == "constant" and tuple(np.shape(v.value)) != v.static_shape:
-        return f"constant {v.name!r} holds shape {np.shape(v.value)}, typed {v.static_shape}"
-    return None
+    return why_not(pn, OPS, pending)
 
 
 def pending_values(plan: Plan) -> set[PlanValue]:
@@ -115,7 +70,7 @@ def pending_values(plan: Plan) -> set[PlanValue]:
         return set()
     bound: set[PlanValue] = set()
     for pn in plan.nodes:
-        rule = OPS.get((pn.domain, pn.op_type))
+        rule = OPS.rule_for(pn)
         if rule is None:
             continue
         for i in rule.folded:
@@ -127,7 +82,7 @@ def pending_values(plan: Plan) -> set[PlanValue]:
         return set()
     pending = set(bound)
     for pn in plan.nodes:  # shapes a ggml rule makes from fixed or pending shapes and build-time values
-        rule = OPS.get((pn.domain, pn.op_type))
+        rule = OPS.rule_for(pn)
         if rule is None:
             continue
         ins = [v for v in pn.inputs if v is not None]
@@ -161,7 +116,11 @@ class DeferredGGMLProgram:
     def forward(self):
         return self.run
 
-    def run(self, params: dict, data: dict) -> dict:
+    def run(self, params: dict, data: dict, *, hook=None) -> dict:
+        return self.program_for(params, data).run(params, data, hook=hook)
+
+    def program_for(self, params: dict, data: dict) -> GGMLProgram:
+        """The program built for the bound inputs' values in ``data`` (built now if not kept)."""
         values = [np.asarray(data[v.name]) for v in self.bound]
         key = tuple((a.dtype.str, a.shape, a.tobytes()) for a in values)
         program = self._built.pop(key, None)
@@ -171,7 +130,7 @@ class DeferredGGMLProgram:
                 self._built.pop(next(iter(self._built)))
         self._built[key] = program  # the newest last
         self.current = program
-        return program.run(params, data)
+        return program
 
     def specialize(self, params: dict, data: dict) -> Plan:
         """The plan with the bound inputs as constants of ``data``'s values and every shape that
@@ -229,14 +188,10 @@ class DeferredGGMLProgram:
 
 
 @dataclass
-class Segment:
+class Segment(NativeSegment):
     """A run of nodes built as one ggml graph: ``inputs`` are read from Python (activations
     swapped in per call), ``outputs`` copied back; ``weights`` are read from parameters."""
 
-    index: int
-    nodes: list[PlanNode]
-    inputs: list[PlanValue] = field(default_factory=list)
-    outputs: list[PlanValue] = field(default_factory=list)
     weights: list[PlanValue] = field(default_factory=list)
     graph: Any = None
     allocator: Any = None
@@ -248,22 +203,6 @@ class Segment:
     work_bytes: int = 0
     plan: Any = None  # ggml_cplan: threads, pool and work buffer
     work: np.ndarray | None = None
-
-
-def partition(nodes: list[PlanNode], supported) -> list:
-    """The steps: runs of nodes ``supported(pn)`` accepts become Segments, the others stay
-    PlanNodes (run on NumPy)."""
-    steps: list = []
-    count = 0
-    for pn in nodes:
-        if supported(pn):
-            if not steps or not isinstance(steps[-1], Segment):
-                steps.append(Segment(count, []))
-                count += 1
-            steps[-1].nodes.append(pn)
-        else:
-            steps.append(pn)
-    return steps
 
 
 @dataclass
@@ -285,14 +224,20 @@ class _Weight:
     repacked: list = field(default_factory=list)
 
 
-class GGMLProgram:
-    """A lowered GGML program: ``forward(params, data)`` runs the steps."""
+class GGMLProgram(SegmentedProgram):
+    """A lowered GGML program: ``forward(params, data)`` runs the steps, each Segment as one ggml
+    graph and each other node on NumPy (``steps``: the GGML backend's partition of the plan)."""
 
     filename = None  # no generated source: runner.node_error reports a failure as it is
     lines: dict = {}
+    segment_noun = "ggml graphs"
+    segment_label = "ggml segment"
+    report_labels = {"arena_bytes": "arena (ggml graphs)", "work_bytes": "work (ggml)"}
+    profile_note = ("per partition: ggml-python has no per-node clocks, so each ggml segment (one "
+                    "ggml_graph_compute) is one row, and each node NumPy runs between segments another")
 
-    def __init__(self, plan: Plan, *, weight_type: str = "f32", quantize: str | None = None,
-                 num_threads: int | None = None, mem_size: int | None = None, nodes: list[PlanNode] | None = None):
+    def __init__(self, plan: Plan, steps: list, *, weight_type: str = "f32", quantize: str | None = None,
+                 num_threads: int | None = None, mem_size: int | None = None):
         from ..interpret import Interpreter
         from .quantize import WeightFormat
 
@@ -300,11 +245,10 @@ class GGMLProgram:
         self.plan = plan
         self.num_threads = num_threads
         self.format = WeightFormat(weight_type, quantize)
-        # ``nodes``: the plan's nodes after fusion (fusion.py); the plan's own by default.
-        self.steps = partition(plan.nodes if nodes is None else nodes, lambda pn: why_not_ggml(pn) is None)
+        self.steps = steps
         self.fallback = [s for s in self.steps if not isinstance(s, Segment)]
         self.segments = [s for s in self.steps if isinstance(s, Segment)]
-        self._interpreter = Interpreter(plan)
+        self.interpreter = Interpreter(plan)
         # How a result's bytes read, by ggml type (float32 unless listed).
         self._result_types = {int(ggml.GGML_TYPE_I32): np.dtype(np.int32),
                               **{int(getattr(ggml, name)): dtype for name, dtype in HALF.items()}}
@@ -346,29 +290,25 @@ class GGMLProgram:
 
     # ---- building -------------------------------------------------------------------------
     def _find_io(self) -> None:
-        """Each segment's inputs (values read before it writes them), weights and outputs
-        (values a later step or the caller reads)."""
-        readers: dict[PlanValue, list[int]] = {}
-        for i, step in enumerate(self.steps):
-            for pn in step.nodes if isinstance(step, Segment) else [step]:
-                for v in reads_of(pn):
-                    readers.setdefault(v, []).append(i)
-        outputs = set(self.plan.outputs)
+        """Each segment's inputs (values read before it writes them: the activations, and the
+        index inputs), weights (parameters and constants read as such) and outputs (values a later
+        step or the caller reads)."""
+        needed = later_reads(self.steps, self.plan.outputs)
         for si, seg in enumerate(self.steps):
             if not isinstance(seg, Segment):
                 continue
-            produced: set[PlanValue] = set()
+            as_input, as_weight = set(), set()
             for pn in seg.nodes:
-                rule = OPS[(pn.domain, pn.op_type)]
-                for i, v in enumerate(pn.inputs):
-                    if v is None or i in rule.folded or i in rule.dtype_only or v in produced:
-                        continue
-                    target = seg.weights if v.kind in ("param", "constant") and i not in rule.indices else seg.inputs
-                    if v not in target:
-                        target.append(v)
-                produced.update(pn.outputs)
-            seg.outputs = [v for pn in seg.nodes for v in pn.outputs
-                           if v in outputs or any(i > si for i in readers.get(v, []))]
+                rule = OPS.rule_for(pn)
+                for i, v in rule.buffers(pn):
+                    if i is not None:
+                        weight = v.kind in ("param", "constant") and i not in rule.indices
+                        (as_weight if weight else as_input).add(v)
+            segment_io(seg, lambda v, si=si: needed(si, v),
+                       lambda pn: [v for i, v in OPS.rule_for(pn).buffers(pn) if i is not None])
+            read = seg.inputs
+            seg.inputs = [v for v in read if v in as_input]
+            seg.weights = [v for v in read if v in as_weight]
 
     def _build(self, seg: Segment, graph_size: int) -> None:
         ggml = _ggml()
@@ -396,7 +336,7 @@ class GGMLProgram:
         g = Builder(ggml, self._ctx, tensors, weight, self._constant_tensor, seg.bounds)
         g.producers = {v: pn for pn in seg.nodes for v in pn.outputs}
         for pn in seg.nodes:
-            rule = OPS[(pn.domain, pn.op_type)]
+            rule = OPS.rule_for(pn)
             try:
                 out = rule.build(pn, g)
             except MithrilError:
@@ -628,17 +568,14 @@ class GGMLProgram:
         return (f"weights {self.weight_bytes():,} [{types}], intermediates "
                 f"{sum(s.buffer_bytes for s in self.segments):,}, work {sum(s.work_bytes for s in self.segments):,}")
 
-    def memory_report(self) -> dict:
+    def memory_bytes(self) -> dict:
         return {"arena_bytes": sum(s.buffer_bytes for s in self.segments),
                 "work_bytes": sum(s.work_bytes for s in self.segments),
                 "weight_bytes": self.weight_bytes(), "weights_by_dtype": self.weights_by_type(),
                 "total_bytes": self.total_bytes()}
 
-    @property
-    def forward(self):
-        return self.run
-
-    def run(self, params: dict, data: dict) -> dict:
+    def bind(self, params: dict, data: dict) -> dict:
+        """The run's environment, and the weights ggml reads re-read where ``params`` holds new arrays."""
         env: dict = {}
         dense = self._dense_params
 
@@ -652,14 +589,7 @@ class GGMLProgram:
             if v not in env:
                 env[v] = param(v)
         self._refresh_weights(params)
-        for step in self.steps:
-            if isinstance(step, Segment):
-                self._run_segment(step, env)
-            else:
-                args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in step.inputs]
-                for o, r in zip(step.outputs, self._interpreter.run_node(step, args, env)):
-                    env[o] = r
-        return {v.name: v.value if v.kind == "constant" else env[v] for v in self.plan.outputs}
+        return env
 
     def _refresh_weights(self, params: dict) -> None:
         """Re-reads a parameter whose array is not the one its buffer was made from."""
@@ -700,7 +630,8 @@ class GGMLProgram:
                                f"(the shape it was compiled for), got {got}")
         return arr
 
-    def _run_segment(self, seg: Segment, env: dict) -> None:
+    def run_segment(self, seg: Segment, env: dict) -> None:
+        """Points the graph's input tensors at the inputs' buffers, computes, copies the outputs out."""
         ggml = _ggml()
         keep = []
         for v, (t, stage) in seg.leaves.items():
@@ -904,7 +835,7 @@ def _free(ctx, cpu, pool, allocators, buffers=()) -> None:
 
 
 __all__ = ["DeferredGGMLProgram", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram",
-           "Segment", "partition", "pending_values", "why_not_ggml"]
+           "Segment", "pending_values", "why_not_ggml"]
 
 
 # ggml tensors a rule may make per ONNX node: most make a handful; the recurrent ones (RNN, GRU,

@@ -33,6 +33,7 @@ from math import prod
 import numpy as np
 
 from ...plan import PlanNode, PlanValue
+from ...segmented.rules import NativeRule, RuleTable
 
 # Element types the C library knows: NumPy dtype -> (C type, kernel-name suffix).
 C_TYPES: dict[np.dtype, tuple[str, str]] = {
@@ -57,21 +58,33 @@ NUMBERS = FLOATS | INTS
 ALL = frozenset(C_TYPES)
 
 
-@dataclass(frozen=True)
-class CKernel:
+@dataclass(frozen=True, kw_only=True)
+class CKernel(NativeRule):
     """One op's rule (see the module docstring)."""
 
-    op_type: str
-    domain: str
     emit: Callable[[PlanNode, Emitter], None]
-    check: Callable[[PlanNode], str | None] | None
-    dtypes: frozenset | None  # element types of the node's first input (None: any C type)
-    folded: tuple[int, ...]
-    alias: bool
-    scratch: Callable[[PlanNode], int] | None
+    dtypes: frozenset | None = None  # element types of the node's first input (None: any C type)
+    alias: bool = False
+    scratch: Callable[[PlanNode], int] | None = None
+
+    @property
+    def function(self):
+        return self.emit
+
+    def value_problem(self, pn: PlanNode, position: int | None, v: PlanValue) -> str | None:
+        if v.dtype not in C_TYPES:
+            return f"dtype {v.dtype} of {v.name!r} (C has {', '.join(str(d) for d in C_TYPES)})"
+        return None
+
+    def node_problem(self, pn: PlanNode) -> str | None:
+        first = pn.inputs[0] if pn.inputs else None
+        if self.dtypes is not None and first is not None and first.dtype not in self.dtypes:
+            return f"dtype {first.dtype} (the C kernel has {', '.join(sorted(map(str, self.dtypes)))})"
+        return super().node_problem(pn)
 
 
-KERNELS: dict[tuple[str, str], CKernel] = {}
+# The C rules, by (domain, op type) and opset (the segmented layer's rule table).
+KERNELS = RuleTable("C kernel")
 
 # The kwarg under which the renderer hands a node the bounds (lo, hi) of a Relu or Clip fused
 # into it (render.fuse): the node's kernel clamps its results before storing them.
@@ -83,18 +96,17 @@ FUSES_ACTIVATION = {("", "Conv")}
 RESIDUAL = "_c_residual"
 
 
-def c_kernel(*op_types: str, domain: str = "", dtypes: Iterable[np.dtype] | None = None,
+def c_kernel(*op_types: str, domain: str = "", since: int = 1, dtypes: Iterable[np.dtype] | None = None,
              check: Callable[[PlanNode], str | None] | None = None, folded: Iterable[int] = (),
              alias: bool = False, scratch: Callable[[PlanNode], int] | None = None):
-    """Register ``emit`` as the C rule of each of ``op_types`` (see the module docstring)."""
+    """Register ``emit`` as the C rule of each of ``op_types`` from opset ``since`` on (see the
+    module docstring)."""
 
     def register(emit):
         for op in op_types:
-            if (domain, op) in KERNELS:
-                raise ValueError(f"C kernel for {domain or 'ai.onnx'}::{op} registered twice")
-            KERNELS[(domain, op)] = CKernel(op, domain, emit, check,
-                                            None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
-                                            tuple(folded), alias, scratch)
+            KERNELS.add(CKernel(op_type=op, domain=domain, since=since, emit=emit, check=check,
+                                dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
+                                folded=tuple(folded), alias=alias, scratch=scratch))
         return emit
 
     return register
@@ -189,7 +201,7 @@ def ints(value) -> list[int] | None:
 
 def same_types(pn: PlanNode) -> str | None:
     """A ``check`` for ops whose buffers (folded inputs aside) share one element type."""
-    rule = KERNELS.get((pn.domain, pn.op_type))
+    rule = KERNELS.rule_for(pn)
     folded = set(rule.folded) if rule is not None else set()
     dt = pn.outputs[0].dtype
     for i, v in enumerate(pn.inputs):

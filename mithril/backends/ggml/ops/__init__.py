@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 
 from ...plan import PlanNode, PlanValue
+from ...segmented.rules import NativeRule, RuleTable
 
 MAX_DIMS = 4  # GGML_MAX_DIMS
 F32 = np.dtype(np.float32)
@@ -70,33 +72,57 @@ def ggml_axis(axis: int, rank: int) -> int:
     return rank - 1 - (axis % max(rank, 1))
 
 
-@dataclass(frozen=True)
-class GGMLOp:
+@dataclass(frozen=True, kw_only=True)
+class GGMLOp(NativeRule):
     """One op's rule (see the module docstring)."""
 
-    op_type: str
-    domain: str
     build: Callable[[PlanNode, Builder], object]
-    check: Callable[[PlanNode], str | None] | None
-    folded: tuple[int, ...]
-    indices: tuple[int, ...]
+    indices: tuple[int, ...] = ()
     dtypes: frozenset = frozenset({np.dtype(np.float32)})  # of the other inputs and the outputs
     dtype_only: tuple[int, ...] = ()  # inputs read for their dtype alone (CastLike's target)
 
+    @property
+    def function(self):
+        return self.build
 
-OPS: dict[tuple[str, str], GGMLOp] = {}
+    def buffers(self, pn: PlanNode):
+        # Inputs read for their dtype alone are no buffers; nor are omitted optional outputs.
+        for i, v in super().buffers(pn):
+            if (i is None and v.name) or (i is not None and i not in self.dtype_only):
+                yield i, v
+
+    def value_problem(self, pn: PlanNode, position: int | None, v: PlanValue) -> str | None:
+        dtypes = INDEX_DTYPES if position is not None and position in self.indices else self.dtypes
+        if v.dtype not in dtypes:
+            return f"dtype {v.dtype} of {v.name!r} (ggml here computes {', '.join(sorted(map(str, dtypes)))})"
+        if v.shape is not None and len(v.shape) > MAX_DIMS:
+            return f"{v.name!r} has {len(v.shape)} dims (ggml has at most {MAX_DIMS})"
+        if v.static_shape is not None and prod(v.static_shape) == 0:
+            return f"{v.name!r} is empty"
+        return None
+
+    def node_problem(self, pn: PlanNode) -> str | None:
+        try:
+            return super().node_problem(pn)
+        except Exception as exc:  # a rule that cannot read this node's attributes: NumPy runs it
+            return f"its ggml rule failed on it ({type(exc).__name__}: {exc})"
 
 
-def ggml_op(*op_types: str, domain: str = "", check=None, folded: tuple[int, ...] = (), indices: tuple[int, ...] = (),
-            dtypes=(F32,), dtype_only: tuple[int, ...] = ()):
-    """Registers ``build`` (and ``check``) for each of ``op_types``. ``dtypes``: the types its
-    inputs (but ``folded`` and ``indices``) and outputs may have; a bool is held as float32 0/1
-    inside a ggml graph (:data:`BOOL`)."""
+# The ggml rules, by (domain, op type) and opset (the segmented layer's rule table).
+OPS = RuleTable("ggml rule")
+
+
+def ggml_op(*op_types: str, domain: str = "", since: int = 1, check=None, folded: tuple[int, ...] = (),
+            indices: tuple[int, ...] = (), dtypes=(F32,), dtype_only: tuple[int, ...] = ()):
+    """Registers ``build`` (and ``check``) for each of ``op_types`` from opset ``since`` on.
+    ``dtypes``: the types its inputs (but ``folded`` and ``indices``) and outputs may have; a
+    bool is held as float32 0/1 inside a ggml graph (:data:`BOOL`)."""
 
     def register(build):
         for op_type in op_types:
-            OPS[(domain, op_type)] = GGMLOp(op_type, domain, build, check, tuple(folded), tuple(indices),
-                                            frozenset(np.dtype(d) for d in dtypes), tuple(dtype_only))
+            OPS.add(GGMLOp(op_type=op_type, domain=domain, since=since, build=build, check=check,
+                           folded=tuple(folded), indices=tuple(indices),
+                           dtypes=frozenset(np.dtype(d) for d in dtypes), dtype_only=tuple(dtype_only)))
         return build
 
     return register
