@@ -27,8 +27,6 @@ from mithril.models import (
 )
 from mithril.frontend.model import In, Out
 
-from .resnet import _ends
-
 
 class _Positions(Primitive):
     """Positions 0..T-1 (int64, [T]) of a token batch [N, T]; T stays dynamic on export."""
@@ -38,6 +36,11 @@ class _Positions(Primitive):
     def lower(self, g, input):
         length = g.op("Squeeze", g.op("Shape", input, start=1, end=2, dtype=np.int64), g.ints([0]))
         return g.op("Range", g.const(0, dtype=np.int64), length, g.const(1, dtype=np.int64), dtype=np.int64)
+
+
+def _ends(i: int, count: int) -> dict:
+    """Bindings of the i-th of ``count`` chained blocks: the first reads ``input``, the last writes ``output``."""
+    return {**({"input": "input"} if i == 0 else {}), **({"output": "output"} if i == count - 1 else {})}
 
 
 def create_gpt(bias: bool, block_size: int, dims: int, num_heads: int, num_layers: int, vocab_size: int,

@@ -1,8 +1,8 @@
 """Mithril's logical models: ``from mithril.models import Model, Linear, Relu, IOKey``.
 
-Every block (``Linear``, ``Conv2d``, ``MaxPool2d``, ``Flatten``, ``Lambda``...) and the zoo's
-ResNets (``resnet18``, ``resnet34``, ``resnet50``, from :mod:`models_zoo.resnet`, loaded when
-first asked for).
+Every block (``Linear``, ``Conv2d``, ``MaxPool2d``, ``Flatten``, ``Lambda``...) and the ResNets
+built from them (``resnet18``, ``resnet34``, ``resnet50``, :mod:`.resnet`; :mod:`models_zoo`, which
+builds on this package, lists them among its models).
 
 >>> from mithril.models import Model, Linear, Relu
 >>> model = Model()
@@ -21,19 +21,9 @@ from ..frontend.nn import buffer_updates  # noqa: F401
 from ..frontend.onnx_block import OnnxBlock  # noqa: F401
 from ..frontend.train import TrainModel  # noqa: F401  (registers L1, L2)
 
+from .resnet import resnet18, resnet34, resnet50  # noqa: F401
+
 globals().update(BLOCKS)
 
-# Built from these blocks in the models_zoo package, which imports this module: loaded on first use.
-_ZOO = ("resnet18", "resnet34", "resnet50")
-
-
-def __getattr__(name: str):
-    if name in _ZOO:
-        from models_zoo import resnet
-
-        return getattr(resnet, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["Block", "Connection", "IOKey", "Model", "OnnxBlock", "Primitive", "TrainModel", "buffer_updates",
-           *sorted(BLOCKS), *_ZOO]
+           *sorted(BLOCKS), "resnet18", "resnet34", "resnet50"]
