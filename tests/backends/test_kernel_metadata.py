@@ -293,12 +293,15 @@ def test_ops_names_each_backends_function_and_location(capsys):
     blocks = _blocks(out)
     assert list(blocks) == list(BACKENDS)
     for backend in loaded:
-        spec = REGISTRY.resolve("Conv", 22, "", backend)
+        [support] = BACKENDS[backend].load().op_ranges("Conv")
         line = next(t for t in blocks[backend] if "opset 1+" in t)
-        assert spec.function in line and line.endswith(spec.location), (backend, line)
-    # NumPy overrides Conv (depthwise, mithril/backends/numpy/conv.py); C renders the shared kernel.
+        assert support.function in line and line.endswith(support.location), (backend, line)
+        if support.kind in ("shared", "override"):  # a registry kernel: the resolved one
+            spec = REGISTRY.resolve("Conv", 22, "", backend)
+            assert spec.function in line and line.endswith(spec.location), (backend, line)
+    # NumPy overrides Conv (depthwise, mithril/backends/numpy/conv.py); C renders its own rule.
     assert "mithril.backends.numpy.overrides.conv (override)" in "\n".join(blocks["numpy"])
-    assert "mithril.backends.kernels.nn.conv (shared)" in "\n".join(blocks["c"])
+    assert "mithril.backends.c.ops.nn.conv (C kernel)  mithril/backends/c/ops/nn.py:" in "\n".join(blocks["c"])
     if "jax" in loaded:
         line = next(t for t in blocks["jax"] if "opset 1+" in t)
         assert "mithril.backends.jax.overrides.conv (override)" in line
@@ -328,9 +331,11 @@ def test_ops_lists_every_op_with_counts_per_backend(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["op", "shared", *BACKENDS]
     conv = next(t.split() for t in lines if t.split()[:1] == ["Conv"])
-    # NumPy overrides Conv (depthwise); C runs the shared kernel: "." means no override.
+    # NumPy overrides Conv (depthwise); C runs its own rule: "+1" for both, "." for the shared kernel.
     assert conv[1] == "1" and conv[2 + list(BACKENDS).index("numpy")] == "+1"
-    assert conv[2 + list(BACKENDS).index("c")] == "."
+    assert conv[2 + list(BACKENDS).index("c")] == "+1"
+    einsum = next(t.split() for t in lines if t.split()[:1] == ["Einsum"])
+    assert einsum[2 + list(BACKENDS).index("c")] == "."  # no C kernel: NumPy's, the fallback
     if "jax" in loaded:
         assert conv[2 + list(BACKENDS).index("jax")] == "+1"
     for backend in loaded:
