@@ -183,6 +183,9 @@ def cmd_inspect(args) -> int:
                         if on_numpy[b] else "")
             out.print(f"{b}: " + (f"[red]{len(missing)} unsupported op(s):[/red] " + ", ".join(missing)
                                   if missing else "[green]every op supported[/green]") + fallback)
+    if any(on_numpy.values()):
+        out.print("[dim]NumPy: the backend has no rule of its own; NumPy runs the op between its segments "
+                  "(fallback='numpy', warned at compile)[/dim]")
     if any(b not in avail for b in backends):
         out.print("[dim]n/a: backend not available in this installation[/dim]")
     return 0
