@@ -400,11 +400,11 @@ def test_composed_model_without_the_kernel_names_the_block_node():
 
 
 # -- documentation -------------------------------------------------------------------------------------
-def test_readme_adding_a_kernel_runs_as_written(capsys):
-    """README.md's "Adding a kernel" block is code users paste: it runs and prints what it says."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("## Adding a kernel"):].split("```python", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md#adding-a-kernel", "exec"), {})
+def test_docs_custom_ops_in_short_runs_as_written(capsys):
+    """docs/custom_ops.md's "In short" block is code users paste: it runs and prints what it says."""
+    doc = (ROOT / "docs" / "custom_ops.md").read_text()
+    block = doc[doc.index("## In short"):].split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/custom_ops.md#in-short", "exec"), {})
     expected = next(line[2:] for line in block.splitlines() if line.startswith("# ("))
     assert capsys.readouterr().out.strip() == expected
 

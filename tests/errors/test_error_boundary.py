@@ -188,18 +188,18 @@ def test_fit_refuses_a_model_without_a_loss():
         fit(pm, {}, lambda epoch: [], SGD(0.1), epochs=1)
 
 
-def test_readme_manual_training_loop_runs_as_written(tmp_path, monkeypatch):
-    """The README's written-out loop: gradients of the data input reach the optimizer."""
-    pytest.importorskip("torch", reason="the README's example trains on TorchBackend")
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Training"):]
-    first, second = [part.split("```", 1)[0] for part in section.split("```python")[1:3]]
+def test_docs_manual_training_loop_runs_as_written(tmp_path, monkeypatch):
+    """docs/training.md's written-out loop: gradients of the data input reach the optimizer."""
+    pytest.importorskip("torch", reason="the page's example trains on TorchBackend")
+    doc = (ROOT / "docs" / "training.md").read_text()
+    first, second = [part.split("```", 1)[0] for part in doc.split("```python")[1:3]]
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
     scope: dict = {}
-    exec(compile(first, "README.md#training", "exec"), scope)
+    exec(compile(first, "docs/training.md#a-training-run", "exec"), scope)
+    assert len(scope["losses"]) == 8 and (tmp_path / "lenet_train.onnx").exists()
     before = {k: scope["backend"].to_numpy(v).copy() for k, v in scope["params"].items()}
-    exec(compile(second, "README.md#training-loop", "exec"), scope)
+    exec(compile(second, "docs/training.md#the-loop-written-out", "exec"), scope)
     assert "input" in scope["grads"] and "input" not in scope["params"]
     moved = [k for k, v in scope["params"].items() if not np.array_equal(scope["backend"].to_numpy(v), before[k])]
     assert moved, "the loop's SGD steps changed no parameter"

@@ -158,16 +158,26 @@ def test_failed_check_exits_with_its_reason(tmp_path):
     assert [p.name for p in tmp.iterdir() if p.name not in LIBRARY_STATE] == []
 
 
-def test_readme_training_snippet_runs(tmp_path, monkeypatch):
-    """The README's Training section is code users paste: it must run as written."""
-    pytest.importorskip("torch", reason="the snippet trains on TorchBackend")
+def test_readme_examples_run(tmp_path, monkeypatch, capsys):
+    """The README's Python blocks are code users paste: they run in order, as one session, and
+    print what their comments say."""
+    for module in ("torch", "jax", "ggml"):
+        pytest.importorskip(module, reason=f"the README's examples run on every backend but MLX ({module})")
     readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("### Training"):].split("```python", 1)[1].split("```", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) == 5, "one example per job: load and run, validate, compose and export, train, deploy"
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
     scope: dict = {}
-    exec(compile(block, "README.md#training", "exec"), scope)
-    assert len(scope["losses"]) == 8 and (tmp_path / "lenet_train.onnx").exists()
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md#example-{i}", "exec"), scope)
+    out = capsys.readouterr().out
+    assert out.count("(1, 10)") == 3, out[-2000:]
+    assert "pass" in str(scope["report"]) and "fail" not in str(scope["report"])
+    first, last = map(float, re.search(r"loss (\d+\.\d+) -> (\d+\.\d+)", out).groups())
+    assert last < first and len(scope["losses"]) == 3
+    assert {"resnet18.onnx", "mlp.onnx", "resnet18.gguf"} <= {p.name for p in tmp_path.iterdir()}
+    assert (tmp_path / "resnet18_c" / "Makefile").exists()
 
 
 def test_architecture_doc_example_runs(capsys):
