@@ -351,11 +351,19 @@ class Backend(metaclass=TensorAPI):
         return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
                            checkpointing=segments)
 
+    def plan_passes(self) -> list:
+        """The plan passes (:mod:`mithril.backends.passes`) the forward program runs through: none
+        here; NumPy and Torch write activations into their input, Torch fuses Gelu chains and
+        convolutions."""
+        return []
+
     def forward_plan(self, plan):
-        """The plan :meth:`lower` prints for the forward program: ``plan`` itself here; a backend
-        may swap kernels on a copy (NumPy and Torch: activations written into their input,
-        :mod:`mithril.backends.inplace`). :mod:`mithril.profile` times the same program."""
-        return plan
+        """The plan :meth:`lower` prints for the forward program: ``plan`` after
+        :meth:`plan_passes` (``plan`` itself when they change nothing; they rewrite a copy).
+        :mod:`mithril.profile` times the same program."""
+        from .passes import run_passes
+
+        return run_passes(plan, self.plan_passes())
 
     def wait_for_build(self, program) -> None:
         """Returns once ``program`` (from :meth:`lower`) is ready to run: ``ml.compile`` calls it

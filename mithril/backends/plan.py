@@ -9,7 +9,9 @@
 - value lifetimes: after which node each value is read for the last time;
 - nested plans for subgraph attributes (If branches, Loop/Scan bodies) and the outer values
   each reads;
-- each value's shape and dtype where the graph knows them.
+- each value's shape and dtype where the graph knows them;
+- on demand, its use-def index (:class:`PlanIndex`, ``plan.index``: who makes and who reads each
+  value), which the plan passes (:mod:`.passes`) rewrite through.
 
 Everything that runs or prints a graph consumes the plan and never looks back at the ONNX
 nodes: :mod:`.interpret` runs it with NumPy (constant folding), :mod:`.emit_python` prints it
@@ -166,6 +168,10 @@ class Plan:
             self._index = PlanIndex(self)
         return self._index
 
+    def __getstate__(self):
+        # A copy builds its own index: this one's maps are keyed by the ids of these objects.
+        return {**self.__dict__, "_index": None}
+
     def all_nodes(self):
         """Every node, subgraph nodes after their parent (the order of ``PlanNode.index``)."""
         for pn in self.nodes:
@@ -295,6 +301,16 @@ class PlanIndex:
         self._add(new)
         if new is not origin:
             self.origins[id(new)] = origin
+
+    def insert(self, new: PlanNode, before: PlanNode | None = None, origin: PlanNode | None = None) -> None:
+        """``new`` put before ``before`` (after every node when None); ``origin``: the node of the
+        plan it runs for, where it has one (a layout change's reorder runs for the node it feeds)."""
+        nodes = self.plan.nodes
+        nodes.insert(len(nodes) if before is None else self.position(before), new)
+        self._positions = None
+        self._add(new)
+        if origin is not None:
+            self.origins[id(new)] = self.origin(origin)
 
     def remove(self, nodes: Iterable[PlanNode]) -> None:
         """Removes ``nodes``; none of their results may be read by a node that stays, or be a

@@ -132,6 +132,11 @@ def test_index_stays_fresh_through_each_rewrite():
     index.remove([neg])
     assert neg not in index and len(work.nodes) == 3
     _assert_fresh(work)
+    # insert: a node that reads the Abs's result, put before the Add and running for it
+    copy = replace(abs_, inputs=abs_.outputs, outputs=(replace(abs_.outputs[0], id=-1, name="copy"),))
+    index.insert(copy, before=new_add, origin=new_add)
+    assert work.nodes[-2] is copy and index.origin(copy) is add and index.producer(copy.outputs[0]) is copy
+    _assert_fresh(work)
     # the plan the copy was made of is untouched
     assert plan.nodes == original and plan.nodes[4].inputs[0] is neg.outputs[0]
 

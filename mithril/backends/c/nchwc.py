@@ -9,7 +9,7 @@ output channels and a depthwise convolution adds whole vectors (``lib/mt_nchwc_t
 1x1 convolutions ran at 105-122 GFLOP/s as GEMMs and 140-157 blocked on one core; its depthwise
 ones 1.2-4x faster.
 
-:func:`block_segment` rewrites one C segment (after :func:`~.render.fuse`): each Conv it can take
+:class:`BlockNCHWc` rewrites one C segment (after :func:`~.render.fuse`): each Conv it can take
 (constant weights, four dimensions, float; 1x1 with stride 1 and no padding, or one filter per
 channel) becomes a ``mithril.c::ConvNCHWc`` node reading weights packed once, here, as constants
 of the program (``Wp[C_out / B][C_in][B]``, ``Wp[C / B][KH * KW][B]``). A depthwise convolution
@@ -33,7 +33,8 @@ from math import prod
 
 import numpy as np
 
-from ..plan import PlanNode, PlanValue, reads_of
+from ..passes import PassManager, PlanPass
+from ..plan import Plan, PlanIndex, PlanNode, PlanValue, reads_of
 from .ops import CLAMP, FLOATS, RESIDUAL, c_kernel
 from .ops.nn import _conv_kind, _geometry
 
@@ -132,80 +133,90 @@ def _reads_plain_well(x: PlanValue) -> bool:
     return c <= 64 or prod(spatial) <= 1024
 
 
+class BlockNCHWc(PlanPass):
+    """The convolutions of one C segment it can take, blocked (see the module docstring), with the
+    reorders their inputs and results need: a layout change on the plan of one segment, whose
+    ``keep(v)`` says ``v`` is read after the segment (or is a graph output); ``pack_params`` as in
+    :func:`blocked_kind`. Each node made here stands for the node it runs for (profile slots)."""
+
+    name = "c-nchwc"
+
+    def __init__(self, keep: Callable[[PlanValue], bool], pack_params: bool = False):
+        self.keep = keep
+        self.pack_params = pack_params
+
+    def run(self, index: PlanIndex) -> bool:
+        nodes = list(index.plan.nodes)
+        kinds = {id(pn): blocked_kind(pn, self.pack_params) for pn in nodes}
+        if not any(kinds.values()):
+            return False
+        takes_blocked = {pn.inputs[0] for pn in nodes if kinds[id(pn)]}  # values a convolution here would read blocked
+        blocked: dict[PlanValue, PlanValue] = {}  # value -> its blocked copy
+        only_blocked: set[PlanValue] = set()  # values not (yet) written in NCHW
+        changed = False
+
+        def reorder(pn: PlanNode, op: str, src: PlanValue, dst: PlanValue, logical: PlanValue,
+                    before: PlanNode | None) -> None:
+            nonlocal changed
+            n, c, *spatial = logical.static_shape
+            node = replace(pn, label=f"{logical.name} {'to' if op == 'ToNCHWc' else 'from'} NCHWc", op_type=op,
+                           domain=DOMAIN, inputs=(src,), outputs=(dst,), attributes={}, defaults={}, subgraphs={},
+                           kwargs={"n": n, "channels": c, "positions": prod(spatial)}, frees=())
+            index.insert(node, before=before, origin=pn)
+            changed = True
+
+        def plain(v: PlanValue, pn: PlanNode, before: PlanNode | None) -> None:
+            if v in only_blocked:
+                only_blocked.discard(v)
+                reorder(pn, "FromNCHWc", blocked[v], v, v, before)
+
+        def as_blocked(v: PlanValue, pn: PlanNode) -> PlanValue:
+            if v not in blocked:
+                blocked[v] = _blocked_value(v)
+                reorder(pn, "ToNCHWc", v, blocked[v], v, pn)
+            return blocked[v]
+
+        for pn in nodes:
+            kind = kinds[id(pn)]
+            x = pn.inputs[0] if kind else None
+            if kind is None or (kind == "pointwise" and x not in blocked
+                                and not (pn.outputs[0] in takes_blocked and _reads_plain_well(x))):
+                for v in reads_of(pn):  # not blocked (for a 1x1 convolution, neither side: the GEMM)
+                    plain(v, pn, pn)
+                continue
+            # Results are written blocked, a whole vector per store (stored in NCHW from the register
+            # tiles, 24 output channels of a 56x56 plane took 2.4x the GEMM's time).
+            y = pn.outputs[0]
+            xin = as_blocked(x, pn) if kind == "depthwise" else blocked.get(x, x)
+            res = pn.inputs[3] if pn.kwargs.get(RESIDUAL) else None
+            if res is not None:
+                res = as_blocked(res, pn)
+            wp, bp = _packed(pn)
+            yout = _blocked_value(y)
+            n, c = x.static_shape[:2]
+            kw = {"kind": kind, "x_blocked": xin is not x, "n": n, "in_channels": c,
+                  "out_channels": y.static_shape[1], "positions": prod(y.static_shape[2:]),
+                  CLAMP: pn.kwargs.get(CLAMP, (-np.inf, np.inf))}
+            if kind == "depthwise":
+                _, win = _conv_kind(pn)
+                kw["geometry"] = _geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
+            index.replace(pn, replace(pn, op_type="ConvNCHWc", domain=DOMAIN, inputs=(xin, wp, bp, res),
+                                      outputs=(yout,), kwargs=kw, frees=()))
+            changed = True
+            blocked[y] = yout
+            only_blocked.add(y)
+        for v in [v for v in blocked if v in only_blocked and self.keep(v)]:
+            plain(v, index.plan.nodes[-1], None)
+        return changed
+
+
 def block_segment(nodes: list[PlanNode], keep: Callable[[PlanValue], bool],
                   pack_params: bool = False) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The segment's nodes with the convolutions it can take blocked (see the module docstring),
-    and, by id of each node made here, the node it runs for (profile slots). ``keep(v)``: ``v``
-    is read after the segment (or is a graph output); ``pack_params`` as in :func:`blocked_kind`."""
-    kinds = {id(pn): blocked_kind(pn, pack_params) for pn in nodes}
-    if not any(kinds.values()):
-        return nodes, {}
-    takes_blocked: set[PlanValue] = set()  # values some convolution here would read blocked
-    for pn in nodes:
-        if kinds[id(pn)]:
-            takes_blocked.add(pn.inputs[0])
-    out: list[PlanNode] = []
-    made: dict[int, PlanNode] = {}
-    blocked: dict[PlanValue, PlanValue] = {}  # value -> its blocked copy
-    only_blocked: set[PlanValue] = set()  # values not (yet) written in NCHW
-
-    def reorder(pn: PlanNode, op: str, src: PlanValue, dst: PlanValue, logical: PlanValue) -> None:
-        n, c, *spatial = logical.static_shape
-        node = replace(pn, label=f"{logical.name} {'to' if op == 'ToNCHWc' else 'from'} NCHWc", op_type=op,
-                       domain=DOMAIN, inputs=(src,), outputs=(dst,), attributes={}, defaults={}, subgraphs={},
-                       kwargs={"n": n, "channels": c, "positions": prod(spatial)}, frees=())
-        made[id(node)] = pn
-        out.append(node)
-
-    def plain(v: PlanValue, pn: PlanNode) -> PlanValue:
-        if v in only_blocked:
-            only_blocked.discard(v)
-            reorder(pn, "FromNCHWc", blocked[v], v, v)
-        return v
-
-    def as_blocked(v: PlanValue, pn: PlanNode) -> PlanValue:
-        if v not in blocked:
-            blocked[v] = _blocked_value(v)
-            reorder(pn, "ToNCHWc", v, blocked[v], v)
-        return blocked[v]
-
-    for pn in nodes:
-        kind = kinds[id(pn)]
-        if kind is None:
-            for v in reads_of(pn):
-                plain(v, pn)
-            out.append(pn)
-            continue
-        x, y = pn.inputs[0], pn.outputs[0]
-        if kind == "pointwise" and x not in blocked and not (y in takes_blocked and _reads_plain_well(x)):
-            for v in reads_of(pn):  # neither side blocked: the GEMM
-                plain(v, pn)
-            out.append(pn)
-            continue
-        # Results are written blocked, a whole vector per store (stored in NCHW from the register
-        # tiles, 24 output channels of a 56x56 plane took 2.4x the GEMM's time).
-        xin = as_blocked(x, pn) if kind == "depthwise" else blocked.get(x, x)
-        res = pn.inputs[3] if pn.kwargs.get(RESIDUAL) else None
-        if res is not None:
-            res = as_blocked(res, pn)
-        wp, bp = _packed(pn)
-        yout = _blocked_value(y)
-        n, c = x.static_shape[:2]
-        kw = {"kind": kind, "x_blocked": xin is not x, "n": n, "in_channels": c,
-              "out_channels": y.static_shape[1], "positions": prod(y.static_shape[2:]),
-              CLAMP: pn.kwargs.get(CLAMP, (-np.inf, np.inf))}
-        if kind == "depthwise":
-            _, win = _conv_kind(pn)
-            kw["geometry"] = _geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
-        node = replace(pn, op_type="ConvNCHWc", domain=DOMAIN, inputs=(xin, wp, bp, res), outputs=(yout,),
-                       kwargs=kw, frees=())
-        made[id(node)] = pn
-        out.append(node)
-        blocked[y] = yout
-        only_blocked.add(y)
-    for v in [v for v in blocked if v in only_blocked and keep(v)]:
-        plain(v, out[-1])
-    return out, made
+    """The segment's nodes after :class:`BlockNCHWc`, and by id of each node made here the node
+    it runs for (profile slots)."""
+    segment = Plan("c", {}, [], [], [], list(nodes), [])
+    result = PassManager([BlockNCHWc(keep, pack_params)])(segment)
+    return (list(result.plan.nodes), result.origins) if result.changed else (nodes, {})
 
 
 @c_kernel("ToNCHWc", "FromNCHWc", domain=DOMAIN, dtypes=FLOATS)
@@ -229,4 +240,4 @@ def conv_nchwc(pn, c):
            f"{k['n']}, {k['in_channels']}, {k['out_channels']}, {k['positions']}, {lo}, {hi});")
 
 
-__all__ = ["DOMAIN", "PackedValue", "block", "block_segment", "blocked_kind", "enabled"]
+__all__ = ["DOMAIN", "BlockNCHWc", "PackedValue", "block", "block_segment", "blocked_kind", "enabled"]

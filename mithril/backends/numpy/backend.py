@@ -64,11 +64,11 @@ class NumpyBackend(Backend):
             self._threadpools = ThreadpoolController()
         return self._threadpools.limit(limits=self.num_threads, user_api="blas")
 
-    def forward_plan(self, plan):
-        from ..inplace import in_place_activations
+    def plan_passes(self):
+        from ..passes import InPlaceActivations
         from .inplace import SWAPS
 
-        return in_place_activations(plan, SWAPS)
+        return [InPlaceActivations(SWAPS)]
 
     def lower_backward(self, plan, *, diff_names, file_path=None, gradient_checkpointing: bool = False):
         """The gradient program (forward kernels, then each node's vector-Jacobian rule from
