@@ -9,7 +9,7 @@
     python scripts/bench.py --precision            # only the precision section (float16, bfloat16, float64)
     python scripts/bench.py --c-backend            # only the C section (latency, ResNet-50 build time, arena)
     python scripts/bench.py --mesh                 # only the device-mesh section (JAX strategies on host devices)
-    python scripts/bench.py --peers [--write ...]  # issue 21's exports beside onnxruntime and native peers, with
+    python scripts/bench.py --peers [--write ...]  # every backend beside onnxruntime and its framework's peer, with
                                                    # resident memory (scripts/bench_peers.py; arguments pass through)
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
@@ -31,10 +31,10 @@ The precision section runs ResNet-18, BERT and GPT-2 exports on each backend in 
 the dtypes of one backend in turns and comparing every output with onnxruntime's float32;
 ``--precision`` runs only that section and replaces it the same way.
 
-The C backend section (issue 18) times ``c`` (``CBackend()``: linked with OpenBLAS when
+The C backend section times ``c`` (``CBackend()``: linked with OpenBLAS when
 scipy-openblas32 is installed) and ``c-noblas`` (``MITHRIL_C_BLAS=0``: the kernel library's own
 GEMM only) beside NumPy on ResNet-18, MobileNetV2, BERT-Small (4 layers, hidden 512) and GPT-2
-(124M, with its LM head) at sequence 128, the models issue 18's bar names, and on the small BERT
+(124M, with its LM head) at sequence 128, the models the C bars name, and on the small BERT
 and GPT-2 above, where per-call overhead shows (each taking turns with onnxruntime, default and 1
 thread; 3 s of timing per row unless --row-seconds; C compiled with inference=True and the file's
 initializers as constant_keys: weights fixed at compile, as in onnxruntime's session), builds ResNet-50
@@ -754,11 +754,16 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
                   "1-thread rows are the steadier comparison."]
     if args.quick:
         lines += ["", "This is a `--quick` run (few calls per row): a smoke test, not a measurement."]
-    lines += ["", "## Targets", "",
-              "Computed from the rows below (issue 2: core/NumPy; issue 3: JAX, Torch and MLX backends; issue 18:",
-              "the C backend, whose build-time and arena targets are in their own section).", "",
-              "| Issue | Target | Model | Measured | Met |", "|---|---|---|---|---|"]
-    lines += [f"| {i} | {t} | {m} | {v} | {verdict} |" for i, t, m, v, verdict in targets]
+    lines += ["", "One report: this command rewrites the Machine, Bars, Results and Threads sections; every other",
+              "section names the command that regenerates it (`--peers --write`, `--c-backend`, `--ggml-backend`,",
+              "`--training-memory`, `--precision`, `--mesh`) and is kept as found. \"Why a backend is slower than",
+              "its peer\" is written by hand from the Peers section's profiles."]
+    lines += ["", "## Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in facts]
+    lines += ["", "## Bars", "",
+              "Computed from the Results below (the C, GGML and memory bars are in their own sections).", "",
+              "| Bar | Model | Measured | Met |", "|---|---|---|---|"]
+    lines += [f"| {t} | {m} | {v} | {verdict} |" for _, t, m, v, verdict in targets]
     lines += ["", "## Results", "",
               "Load+compile: `ml.compile(ml.load_onnx(path), backend, shapes=...)` with its defaults (jit=True; NumPy",
               f"also builds its gradient program), median of {args.compile_repeats}. First call: the first `evaluate`",
@@ -803,7 +808,7 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
                   "The JAX rows again, each setting in a fresh subprocess (XLA reads `XLA_FLAGS` once per process),",
                   "JAX taking turns with onnxruntime only. \"default\" leaves `XLA_FLAGS` unset, which is what",
                   f"`ml.JaxBackend()` runs with; the other rows set `XLA_FLAGS={labels[-1]}` for the whole process.",
-                  "The backend's defaults are not changed by this benchmark; the Targets table judges the default.", "",
+                  "The backend's defaults are not changed by this benchmark; the Bars table judges the default.", "",
                   "| Model | XLA_FLAGS | JAX (ms) | ORT (ms) | vs ORT | First call (s) | Runs |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for model in dict.fromkeys(r["model"] for r in rows):
@@ -822,9 +827,7 @@ def _render(rows, targets, jax_sub, facts, notes, args, loads, started: str) -> 
               f"(`CBackend(num_threads=...)`; at \"default\" every usable CPU); only {', '.join(sorted(THREAD_LIMITED))}",
               "get such rows (XLA and MLX fix their pools at start-up). Spinning thread pools (OpenBLAS, torch's",
               "OpenMP) degrade sharply when the CPUs are oversubscribed, far more than onnxruntime's; the 1-thread",
-              "rows isolate kernel efficiency from scheduling.", "",
-              "## Machine", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in facts]
+              "rows isolate kernel efficiency from scheduling."]
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
@@ -854,7 +857,7 @@ def _xla_summary(rows, jax_sub, labels) -> list[str]:
 
 # -- C backend: build time and arena (issue 18) ----------------------------------------------------
 
-C_HEADING = "## C backend (issue 18)"
+C_HEADING = "## C backend"
 C_MODELS = ("resnet18", "mobilenet_v2", "bert_small", "gpt2_124m", "bert", "gpt2")
 C_TARGET_MODELS = ("resnet18", "mobilenet_v2", "bert_small", "gpt2_124m")  # the models issue 18's bar names
 C_BACKENDS = ("numpy", "c", "c-noblas")
@@ -966,14 +969,14 @@ def _render_c_build(res: dict, rows: list[dict], targets, notes: list[str], star
              "takes turns with onnxruntime at the same thread count (\"default\": every usable CPU for C and",
              "onnxruntime's default pool); vs ORT is the backend's time over onnxruntime's in the same rounds.",
              "bert_small is BERT-Small's shape (4 layers, hidden 512, 8 heads), gpt2_124m GPT-2's released smallest",
-             "size with its LM head (both random weights, sequence 128, batch 1): the models issue 18's bar names.",
+             "size with its LM head (both random weights, sequence 128, batch 1): the models the C bar names.",
              "bert and gpt2 are the small configurations of the tables above (hidden 64, 2 layers), where",
              "per-call overhead shows; they are listed, not held to the bar.", "",
              "| Model | Backend | Threads | Load+compile (s) | Latency (ms) | ORT (ms) | vs ORT | Runs | Max abs diff |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['backend']} | {r['threads']} | {r['compile_s']:.3f} | {r['ms']:.2f} | "
               f"{r['ort_ms']:.2f} | {r['ratio']:.2f}x | {r['runs']} | {r['diff']:.1e} |" for r in rows]
-    lines += ["", "| Target (issue 18) | Model | Measured | Met |", "|---|---|---|---|"]
+    lines += ["", "| Bar | Model | Measured | Met |", "|---|---|---|---|"]
     lines += [f"| {t} | {m} | {v} | {verdict} |" for _, t, m, v, verdict in targets]
     lines += ["", "ResNet-50 (torchvision's architecture, random weights, 224x224 batch 1, exported with the",
              "TorchScript exporter) compiled with `ml.compile(model, ml.CBackend(), shapes=..., static_shapes=True)`. Cold: an empty",
@@ -984,7 +987,7 @@ def _render_c_build(res: dict, rows: list[dict], targets, notes: list[str], star
              f"C compiler: {res['cc']}. BLAS: {res['blas']}, OPENBLAS_CORETYPE {facts['OPENBLAS_CORETYPE']}. "
              f"CPU: {facts['CPU']}, "
              f"{_usable_cpus()} usable.", "",
-             "| Target (issue 18) | Measured | Met |", "|---|---|---|",
+             "| Bar | Measured | Met |", "|---|---|---|",
              f"| ResNet-50 compiles cold (C compiler included) in < {C_COLD_TARGET_S:g} s | {res['cold_s']:.2f} s "
              f"(load_onnx before it {res['load_s']:.2f} s) | {'met' if cold_ok else 'NOT met'} |",
              f"| ResNet-50 compiles from the cache in < {C_CACHED_TARGET_S:g} s | {res['cached_s']:.3f} s "
@@ -1026,7 +1029,7 @@ def _c_backend_main(args, model_names: list[str]) -> int:
 
 # -- the GGML backend ---------------------------------------------------------------------------
 
-GGML_HEADING = "## GGML backend (issue 19)"
+GGML_HEADING = "## GGML backend"
 GGML_MODELS = ("bert_small", "gpt2_124m", "resnet18")
 GGML_BACKENDS = ("ggml", "ggml-q8_0", "ggml-q4_0", "ggml-contrib")
 GGML_F32_TARGET = 2.0  # GGML float32 latency / onnxruntime, issue 19
@@ -1074,7 +1077,7 @@ def _render_ggml(rows: list[dict], targets, notes: list[str], started: str, load
         weights = f"{r['weight_bytes'] / 2**20:.1f}" if r.get("weight_bytes") else ""
         lines.append(f"| {r['model']} | {r['backend']} | {r['threads']} | {r['compile_s']:.3f} | {r['ms']:.2f} | "
                      f"{r['ort_ms']:.2f} | {r['ratio']:.2f}x | {weights} | {r['diff']:.1e} |")
-    lines += ["", "| Target (issue 19) | Model | Measured | Met |", "|---|---|---|---|"]
+    lines += ["", "| Bar | Model | Measured | Met |", "|---|---|---|---|"]
     lines += [f"| {t} | {m} | {v} | {verdict} |" for t, m, v, verdict in targets]
     lines += ["", *_render_generation(generation), ""]
     if notes:
@@ -1091,7 +1094,7 @@ def _ggml_backend_main(args, model_names: list[str]) -> int:
     rows = run_benchmark(args, backends, model_names, notes)
     targets = _ggml_targets(rows)
     for t, m, v, verdict in targets:
-        print(f"issue 19: {t} [{m}]: {v} -> {verdict}")
+        print(f"GGML bar: {t} [{m}]: {v} -> {verdict}")
     generation = _ggml_generation(args, notes)
     section = _render_ggml(rows, targets, notes, started, load, generation)
     return _print_and_write_section(args, GGML_HEADING, section, "GGML backend")
@@ -1480,7 +1483,7 @@ def _precision_main(args, backend_names: list[str], model_names: list[str]) -> i
     return _print_and_write_section(args, PRECISION_HEADING, section, "precision")
 
 
-MESH_HEADING = "## Device meshes (issue 20)"
+MESH_HEADING = "## Device meshes"
 
 
 def _mesh_main(args) -> int:
@@ -1509,7 +1512,8 @@ def _print_and_write_section(args, heading: str, section: str, label: str) -> in
 
 def _splice_section(text: str, heading: str, section: str | None) -> str:
     """``text`` with the section starting at ``heading`` (up to the next ``## ``) replaced by
-    ``section``; a missing one goes before "## Threads" (or at the end). None keeps ``text``."""
+    ``section``; a missing one goes before the first section that follows it in SECTION_ORDER
+    (or at the end). None keeps ``text``."""
     if section is None:
         return text
     start = text.find(heading + "\n")
@@ -1517,9 +1521,11 @@ def _splice_section(text: str, heading: str, section: str | None) -> str:
         end = text.find("\n## ", start + len(heading))
         end = len(text) if end < 0 else end + 1
         return text[:start] + section + ("\n" if end < len(text) else "") + text[end:]
-    anchor = text.find("\n## Threads\n")
-    if anchor < 0:
+    later = SECTION_ORDER[SECTION_ORDER.index(heading) + 1:] if heading in SECTION_ORDER else ("## Threads",)
+    anchors = [i for i in (text.find(f"\n{h}\n") for h in later) if i >= 0]
+    if not anchors:
         return text.rstrip("\n") + "\n\n" + section
+    anchor = min(anchors)
     return text[:anchor + 1] + section + "\n" + text[anchor + 1:]
 
 
@@ -1660,24 +1666,29 @@ def main(argv=None) -> int:
     backend_names = [b for b, _ in backends]
     targets = _targets(rows, model_names, backend_names, jax_sub)
     for i, t, m, v, verdict in targets:
-        print(f"issue {i}: {t} [{m}]: {v} -> {verdict}")
+        print(f"bar: {t} [{m}]: {v} -> {verdict}")
     if not args.no_write:
         facts = _machine_facts() + [("Load average at start / end (1 / 5 / 15 min)",
                                      f"{_fmt_load(load_start)}; {_fmt_load(load_end)}")]
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = _render(rows, targets, jax_sub, facts, notes, args, (load_start, load_end), started)
-        # The training-memory, precision and C build sections are regenerated on their own
-        # (--training-memory, --precision, --c-backend): kept as found.
-        for heading in (TRAIN_MEMORY_HEADING, PRECISION_HEADING, C_HEADING, GGML_HEADING, MESH_HEADING,
-                        PEERS_HEADING):
+        # The other sections are regenerated on their own (--peers, --c-backend...) or by hand: kept as found.
+        for heading in KEPT_SECTIONS:
             text = _splice_section(text, heading, _existing_section(out, heading))
         out.write_text(text)
         print(f"wrote {out}")
     return 0
 
 
-PEERS_HEADING = "## Peers (issue 21)"  # scripts/bench_peers.py's section
+PEERS_HEADING = "## Peers"  # scripts/bench_peers.py's section
+WHY_HEADING = "## Why a backend is slower than its peer"  # written by hand from the Peers profiles
+# The report's sections in order: a section written on its own goes to its place among these.
+SECTION_ORDER = ("## Machine", PEERS_HEADING, WHY_HEADING, "## Bars", "## Results",
+                 "## JAX on CPU with and without XLA flags", C_HEADING, GGML_HEADING, TRAIN_MEMORY_HEADING,
+                 PRECISION_HEADING, MESH_HEADING, "## Threads", "## Notes")
+KEPT_SECTIONS = (PEERS_HEADING, WHY_HEADING, C_HEADING, GGML_HEADING, TRAIN_MEMORY_HEADING, PRECISION_HEADING,
+                 MESH_HEADING)
 
 
 def _training_memory_main(args, backend_names: list[str]) -> int:

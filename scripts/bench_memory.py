@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 21, Must 5: the resident memory a model adds to a process, per runtime.
+"""The resident memory a model adds to a process, per runtime.
 
     python scripts/bench_memory.py model.onnx [more.onnx ...] [--runtimes onnxruntime,numpy,torch,jax,mlx,c]
     python scripts/bench_memory.py mobilenet_v2 --runtimes onnxruntime,torch-eager,torch,jax-port,jax

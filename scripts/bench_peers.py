@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Issue 21, Must 1: every Mithril backend beside onnxruntime and beside the same model written
-directly in that backend's framework, in one process per thread count, taking turns.
+"""Every Mithril backend beside onnxruntime and beside the same model written directly in that
+backend's framework, in one process per thread count, taking turns.
 
     python scripts/bench_peers.py                              # four models, 2 and 1 threads; prints
-    python scripts/bench_peers.py --write                      # and replaces "## Peers (issue 21)" in docs/performance.md
+    python scripts/bench_peers.py --write                      # and replaces "## Peers" in docs/performance.md
     python scripts/bench_peers.py --models resnet18 --threads 1 --row-seconds 2
     python scripts/bench_peers.py --model my.onnx              # a user's file: onnxruntime and Mithril backends only
 
@@ -31,7 +31,7 @@ same count as onnxruntime (``intra_op_num_threads``), torch (``torch.set_num_thr
 do (JAX and MLX outputs are waited for and converted, as ``backend.to_numpy`` does).
 
 With built-in models, the process of the largest thread count also loads and compiles ResNet-50
-(scripts/bench.py's export) on NumPy, Torch and JAX against issue 21's Must 4 (load+compile under
+(scripts/bench.py's export) on NumPy, Torch and JAX against the compile-time bars (load+compile under
 1 s on NumPy and Torch, JAX's first call under 5 s); ``--no-compile-time`` skips it.
 
 One progress line per measurement goes to stderr.
@@ -58,7 +58,7 @@ SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
 
-HEADING = "## Peers (issue 21)"
+HEADING = "## Peers"
 ORT = "onnxruntime"
 # group -> runtimes timed in turns with onnxruntime (and with each other)
 GROUPS = {
@@ -290,7 +290,7 @@ def run_child(args) -> dict:
     return {"rows": rows, "notes": notes, "facts": facts, "compile_rows": compile_rows}
 
 
-# Issue 21, Must 4: ResNet-50's load + compile on NumPy and Torch, and JAX's first call (its jit compile).
+# The compile-time bars: ResNet-50's load + compile on NumPy and Torch, and JAX's first call (its jit compile).
 COMPILE_BARS = {"numpy": ("load+compile", 1.0), "torch": ("load+compile", 1.0), "jax": ("first call", 5.0)}
 
 
@@ -326,7 +326,7 @@ def _compile_rows(item: dict, backends: dict, args, notes: list) -> list[dict]:
 
 
 def _compile_table(rows: list[dict], export_line: str) -> list[str]:
-    lines = ["", "### Load and compile time (issue 21, Must 4)", "",
+    lines = ["", "### Load and compile time", "",
              f"{export_line}. One process at {rows[0]['threads']} thread{'s' if rows[0]['threads'] != 1 else ''} "
              "after the tables above (every framework "
              "imported and started): Mithril's `ml.compile(ml.load_onnx(path), backend)`, the median of three, "
@@ -366,6 +366,19 @@ def _fmt(v, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
 
+def by_backend(rows: list[dict]) -> list[str]:
+    """A table per Mithril backend: each model's median and its ratios to onnxruntime and to the
+    framework-native peer, per thread count (the per-model tables below hold every runtime)."""
+    lines = []
+    for backend in (b for b in LABELS if b in MITHRIL and any(r["runtime"] == b for r in rows)):
+        lines += ["", f"### {LABELS[backend]}", "", "| Model | Threads | Median ms | vs onnxruntime | vs its peer |",
+                  "|---|---|---|---|---|"]
+        for r in (r for r in rows if r["runtime"] == backend):
+            peer = "—" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}x {LABELS[r['peer']]}"
+            lines.append(f"| {r['model']} | {r['threads']} | {r['ms']:.2f} | {r['vs_ort']:.2f}x | {peer} |")
+    return lines
+
+
 def render(results: list[dict], args, started: str, loads, export_lines: list[str], memory=(),
            compile_export: str = "") -> str:
     b = _bench()
@@ -388,7 +401,7 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
         "onnxruntime's outputs. \"Hot ops\": the op types taking most of a Mithril row's time by `ml.profile`",
         "(kernel clocks on NumPy and Torch, XLA's profiler on JAX, eager per-op time on MLX; "
         "`mithril profile FILE --backend B`).",
-        "Why each bar still missed is missed, profile by profile: [peers_analysis.md](peers_analysis.md).", "",
+        "Why a backend is slower than its peer, model by model: the next section.", "",
         f"Load average (1 / 5 / 15 min) at the start {b._fmt_load(loads[0])}, at the end {b._fmt_load(loads[1])}.",
         "", "Exports (scripts/export_models.py):", "",
     ]
@@ -400,9 +413,10 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
         lines.append(f"| {f['threads']}-thread process | {f['affinity']}; torch threads {f['torch.get_num_threads']}; "
                      f"BLAS {f['blas']} |")
     rows = [r for res in results for r in res["rows"]]
+    lines += by_backend(rows)
     for model in dict.fromkeys(r["model"] for r in rows):
         mrows = [r for r in rows if r["model"] == model]
-        lines += ["", f"### {model} ({mrows[0]['input']})", "",
+        lines += ["", f"### {model} ({mrows[0]['input']}): every runtime", "",
                   "| Threads | Runtime | Median ms | Min–max ms | Runs | vs ORT | vs peer | Load s | First call s | max \\|diff\\| | Hot ops (ml.profile) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in mrows:
@@ -429,7 +443,7 @@ def render(results: list[dict], args, started: str, loads, export_lines: list[st
                   "builds the torch module (its construction counts, as loading the file does for the others), a "
                   "port converts the module's weights (the module is built before the mark: a port's user would load "
                   "its weights from a file) and runs compiled; \"vs its peer\" divides a Mithril row by its "
-                  "framework's. Issue 21's bar: every backend within 1.3x of onnxruntime's peak.", ""]
+                  "framework's. The bar: every backend within 1.3x of onnxruntime's peak.", ""]
         lines += bench_memory.table(list(memory))
     notes = [n for res in results for n in res["notes"]]
     if notes:
@@ -461,7 +475,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the resident-memory rows (scripts/bench_memory.py: one fresh process per model and runtime)")
     ap.add_argument("--no-compile-time", action="store_true",
-                    help="skip ResNet-50's load+compile and first-call rows (issue 21's Must 4; exported here, "
+                    help="skip ResNet-50's load+compile and first-call rows (the compile-time bars; exported here, "
                          "measured in the process of the largest thread count; only with built-in --models)")
     ap.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)  # internal: one thread count
     args = ap.parse_args(argv)

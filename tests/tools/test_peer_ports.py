@@ -100,7 +100,7 @@ def test_interleaved_samples_take_turns_and_keep_every_call():
 
 def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, conv_model):
     # The whole path a user takes: --model FILE (onnxruntime and Mithril only), a 1-thread child
-    # process, --write splicing "## Peers (issue 21)" into the document and keeping the rest.
+    # process, --write splicing "## Peers" into the document and keeping the rest.
     import subprocess
 
     import onnx
@@ -108,7 +108,7 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
     model = tmp_path / "conv.onnx"
     onnx.save(conv_model, model)
     doc = tmp_path / "performance.md"
-    doc.write_text("# Performance\n\n## Results\n\nkept\n\n## Threads\n\nalso kept\n")
+    doc.write_text("# Performance\n\n## Machine\n\nkept\n\n## Results\n\nalso kept\n")
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_peers.py"
     proc = subprocess.run([sys.executable, str(script), "--models", "", "--model", str(model), "--threads", "1",
                            "--runtimes", "numpy,torch-eager", "--row-seconds", "0.2", "--min-runs", "2",
@@ -116,8 +116,9 @@ def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, 
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = doc.read_text()
-    assert text.startswith("# Performance\n\n## Results\n\nkept\n")
-    assert text.index("## Peers (issue 21)") < text.index("## Threads\n\nalso kept")
+    assert text.startswith("# Performance\n\n## Machine\n\nkept\n")
+    assert text.index("## Peers\n") < text.index("## Results\n\nalso kept")  # in the report's order
+    assert "### Mithril NumPy\n" in text  # the per-backend table before the per-model ones
     assert "### conv.onnx (x [1, 4, 8, 8])" in text
     assert "| 1 | onnxruntime (numpy group) |" in text and "| 1 | Mithril NumPy |" in text
     assert re.search(r"\| 1 \| Mithril NumPy \|.*\| Conv \d+%", text), text  # its hot ops, by ml.profile
