@@ -1,8 +1,8 @@
 """Forward-only CPU calls of a convolutional model as one graph run by oneDNN's graph API.
 
 Op by op, every oneDNN convolution pays a fixed cost outside its kernel (torch and ideep build its
-descriptors at each call: ~30-60 us, MobileNetV2's 52 calls 2-3 ms of a 10-13 ms run, and
-docs/peers_analysis.md). oneDNN's graph API (LLGA, reached through TorchScript:
+descriptors at each call: ~30-60 us, MobileNetV2's 52 calls 2-3 ms of a 10-13 ms run;
+docs/performance.md). oneDNN's graph API (LLGA, reached through TorchScript:
 ``torch.jit.enable_onednn_fusion``) compiles a graph's convolutions with the activations, adds and
 pools around them into partitions once, and runs them with the weights it laid out once, as
 onnxruntime's session does: MobileNetV2 ~1.6x -> 1.1-1.2x onnxruntime's time, ResNet-18 1.1x ->

@@ -407,7 +407,7 @@ def transpose(data, *, perm, xp):
 # 128x128 47 -> 33 / 38 -> 29, 128x64 by 64x128 25 -> 24 / 17 -> 24; the floor at 2^22 (it was
 # 2^24) takes BERT's 256x256 projections: the model 8.74 -> 6.98 ms at 1 thread, 5.85 -> 4.71 at 2
 # (onnxruntime 6.58 and 3.80; one process, alternating blocks). On Intel CPUs, MKL's own were as
-# fast on BERT's shapes (docs/peers_analysis.md).
+# fast on BERT's shapes (docs/performance.md).
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) is not None and \
     torch.backends.mkldnn.is_available() and torch.backends.mkl.is_available() and \
     cpu_flags()[0] not in ("GenuineIntel", "")
