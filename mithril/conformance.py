@@ -4,7 +4,7 @@
 compares with the expected outputs at each case's own rtol/atol, prints a summary and every failing
 case not in the expected-failure lists (``tests/expected_failures``), and exits 1 when there is one.
 It writes nothing unless asked: ``--output FILE`` (this run as JSON), ``--write-docs`` (merge into
-``docs/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
+``reports/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from mithril.backends.table import BACKENDS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
+REPORTS = REPO / "reports"  # generated data (the per-case record) stays out of the prose in docs/
 EXPECTED_DIR = REPO / "tests" / "expected_failures"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 60
@@ -478,7 +479,7 @@ def run_real(backend_name: str, root: Path = REAL_DIR, progress: bool = False) -
 
 # -- reports -------------------------------------------------------------------------------
 def load_record() -> dict:
-    path = DOCS / "conformance.json"
+    path = REPORTS / "conformance.json"
     if path.exists():
         return json.loads(path.read_text())
     return {"onnx_version": onnx.__version__, "backends": {}}
@@ -490,8 +491,9 @@ def _cases_record(results: list[CaseResult]) -> dict[str, dict]:
 
 def save_record(record: dict, backend: str, results: list[CaseResult] | None,
                 real: dict[str, dict] | None = None, replace: bool = True) -> None:
-    """Write ``record`` with ``backend``'s results into docs/conformance.{json,md}: ``replace``
-    the backend's cases (a full run), or update only those in ``results`` (a filtered run)."""
+    """Write ``record`` with ``backend``'s results into reports/conformance.json and
+    docs/conformance.md: ``replace`` the backend's cases (a full run), or update only those in
+    ``results`` (a filtered run)."""
     record["onnx_version"] = onnx.__version__
     if results is not None:
         cases = {} if replace else dict(record["backends"].get(backend, {}).get("cases", {}))
@@ -499,8 +501,8 @@ def save_record(record: dict, backend: str, results: list[CaseResult] | None,
         record["backends"][backend] = {"cases": cases}
     if real is not None:
         record.setdefault("real", {})[backend] = real
-    DOCS.mkdir(exist_ok=True)
-    (DOCS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    REPORTS.mkdir(exist_ok=True)
+    (REPORTS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     (DOCS / "conformance.md").write_text(render_markdown(record))
 
 
@@ -665,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
                "the expected-failure lists (--real: a corpus file failed), 2 a usage error (unknown\n"
                "backend, a filter matching no case), 3 an internal error, 130 interrupted.\n\n"
                "Nothing is written unless asked: --output FILE (this run's results as JSON) or\n"
-               "--write-docs (merge into docs/conformance.{json,md} of the checkout).")
+               "--write-docs (merge into reports/conformance.json and docs/conformance.md of the checkout).")
     p.add_argument("--backend", default="numpy",
                    help=f"{', '.join(BACKENDS)} (comma-separated for several; default: numpy)")
     p.add_argument("-k", "--cases", "--filter", dest="filter", default=None, metavar="REGEX",
@@ -678,8 +680,8 @@ def main(argv: list[str] | None = None) -> int:
                         "'none': every failing case counts")
     p.add_argument("--output", default=None, metavar="FILE", help="write this run's per-case results as JSON")
     p.add_argument("--write-docs", action="store_true",
-                   help="merge the results into docs/conformance.{json,md} (a full run replaces the backend's "
-                        "column; with -k only the cases that ran are updated)")
+                   help="merge the results into reports/conformance.json and docs/conformance.md (a full run "
+                        "replaces the backend's column; with -k only the cases that ran are updated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
                    help="run only the real-model corpus (tests/data/real); with --write-docs, update its table")
@@ -734,12 +736,13 @@ def main(argv: list[str] | None = None) -> int:
         if docs:
             full = args.filter is None and not args.no_models
             save_record(record, backend, results, replace=full)
-            print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend}: "
+            print(f"wrote {docs / 'conformance.md'} and {REPORTS / 'conformance.json'} ({backend}: "
                   + ("every case" if full else f"{len(results)} case(s) updated") + ")")
     if args.output:
         _write_output(args.output, output)
     elif not docs and args.filter is None and not args.no_models:
-        print("docs/conformance.{json,md} left as they are (--write-docs updates them)", file=sys.stderr)
+        print("docs/conformance.md and reports/conformance.json left as they are (--write-docs updates them)",
+              file=sys.stderr)
     return status
 
 
@@ -761,7 +764,7 @@ def _main_real(args, backends: list[str], docs: Path | None) -> int:
         output["real"][backend] = real
         if docs:
             save_record(record, backend, None, real)
-            print(f"wrote {docs / 'conformance.md'} and conformance.json ({backend} real models)")
+            print(f"wrote {docs / 'conformance.md'} and {REPORTS / 'conformance.json'} ({backend} real models)")
     if args.output:
         _write_output(args.output, output)
     return status

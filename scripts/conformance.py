@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the ONNX backend test suite on Mithril backends; ``mithril conformance`` under another name.
 
-    python scripts/conformance.py --backend numpy,jax,torch,mlx --write-docs   # refresh docs/conformance.{json,md}
+    python scripts/conformance.py --backend numpy,jax,torch,mlx --write-docs   # refresh docs/conformance.md and reports/conformance.json
     python scripts/conformance.py --real --backend numpy,jax,torch,mlx --write-docs   # the real-models table
     python scripts/conformance.py --backend numpy -k '^test_conv' -v            # a check: writes nothing
 

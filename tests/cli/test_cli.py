@@ -24,7 +24,7 @@ from mithril.cli import main
 from tests.conftest import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "docs" / "conformance.json", ROOT / "docs" / "conformance.md"]
+DOCS = [ROOT / "reports" / "conformance.json", ROOT / "docs" / "conformance.md"]
 
 
 def run(*args, cwd):
@@ -35,7 +35,7 @@ def run(*args, cwd):
 
 @pytest.fixture
 def docs_untouched():
-    """The tracked docs/conformance.{json,md} are byte for byte the same after the test."""
+    """The tracked reports/conformance.json and docs/conformance.md are byte for byte the same after the test."""
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in DOCS}
     yield
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in DOCS} == before
@@ -129,13 +129,15 @@ def test_conformance_bad_filter_is_one_line(two_cases, pattern, message, capsys,
 
 
 def test_conformance_write_docs_merges_a_filtered_run(two_cases, tmp_path, monkeypatch, capsys):
-    docs = tmp_path / "docs"
+    docs, reports = tmp_path / "docs", tmp_path / "reports"
     docs.mkdir()
-    (docs / "conformance.json").write_text(json.dumps({"onnx_version": "0", "backends": {"numpy": {"cases": {
+    reports.mkdir()
+    (reports / "conformance.json").write_text(json.dumps({"onnx_version": "0", "backends": {"numpy": {"cases": {
         "test_other": {"kind": "node", "ops": ["Neg"], "reason": "", "status": "pass"}}}}}))
     monkeypatch.setattr(conformance, "DOCS", docs)
+    monkeypatch.setattr(conformance, "REPORTS", reports)
     assert main([*two_cases, "-k", "relu", "--write-docs"]) == 0
-    cases = json.loads((docs / "conformance.json").read_text())["backends"]["numpy"]["cases"]
+    cases = json.loads((reports / "conformance.json").read_text())["backends"]["numpy"]["cases"]
     assert sorted(cases) == ["test_fake_relu", "test_other"]  # -k updates only the cases that ran
     assert "| Relu | 1 / 1 |" in (docs / "conformance.md").read_text()
     assert "(numpy: 1 case(s) updated)" in capsys.readouterr().out

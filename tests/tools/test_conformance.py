@@ -1,7 +1,7 @@
 """The ONNX backend test suite: no case recorded as passing may regress.
 
 NumPy re-runs every case; JAX, Torch and MLX re-run a fixed sample. The record is
-docs/conformance.json, written by `python scripts/conformance.py --backend numpy,jax,torch,mlx,c,ggml --write-docs`
+reports/conformance.json, written by `python scripts/conformance.py --backend numpy,jax,torch,mlx,c,ggml --write-docs`
 (no test writes it).
 """
 
@@ -75,7 +75,7 @@ def _installed(backend: str) -> bool:
 @pytest.mark.parametrize("backend", sorted(TARGETS))
 def test_recorded_count_meets_target(backend):
     record = conformance.load_record()["backends"]
-    assert backend in record, (f"docs/conformance.json has no {backend} column: "
+    assert backend in record, (f"reports/conformance.json has no {backend} column: "
                                f"run scripts/conformance.py --backend {backend} --write-docs")
     cases = record[backend]["cases"]
     node_pass = sum(c["status"] == "pass" and c["kind"] == "node" for c in cases.values())

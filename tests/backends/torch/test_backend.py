@@ -476,7 +476,7 @@ def test_recorded_conformance_meets_target_and_every_failure_is_documented():
 
     record = conformance.load_record()["backends"].get("torch")
     if record is None:
-        pytest.fail("docs/conformance.json has no torch column: run `python scripts/conformance.py --backend torch --write-docs`")
+        pytest.fail("reports/conformance.json has no torch column: run `python scripts/conformance.py --backend torch --write-docs`")
     cases = record["cases"]
     node_pass = sum(c["status"] == "pass" for c in cases.values() if c["kind"] == "node")
     assert node_pass >= 1650, f"Torch passes {node_pass} of the node cases; the target is 1,650"
