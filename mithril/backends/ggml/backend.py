@@ -72,7 +72,7 @@ class GGMLBackend(SegmentedBackend):
         except ImportError as exc:
             raise BackendUnavailableError(
                 "GGMLBackend needs ggml-python: pip install 'ggml-python==0.0.45' "
-                "(a source build, about 2 minutes; see the README)") from exc
+                "(a source build, about 2 minutes; scripts/dev.sh builds it, docs/backends.md#ggml)") from exc
         check_fixed_shapes(type(self).__name__, plan)
         pending = pending_values(plan)
         if pending:  # built at the first evaluate, for the values of the inputs read at build time
