@@ -20,6 +20,7 @@ from math import prod
 
 import numpy as np
 
+from ..passes import ConvChain, FuseConvChains, PassManager
 from ..plan import Plan, PlanNode, PlanValue
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
 from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
@@ -214,81 +215,50 @@ def _clamp_bounds(pn: PlanNode) -> tuple[float, float] | None:
     return (hi if lo > hi else lo), hi  # Clip's rule: a > b gives b
 
 
-def _readers(nodes: list[PlanNode]) -> dict[PlanValue, int]:
-    """How many times each value is read (a subgraph's outer reads count twice: never fused away)."""
-    readers: dict[PlanValue, int] = {}
-    for pn in nodes:
-        for v in pn.inputs:
-            if v is not None:
-                readers[v] = readers.get(v, 0) + 1
-        for sub in pn.subgraphs.values():
-            for p in sub if isinstance(sub, tuple) else (sub,):
-                for v in p.outer:
-                    readers[v] = readers.get(v, 0) + 2
-    return readers
+class FuseConvEpilogues(FuseConvChains):
+    """What a Conv's kernel can apply as it stores, folded into that Conv (the shared matcher of
+    :mod:`mithril.backends.passes.conv`): an Add whose other operand exists when the Conv runs
+    (``kwargs[RESIDUAL]``, that operand the Conv's fourth input), then a Relu or constant-bound Clip
+    (``kwargs[CLAMP]``). The fused node runs where the Conv ran."""
+
+    name = "c-fuse-conv-epilogues"
+    at_conv = True
+
+    def takes_conv(self, index, conv):
+        return (conv.domain, conv.op_type) in FUSES_ACTIVATION and CLAMP not in conv.kwargs and why_not_c(conv) is None
+
+    def takes_residual(self, index, conv, add, residual):
+        y = add.outputs[0]
+        made = index.producer(residual)
+        return (RESIDUAL not in conv.kwargs and fuses_residual(conv) and why_not_c(add) is None
+                and y.static_shape == residual.static_shape and y.dtype == residual.dtype
+                # the residual must exist when the Conv runs, not only when the Add did
+                and (made is None or index.position(made) < index.position(conv)))
+
+    def takes_activation(self, index, act, chain):
+        if _clamp_bounds(act) is None or act.inputs[0].dtype != act.outputs[0].dtype or why_not_c(act) is not None:
+            return False
+        return chain.add is None or why_not_c(self._node(chain)) is None
+
+    def make(self, index, chain):
+        return self._node(chain)
+
+    @staticmethod
+    def _node(chain: ConvChain) -> PlanNode:
+        conv, inputs, kwargs = chain.conv, chain.conv.inputs, dict(chain.conv.kwargs)
+        if chain.add is not None:
+            inputs = (*inputs, *(None,) * (3 - len(inputs)), chain.residual)
+            kwargs[RESIDUAL] = True
+        if chain.act is not None:
+            kwargs[CLAMP] = _clamp_bounds(chain.act)
+        return replace(conv, inputs=inputs, outputs=chain.last.outputs, kwargs=kwargs)
 
 
 def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The plan's nodes with what a Conv's kernel can apply as it stores folded into that Conv, as
-    onnxruntime's Conv+Add and Conv+activation fusions do (one pass over memory instead of two or
-    three): first an Add that is the only reader of the Conv's output (``kwargs[RESIDUAL]``, the
-    Add's other operand the Conv's fourth input), then a Relu or constant-bound Clip that is the
-    only reader of the result (``kwargs[CLAMP]``). Also returns, by id of each fused node, the plan
-    node it replaces."""
-    outputs = set(plan.outputs)
-    nodes, fused = _fuse_residuals(list(plan.nodes), outputs)
-    return _fuse_activations(nodes, outputs, fused)
-
-
-def _fuse_residuals(nodes: list[PlanNode], outputs: set) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    readers = _readers(nodes)
-    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
-    made_at = {v: i for i, pn in enumerate(nodes) for v in pn.outputs}  # multi-output nodes too
-    dropped, fused = set(), {}
-    for i, add in enumerate(list(nodes)):
-        if (add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2 or None in add.inputs
-                or why_not_c(add) is not None):
-            continue
-        y = add.outputs[0]
-        for x, res in (add.inputs, add.inputs[::-1]):
-            j = producer.get(x)
-            if (j is None or j in dropped or readers.get(x) != 1 or x in outputs or x is res
-                    or x.static_shape != y.static_shape or res.static_shape != y.static_shape
-                    or x.dtype != y.dtype or res.dtype != y.dtype
-                    # the residual must exist when the Conv runs, not only when the Add did
-                    or made_at.get(res, -1) >= j):
-                continue
-            pn = nodes[j]
-            if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or RESIDUAL in pn.kwargs
-                    or why_not_c(pn) is not None or not fuses_residual(pn)):
-                continue
-            inputs = (*pn.inputs, *(None,) * (3 - len(pn.inputs)), res)
-            nodes[j] = replace(pn, inputs=inputs, outputs=add.outputs, kwargs={**pn.kwargs, RESIDUAL: True})
-            fused[id(nodes[j])] = pn
-            dropped.add(i)
-            break
-    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
-
-
-def _fuse_activations(nodes: list[PlanNode], outputs: set,
-                      fused: dict[int, PlanNode]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    readers = _readers(nodes)
-    producer = {pn.outputs[0]: i for i, pn in enumerate(nodes) if len(pn.outputs) == 1}
-    dropped = set()
-    for i, act in enumerate(list(nodes)):
-        bounds = _clamp_bounds(act)
-        x = act.inputs[0] if act.inputs else None
-        j = producer.get(x)
-        if bounds is None or j is None or readers.get(x) != 1 or x in outputs or j in dropped:
-            continue
-        pn = nodes[j]
-        if ((pn.domain, pn.op_type) not in FUSES_ACTIVATION or CLAMP in pn.kwargs or x.dtype != act.outputs[0].dtype
-                or why_not_c(pn) is not None or why_not_c(act) is not None):
-            continue
-        nodes[j] = replace(pn, outputs=act.outputs, kwargs={**pn.kwargs, CLAMP: bounds})
-        fused[id(nodes[j])] = fused.pop(id(pn), pn)  # the plan's node, through a residual fusion
-        dropped.add(i)
-    return [pn for i, pn in enumerate(nodes) if i not in dropped], fused
+    """The plan's nodes after :class:`FuseConvEpilogues`, and by id of each fused node the plan
+    node it replaces (profile slots)."""
+    result = PassManager([FuseConvEpilogues()])(plan)
+    return list(result.plan.nodes), result.origins
 
 
 def render(plan: Plan, dtype=None, blocked_layout: bool | None = None, pack_params: bool = False) -> CSource:
