@@ -66,9 +66,9 @@ def _params_float_dtype(params: Mapping[str, Any]):
     """The one floating dtype of ``params``, or None when they have none or several."""
     import numpy as np
 
-    from .frontend.onnx_export import _to_numpy
+    from .frontend.onnx_export import to_numpy
 
-    kinds = {a.dtype for a in (np.asarray(_to_numpy(v)) for v in params.values())
+    kinds = {a.dtype for a in (np.asarray(to_numpy(v)) for v in params.values())
              if a.dtype.kind == "f" or a.dtype.name == "bfloat16"}
     return kinds.pop() if len(kinds) == 1 else None
 

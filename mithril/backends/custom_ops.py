@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable
 
 from ..errors import KernelRegistrationError
-from .registry import CUSTOM_DOMAIN, REGISTRY, _make_spec
+from .registry import CUSTOM_DOMAIN, REGISTRY, make_spec
 from .vjp.rules import RULES
 
 # KernelSpec fields register_op passes through from its keyword arguments.
@@ -37,7 +37,7 @@ def _backend_of(backend) -> tuple[str, type | None]:
     return name, cls
 
 
-def _check_op(op_type, domain, since) -> str:
+def check_op(op_type, domain, since) -> str:
     """The domain as the registry keys it (``ai.onnx`` is ``""``), after checking the arguments."""
     if not isinstance(op_type, str) or not op_type:
         raise KernelRegistrationError(f"an op's name is a non-empty string, not {op_type!r}")
@@ -81,7 +81,7 @@ def register_op(op_type: str, fn: Callable | None = None, *, backend=None, domai
     ['*']
     """
     table, cls = _backend_of(backend)
-    domain = _check_op(op_type, domain, since)
+    domain = check_op(op_type, domain, since)
     unknown = sorted(set(meta) - set(_OP_METADATA))
     if unknown:
         raise KernelRegistrationError(f"register_op({op_type!r}) has no option(s) {', '.join(unknown)}; kernel "
@@ -95,10 +95,10 @@ def register_op(op_type: str, fn: Callable | None = None, *, backend=None, domai
             raise KernelRegistrationError(f"register_op({op_type!r}) registers a function, not {fn!r}")
         # A backend whose program computes on a facade (MLX) hands fn its framework's own arrays.
         kernel_fn = fn if cls is None else cls.framework_kernel(fn)
-        spec = _make_spec(kernel_fn, op_type, domain, since, output_shapes=output_shapes, custom=True, **meta)
+        spec = make_spec(kernel_fn, op_type, domain, since, output_shapes=output_shapes, custom=True, **meta)
         REGISTRY.register(table, spec, replace=replace)
         if vjp is not None:
-            RULES.register("*", _make_spec(vjp, op_type, domain, since, custom=True), replace=replace)
+            RULES.register("*", make_spec(vjp, op_type, domain, since, custom=True), replace=replace)
         return fn
 
     return wrap if fn is None else wrap(fn)
@@ -110,7 +110,7 @@ def unregister_op(op_type: str, *, backend=None, domain: str = CUSTOM_DOMAIN, si
     kernel of that op and version is left. Mithril's own kernels are not removed (register a
     replacement with ``replace=True``)."""
     table, _ = _backend_of(backend)
-    domain = _check_op(op_type, domain, since if since is not None else 1)
+    domain = check_op(op_type, domain, since if since is not None else 1)
     specs = [s for s in REGISTRY.entries(op_type, domain, table) if since is None or s.since == since]
     if not specs:
         where = "shared" if table == "*" else f"{table!r}"

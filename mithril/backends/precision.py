@@ -70,7 +70,7 @@ from onnx_ir.passes import InPlacePass, PassResult
 
 from ..dtypes import tensor_array
 from ..errors import DTypeError
-from ..onnx_bridge.passes import InlineFunctions, _graphs
+from ..onnx_bridge.passes import InlineFunctions, all_graphs
 from ..onnx_bridge.schema import canonical_domain
 
 __all__ = ["ConvertPrecision", "KEEP_FLOAT32", "KEEP_FLOAT32_ALWAYS", "convert_precision", "model_float_dtype"]
@@ -174,7 +174,7 @@ def model_float_dtype(model: ir.Model) -> ir.DataType | None:
     weight elements (initializers and Constant tensors) have; without weights, the one most graph
     inputs have. float8 and float4 are storage types of quantized weights, not counted."""
     counts: Counter = Counter()
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for init in graph.initializers.values():
             if init.const_value is not None and init.const_value.dtype in _COMPUTE_TYPES:
                 counts[init.const_value.dtype] += max(init.const_value.size, 1)
@@ -320,18 +320,18 @@ def _fill_types(model: ir.Model) -> None:
     model keeps its own shapes: compile's specialization infers them once it knows the inputs)."""
     from .specialize import InferShapes  # the kernels' rules type ops ONNX does not know
 
-    if all(v.type is not None for g in _graphs(model.graph) for n in g for v in n.outputs if v.name):
+    if all(v.type is not None for g in all_graphs(model.graph) for n in g for v in n.outputs if v.name):
         return
     probe = model.clone()
     InferShapes()(probe)
     types = {}
-    for g in _graphs(probe.graph):
+    for g in all_graphs(probe.graph):
         for n in g:
             for v in n.outputs:
                 if v.name and v.type is not None:
                     types[v.name] = v.type
     opsets = {canonical_domain(d): v for d, v in model.opset_imports.items()}
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         for n in g:
             for v in n.outputs:
                 if v.name and v.type is None and v.name in types:
@@ -371,7 +371,7 @@ class _Conversion:
         self.kept = kept
         self.half = target in _HALVES
         self.opsets = {canonical_domain(d): v for d, v in model.opset_imports.items()}
-        self.graphs = list(_graphs(model.graph))
+        self.graphs = list(all_graphs(model.graph))
         self.names = {v.name for g in self.graphs for v in (*g.inputs, *g.initializers.values(),
                                                              *(o for n in g for o in n.outputs)) if v.name}
         self.casts: dict[tuple[int, int, ir.DataType], ir.Value] = {}

@@ -200,7 +200,8 @@ def _on_host(fn, takes_xp: bool):
     return host_kernel
 
 
-def _make_spec(fn, op_type, domain, since, **meta) -> KernelSpec:
+def make_spec(fn, op_type, domain, since, **meta) -> KernelSpec:
+    """The registry entry for kernel ``fn``: its keyword-only attributes, its metadata ``meta``."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or ufunc (np.tanh): inputs only, no attributes
@@ -350,7 +351,7 @@ def kernel(op_type: str, *, since: int = 1, domain: str = "", replace: bool = Fa
     replaces a kernel registered for the same op, domain and ``since`` (otherwise an error)."""
 
     def wrap(fn):
-        REGISTRY.register("*", _make_spec(fn, op_type, domain, since, **meta), replace=replace)
+        REGISTRY.register("*", make_spec(fn, op_type, domain, since, **meta), replace=replace)
         return fn
 
     return wrap
@@ -362,7 +363,7 @@ def override(backend: str, op_type: str, *, since: int = 1, domain: str = "", re
     names (``reason="speed: lax.erf is one XLA op"``)."""
 
     def wrap(fn):
-        REGISTRY.register(backend, _make_spec(fn, op_type, domain, since, reason=reason, **meta), replace=replace)
+        REGISTRY.register(backend, make_spec(fn, op_type, domain, since, reason=reason, **meta), replace=replace)
         return fn
 
     return wrap

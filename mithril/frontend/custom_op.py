@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..backends.custom_ops import _check_op
+from ..backends.custom_ops import check_op
 from ..backends.registry import CUSTOM_DOMAIN, REGISTRY
 from ..errors import KernelRegistrationError, ModelError
 from .block import register
@@ -44,7 +44,7 @@ class CustomOp(Primitive):
                  outputs: Sequence[str] = ("output",), output_shapes: Callable | None = None, dtype=None,
                  version: int | None = None, name: str | None = None, **attributes):
         try:
-            self.domain = _check_op(op_type, domain, 1 if version is None else version)
+            self.domain = check_op(op_type, domain, 1 if version is None else version)
         except KernelRegistrationError as exc:
             raise ModelError(f"CustomOp: {exc}") from None
         if self.domain in ("", "ai.mithril"):

@@ -501,8 +501,8 @@ class Model(Block):
         if unknown:
             raise ModelError(f"{self._label()}: {type(block).__name__} has no terminal(s) {unknown}; "
                              f"its terminals are {list(ports)}")
-        S._set(block, "name", self._unique_name(block))
-        S._set(block, "parent", self)
+        S.tracked_setattr(block, "name", self._unique_name(block))
+        S.tracked_setattr(block, "parent", self)
         self._blocks.append(block)
         S.log_undo(self._blocks.pop)
         self._child_ports[block] = ports
@@ -577,7 +577,7 @@ class Model(Block):
         self._unify_shape(wire.shape, ShapeNode.of(np.shape(value)), wire.key, "its value", wire.key, "")
         self._unify_type(wire.type, TypeNode(kind), wire.key, "its value")
         if wire.value is None:
-            S._set(wire, "value", value)
+            S.tracked_setattr(wire, "value", value)
 
     def _wire_for_key(self, key: IOKey, block: Block, port: Port) -> Wire:
         wire = self._named.get(key.name) if key.name is not None else None
@@ -589,9 +589,9 @@ class Model(Block):
             self._unify_type(wire.type, TypeNode(key.type), repr(wire.key), "the IOKey")
         if key.value is not None:
             self._apply_value(wire, key.value)
-            S._set(wire, "param", False)
+            S.tracked_setattr(wire, "param", False)
         if key.expose is not None:
-            S._set(wire, "expose", key.expose)
+            S.tracked_setattr(wire, "expose", key.expose)
         return wire
 
     def _key_shape(self, shape) -> ShapeNode:
@@ -634,8 +634,8 @@ class Model(Block):
             if self._depends_on(inputs, wire):
                 raise CycleError(f"{self._label()}: binding {where} to {wire.key!r} makes a cycle: "
                                  f"{block.name} already reads {wire.key!r} through its inputs")
-            S._set(wire, "producer", (block, port.name))
-            S._set(wire, "param", False)
+            S.tracked_setattr(wire, "producer", (block, port.name))
+            S.tracked_setattr(wire, "param", False)
         self._bindings[(block, port.name)] = wire
         S.log_undo(lambda: self._bindings.pop((block, port.name), None))
         self._unify_shape(port.shape, wire.shape, where, "", repr(wire.key), "")
@@ -701,7 +701,7 @@ class Model(Block):
                 wire = self._named.get(n)
                 if wire is None or wire.producer is None:
                     raise ModelError(f"{self._label()}: {n!r} is not a connection written by a block")
-                S._set(wire, "expose", True)
+                S.tracked_setattr(wire, "expose", True)
             for n, target in targets.items():
                 from .block import BLOCKS
 
@@ -776,8 +776,8 @@ class Model(Block):
                 ports[w.key], wires[w.key] = Port(w.key, spec, w.shape, w.type), w
             for w in outputs:
                 ports[w.key], wires[w.key] = Port(w.key, PortSpec("out"), w.shape, w.type), w
-            S._set(self, "_frozen_ports", ports)
-            S._set(self, "_frozen_wires", wires)
+            S.tracked_setattr(self, "_frozen_ports", ports)
+            S.tracked_setattr(self, "_frozen_wires", wires)
         return self._frozen_ports
 
     def _canonical(self) -> tuple[str | None, str | None]:

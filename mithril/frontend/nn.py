@@ -41,7 +41,7 @@ class MatrixMultiply(Primitive):
             s.set("output", out)
         elif r is not None and len(r) == 2 and not self._linked:
             # [..., k] @ [k, n] -> [..., n] while the left rank is open.
-            S._set(self, "_linked", True)
+            S.tracked_setattr(self, "_linked", True)
             var = Var()
             S.unify_shapes(self._ports["left"].shape, ShapeNode((), var, (r[0],)))
             S.unify_shapes(self._ports["output"].shape, ShapeNode((), var, (r[1],)))

@@ -234,8 +234,8 @@ def _specialized(model: Model, shapes: Mapping | None, dynamic: Mapping[str, Map
                 if d.value is not None and name not in (shapes or {}):
                     raise ShapeMismatchError(f"{label}: dynamic axis {axis} of {name!r} is fixed to {d.value}")
                 if d.symbol is None or not d.user:
-                    S._set(d, "symbol", sym)
-                    S._set(d, "user", True)
+                    S.tracked_setattr(d, "symbol", sym)
+                    S.tracked_setattr(d, "user", True)
         work._solve()
     return work
 
@@ -250,7 +250,8 @@ def _normalize_dynamic(dynamic_axes) -> dict[str, dict[int, str]]:
     return out
 
 
-def _to_numpy(value) -> np.ndarray:
+def to_numpy(value) -> np.ndarray:
+    """Any backend's array as a NumPy array."""
     return np.asarray(array_backend(value).to_numpy(value))
 
 
@@ -340,7 +341,7 @@ def build_onnx(model: Model, shapes=None, params=None, opset: int | None = None,
                     f"{S.Namer().shape(full_by_name[name].shape)}, which is not fully known; give the shapes of "
                     f"the inputs it depends on, e.g. shapes={{{', '.join(repr(u) + ': [...]' for u in unknown)}}}")
             if name in params:
-                arr = _to_numpy(params[name])
+                arr = to_numpy(params[name])
                 used_params.add(name)
                 if tuple(arr.shape) != shape:
                     raise ShapeMismatchError(f"{label}: parameter {name!r} should have shape {list(shape)} "

@@ -5,7 +5,7 @@ A terminal's shape is a :class:`ShapeNode`: a prefix of dims, at most one variad
 union-find nodes: connecting two terminals unifies their nodes, so what one block learns (a fixed
 dim, a rank) every block sharing the node sees.
 
-Every mutation goes through :func:`_set`, which logs it on the open :func:`transaction`'s trail:
+Every mutation goes through :func:`tracked_setattr`, which logs it on the open :func:`transaction`'s trail:
 a failed connection is undone completely, and the model stays as it was before the failing line.
 """
 
@@ -26,7 +26,8 @@ class Conflict(Exception):
     """Two shapes or types cannot agree; callers re-raise it naming the terminals involved."""
 
 
-def _set(obj, attr: str, value) -> None:
+def tracked_setattr(obj, attr: str, value) -> None:
+    """``setattr`` logged on the open :func:`transaction`'s trail, so a failed connection undoes it."""
     global mutation_count
     if _trail is not None:
         old = getattr(obj, attr)
@@ -86,17 +87,17 @@ def unify_dims(a: Dim, b: Dim) -> None:
     if a.value is not None and b.value is not None:
         if a.value != b.value:
             raise Conflict(f"{a.value} != {b.value}")
-        _set(b, "parent", a)
+        tracked_setattr(b, "parent", a)
         return
     if a.value is None and (b.value is not None or (b.user and not a.user)):
         a, b = b, a
-    _set(b, "parent", a)
+    tracked_setattr(b, "parent", a)
 
 
 def fix_dim(d: Dim, value: int) -> None:
     d = d.root()
     if d.value is None:
-        _set(d, "value", int(value))
+        tracked_setattr(d, "value", int(value))
     elif d.value != value:
         raise Conflict(f"{d.value} != {value}")
 
@@ -164,7 +165,7 @@ def unify_shapes(a: ShapeNode, b: ShapeNode) -> bool:
         return True
     if not _unify_repr(ra.normalized(), rb.normalized()):
         return False
-    _set(rb, "parent", ra)
+    tracked_setattr(rb, "parent", ra)
     return True
 
 
@@ -189,7 +190,7 @@ def _unify_repr(a, b) -> bool:
             raise Conflict(f"rank {len(dims)} < {len(p1) + len(s1)}")
         _unify_seq(p1, dims[: len(p1)])
         _unify_seq(s1, dims[len(dims) - len(s1):])
-        _set(v1, "binding", (dims[len(p1): len(dims) - len(s1)], None, ()))
+        tracked_setattr(v1, "binding", (dims[len(p1): len(dims) - len(s1)], None, ()))
         return True
     if v1 is v2:
         if len(p1) != len(p2) or len(s1) != len(s2):
@@ -201,9 +202,9 @@ def _unify_repr(a, b) -> bool:
     _unify_seq(s1[len(s1) - m:], s2[len(s2) - m:])
     p1, p2, s1, s2 = p1[k:], p2[k:], s1[: len(s1) - m], s2[: len(s2) - m]
     if not p1 and not s1:
-        _set(v1, "binding", (p2, v2, s2))
+        tracked_setattr(v1, "binding", (p2, v2, s2))
     elif not p2 and not s2:
-        _set(v2, "binding", (p1, v1, s1))
+        tracked_setattr(v2, "binding", (p1, v1, s1))
     else:
         return False
     return True
@@ -248,8 +249,8 @@ def unify_types(a: TypeNode, b: TypeNode) -> None:
             raise Conflict(f"{type_name(va)} != {type_name(vb)}")
     merged = va if vb is None or isinstance(va, DType) else vb
     if merged is not a.value:
-        _set(a, "value", merged)
-    _set(b, "parent", a)
+        tracked_setattr(a, "value", merged)
+    tracked_setattr(b, "parent", a)
 
 
 def type_name(t) -> str:

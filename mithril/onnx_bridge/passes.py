@@ -52,7 +52,7 @@ INTERNAL_DOMAIN = "ai.mithril"
 _FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 
 
-def _graphs(graph: ir.Graph):
+def all_graphs(graph: ir.Graph):
     """``graph`` and every subgraph under it (If branches, Loop/Scan bodies), outermost first."""
     yield graph
     yield from _subgraphs(graph)
@@ -99,7 +99,7 @@ class RelaxUnknownDims(InPlacePass):
 
     def call(self, model: ir.Model) -> PassResult:
         modified = False
-        for graph in list(_graphs(model.graph)):
+        for graph in list(all_graphs(model.graph)):
             values = list(graph.inputs) + list(graph.outputs)
             values += [o for node in graph for o in node.outputs]
             for value in values:
@@ -484,7 +484,7 @@ class RemoveIdentities(InPlacePass):
 
     def call(self, model: ir.Model) -> PassResult:
         removed = 0
-        for graph in list(_graphs(model.graph)):
+        for graph in list(all_graphs(model.graph)):
             outputs = set(graph.outputs)
             for node in list(graph):
                 if (node.op_type != "Identity" or _canonical_domain(node.domain) != "" or len(node.inputs) != 1
@@ -523,9 +523,9 @@ class Toposort(InPlacePass):
             # onnx_ir's sort is stable: on an order that is already topological it changes nothing.
             return PassResult(model, False)
         # onnx_ir's pass reports the main graph's order only; sort() reorders subgraphs too.
-        before = [list(g) for g in _graphs(model.graph)]
+        before = [list(g) for g in all_graphs(model.graph)]
         common.TopologicalSortPass()(model)
-        after = [list(g) for g in _graphs(model.graph)]
+        after = [list(g) for g in all_graphs(model.graph)]
         return PassResult(model, len(before) != len(after) or any(
             len(a) != len(b) or any(x is not y for x, y in zip(a, b)) for a, b in zip(before, after)))
 

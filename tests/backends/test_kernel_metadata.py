@@ -14,7 +14,7 @@ import mithril as ml
 import mithril.backends.kernels  # noqa: F401  (registers the shared kernels)
 from mithril import cli
 from mithril.backends.kernels.geometry import grid_window, transposed_window, window
-from mithril.backends.registry import REGISTRY, _make_spec
+from mithril.backends.registry import REGISTRY, make_spec
 from mithril.backends.table import BACKENDS
 from mithril.compile import JitFallbackWarning
 
@@ -210,7 +210,7 @@ def test_host_only_kernel_receives_numpy_arrays():
         seen.append((type(a), b, [type(v) for v in seq], axis, xp))
         return a
 
-    spec = _make_spec(probe, "Probe", "", 1, host_only=True)
+    spec = make_spec(probe, "Probe", "", 1, host_only=True)
     out = spec.fn(jnp.ones(2), None, [jnp.zeros(1)], axis=0, xp=jnp)
     assert seen == [(np.ndarray, None, [np.ndarray], 0, np)]
     assert isinstance(out, np.ndarray)
@@ -229,7 +229,7 @@ def test_host_only_kernel_runs_on_numpy_under_the_jax_backend():
         seen.append((type(x), xp))
         return xp.unique(x, return_index=True, return_inverse=True, return_counts=True)
 
-    REGISTRY.register("jax", _make_spec(unique_probe, "Unique", "", 11, host_only=True, data_dependent_shape=True))
+    REGISTRY.register("jax", make_spec(unique_probe, "Unique", "", 11, host_only=True, data_dependent_shape=True))
     try:
         model = make_model([helper.make_node("Unique", ["x"], ["y"])], [("x", F, [5])], [("y", F, None)], opset=17)
         backend = ml.JaxBackend()

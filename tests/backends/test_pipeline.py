@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mithril as ml
-from mithril.backends.registry import KernelRegistry, _make_spec
+from mithril.backends.registry import KernelRegistry, make_spec
 
 from tests.conftest import make_model
 
@@ -13,13 +13,13 @@ from tests.conftest import make_model
 def test_registry_takes_newest_since_not_above_opset():
     reg = KernelRegistry()
     for since in (1, 13, 18):
-        reg.register("*", _make_spec(lambda x, s=since: s, "Op", "", since))
+        reg.register("*", make_spec(lambda x, s=since: s, "Op", "", since))
     assert reg.resolve("Op", 12).since == 1
     assert reg.resolve("Op", 13).since == 13
     assert reg.resolve("Op", 17).since == 13
     assert reg.resolve("Op", 25).since == 18
     assert reg.resolve("Other", 25) is None
-    reg.register("jax", _make_spec(lambda x: x, "Op", "", 13))
+    reg.register("jax", make_spec(lambda x: x, "Op", "", 13))
     assert reg.resolve("Op", 20, backend="jax").since == 18  # a newer shared kernel wins over an older override
     assert reg.resolve("Op", 17, backend="jax").fn is not reg.resolve("Op", 17).fn
 

@@ -40,7 +40,7 @@ from ..plan import Plan, PlanNode, PlanValue
 from ..vjp.program import RuleStep, plan_gradients
 from .program import CKernelMissingError, CProgram
 from .ops import C_TYPES, FLOATS, Emitter, broadcast_strides, ints, strides
-from .render import Segment, _Renderer, _scratch_bytes, _tensor_inputs, layout_segment, preamble, why_not_c
+from .render import Segment, Renderer, scratch_bytes, tensor_inputs, layout_segment, preamble, why_not_c
 
 # ---------------------------------------------------------------------------------------------
 # Items of the gradient program
@@ -147,7 +147,7 @@ _FIRST_COTANGENT_ONLY = {"BatchNormalization"}
 
 def _item_scratch(item: Item) -> int:
     if item.kind == "forward":
-        return _scratch_bytes(item.node)
+        return scratch_bytes(item.node)
     if item.kind == "rule":
         rule = GRAD_KERNELS[(item.node.domain, item.node.op_type)]
         return rule.scratch(item) if rule.scratch is not None else 0
@@ -168,7 +168,7 @@ def _items(gp) -> tuple[list[Item], dict[PlanValue, PlanValue], dict[PlanValue, 
     for step in gp.steps:
         if step.kind == "forward":
             pn = step.node
-            reads = _tensor_inputs(pn) if why_not_c(pn) is None else [v for v in pn.inputs if v is not None]
+            reads = tensor_inputs(pn) if why_not_c(pn) is None else [v for v in pn.inputs if v is not None]
             items.append(Item("forward", node=pn, reads=reads, writes=list(pn.outputs)))
         elif step.kind == "cotangents":
             for v in gp.plan.outputs:
@@ -209,7 +209,7 @@ def _items(gp) -> tuple[list[Item], dict[PlanValue, PlanValue], dict[PlanValue, 
 # Rendering
 
 
-class _GradRenderer(_Renderer):
+class _GradRenderer(Renderer):
     def item(self, item: Item, buf, scratch: str | None) -> None:
         if item.kind == "forward":
             self.node(item.node, buf, scratch)
@@ -740,15 +740,15 @@ def gather_elements_grad(item, c):
 
 
 def _conv_parts(item):
-    from .ops.nn import _conv_kind, _geometry
+    from .ops.nn import conv_kind, window_geometry
 
     x = item.x(0).static_shape
-    kind, win = _conv_kind(item.node)
-    return kind, win, _geometry(x[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
+    kind, win = conv_kind(item.node)
+    return kind, win, window_geometry(x[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
 
 
 def _check_conv(item):
-    from .ops.nn import _check_conv as forward_check
+    from .ops.nn import check_conv as forward_check
 
     why = forward_check(item.node)
     return why or _floats_only(item)
@@ -785,7 +785,7 @@ def conv_grad(item, c):
 
 
 def _check_pool(item):
-    from .ops.nn import _check_pool as forward_check
+    from .ops.nn import check_pool as forward_check
 
     if len(item.node.outputs) > 1:
         return "MaxPool with its Indices output"
@@ -796,12 +796,12 @@ def _check_pool(item):
 
 @grad_kernel("MaxPool", "AveragePool", check=_check_pool)
 def pool_grad(item, c):
-    from .ops.nn import _geometry, _window
+    from .ops.nn import window_geometry, node_window
 
     g, x, dx = item.g, item.x(0), item.dx(0)
     shape = c.shape(x)
-    win = _window(item.node, ints(item.kwargs["kernel_shape"]))
-    geo = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    win = node_window(item.node, ints(item.kwargs["kernel_shape"]))
+    geo = c.arr(window_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
     if item.node.op_type == "MaxPool":
         c.line(f"mt_grad_maxpool_{c.sfx(g)}({c.buf(x)}, {c.buf(g)}, {c.buf(dx)}, {shape[0] * shape[1]}, {geo});")
     else:

@@ -36,7 +36,7 @@ import numpy as np
 from ..passes import PassManager, PlanPass
 from ..plan import Plan, PlanIndex, PlanNode, PlanValue, reads_of
 from .ops import CLAMP, FLOATS, RESIDUAL, c_kernel
-from .ops.nn import _conv_kind, _geometry
+from .ops.nn import conv_kind, window_geometry
 
 DOMAIN = "mithril.c"
 _ids = itertools.count(-1, -1)  # ids of the values made here, apart from the plan's own
@@ -67,7 +67,7 @@ def blocked_kind(pn: PlanNode, pack_params: bool = False) -> str | None:
     if (x.dtype not in FLOATS or w.kind not in fixed or (bias is not None and bias.kind not in fixed)
             or x.static_shape is None or len(x.static_shape) != 4 or pn.outputs[0].static_shape is None):
         return None
-    kind, _ = _conv_kind(pn)
+    kind, _ = conv_kind(pn)
     group = int(pn.kwargs.get("group") or 1)
     if kind == "pointwise" and group == 1:
         return kind
@@ -198,8 +198,8 @@ class BlockNCHWc(PlanPass):
                   "out_channels": y.static_shape[1], "positions": prod(y.static_shape[2:]),
                   CLAMP: pn.kwargs.get(CLAMP, (-np.inf, np.inf))}
             if kind == "depthwise":
-                _, win = _conv_kind(pn)
-                kw["geometry"] = _geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
+                _, win = conv_kind(pn)
+                kw["geometry"] = window_geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
             index.replace(pn, replace(pn, op_type="ConvNCHWc", domain=DOMAIN, inputs=(xin, wp, bp, res),
                                       outputs=(yout,), kwargs=kw, frees=()))
             changed = True

@@ -49,7 +49,7 @@ def kernel_of(pn: PlanNode) -> CKernel | None:
     return KERNELS.rule_for(pn)
 
 
-def _tensor_inputs(pn: PlanNode) -> list[PlanValue]:
+def tensor_inputs(pn: PlanNode) -> list[PlanValue]:
     """The inputs a C kernel reads as buffers (folded ones, like Reshape's shape, are read at
     render time into the generated constants)."""
     rule = kernel_of(pn)
@@ -64,7 +64,8 @@ def why_not_c(pn: PlanNode, dtype=None) -> str | None:
     return why_not(pn, KERNELS)
 
 
-class _Renderer:
+class Renderer:
+    """Writes one plan's C source: the segments' statements, constants and the meaning of each error code."""
     def __init__(self, plan: Plan):
         self.plan = plan
         self.lines: list[str] = []
@@ -170,7 +171,8 @@ def profile_preamble(plan: Plan) -> list[str]:
             "#define MT_PROF_END(i, slot) mt_prof[slot] += mt_now() - mt_t##i", "#endif", ""]
 
 
-def _scratch_bytes(pn: PlanNode) -> int:
+def scratch_bytes(pn: PlanNode) -> int:
+    """Bytes of scratch memory the node's C rule asks for (0 when none)."""
     rule = kernel_of(pn)
     return rule.scratch(pn) if rule is not None and rule.scratch is not None else 0
 
@@ -279,7 +281,7 @@ def render_steps(plan: Plan, steps: list, fused: dict[int, PlanNode] | None = No
     parameters as fixed weights too (an export)."""
     if blocked_layout is None:
         blocked_layout = nchwc.enabled()
-    r = _Renderer(plan)
+    r = Renderer(plan)
     r.slots.update({new: r.slots[id(old)] for new, old in (fused or {}).items()})
     needed = later_reads(steps, plan.outputs)  # who reads each value, by step, before NCHWc's rewrites
     if blocked_layout:  # chains of 1x1 and depthwise convolutions in NCHWc (nchwc.py)
@@ -293,8 +295,8 @@ def render_steps(plan: Plan, steps: list, fused: dict[int, PlanNode] | None = No
     for si, step in enumerate(steps):
         if not isinstance(step, Segment):
             continue
-        lay = layout_segment(step, lambda v, si=si: needed(si, v), _tensor_inputs, lambda pn: pn.outputs,
-                             _scratch_bytes, lambda pn: kernel_of(pn).alias)
+        lay = layout_segment(step, lambda v, si=si: needed(si, v), tensor_inputs, lambda pn: pn.outputs,
+                             scratch_bytes, lambda pn: kernel_of(pn).alias)
         arena_bytes = max(arena_bytes, lay.arena_bytes)
         naive += lay.naive_bytes
         r.lines.append(f"int seg{step.index}(void *const *io, char *arena) {{")

@@ -19,8 +19,8 @@ from jax import lax
 
 from ..kernels import control_flow, elementwise, nn, signal
 from ..kernels.geometry import transposed_window, window
-from ..kernels.nn import _add_bias
-from ..kernels.shape import _element_index
+from ..kernels.nn import add_bias
+from ..kernels.shape import element_index
 from ..registry import override
 
 # Failures of an XLA control-flow construct that the Python form may still handle.
@@ -135,7 +135,7 @@ def _lax_conv(x, w, b, win, group):
         x, w, window_strides=win.strides, padding=list(zip(win.begin, win.end)),
         rhs_dilation=win.dilations, feature_group_count=group,
     )
-    return _add_bias(y, b, jnp)
+    return add_bias(y, b, jnp)
 
 
 # Eigen's matmul with fewer rows than this is faster the other way round, (M, C) @ (C, pixels):
@@ -166,7 +166,7 @@ def _conv_cpu(x, w, b, win, group):
         # on the parameters alone (the JAX backend computes them once, hoist.py).
         # Half-precision inputs accumulate in float32, as a matmul would.
         acc = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
-        padded = nn._pad_spatial(_channels_last(x), win, 0, jnp, channels_last=True).astype(acc)
+        padded = nn.pad_spatial(_channels_last(x), win, 0, jnp, channels_last=True).astype(acc)
         # XLA rewrites a tap that lies inside the unpadded input (the centre one) to read the pad's
         # operand, and then fuses that operand's producer into the depthwise loop, recomputing it
         # there. After MobileNetV2's stem, whose matmul writes channels first, that recomputation
@@ -176,10 +176,10 @@ def _conv_cpu(x, w, b, win, group):
         if m != c:
             padded = jnp.repeat(padded, m // c, axis=-1)
         y = None
-        for offset, tap in nn._taps(padded, win, channels_last=True):
+        for offset, tap in nn.window_taps(padded, win, channels_last=True):
             term = tap * w[(slice(None), 0) + offset].astype(acc)
             y = term if y is None else y + term
-        return _add_bias(_channels_first(y.astype(x.dtype)), b, jnp)
+        return add_bias(_channels_first(y.astype(x.dtype)), b, jnp)
     if group == 1 and math.prod(win.kernel) == 1 and not any(win.begin) and not any(win.end):
         # Pointwise, reading the input channels last: (N*pixels, C) rows, whatever the batch. Around
         # depthwise layers (MobileNet) the moves between layouts cancel across the elementwise ops
@@ -193,7 +193,7 @@ def _conv_cpu(x, w, b, win, group):
             # Few rows: W @ rows.T, channels first out, which Eigen runs faster there.
             y = lax.dot_general(w2, rows, (((1,), (1,)), ((), ())))
             y = jnp.moveaxis(jnp.reshape(y, (m, n, *win.out)), 0, 1)
-        return _add_bias(y, b, jnp)
+        return add_bias(y, b, jnp)
     if _library_conv_wins(x, w, win, group):
         return _lax_conv(x, w, b, win, group)
     cg, mg = c // group, m // group
@@ -208,8 +208,8 @@ def _conv_cpu(x, w, b, win, group):
     if taps > 1 and n * sample_bytes > _PATCHES_MAX_BYTES:
         return _lax_conv(x, w, b, win, group)
     xt = jnp.transpose(x, (1, 0) + spatial)  # (c, n, *size): a bitcast when n == 1
-    padded = nn._pad_spatial(xt, win, 0, jnp)
-    taps = [tap for _, tap in nn._taps(padded, win)]
+    padded = nn.pad_spatial(xt, win, 0, jnp)
+    taps = [tap for _, tap in nn.window_taps(padded, win)]
     cols = taps[0] if len(taps) == 1 else jnp.stack(taps, axis=1)  # (c, taps, n, *out)
     length = n * math.prod(win.out)
     if group == 1:
@@ -217,7 +217,7 @@ def _conv_cpu(x, w, b, win, group):
     else:
         y = jnp.reshape(w, (group, mg, -1)) @ jnp.reshape(cols, (group, cg * len(taps), length))
     y = jnp.transpose(jnp.reshape(y, (m, n) + win.out), (1, 0) + spatial)
-    return _add_bias(y, b, jnp)
+    return add_bias(y, b, jnp)
 
 
 @override("jax", "Conv", since=1,
@@ -254,7 +254,7 @@ def conv_transpose(
     )
     # Negative padding (output wider than the full result on one side is impossible; a crop is not).
     y = y[(Ellipsis, *(slice(max(-a, 0), max(-a, 0) + o) for a, o in zip(lo, out)))]
-    return _add_bias(y, b, jnp)
+    return add_bias(y, b, jnp)
 
 
 @override("jax", "Gemm", since=1,
@@ -264,7 +264,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
     # weights of `x @ W.T` before a matrix-vector product on every call (a classifier's
     # 1000x1280 weights: 740 us against 140 us).
     y = lax.dot_general(a, b, (((0 if transA else 1,), (1 if transB else 0,)), ((), ())))
-    return nn._gemm_scale_add(y, c, alpha, beta, a.dtype)
+    return nn.gemm_scale_add(y, c, alpha, beta, a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,20 +289,20 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
 # of jnp.maximum would split it between ties (common after a ReLU).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _max_pool(x, win):
-    return nn._window_max(x, win, jnp)
+    return nn.window_max(x, win, jnp)
 
 
 def _reduce_window_max(x, win):
     # A concrete (NumPy) identity lets lax pick reduce_window_max, which has a gradient; a traced
     # init would make the generic reduce_window, which does not.
     return lax.reduce_window(
-        x, np.asarray(nn._lowest(x.dtype), dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel),
+        x, np.asarray(nn.lowest(x.dtype), dtype=x.dtype), lax.max, (1, 1) + tuple(win.kernel),
         (1, 1) + win.strides, [(0, 0), (0, 0), *win.read_pads(x.shape[2:])], window_dilation=(1, 1) + win.dilations,
     )
 
 
 def _max_pool_fwd(x, win):
-    return nn._window_max(x, win, jnp), x
+    return nn.window_max(x, win, jnp), x
 
 
 def _max_pool_bwd(win, x, g):
@@ -327,13 +327,13 @@ def _scatter(data, index, updates, reduction):
 @override("jax", "ScatterElements", since=11,
           reason="semantic gap: the shared kernel mutates a NumPy copy; here functional .at[] updates")
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
-    return _scatter(data, _element_index(data, indices, axis), updates, reduction)
+    return _scatter(data, element_index(data, indices, axis), updates, reduction)
 
 
 @override("jax", "Scatter", since=9,
           reason="semantic gap: the shared kernel mutates a NumPy copy; here functional .at[] updates")
 def scatter(data, indices, updates, *, axis):
-    return _scatter(data, _element_index(data, indices, axis), updates, "none")
+    return _scatter(data, element_index(data, indices, axis), updates, "none")
 
 
 @override("jax", "ScatterND", since=11,
@@ -354,7 +354,7 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 def erf(x, *, xp):
     if not jnp.issubdtype(x.dtype, jnp.floating):
         return elementwise.erf(x, xp=xp)
-    return elementwise._in_float32(lax.erf, x, xp=xp)
+    return elementwise.in_float32(lax.erf, x, xp=xp)
 
 
 @override("jax", "Gelu", since=20,
@@ -363,7 +363,7 @@ def gelu(x, *, approximate, xp):
     if approximate != "none" or not jnp.issubdtype(x.dtype, jnp.floating):
         return elementwise.gelu(x, approximate=approximate, xp=xp)
     # 0.5 * (1 + erf(v / sqrt2)) == 0.5 * erfc(-v / sqrt2), which keeps the tail of large -v.
-    return elementwise._in_float32(lambda v: 0.5 * v * lax.erfc(-v / math.sqrt(2)), x, xp=xp)
+    return elementwise.in_float32(lambda v: 0.5 * v * lax.erfc(-v / math.sqrt(2)), x, xp=xp)
 
 
 # Pow by a one-element exponent. A float initializer is a parameter, so under jit GPT-2's Gelu

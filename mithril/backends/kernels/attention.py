@@ -34,8 +34,9 @@ def _split_heads(x, num_heads):
     return x.reshape(b, s, num_heads, -1).transpose(0, 2, 1, 3)
 
 
-def _repeat_kv(x, groups, xp):
-    # GQA: query head h reads K/V head h // groups.
+def repeat_kv(x, groups, xp):
+    """Grouped-query attention's K or V with each head repeated ``groups`` times (axis 1), so query
+    head h reads K/V head h // groups."""
     return x if groups == 1 else xp.repeat(x, groups, axis=1)
 
 
@@ -52,7 +53,7 @@ def _masked_softmax(scores, xp):
 # Attention (opset 23; 24 adds nonpad_kv_seqlen, 25 adds sliding windows).
 
 
-def _allowed_keys(q_len, total, offset, is_causal, nonpad, left, right, xp):
+def allowed_keys(q_len, total, offset, is_causal, nonpad, left, right, xp):
     """Boolean (B or 1, 1, Sq, T) mask of the keys each query may see, or None when all may."""
     if not (is_causal or left >= 0 or right >= 0 or nonpad is not None):
         return None
@@ -98,7 +99,7 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     # Q and K are each scaled by sqrt(scale) before the matmul, to keep the product in range.
     root = xp.asarray(math.sqrt(scale), dtype=work)
     groups = q_heads // k.shape[1]
-    kt = xp.swapaxes(_repeat_kv(k, groups, xp), -1, -2)
+    kt = xp.swapaxes(repeat_kv(k, groups, xp), -1, -2)
     qk = _matmul(q * root, kt * root, xp)
     capped = softcap * xp.tanh(qk / softcap) if softcap else qk
 
@@ -120,7 +121,7 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         offset = nonpad - q_len
     else:
         offset = 0
-    allowed = _allowed_keys(q_len, total, offset, is_causal, nonpad, left_window_size, right_window_size, xp)
+    allowed = allowed_keys(q_len, total, offset, is_causal, nonpad, left_window_size, right_window_size, xp)
     if allowed is not None:
         frontier = xp.where(allowed, xp.asarray(0, dtype=work), xp.asarray(-numpy.inf, dtype=work))
         bias = frontier if bias is None else bias + frontier
@@ -130,7 +131,7 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     if softmax_precision is not None:
         softmax_dtype = numpy.dtype(helper.tensor_dtype_to_np_dtype(softmax_precision))
     probs = _masked_softmax(scores.astype(softmax_dtype), xp).astype(work)
-    y = _matmul(probs, _repeat_kv(v, groups, xp), xp)
+    y = _matmul(probs, repeat_kv(v, groups, xp), xp)
     if packed:
         y = y.transpose(0, 2, 1, 3).reshape(batch, q_len, -1)
     if num_outputs < 4:
@@ -149,14 +150,14 @@ def flex_attention(q, k, v, *, scale, softmax_precision, score_mod=None, prob_mo
     if scale is None:
         scale = 1 / math.sqrt(q.shape[-1])
     groups = q.shape[1] // k.shape[1]
-    kt = xp.swapaxes(_repeat_kv(k.astype(work), groups, xp), -1, -2)
+    kt = xp.swapaxes(repeat_kv(k.astype(work), groups, xp), -1, -2)
     scores = xp.matmul(q.astype(work), kt) * xp.asarray(scale, dtype=work)
     if score_mod is not None:
         scores = score_mod(scores)[0]
     probs = _masked_softmax(scores, xp)
     if prob_mod is not None:
         probs = prob_mod(probs)[0]
-    return xp.matmul(probs, _repeat_kv(v.astype(work), groups, xp)).astype(out_dtype)
+    return xp.matmul(probs, repeat_kv(v.astype(work), groups, xp)).astype(out_dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
             state = state + bt[:, t] * kt * (vt - predicted)
         else:
             state = state + kt * vt
-        shared = _repeat_kv(state, groups, xp)  # (B, Hq, dk, dv)
+        shared = repeat_kv(state, groups, xp)  # (B, Hq, dk, dv)
         outputs.append(scale * xp.sum(q[:, t][..., :, None] * shared, axis=-2))  # (B, Hq, dv)
     y = xp.stack(outputs, axis=1).reshape(batch, steps, q_num_heads * dv).astype(out_dtype)
     state_dtype = node.output_dtypes[1] if len(node.output_dtypes) > 1 and node.output_dtypes[1] is not None else None

@@ -210,7 +210,7 @@ def _layer_norm_stats(x, axes, epsilon, simplified, xp):
     if simplified:
         inv_std = 1 / xp.sqrt(xp.mean(x * x, axis=axes, keepdims=True) + epsilon)
         return x * inv_std, None, inv_std
-    mean, var = _normalization._moments(x, axes, xp)
+    mean, var = _normalization.moments(x, axes, xp)
     inv_std = 1 / xp.sqrt(var + epsilon)
     return (x - mean) * inv_std, mean, inv_std
 
@@ -593,8 +593,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
 
     present_key, present_value = cache(past_key, k), cache(past_value, v)
     groups = num_heads // kv_num_heads
-    keys = _attention._repeat_kv(present_key, groups, xp).astype(work)
-    values = _attention._repeat_kv(present_value, groups, xp).astype(work)
+    keys = _attention.repeat_kv(present_key, groups, xp).astype(work)
+    values = _attention.repeat_kv(present_value, groups, xp).astype(work)
     if scale is None or scale == 0:
         scale = 1 / math.sqrt(head_size)
     scores = xp.matmul(q.astype(work), xp.swapaxes(keys, -1, -2)) * xp.asarray(scale, dtype=work)

@@ -9,7 +9,7 @@ optimizer fuses DynamicQuantizeMatMul and MatMulIntegerToFloat.
 Integer outputs follow onnxruntime's CPU kernels: dequantize as ``scale * (x - zero_point)`` in
 float32, requantize as ``round_half_even(y / scale) + zero_point`` saturated, or, where onnxruntime
 requantizes an int32 accumulator, ``round_half_even(acc * multiplier) + zero_point``. An absent
-zero point is 0 of the data's type. Divisions go through quantize.py's ``_divide`` and summed
+zero point is 0 of the data's type. Divisions go through quantize.py's ``divide`` and summed
 products through ``_uncontracted``, so that XLA's rewrites (reciprocal multiplication, fused
 multiply-add) cannot move a value across a rounding midpoint on JAX.
 """
@@ -25,10 +25,10 @@ from ..registry import kernel
 from . import nn, rnn
 from .geometry import window
 from .quantize import (
-    _divide,
-    _int_matmul,
-    _integer_range,
-    _shifted,
+    divide,
+    int_matmul,
+    integer_range,
+    shifted,
     dequantize_linear,
     dynamic_quantize_linear,
     qlinear_conv,
@@ -58,10 +58,10 @@ def _quantize(y, scale, zero_point, dtype, xp, shift_first=False):
     """round_half_even(y / scale) + zero_point, saturated to ``dtype``; per tensor. ``shift_first``
     adds the zero point before rounding, in float32, as onnxruntime's pooling kernels do (the sum
     can round to a midpoint that y / scale alone does not reach)."""
-    y = _divide(y.astype(F32), scale.reshape(()).astype(F32), xp)
+    y = divide(y.astype(F32), scale.reshape(()).astype(F32), xp)
     zero = F32(0) if zero_point is None else zero_point.reshape(()).astype(F32)
     y = xp.round(y + zero) if shift_first else xp.round(y) + zero
-    lo, hi = _integer_range(dtype)
+    lo, hi = integer_range(dtype)
     return xp.clip(y, lo, hi).astype(dtype)
 
 
@@ -70,7 +70,7 @@ def _requantize(acc, multiplier, zero_point, dtype, xp):
     y = xp.round(acc.astype(F32) * multiplier)
     if zero_point is not None:
         y = y + zero_point.astype(F32)
-    lo, hi = _integer_range(dtype)
+    lo, hi = integer_range(dtype)
     return xp.clip(y, lo, hi).astype(dtype)
 
 
@@ -250,7 +250,7 @@ def qlinear_add(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     fixed = zero(C_zero_point) - (ratio_a * zero(A_zero_point) + ratio_b * zero(B_zero_point))
     y = xp.round((fixed + A.astype(F32) * ratio_a) + B.astype(F32) * ratio_b)
     dtype = _out_dtype(C_zero_point, A)
-    lo, hi = _integer_range(dtype)
+    lo, hi = integer_range(dtype)
     return xp.clip(y, lo, hi).astype(dtype)
 
 
@@ -259,12 +259,12 @@ def qlinear_mul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_z
     # MLAS: the exact int32 product of the shifted inputs, times A_scale * B_scale / C_scale, plus
     # C's zero point, then rounded (the zero point is added before rounding, in float32).
     multiplier = A_scale.reshape(()).astype(F32) * B_scale.reshape(()).astype(F32) / C_scale.reshape(()).astype(F32)
-    a = _shifted(A, None if A_zero_point is None else A_zero_point.reshape(()), xp)
-    b = _shifted(B, None if B_zero_point is None else B_zero_point.reshape(()), xp)
+    a = shifted(A, None if A_zero_point is None else A_zero_point.reshape(()), xp)
+    b = shifted(B, None if B_zero_point is None else B_zero_point.reshape(()), xp)
     zero = F32(0) if C_zero_point is None else C_zero_point.reshape(()).astype(F32)
     y = xp.round(_uncontracted((a * b).astype(F32) * multiplier) + zero)
     dtype = _out_dtype(C_zero_point, A)
-    lo, hi = _integer_range(dtype)
+    lo, hi = integer_range(dtype)
     return xp.clip(y, lo, hi).astype(dtype)
 
 
@@ -324,10 +324,10 @@ def qlinear_average_pool(
     size = x.shape[2:]
     win = window(size, kernel_shape, strides, None, pads, auto_pad, ceil_mode)
     total = None
-    for _, tap in nn._taps(nn._pad_spatial(x, win, 0, xp), win):
+    for _, tap in nn.window_taps(nn.pad_spatial(x, win, 0, xp), win):
         total = tap if total is None else total + tap
-    counts = nn._window_counts(size, win, count_include_pad).astype(F32)
-    y = _divide(total, xp.asarray(counts), xp)
+    counts = nn.window_counts(size, win, count_include_pad).astype(F32)
+    y = divide(total, xp.asarray(counts), xp)
     y = _quantize(y, y_scale, y_zero_point, _out_dtype(y_zero_point, X), xp, shift_first=True)
     return _from_channels_first(y, channels_last, xp)
 
@@ -337,7 +337,7 @@ def qlinear_global_average_pool(X, x_scale, x_zero_point, y_scale, y_zero_point,
     # MLAS sums the integers, then requantizes the sum with x_scale / (y_scale * count).
     axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
     count = math.prod(X.shape[a] for a in axes)
-    total = xp.sum(_shifted(X, x_zero_point.reshape(()), xp), axis=axes, keepdims=True)
+    total = xp.sum(shifted(X, x_zero_point.reshape(()), xp), axis=axes, keepdims=True)
     multiplier = x_scale.reshape(()).astype(F32) / (y_scale.reshape(()).astype(F32) * F32(count))
     return _requantize(total, multiplier, y_zero_point.reshape(()), _out_dtype(y_zero_point, X), xp)
 
@@ -382,7 +382,7 @@ def qlinear_softmax(X, X_scale, x_zero_point=None, y_scale=None, y_zero_point=No
     total = xp.sum(e, axis=-1, keepdims=True)
     # onnxruntime scales by floor(1 / y_scale), then divides by the row's sum, in float32.
     inv = xp.floor(F32(1) / y_scale.reshape(()).astype(F32))
-    q = xp.round(_divide(e * inv, total, xp)).astype(numpy.int32)
+    q = xp.round(divide(e * inv, total, xp)).astype(numpy.int32)
     if y_zero_point is not None:
         q = q + y_zero_point.reshape(()).astype(numpy.int32)
     # Values above 255 become 255, then wrap to the output type (int8's 128 reads -128), as onnxruntime.
@@ -404,15 +404,15 @@ def _column_param(param):
 @kernel("QGemm", since=1, domain=MS, output_shapes=_qgemm_rule)
 def qgemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None, y_zero_point=None, *,
           alpha, transA, transB, node, xp):
-    a = _shifted(A, a_zero_point.reshape(()), xp)
+    a = shifted(A, a_zero_point.reshape(()), xp)
     if transA:
         a = xp.transpose(a)
     # A per-column zero point of B runs along B's rows when B is stored transposed.
     b_zp = _column_param(b_zero_point)
-    b = _shifted(B, b_zp.reshape(-1, 1) if transB and b_zp.ndim == 1 else b_zp, xp)
+    b = shifted(B, b_zp.reshape(-1, 1) if transB and b_zp.ndim == 1 else b_zp, xp)
     if transB:
         b = xp.transpose(b)
-    acc = _int_matmul(a, b, xp)
+    acc = int_matmul(a, b, xp)
     if C is not None:
         acc = acc + C.astype(numpy.int32)
     # onnxruntime's output scale per column: b_scale * (a_scale * alpha), divided by y_scale.
@@ -433,7 +433,7 @@ def _matmul_to_float(a, b, a_scale, b_scale, a_zero_point, b_zero_point, bias, x
     """(A - a_zp) @ (B - b_zp) as int32, times a_scale * b_scale (per column), plus bias."""
     a_zp = None if a_zero_point is None else a_zero_point.reshape(())
     b_zp = None if b_zero_point is None else _column_param(b_zero_point)
-    acc = _int_matmul(_shifted(a, a_zp, xp), _shifted(b, b_zp, xp), xp)
+    acc = int_matmul(shifted(a, a_zp, xp), shifted(b, b_zp, xp), xp)
     out_dtype = numpy.dtype(a_scale.dtype)
     scale = a_scale.reshape(()).astype(F32) * _column_param(b_scale).astype(F32)
     y = acc.astype(F32) * scale
@@ -456,7 +456,7 @@ def dynamic_quantize_matmul(A, B, b_scale, b_zero_point=None, bias=None, *, xp):
 
 @kernel("MatMulInteger16", since=1, domain=MS, output_shapes=_matmul_rule(numpy.int32))
 def matmul_integer16(A, B, *, xp):
-    return _int_matmul(A, B, xp)
+    return int_matmul(A, B, xp)
 
 
 @kernel("QLinearConv", since=1, domain=MS, output_shapes=_conv_rule)
@@ -501,7 +501,7 @@ def dynamic_quantize_lstm(
         def product(x, d):
             rows = x.reshape(-1, x.shape[-1])
             xq, x_scale, x_zero_point = _dynamic_quantize(rows, per_row, xp)
-            acc = _int_matmul(_shifted(xq, x_zero_point, xp), _shifted(weights[d], zero_point[d], xp), xp)
+            acc = int_matmul(shifted(xq, x_zero_point, xp), shifted(weights[d], zero_point[d], xp), xp)
             y = acc.astype(F32) * (x_scale * scale[d].astype(F32))
             return y.reshape(tuple(x.shape[:-1]) + (weights.shape[-1],))
 

@@ -38,7 +38,7 @@ _SUB_BYTE_BITS = {
 _STRING = np.dtype(object)
 
 
-def _in_float32(fn, x, *others, xp):
+def in_float32(fn, x, *others, xp):
     """``fn(x, *others)`` computed in float32 when x is float16/bfloat16, returned in x's dtype."""
     if x.dtype in _HALF:
         return fn(x.astype(xp.float32), *(o.astype(xp.float32) for o in others)).astype(x.dtype)
@@ -79,77 +79,77 @@ def neg(x, *, xp):
 
 @kernel("Reciprocal", since=6)
 def reciprocal(x, *, xp):
-    return _in_float32(lambda v: 1 / v, x, xp=xp)
+    return in_float32(lambda v: 1 / v, x, xp=xp)
 
 
 @kernel("Sqrt", since=6)
 def sqrt(x, *, xp):
-    return _in_float32(xp.sqrt, x, xp=xp)
+    return in_float32(xp.sqrt, x, xp=xp)
 
 
 @kernel("Exp", since=6)
 def exp(x, *, xp):
-    return _in_float32(xp.exp, x, xp=xp)
+    return in_float32(xp.exp, x, xp=xp)
 
 
 @kernel("Log", since=6)
 def log(x, *, xp):
-    return _in_float32(xp.log, x, xp=xp)
+    return in_float32(xp.log, x, xp=xp)
 
 
 @kernel("Sin", since=7)
 def sin(x, *, xp):
-    return _in_float32(xp.sin, x, xp=xp)
+    return in_float32(xp.sin, x, xp=xp)
 
 
 @kernel("Cos", since=7)
 def cos(x, *, xp):
-    return _in_float32(xp.cos, x, xp=xp)
+    return in_float32(xp.cos, x, xp=xp)
 
 
 @kernel("Tan", since=7)
 def tan(x, *, xp):
-    return _in_float32(xp.tan, x, xp=xp)
+    return in_float32(xp.tan, x, xp=xp)
 
 
 @kernel("Asin", since=7)
 def asin(x, *, xp):
-    return _in_float32(xp.arcsin, x, xp=xp)
+    return in_float32(xp.arcsin, x, xp=xp)
 
 
 @kernel("Acos", since=7)
 def acos(x, *, xp):
-    return _in_float32(xp.arccos, x, xp=xp)
+    return in_float32(xp.arccos, x, xp=xp)
 
 
 @kernel("Atan", since=7)
 def atan(x, *, xp):
-    return _in_float32(xp.arctan, x, xp=xp)
+    return in_float32(xp.arctan, x, xp=xp)
 
 
 @kernel("Sinh", since=9)
 def sinh(x, *, xp):
-    return _in_float32(xp.sinh, x, xp=xp)
+    return in_float32(xp.sinh, x, xp=xp)
 
 
 @kernel("Cosh", since=9)
 def cosh(x, *, xp):
-    return _in_float32(xp.cosh, x, xp=xp)
+    return in_float32(xp.cosh, x, xp=xp)
 
 
 @kernel("Asinh", since=9)
 def asinh(x, *, xp):
-    return _in_float32(xp.arcsinh, x, xp=xp)
+    return in_float32(xp.arcsinh, x, xp=xp)
 
 
 @kernel("Acosh", since=9)
 def acosh(x, *, xp):
-    return _in_float32(xp.arccosh, x, xp=xp)
+    return in_float32(xp.arccosh, x, xp=xp)
 
 
 @kernel("Atanh", since=9)
 def atanh(x, *, xp):
-    return _in_float32(xp.arctanh, x, xp=xp)
+    return in_float32(xp.arctanh, x, xp=xp)
 
 
 @kernel("Ceil", since=6)
@@ -213,8 +213,9 @@ def _erf(x, xp):
     return (xp.sign(x) * xp.where(near, erf_near, 1 - erfc_far)).astype(x.dtype)
 
 
-def _erfc(x, xp):
-    # Separately from 1 - erf, so the far tail keeps its relative precision (Gelu of large -x).
+def erfc(x, xp):
+    """1 - erf(x), computed apart from 1 - erf so the far tail keeps its relative precision (Gelu of
+    large -x)."""
     erf_near, erfc_far, near = _erf_parts(xp.abs(x), xp)
     tail = xp.where(near, 1 - erf_near, erfc_far)
     return xp.where(x >= 0, tail, 2 - tail).astype(x.dtype)
@@ -224,7 +225,7 @@ def _erfc(x, xp):
 def erf(x, *, xp):
     if _is_int(x.dtype):
         return _erf(x.astype(xp.float64), xp).astype(x.dtype)
-    return _in_float32(lambda v: _erf(v, xp), x, xp=xp)
+    return in_float32(lambda v: _erf(v, xp), x, xp=xp)
 
 
 @kernel("IsInf", since=10)
@@ -287,7 +288,7 @@ def div(a, b, *, xp):
 def mod(a, b, *, fmod, xp):
     # fmod=0: sign of the divisor (Python %); fmod=1: sign of the dividend (C fmod).
     fn = xp.fmod if fmod else xp.remainder
-    return _in_float32(fn, a, b, xp=xp)
+    return in_float32(fn, a, b, xp=xp)
 
 
 def _int_pow(x, y, xp):
@@ -310,7 +311,7 @@ def pow_(x, y, *, xp):
             return _int_pow(x, y, xp)
         return xp.power(x.astype(xp.float64), y.astype(xp.float64)).astype(x.dtype)
     if y.dtype == x.dtype:
-        return _in_float32(xp.power, x, y, xp=xp)
+        return in_float32(xp.power, x, y, xp=xp)
     wide = xp.float64
     return xp.power(x.astype(wide), y.astype(wide)).astype(x.dtype)
 
@@ -437,7 +438,7 @@ def sum_(*inputs, xp):
 
 @kernel("Mean", since=6)
 def mean(*inputs, xp):
-    return _in_float32(lambda *vs: functools.reduce(xp.add, vs) / len(vs), *inputs, xp=xp)
+    return in_float32(lambda *vs: functools.reduce(xp.add, vs) / len(vs), *inputs, xp=xp)
 
 
 @kernel("Max", since=6)
@@ -459,7 +460,7 @@ def where(condition, x, y, *, xp):
 @kernel("Clip", since=6)
 def clip_attrs(x, *, min, max, xp):  # noqa: A002 - ONNX attribute names
     # In float32 for float16, where the default bounds (+-FLT_MAX) would overflow.
-    return _in_float32(lambda v: xp.minimum(xp.maximum(v, min), max), x, xp=xp)
+    return in_float32(lambda v: xp.minimum(xp.maximum(v, min), max), x, xp=xp)
 
 
 @kernel("Clip", since=11)
@@ -606,7 +607,7 @@ def relu(x, *, xp):
 
 @kernel("LeakyRelu", since=6)
 def leaky_relu(x, *, alpha, xp):
-    return _in_float32(lambda v: xp.where(v >= 0, v, alpha * v), x, xp=xp)
+    return in_float32(lambda v: xp.where(v >= 0, v, alpha * v), x, xp=xp)
 
 
 @kernel("PRelu", since=1)
@@ -619,7 +620,7 @@ def prelu_legacy(x, slope, *, consumed_inputs=None, xp):
 
 @kernel("PRelu", since=7)
 def prelu(x, slope, *, xp):
-    return _in_float32(lambda v, s: xp.where(v < 0, s * v, v), x, slope.astype(x.dtype), xp=xp)
+    return in_float32(lambda v, s: xp.where(v < 0, s * v, v), x, slope.astype(x.dtype), xp=xp)
 
 
 def _elu(v, alpha, xp):
@@ -628,17 +629,17 @@ def _elu(v, alpha, xp):
 
 @kernel("Elu", since=6)
 def elu(x, *, alpha, xp):
-    return _in_float32(lambda v: _elu(v, alpha, xp), x, xp=xp)
+    return in_float32(lambda v: _elu(v, alpha, xp), x, xp=xp)
 
 
 @kernel("Selu", since=6)
 def selu(x, *, alpha, gamma, xp):
-    return _in_float32(lambda v: gamma * _elu(v, alpha, xp), x, xp=xp)
+    return in_float32(lambda v: gamma * _elu(v, alpha, xp), x, xp=xp)
 
 
 @kernel("Celu", since=12)
 def celu(x, *, alpha, xp):
-    return _in_float32(lambda v: xp.maximum(v, 0) + xp.minimum(0, alpha * xp.expm1(xp.minimum(v, 0) / alpha)), x, xp=xp)
+    return in_float32(lambda v: xp.maximum(v, 0) + xp.minimum(0, alpha * xp.expm1(xp.minimum(v, 0) / alpha)), x, xp=xp)
 
 
 @kernel("Gelu", since=20)
@@ -649,20 +650,20 @@ def gelu(x, *, approximate, xp):
         fn = lambda v: v * _sigmoid(k * (v + 0.044715 * v**3), xp)  # noqa: E731
     elif approximate == "none":
         # 0.5 * (1 + erf(v / sqrt2)) == 0.5 * erfc(-v / sqrt2), likewise.
-        fn = lambda v: 0.5 * v * _erfc(-v / math.sqrt(2), xp)  # noqa: E731
+        fn = lambda v: 0.5 * v * erfc(-v / math.sqrt(2), xp)  # noqa: E731
     else:
         raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _in_float32(fn, x, xp=xp)
+    return in_float32(fn, x, xp=xp)
 
 
 @kernel("HardSigmoid", since=6)
 def hard_sigmoid(x, *, alpha, beta, xp):
-    return _in_float32(lambda v: xp.clip(alpha * v + beta, 0, 1), x, xp=xp)
+    return in_float32(lambda v: xp.clip(alpha * v + beta, 0, 1), x, xp=xp)
 
 
 @kernel("HardSwish", since=14)
 def hard_swish(x, *, xp):
-    return _in_float32(lambda v: v * xp.clip(v / 6 + 0.5, 0, 1), x, xp=xp)
+    return in_float32(lambda v: v * xp.clip(v / 6 + 0.5, 0, 1), x, xp=xp)
 
 
 def _sigmoid(v, xp):
@@ -677,32 +678,32 @@ def _softplus(v, xp):
 
 @kernel("Sigmoid", since=6)
 def sigmoid(x, *, xp):
-    return _in_float32(lambda v: _sigmoid(v, xp), x, xp=xp)
+    return in_float32(lambda v: _sigmoid(v, xp), x, xp=xp)
 
 
 @kernel("Softplus", since=1)
 def softplus(x, *, xp):
-    return _in_float32(lambda v: _softplus(v, xp), x, xp=xp)
+    return in_float32(lambda v: _softplus(v, xp), x, xp=xp)
 
 
 @kernel("Softsign", since=1)
 def softsign(x, *, xp):
-    return _in_float32(lambda v: v / (1 + xp.abs(v)), x, xp=xp)
+    return in_float32(lambda v: v / (1 + xp.abs(v)), x, xp=xp)
 
 
 @kernel("Tanh", since=6)
 def tanh(x, *, xp):
-    return _in_float32(xp.tanh, x, xp=xp)
+    return in_float32(xp.tanh, x, xp=xp)
 
 
 @kernel("ThresholdedRelu", since=10)
 def thresholded_relu(x, *, alpha, xp):
-    return _in_float32(lambda v: xp.where(v > alpha, v, 0), x, xp=xp)
+    return in_float32(lambda v: xp.where(v > alpha, v, 0), x, xp=xp)
 
 
 @kernel("Mish", since=18)
 def mish(x, *, xp):
-    return _in_float32(lambda v: v * xp.tanh(_softplus(v, xp)), x, xp=xp)
+    return in_float32(lambda v: v * xp.tanh(_softplus(v, xp)), x, xp=xp)
 
 
 @kernel("Shrink", since=9)
@@ -711,9 +712,9 @@ def shrink(x, *, bias, lambd, xp):
     def fn(v):
         return xp.where(v < -lambd, v + bias, xp.where(v > lambd, v - bias, 0)).astype(v.dtype)
 
-    return _in_float32(fn, x, xp=xp)
+    return in_float32(fn, x, xp=xp)
 
 
 @kernel("Swish", since=24)
 def swish(x, *, alpha, xp):
-    return _in_float32(lambda v: v * _sigmoid(alpha * v, xp), x, xp=xp)
+    return in_float32(lambda v: v * _sigmoid(alpha * v, xp), x, xp=xp)

@@ -17,17 +17,18 @@ from ..registry import kernel
 # Shared helpers.
 
 
-def _host_floats(value) -> numpy.ndarray:
-    # scales/roi are static (host) inputs.
+def host_floats(value) -> numpy.ndarray:
+    """A static (host) input such as scales or roi as a flat float64 NumPy array."""
     return numpy.asarray(value, dtype=numpy.float64).reshape(-1)
 
 
-def _is_empty(value) -> bool:
+def is_empty(value) -> bool:
+    """Whether an optional input is absent or has no elements."""
     return value is None or numpy.asarray(value).size == 0
 
 
-def _compute_dtype(dtype):
-    # float16/bfloat16/integer images interpolate in float32; float64 stays float64.
+def compute_dtype(dtype):
+    """The dtype an image interpolates in: float64 stays, every other type uses float32."""
     dtype = numpy.dtype(dtype)
     return dtype if dtype in (numpy.float32, numpy.float64) else numpy.dtype(numpy.float32)
 
@@ -125,8 +126,9 @@ def _interpolation_taps(coords, mode, scale, cubic_coeff_a, antialias, nearest_m
     return idx, weights
 
 
-def _resize_axis(x, axis, out_len, scale, *, mode, ctm, roi_start, roi_end, cubic_coeff_a, exclude_outside,
-                 extrapolation_value, nearest_mode, antialias, xp):
+def resize_axis(x, axis, out_len, scale, *, mode, ctm, roi_start, roi_end, cubic_coeff_a, exclude_outside,
+                extrapolation_value, nearest_mode, antialias, xp):
+    """``x`` resized along ``axis`` to ``out_len`` samples: Resize's interpolation, one axis at a time."""
     in_len = x.shape[axis]
     coords = _source_coords(out_len, in_len, scale, ctm, roi_start, roi_end)
     idx, weights = _interpolation_taps(coords, mode, scale, cubic_coeff_a, antialias, nearest_mode)
@@ -149,12 +151,14 @@ def _resize_axis(x, axis, out_len, scale, *, mode, ctm, roi_start, roi_end, cubi
     return y
 
 
-def _resize(x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubic_coeff_a, exclude_outside,
-            extrapolation_value, nearest_mode, antialias, axes, keep_aspect_ratio_policy, xp):
+def resize_array(x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubic_coeff_a, exclude_outside,
+                 extrapolation_value, nearest_mode, antialias, axes, keep_aspect_ratio_policy, xp):
+    """Resize on an array, given its inputs and attributes: the output sizes from ``sizes`` or
+    ``scales`` (``axes`` and the aspect-ratio policy applied), then each resized axis in turn."""
     rank = x.ndim
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
     in_sizes = numpy.array([x.shape[a] for a in axes], dtype=numpy.float64)
-    if not _is_empty(sizes):
+    if not is_empty(sizes):
         target = numpy.asarray(sizes, dtype=numpy.int64).reshape(-1)
         if keep_aspect_ratio_policy == "stretch":
             out_sizes = target
@@ -165,15 +169,15 @@ def _resize(x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubi
             out_sizes = numpy.floor(s * in_sizes + 0.5).astype(numpy.int64)
             axis_scales = numpy.full(len(axes), s)
     else:
-        axis_scales = _host_floats(scales)
+        axis_scales = host_floats(scales)
         out_sizes = numpy.floor(in_sizes * axis_scales).astype(numpy.int64)
-    if coordinate_transformation_mode == "tf_crop_and_resize" and not _is_empty(roi):
-        roi = _host_floats(roi)
+    if coordinate_transformation_mode == "tf_crop_and_resize" and not is_empty(roi):
+        roi = host_floats(roi)
         starts, ends = roi[: len(axes)], roi[len(axes):]
     else:
         starts, ends = numpy.zeros(len(axes)), numpy.ones(len(axes))
 
-    work = x.astype(_compute_dtype(x.dtype)) if mode != "nearest" else x
+    work = x.astype(compute_dtype(x.dtype)) if mode != "nearest" else x
     for i, axis in enumerate(axes):
         out_len, scale = int(out_sizes[i]), float(axis_scales[i])
         identity = out_len == x.shape[axis] and scale == 1.0 and (
@@ -181,7 +185,7 @@ def _resize(x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubi
         )
         if identity:
             continue
-        work = _resize_axis(
+        work = resize_axis(
             work, axis, out_len, scale, mode=mode, ctm=coordinate_transformation_mode, roi_start=starts[i],
             roi_end=ends[i], cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
             extrapolation_value=extrapolation_value, nearest_mode=nearest_mode, antialias=antialias, xp=xp,
@@ -191,7 +195,7 @@ def _resize(x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubi
 
 def _legacy_resize(x, scales, mode, xp):
     # Upsample and Resize-10: asymmetric coordinates, onnxruntime's legacy nearest rounding.
-    return _resize(
+    return resize_array(
         x, None, scales, None, mode=mode, coordinate_transformation_mode="asymmetric", cubic_coeff_a=-0.75,
         exclude_outside=0, extrapolation_value=0.0, nearest_mode="legacy", antialias=0, axes=None,
         keep_aspect_ratio_policy="stretch", xp=xp,
@@ -208,7 +212,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, mode, coordinate_transformat
            exclude_outside, extrapolation_value, nearest_mode, antialias=0, axes=None,
            keep_aspect_ratio_policy="stretch", xp):
     # antialias/axes/keep_aspect_ratio_policy arrived in Resize-18 with defaults equal to the old behaviour.
-    return _resize(
+    return resize_array(
         x, roi, scales, sizes, mode=mode, coordinate_transformation_mode=coordinate_transformation_mode,
         cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
         nearest_mode=nearest_mode, antialias=antialias, axes=axes,
@@ -277,7 +281,7 @@ def grid_sample(x, grid, *, align_corners, mode, padding_mode, xp):
     dims = x.shape[2:]
     r = len(dims)
     out_spatial = grid.shape[1:-1]
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     g = grid.reshape(n, -1, r).astype(dtype)
     per_axis = []
     for i, size in enumerate(dims):
@@ -425,9 +429,9 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
     # numpy-only: greedy selection with a data-dependent number of outputs.
     boxes = numpy.asarray(boxes, dtype=numpy.float64)
     scores = numpy.asarray(scores, dtype=numpy.float64)
-    max_out = 0 if _is_empty(max_output_boxes_per_class) else int(_scalar(max_output_boxes_per_class))
-    iou_thr = 0.0 if _is_empty(iou_threshold) else float(_scalar(iou_threshold))
-    score_thr = None if _is_empty(score_threshold) else float(_scalar(score_threshold))
+    max_out = 0 if is_empty(max_output_boxes_per_class) else int(_scalar(max_output_boxes_per_class))
+    iou_thr = 0.0 if is_empty(iou_threshold) else float(_scalar(iou_threshold))
+    score_thr = None if is_empty(score_threshold) else float(_scalar(score_threshold))
     selected = []
     if max_out > 0:
         for b in range(boxes.shape[0]):

@@ -21,9 +21,9 @@ from .geometry import Window, grid_window, transposed_window, window
 # Windows (geometry.py computes their geometry)
 
 
-def _pad_spatial(x, win: Window, fill, xp, channels_last: bool = False):
-    # Pads just what the windows read (Window.read_pads). The spatial axes are the last ones, or
-    # the ones before the channel axis when ``channels_last``.
+def pad_spatial(x, win: Window, fill, xp, channels_last: bool = False):
+    """``x`` padded with ``fill`` by just what the windows of ``win`` read (``Window.read_pads``). The
+    spatial axes are the last ones, or the ones before the channel axis when ``channels_last``."""
     nd = len(win.kernel)
     first = 1 if channels_last else x.ndim - nd
     widths = [(0, 0)] * x.ndim
@@ -38,7 +38,7 @@ def _pad_spatial(x, win: Window, fill, xp, channels_last: bool = False):
     return xp.pad(x, widths, constant_values=fill)
 
 
-def _taps(padded, win: Window, channels_last: bool = False):
+def window_taps(padded, win: Window, channels_last: bool = False):
     """Yields (offset, tap): for each kernel offset (row-major), the slice of ``padded`` that
     this offset reads in every output window; tap.shape = padded.shape[:-nd] + win.out, or
     (N, *win.out, C) when ``channels_last``."""
@@ -49,7 +49,8 @@ def _taps(padded, win: Window, channels_last: bool = False):
         yield offset, padded[(slice(None), *index, Ellipsis) if channels_last else (Ellipsis, *index)]
 
 
-def _lowest(dtype):
+def lowest(dtype):
+    """The smallest value of ``dtype``: -inf for floating types, else the integer minimum."""
     dtype = numpy.dtype(dtype)
     return -numpy.inf if dtype.kind in "fV" else numpy.iinfo(dtype).min
 
@@ -58,7 +59,8 @@ def _is_half(dtype) -> bool:
     return numpy.dtype(dtype) == numpy.float16 or numpy.dtype(dtype).name == "bfloat16"
 
 
-def _matmul(a, b, xp):
+def xp_matmul(a, b, xp):
+    """``a @ b`` over ``xp``; on NumPy, float16 and bfloat16 go through float32 and return their own dtype."""
     dtype = a.dtype
     if xp is numpy and (dtype == numpy.float16 or dtype.kind == "V"):
         # NumPy has no BLAS for float16/bfloat16 (float16 matmul is a slow scalar loop);
@@ -68,7 +70,8 @@ def _matmul(a, b, xp):
     return y if y.dtype == dtype else y.astype(dtype)
 
 
-def _add_bias(y, b, xp):
+def add_bias(y, b, xp):
+    """``y`` plus the per-channel bias ``b`` (axis 1), if any."""
     # y is always a fresh result here: += adds in place under NumPy (saving a pass and an
     # allocation) and rebinds under immutable namespaces.
     if b is not None:
@@ -85,21 +88,21 @@ def _conv(x, w, b, *, auto_pad, dilations, group, pads, strides, xp):
     m = w.shape[0]
     cg, mg = c // group, m // group
     win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
-    padded = _pad_spatial(x, win, 0, xp)
+    padded = pad_spatial(x, win, 0, xp)
     taps = math.prod(win.kernel)
     length = math.prod(win.out)
     if taps == 1:
-        cols = next(_taps(padded, win))[1]
+        cols = next(window_taps(padded, win))[1]
     else:
         # im2col: (n, c, taps, *out), channel-major to match W's (m, c, *kernel) layout.
-        cols = xp.stack([tap for _, tap in _taps(padded, win)], axis=2)
+        cols = xp.stack([tap for _, tap in window_taps(padded, win)], axis=2)
     # One matmul batched over groups. Depthwise convolutions (cg == 1) take this path too:
     # measured on MobileNetV2's shapes it is 2x faster than multiply-accumulating shifted
     # slices, whose temporaries cost more than the im2col copy. (NumPy overrides depthwise with
     # preallocated, cache-blocked multiply-adds over stride phases, 1.7x faster: numpy/conv.py.)
     cols = xp.reshape(cols, (n, group, cg * taps, length))
-    y = _matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
-    return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
+    y = xp_matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
+    return add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
 
 
 @kernel("Conv", since=1)
@@ -110,7 +113,7 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     )
 
 
-def _col2im(cols, grid, win: Window, size, shift=0):
+def fold_columns(cols, grid, win: Window, size, shift=0):
     """Adds column blocks back into an image: cols (n, c, taps, *grid) -> (n, c, *size), the
     block at grid position g and kernel offset o landing at g * stride + o * dilation + shift."""
     # numpy-only: scatter-add through in-place slice assignment.
@@ -128,7 +131,7 @@ def _col2im(cols, grid, win: Window, size, shift=0):
 def conv_transpose(
     x, w, b=None, *, auto_pad, dilations, group, kernel_shape, output_padding, output_shape, pads, strides
 ):
-    # numpy-only: the overlap-add in _col2im accumulates into a canvas in place.
+    # numpy-only: the overlap-add in fold_columns accumulates into a canvas in place.
     n, c = x.shape[:2]
     size = x.shape[2:]
     kernel = w.shape[2:]
@@ -137,13 +140,13 @@ def conv_transpose(
     taps = math.prod(kernel)
     # Every input pixel spreads over the kernel: cols[n, m, tap, pixel].
     wt = numpy.swapaxes(numpy.reshape(w, (group, cg, mg * taps)), 1, 2)
-    cols = _matmul(wt, numpy.reshape(x, (n, group, cg, math.prod(size))), numpy)
+    cols = xp_matmul(wt, numpy.reshape(x, (n, group, cg, math.prod(size))), numpy)
     cols = numpy.reshape(cols, (n, group * mg, taps) + tuple(size))
     # Negative padding (output larger than full) grows the canvas: geo.shift pixels at the start.
     shift = geo.shift
-    y = _col2im(cols, size, grid_window(kernel, geo.strides, geo.dilations, size), geo.canvas, shift)
+    y = fold_columns(cols, size, grid_window(kernel, geo.strides, geo.dilations, size), geo.canvas, shift)
     y = y[(Ellipsis, *(slice(shift + bg, shift + bg + o) for bg, o in zip(geo.begin, geo.out)))]
-    return _add_bias(y, b, numpy)
+    return add_bias(y, b, numpy)
 
 
 @kernel("Col2Im", since=18, static_inputs=(1, 2), host_only=True, emit_required=True)
@@ -154,7 +157,7 @@ def col2im(x, image_shape, block_shape, *, dilations, pads, strides):
     n = x.shape[0]
     cols = numpy.reshape(x, (n, -1, math.prod(block)) + win.out)
     padded = [i + b + e for i, b, e in zip(image, win.begin, win.end)]
-    y = _col2im(cols, win.out, win, padded)
+    y = fold_columns(cols, win.out, win, padded)
     return y[(Ellipsis, *(slice(b, b + i) for b, i in zip(win.begin, image)))]
 
 
@@ -197,19 +200,19 @@ def deform_conv(
     if mask is not None:
         sampled = sampled * xp.reshape(mask, (n, offset_group, 1, taps * length))
     cols = xp.reshape(sampled, (n, group, cg * taps, length))
-    y = _matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
-    return _add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
+    y = xp_matmul(xp.reshape(w, (group, mg, cg * taps)), cols, xp)
+    return add_bias(xp.reshape(y, (n, m) + win.out), b, xp)
 
 
 # ---------------------------------------------------------------------------------------------
 # Pooling
 
 
-def _window_max(x, win: Window, xp):
+def window_max(x, win: Window, xp):
     """Each window's maximum: the elementwise maximum of the shifted slices (one fused loop
     under a compiler)."""
     y = None
-    for _, tap in _taps(_pad_spatial(x, win, _lowest(x.dtype), xp), win):
+    for _, tap in window_taps(pad_spatial(x, win, lowest(x.dtype), xp), win):
         y = tap if y is None else xp.maximum(y, tap)
     return y
 
@@ -221,8 +224,8 @@ def max_pool(
     size = x.shape[2:]
     win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     if num_outputs < 2:
-        return _window_max(x, win, xp)
-    padded = _pad_spatial(x, win, _lowest(x.dtype), xp)
+        return window_max(x, win, xp)
+    padded = pad_spatial(x, win, lowest(x.dtype), xp)
     # Indices: flat positions in the unpadded input, spatial axes row- or column-major.
     nd = len(size)
     order = range(nd) if storage_order else range(nd - 1, -1, -1)
@@ -232,7 +235,7 @@ def max_pool(
         step *= size[i]
     channel_base = numpy.arange(x.shape[0] * x.shape[1], dtype=numpy.int64).reshape(x.shape[:2] + (1,) * nd) * step
     y = indices = None
-    for offset, tap in _taps(padded, win):
+    for offset, tap in window_taps(padded, win):
         flat = channel_base
         for i in range(nd):
             coord = numpy.arange(win.out[i]) * win.strides[i] + offset[i] * win.dilations[i] - win.begin[i]
@@ -247,7 +250,8 @@ def max_pool(
     return y, indices
 
 
-def _window_counts(size, win: Window, count_include_pad):
+def window_counts(size, win: Window, count_include_pad):
+    """How many taps of each window of ``win`` hit counted pixels, over the output's spatial shape."""
     # How many taps of each window hit counted pixels; separable, so an outer product of 1-D counts.
     counts = numpy.ones(())
     for i, n in enumerate(size):
@@ -266,11 +270,11 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
     # overflows float16 (inf) long before its mean does.
     low = numpy.dtype(x.dtype).name in ("float16", "bfloat16")
     xs = x.astype(numpy.float32) if low else x
-    padded = _pad_spatial(xs, win, 0, xp)
+    padded = pad_spatial(xs, win, 0, xp)
     total = None
-    for _, tap in _taps(padded, win):
+    for _, tap in window_taps(padded, win):
         total = tap if total is None else total + tap
-    mean = total / xp.asarray(_window_counts(size, win, count_include_pad), dtype=xs.dtype)
+    mean = total / xp.asarray(window_counts(size, win, count_include_pad), dtype=xs.dtype)
     return mean.astype(x.dtype) if low else mean
 
 
@@ -280,9 +284,9 @@ def lp_pool(x, *, auto_pad, kernel_shape, p, pads, strides, ceil_mode=0, dilatio
         return lp_pool(x.astype(xp.float32), auto_pad=auto_pad, kernel_shape=kernel_shape, p=p, pads=pads,
                        strides=strides, ceil_mode=ceil_mode, dilations=dilations, xp=xp).astype(x.dtype)
     win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    padded = xp.abs(_pad_spatial(x, win, 0, xp))
+    padded = xp.abs(pad_spatial(x, win, 0, xp))
     total = None
-    for _, tap in _taps(padded, win):
+    for _, tap in window_taps(padded, win):
         term = tap**p
         total = term if total is None else total + term
     return total ** (1.0 / p)
@@ -361,7 +365,7 @@ def _compute_dtype(dtype):
 
 @kernel("MatMul", since=1)
 def matmul(a, b, *, xp):
-    return _matmul(a, b, xp)
+    return xp_matmul(a, b, xp)
 
 
 @kernel("Gemm", since=1)
@@ -372,10 +376,10 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
         a = xp.swapaxes(a, 0, 1)
     if transB:
         b = xp.swapaxes(b, 0, 1)
-    return _gemm_scale_add(_matmul(a, b, xp), c, alpha, beta, dtype)
+    return gemm_scale_add(xp_matmul(a, b, xp), c, alpha, beta, dtype)
 
 
-def _gemm_scale_add(y, c, alpha, beta, dtype):
+def gemm_scale_add(y, c, alpha, beta, dtype):
     """Gemm's ``alpha * (a @ b) + beta * c`` after the product ``y``, in ``dtype``."""
     if alpha != 1:
         y = (y * alpha).astype(dtype)
@@ -387,7 +391,7 @@ def _gemm_scale_add(y, c, alpha, beta, dtype):
 @kernel("MatMulAdd", since=1, domain="ai.mithril")
 def matmul_add(x, w, b, *, xp):
     # Mithril-internal: Add(MatMul(x, W), b) fused by the fuse_matmul_bias pass.
-    y = _matmul(x, w, xp)
+    y = xp_matmul(x, w, xp)
     y += b.astype(y.dtype)  # in place under NumPy, rebinding under immutable namespaces
     return y
 

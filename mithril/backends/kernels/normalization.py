@@ -13,7 +13,8 @@ from ..registry import kernel
 _LOW_PRECISION = frozenset({"float16", "bfloat16"})
 
 
-def _compute_dtype(dtype):
+def compute_dtype(dtype):
+    """The dtype statistics are computed in: float32 for float16 and bfloat16, else ``dtype``."""
     # float16/bfloat16 statistics lose too much precision; compute them in float32.
     return numpy.float32 if numpy.dtype(dtype).name in _LOW_PRECISION else dtype
 
@@ -30,7 +31,8 @@ def _per_channel(param, ndim: int, xp):
     return xp.reshape(param, param.shape + (1,) * (ndim - 1 - param.ndim))
 
 
-def _moments(x, axes, xp):
+def moments(x, axes, xp):
+    """The mean and the (biased) variance of ``x`` over ``axes``, dims kept."""
     mean = xp.mean(x, axis=axes, keepdims=True)
     centered = x - mean
     return mean, xp.mean(centered * centered, axis=axes, keepdims=True)
@@ -43,8 +45,8 @@ def _moments(x, axes, xp):
 def _batch_norm_train(X, scale, B, mean, var, epsilon, momentum, axes, xp):
     """Normalizes X with its own batch statistics; returns Y, the updated running mean and
     variance, and the saved batch mean and inverse standard deviation (parameter-shaped)."""
-    xf = X.astype(_compute_dtype(X.dtype))
-    batch_mean, batch_var = _moments(xf, axes, xp)
+    xf = X.astype(compute_dtype(X.dtype))
+    batch_mean, batch_var = moments(xf, axes, xp)
     inv_std = 1 / xp.sqrt(batch_var + epsilon)
     y = (xf - batch_mean) * inv_std
     y = y * _per_channel(scale, X.ndim, xp) + _per_channel(B, X.ndim, xp)
@@ -59,7 +61,7 @@ def _batch_norm_train(X, scale, B, mean, var, epsilon, momentum, axes, xp):
 
 
 def _batch_norm_infer(X, scale, B, mean, var, epsilon, xp):
-    dtype = _compute_dtype(X.dtype)
+    dtype = compute_dtype(X.dtype)
     shaped = [_per_channel(p, X.ndim, xp).astype(dtype) for p in (scale, B, mean, var)]
     s, b, m, v = shaped
     return ((X.astype(dtype) - m) / xp.sqrt(v + epsilon) * s + b).astype(X.dtype)
@@ -104,7 +106,7 @@ def layer_normalization(X, Scale, B=None, *, axis, epsilon, stash_type, xp):
     axis = axis + X.ndim if axis < 0 else axis
     axes = tuple(range(axis, X.ndim))
     xs = X.astype(_stash_dtype(X.dtype, stash_type))
-    mean, var = _moments(xs, axes, xp)
+    mean, var = moments(xs, axes, xp)
     inv_std_dev = 1 / xp.sqrt(var + epsilon)
     y = ((xs - mean) * inv_std_dev).astype(X.dtype) * Scale
     if B is not None:
@@ -130,13 +132,13 @@ def rms_normalization(X, scale, *, axis, epsilon, stash_type, xp):
 def _group_normalized(X, num_groups, epsilon, dtype, xp):
     """X normalized within each group, as [N, G, C/G * D1 * ...] in `dtype`."""
     grouped = xp.reshape(X.astype(dtype), (X.shape[0], num_groups, -1))
-    mean, var = _moments(grouped, (2,), xp)
+    mean, var = moments(grouped, (2,), xp)
     return (grouped - mean) / xp.sqrt(var + epsilon)
 
 
 @kernel("GroupNormalization", since=18)
 def group_normalization_per_group(X, scale, bias, *, epsilon, num_groups, xp):
-    normalized = _group_normalized(X, num_groups, epsilon, _compute_dtype(X.dtype), xp)
+    normalized = _group_normalized(X, num_groups, epsilon, compute_dtype(X.dtype), xp)
     y = normalized * xp.reshape(scale, (1, -1, 1)) + xp.reshape(bias, (1, -1, 1))
     return xp.reshape(y, X.shape).astype(X.dtype)
 
@@ -154,8 +156,8 @@ def group_normalization(X, scale, bias, *, epsilon, num_groups, stash_type, xp):
 
 @kernel("InstanceNormalization", since=6)
 def instance_normalization(input, scale, B, *, epsilon, xp):  # noqa: A002 (ONNX input name)
-    xf = input.astype(_compute_dtype(input.dtype))
-    mean, var = _moments(xf, tuple(range(2, input.ndim)), xp)
+    xf = input.astype(compute_dtype(input.dtype))
+    mean, var = moments(xf, tuple(range(2, input.ndim)), xp)
     y = (xf - mean) / xp.sqrt(var + epsilon)
     y = y * _per_channel(scale, input.ndim, xp) + _per_channel(B, input.ndim, xp)
     return y.astype(input.dtype)
@@ -167,7 +169,7 @@ def instance_normalization(input, scale, B, *, epsilon, xp):  # noqa: A002 (ONNX
 
 @kernel("LRN", since=1)
 def lrn(X, *, alpha, beta, bias, size, xp):
-    xf = X.astype(_compute_dtype(X.dtype))
+    xf = X.astype(compute_dtype(X.dtype))
     before, after = (size - 1) // 2, math.ceil((size - 1) / 2)
     padded = xp.pad(xf * xf, [(0, 0), (before, after)] + [(0, 0)] * (X.ndim - 2))
     channels = X.shape[1]
@@ -192,7 +194,7 @@ def lp_normalization(input, *, axis, p, xp):  # noqa: A002 (ONNX input name)
 
 @kernel("MeanVarianceNormalization", since=9)
 def mean_variance_normalization(X, *, axes, xp):
-    xf = X.astype(_compute_dtype(X.dtype))
-    mean, var = _moments(xf, tuple(axes), xp)
+    xf = X.astype(compute_dtype(X.dtype))
+    mean, var = moments(xf, tuple(axes), xp)
     # The function body adds epsilon 1e-9 to the standard deviation, not to the variance.
     return ((xf - mean) / (xp.sqrt(var) + 1e-9)).astype(X.dtype)

@@ -24,7 +24,8 @@ def _is_integer(dtype) -> bool:
     return numpy.dtype(dtype).kind in "iu" or numpy.dtype(dtype).name in ("int4", "uint4", "int2", "uint2")
 
 
-def _integer_range(dtype) -> tuple[int, int]:
+def integer_range(dtype) -> tuple[int, int]:
+    """``(min, max)`` of an integer dtype, the 4-bit ones included."""
     info = ml_dtypes.iinfo(dtype) if numpy.dtype(dtype).kind not in "iu" else numpy.iinfo(dtype)
     return int(info.min), int(info.max)
 
@@ -56,7 +57,7 @@ def _broadcast_param(param, x, axis, block_size, xp):
     return param.reshape(shape)
 
 
-def _divide(x, d, xp):
+def divide(x, d, xp):
     """x / d, one correctly rounded division per element on every backend. XLA's simplifier rewrites
     a division by a broadcast scale as a multiplication by its reciprocal, and (a / b) / c as
     a / (b * c): one ulp off at times, so a value on a rounding midpoint goes the other way (a third
@@ -71,7 +72,7 @@ def _saturate_cast(y, dtype, saturate, xp):
     to nearest even and clip to +-max when saturating (float4/float6 always saturate)."""
     dtype = numpy.dtype(dtype)
     if _is_integer(dtype):
-        lo, hi = _integer_range(dtype)
+        lo, hi = integer_range(dtype)
         return xp.clip(y, lo, hi).astype(dtype)
     if saturate or dtype.name not in _FLOAT8:
         big = float(ml_dtypes.finfo(dtype).max)
@@ -91,7 +92,7 @@ def quantize_linear(
         out_dtype = numpy.dtype(numpy.uint8)
     work = np_dtype_of_onnx(precision) if precision else _division_dtype(y_scale.dtype)
     scale = _broadcast_param(y_scale.astype(work), x, axis, block_size, xp)
-    y = _divide(x.astype(work), scale, xp)
+    y = divide(x.astype(work), scale, xp)
     if _is_integer(out_dtype):
         # Round in the division precision, then widen so adding the zero point is exact.
         y = xp.round(y)
@@ -130,14 +131,14 @@ def dynamic_quantize_linear(x, *, xp):
     # The range always contains 0 so that 0 is exactly representable.
     x_min = xp.minimum(xp.min(x), 0).astype(numpy.float32)
     x_max = xp.maximum(xp.max(x), 0).astype(numpy.float32)
-    scale = _divide(x_max - x_min, numpy.float32(255), xp).astype(numpy.float32)
+    scale = divide(x_max - x_min, numpy.float32(255), xp).astype(numpy.float32)
     safe_scale = xp.where(scale == 0, numpy.float32(1), scale)
-    zero_point = xp.clip(xp.round(_divide(-x_min, safe_scale, xp)), 0, 255)
-    y = xp.clip(xp.round(_divide(x, safe_scale, xp)) + zero_point, 0, 255)
+    zero_point = xp.clip(xp.round(divide(-x_min, safe_scale, xp)), 0, 255)
+    y = xp.clip(xp.round(divide(x, safe_scale, xp)) + zero_point, 0, 255)
     return y.astype(numpy.uint8), scale, zero_point.astype(numpy.uint8)
 
 
-def _int_matmul(a, b, xp):
+def int_matmul(a, b, xp):
     """Exact matmul of small integer arrays, as int32."""
     if xp is numpy:
         # numpy-only: integer matmul has no BLAS; float64 is exact while sums stay below 2**53.
@@ -152,7 +153,8 @@ def _row_zero_point(zero_point, a):
     return zero_point
 
 
-def _shifted(x, zero_point, xp):
+def shifted(x, zero_point, xp):
+    """``x`` minus its zero point as int32 (``x`` as int32 when there is none)."""
     x = x.astype(numpy.int32)
     return x if zero_point is None else x - zero_point.astype(numpy.int32)
 
@@ -160,7 +162,7 @@ def _shifted(x, zero_point, xp):
 @kernel("MatMulInteger", since=10)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None, *, xp):
     a_zp = None if a_zero_point is None else _row_zero_point(a_zero_point, a)
-    return _int_matmul(_shifted(a, a_zp, xp), _shifted(b, b_zero_point, xp), xp)
+    return int_matmul(shifted(a, a_zp, xp), shifted(b, b_zero_point, xp), xp)
 
 
 def _requantize(acc, multiplier, y_zero_point, xp):
@@ -172,7 +174,7 @@ def _requantize(acc, multiplier, y_zero_point, xp):
 
 @kernel("QLinearMatMul", since=10)
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, xp):
-    acc = _int_matmul(_shifted(a, _row_zero_point(a_zero_point, a), xp), _shifted(b, b_zero_point, xp), xp)
+    acc = int_matmul(shifted(a, _row_zero_point(a_zero_point, a), xp), shifted(b, b_zero_point, xp), xp)
     a_scale = _row_zero_point(a_scale, a).astype(numpy.float32)
     multiplier = a_scale * b_scale.astype(numpy.float32) / y_scale.astype(numpy.float32)
     return _requantize(acc, multiplier, y_zero_point, xp)
@@ -216,7 +218,7 @@ def _conv_integer(x, w, *, group, pads, strides, dilations, kernel_shape, auto_p
     out_channels = w.shape[0]
     columns = xp.stack(patches, axis=2).reshape(batch, group, -1, math.prod(out_shape))
     weights = w.reshape(group, out_channels // group, -1)
-    y = _int_matmul(weights[None], columns, xp)
+    y = int_matmul(weights[None], columns, xp)
     return y.reshape(batch, out_channels, *out_shape)
 
 
@@ -233,8 +235,8 @@ def conv_integer(
 ):
     w_zp = None if w_zero_point is None else _channel_zero_point(w_zero_point, w.ndim)
     return _conv_integer(
-        _shifted(x, x_zero_point, xp),
-        _shifted(w, w_zp, xp),
+        shifted(x, x_zero_point, xp),
+        shifted(w, w_zp, xp),
         group=group,
         pads=pads,
         strides=strides,
@@ -266,8 +268,8 @@ def qlinear_conv(
     xp,
 ):
     acc = _conv_integer(
-        _shifted(x, x_zero_point, xp),
-        _shifted(w, _channel_zero_point(w_zero_point, w.ndim), xp),
+        shifted(x, x_zero_point, xp),
+        shifted(w, _channel_zero_point(w_zero_point, w.ndim), xp),
         group=group,
         pads=pads,
         strides=strides,

@@ -15,12 +15,13 @@ _LOW_PRECISION = frozenset({"float16", "bfloat16"})
 # Reduce*: one body per op over resolved axes; the attribute and input forms share it.
 
 
-def _host_ints(value) -> tuple[int, ...]:
-    # axes/k/axis inputs are static (host) values; read them on the host.
+def host_ints(value) -> tuple[int, ...]:
+    """A static (host) input such as axes or k, read on the host as Python ints."""
     return tuple(int(v) for v in numpy.asarray(value).reshape(-1))
 
 
-def _normalize_axes(axes, ndim: int) -> tuple[int, ...]:
+def normalize_axes(axes, ndim: int) -> tuple[int, ...]:
+    """``axes`` made non-negative for a tensor of rank ``ndim``, sorted, duplicates dropped."""
     return tuple(sorted({a + ndim if a < 0 else a for a in axes}))
 
 
@@ -122,7 +123,7 @@ def _reduce(body, empty_value, x, axes, keepdims, noop_with_empty_axes, xp):
         # No axes: reduce everything, or with noop_with_empty_axes reduce nothing, which
         # still applies the op's elementwise part (ReduceSumSquare gives x*x, as its function body).
         axes = () if noop_with_empty_axes else tuple(range(x.ndim))
-    axes = _normalize_axes(axes, x.ndim)
+    axes = normalize_axes(axes, x.ndim)
     keepdims = keepdims == 1  # as onnxruntime: any other value (2, -1) drops the reduced axes
     if any(x.shape[a] == 0 for a in axes):
         # numpy raises on empty max/min; ONNX defines the identity of each reduction.
@@ -141,7 +142,7 @@ def _register_reduce(op_type, body, empty_value, axes_input_since):
 
     @kernel(op_type, since=axes_input_since, static_inputs=(1,))
     def reduce_axes_input(data, axes=None, *, keepdims, noop_with_empty_axes, xp):
-        axes = () if axes is None else _host_ints(axes)
+        axes = () if axes is None else host_ints(axes)
         return _reduce(body, empty_value, data, axes, keepdims, noop_with_empty_axes, xp)
 
     reduce_axes_attribute.__name__ = reduce_axes_attribute.__qualname__ = f"{op_type}_attr"
@@ -266,7 +267,7 @@ def _along(axis: int, index) -> tuple:
 
 
 def _cumulative(fn, identity, x, axis, exclusive, reverse, xp):
-    (axis,) = _host_ints(axis)
+    (axis,) = host_ints(axis)
     axis = axis + x.ndim if axis < 0 else axis
     n = x.shape[axis]
     if n == 0:
@@ -319,5 +320,5 @@ def top_k_attribute(X, *, axis, k, xp):
 # in any order, so sorted output serves both.
 @kernel("TopK", since=10, static_inputs=(1,))
 def top_k(X, K, *, axis, largest=1, sorted=1, xp):  # noqa: A002 (ONNX attribute name)
-    (k,) = _host_ints(K)
+    (k,) = host_ints(K)
     return _top_k(X, k, axis, largest == 1, xp)  # as onnxruntime: only 1 means largest

@@ -1,7 +1,7 @@
 """Shape, indexing and tensor-construction kernels: Reshape, Slice, Gather, Pad, Scatter...
 
 Inputs that fix an output shape (Reshape's shape, Slice's starts/ends, Pad's pads...) are
-declared ``static_inputs`` and read on the host with ``_ints``; everything else stays in ``xp``.
+declared ``static_inputs`` and read on the host with ``static_ints``; everything else stays in ``xp``.
 Negative ONNX indices are left to take, take_along_axis and integer-array indexing, which wrap
 them in numpy and jax.numpy without an extra pass over the indices.
 """
@@ -16,12 +16,13 @@ from ...dtypes import np_dtype_of_onnx
 from ..registry import kernel
 
 
-def _ints(values) -> tuple[int, ...]:
+def static_ints(values) -> tuple[int, ...]:
     """A static shape-like input (1-D or scalar tensor) as Python ints."""
     return tuple(int(v) for v in numpy.asarray(values).reshape(-1).tolist())
 
 
-def _axis(axis: int, rank: int) -> int:
+def normalize_axis(axis: int, rank: int) -> int:
+    """``axis`` made non-negative for a tensor of rank ``rank``."""
     return axis + rank if axis < 0 else axis
 
 
@@ -30,7 +31,7 @@ def _axis(axis: int, rank: int) -> int:
 
 @kernel("Reshape", since=5, static_inputs=(1,))
 def reshape(data, shape, *, allowzero=0, xp):
-    dims = list(_ints(shape))
+    dims = list(static_ints(shape))
     if not allowzero:
         # 0 copies the input's dim (allowzero=1, opset 14+, makes it a real zero).
         dims = [data.shape[i] if d == 0 else d for i, d in enumerate(dims)]
@@ -39,7 +40,7 @@ def reshape(data, shape, *, allowzero=0, xp):
 
 @kernel("Flatten", since=1)
 def flatten(input, *, axis, xp):
-    axis = _axis(axis, input.ndim)
+    axis = normalize_axis(axis, input.ndim)
     shape = input.shape
     return xp.reshape(input, (math.prod(shape[:axis]), math.prod(shape[axis:])))
 
@@ -52,7 +53,7 @@ def transpose(data, *, perm, xp):
 def _squeeze(data, axes, xp):
     if axes is None:
         axes = tuple(i for i, d in enumerate(data.shape) if d == 1)
-    axes = {_axis(a, data.ndim) for a in axes}
+    axes = {normalize_axis(a, data.ndim) for a in axes}
     return xp.reshape(data, tuple(d for i, d in enumerate(data.shape) if i not in axes))
 
 
@@ -64,13 +65,13 @@ def squeeze_attr(data, *, axes, xp):
 @kernel("Squeeze", since=13, static_inputs=(1,))
 def squeeze(data, axes=None, *, xp):
     # An empty axes tensor means no axes given, as onnxruntime reads it: every dim of 1 goes.
-    axes = None if axes is None else _ints(axes)
+    axes = None if axes is None else static_ints(axes)
     return _squeeze(data, axes or None, xp)
 
 
 def _unsqueeze(data, axes, xp):
     rank = data.ndim + len(axes)
-    axes = {_axis(a, rank) for a in axes}
+    axes = {normalize_axis(a, rank) for a in axes}
     dims = iter(data.shape)
     return xp.reshape(data, tuple(1 if i in axes else next(dims) for i in range(rank)))
 
@@ -82,7 +83,7 @@ def unsqueeze_attr(data, *, axes, xp):
 
 @kernel("Unsqueeze", since=13, static_inputs=(1,))
 def unsqueeze(data, axes, *, xp):
-    return _unsqueeze(data, _ints(axes), xp)
+    return _unsqueeze(data, static_ints(axes), xp)
 
 
 @kernel("Identity", since=1)
@@ -99,8 +100,9 @@ def concat(*inputs, axis, xp):
     return xp.concatenate(inputs, axis=axis)
 
 
-def _split(input, sizes, axis, num_outputs=None):
-    axis = _axis(axis, input.ndim)
+def split_array(input, sizes, axis, num_outputs=None):
+    """``input`` cut along ``axis`` into parts of ``sizes``, which must sum to its length."""
+    axis = normalize_axis(axis, input.ndim)
     dim = input.shape[axis]
     # As onnxruntime: one non-negative size per output, summing to the split axis.
     if (num_outputs is not None and len(sizes) != num_outputs) or sum(sizes) != dim or min(sizes, default=0) < 0:
@@ -111,41 +113,43 @@ def _split(input, sizes, axis, num_outputs=None):
     return tuple(input[(*head, slice(int(a), int(b)))] for a, b in zip(bounds[:-1], bounds[1:]))
 
 
-def _even_sizes(dim: int, parts: int) -> tuple[int, ...]:
-    # Opset 18: the last chunk is smaller when dim does not divide evenly.
+def even_sizes(dim: int, parts: int) -> tuple[int, ...]:
+    """The sizes Split gives ``parts`` outputs without a ``split`` input; opset 18: the last chunk is
+    smaller when ``dim`` does not divide evenly."""
     chunk = -(-dim // parts)
     return (chunk,) * (parts - 1) + (max(dim - chunk * (parts - 1), 0),)
 
 
 @kernel("Split", since=2)
 def split_attr(input, *, axis, split, num_outputs):
-    dim = input.shape[_axis(axis, input.ndim)]
-    return _split(input, split if split else _even_sizes(dim, num_outputs), axis, num_outputs)
+    dim = input.shape[normalize_axis(axis, input.ndim)]
+    return split_array(input, split if split else even_sizes(dim, num_outputs), axis, num_outputs)
 
 
 # Also Split-18: its num_outputs attribute equals the node's output count, and uneven
-# chunks are already what _even_sizes gives.
+# chunks are already what even_sizes gives.
 @kernel("Split", since=13, static_inputs=(1,))
 def split(input, split=None, *, axis, num_outputs, node=None):
     # Split-18's num_outputs attribute, None when the node leaves it out, stands where the
     # lowering would pass the node's output count; the node's declared outputs give it back.
     if num_outputs is None and node is not None and node.output_dtypes:
         num_outputs = len(node.output_dtypes)
-    dim = input.shape[_axis(axis, input.ndim)]
-    sizes = _ints(split) if split is not None else _even_sizes(dim, num_outputs)
-    return _split(input, sizes, axis, num_outputs)
+    dim = input.shape[normalize_axis(axis, input.ndim)]
+    sizes = static_ints(split) if split is not None else even_sizes(dim, num_outputs)
+    return split_array(input, sizes, axis, num_outputs)
 
 
 # ---------------------------------------------------------------- slicing
 
 
-def _slice(data, starts, ends, axes, steps):
+def slice_array(data, starts, ends, axes, steps):
+    """The view of ``data`` that Slice takes (starts/ends clamped as ONNX says); assignable."""
     rank = data.ndim
     axes = range(len(starts)) if axes is None else axes
     steps = (1,) * len(starts) if steps is None else steps
     index = [slice(None)] * rank
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        axis = _axis(axis, rank)
+        axis = normalize_axis(axis, rank)
         dim = data.shape[axis]
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
@@ -162,17 +166,17 @@ def _slice(data, starts, ends, axes, steps):
 
 @kernel("Slice", since=1)
 def slice_attr(data, *, starts, ends, axes):
-    return _slice(data, starts, ends, axes, None)
+    return slice_array(data, starts, ends, axes, None)
 
 
 @kernel("Slice", since=10, static_inputs=(1, 2, 3, 4))
 def slice_(data, starts, ends, axes=None, steps=None):
-    return _slice(
+    return slice_array(
         data,
-        _ints(starts),
-        _ints(ends),
-        None if axes is None else _ints(axes),
-        None if steps is None else _ints(steps),
+        static_ints(starts),
+        static_ints(ends),
+        None if axes is None else static_ints(axes),
+        None if steps is None else static_ints(steps),
     )
 
 
@@ -182,17 +186,17 @@ def slice_(data, starts, ends, axes=None, steps=None):
 @kernel("Expand", since=8, static_inputs=(1,))
 def expand(input, shape, *, xp):
     # Bidirectional: a 1 in `shape` keeps the input's dim.
-    return xp.broadcast_to(input, numpy.broadcast_shapes(input.shape, _ints(shape)))
+    return xp.broadcast_to(input, numpy.broadcast_shapes(input.shape, static_ints(shape)))
 
 
 @kernel("Tile", since=6, static_inputs=(1,))
 def tile(input, repeats, *, xp):
-    return xp.tile(input, _ints(repeats))
+    return xp.tile(input, static_ints(repeats))
 
 
 def _pad(data, pads, mode, value, axes, xp):
     rank = data.ndim
-    axes = range(rank) if axes is None else [_axis(a, rank) for a in axes]
+    axes = range(rank) if axes is None else [normalize_axis(a, rank) for a in axes]
     widths = [[0, 0] for _ in range(rank)]
     for i, axis in enumerate(axes):
         widths[axis] = [pads[i], pads[i + len(axes)]]
@@ -233,16 +237,16 @@ def pad_attr(data, *, mode, pads, value, xp):
 @kernel("Pad", since=11, static_inputs=(1, 3))
 def pad(data, pads, constant_value=None, axes=None, *, mode, xp):
     value = None if constant_value is None else xp.reshape(constant_value, (-1,))[0]
-    return _pad(data, _ints(pads), mode, value, None if axes is None else _ints(axes), xp)
+    return _pad(data, static_ints(pads), mode, value, None if axes is None else static_ints(axes), xp)
 
 
 @kernel("CenterCropPad", since=18, static_inputs=(1,))
 def center_crop_pad(input_data, shape, *, axes, xp):
     rank = input_data.ndim
-    axes = range(rank) if axes is None else [_axis(a, rank) for a in axes]
+    axes = range(rank) if axes is None else [normalize_axis(a, rank) for a in axes]
     crop = [slice(None)] * rank
     widths = [(0, 0)] * rank
-    for axis, size in zip(axes, _ints(shape)):
+    for axis, size in zip(axes, static_ints(shape)):
         dim = input_data.shape[axis]
         if dim > size:
             # The window starts rounded down: an odd excess shifts it half a pixel left.
@@ -306,7 +310,7 @@ def constant(
 @kernel("ConstantOfShape", since=9, static_inputs=(0,))
 def constant_of_shape(input, *, value, xp):
     fill = numpy.zeros((1,), dtype=numpy.float32) if value is None else value
-    return xp.full(_ints(input), xp.reshape(fill, (-1,))[0], dtype=fill.dtype)
+    return xp.full(static_ints(input), xp.reshape(fill, (-1,))[0], dtype=fill.dtype)
 
 
 @kernel("Shape", since=1)
@@ -348,7 +352,7 @@ def eye_like(input, *, dtype, k, xp):
 def one_hot(indices, depth, values, *, axis, xp):
     depth = int(numpy.asarray(depth).reshape(-1)[0])
     rank = indices.ndim + 1
-    axis = _axis(axis, rank)
+    axis = normalize_axis(axis, rank)
     indices = xp.where(indices < 0, indices + depth, indices)
     # Compared in the indices' own dtype: a fractional float index matches no class.
     classes = xp.reshape(xp.arange(depth), (depth,) + (1,) * (rank - 1 - axis))
@@ -370,13 +374,13 @@ def trilu(input, k=None, *, upper, xp):
 
 @kernel("Gather", since=1)
 def gather(data, indices, *, axis, xp):
-    axis = _axis(axis, data.ndim)
+    axis = normalize_axis(axis, data.ndim)
     return xp.take(data, indices, axis=axis)
 
 
 @kernel("GatherElements", since=11)
 def gather_elements(data, indices, *, axis, xp):
-    axis = _axis(axis, data.ndim)
+    axis = normalize_axis(axis, data.ndim)
     # Output takes the indices' shape; take_along_axis would broadcast smaller non-axis dims.
     window = tuple(slice(None) if i == axis else slice(0, n) for i, n in enumerate(indices.shape))
     return xp.take_along_axis(data[window], indices, axis=axis)
@@ -400,7 +404,7 @@ def compress(input, condition, *, axis, xp):
     chosen = xp.nonzero(condition)[0]
     if axis is None:
         return xp.take(xp.reshape(input, (-1,)), chosen)
-    return xp.take(input, chosen, axis=_axis(axis, input.ndim))
+    return xp.take(input, chosen, axis=normalize_axis(axis, input.ndim))
 
 
 @kernel("NonZero", since=9, data_dependent_shape=True)
@@ -484,8 +488,9 @@ def _scatter_into(data, index, updates, reduction):
     return out
 
 
-def _element_index(data, indices, axis):
-    axis = _axis(axis, data.ndim)
+def element_index(data, indices, axis):
+    """The index tuple that reads ``data`` at ``indices`` along ``axis`` (GatherElements, ScatterElements)."""
+    axis = normalize_axis(axis, data.ndim)
     index = list(numpy.indices(indices.shape, sparse=True))
     index[axis] = indices
     return tuple(index)
@@ -493,12 +498,12 @@ def _element_index(data, indices, axis):
 
 @kernel("ScatterElements", since=11, host_only=True, emit_required=True)
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
-    return _scatter_into(data, _element_index(data, indices, axis), updates, reduction)
+    return _scatter_into(data, element_index(data, indices, axis), updates, reduction)
 
 
 @kernel("Scatter", since=9, host_only=True, emit_required=True)
 def scatter(data, indices, updates, *, axis):
-    return _scatter_into(data, _element_index(data, indices, axis), updates, "none")
+    return _scatter_into(data, element_index(data, indices, axis), updates, "none")
 
 
 @kernel("ScatterND", since=11, host_only=True, emit_required=True)
@@ -510,7 +515,7 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
 @kernel("TensorScatter", since=24)
 def tensor_scatter(past_cache, update, write_indices=None, *, axis, mode, xp):
     # Written as a gather: each cache slot finds the update step (if any) that lands on it.
-    axis = _axis(axis, past_cache.ndim)
+    axis = normalize_axis(axis, past_cache.ndim)
     cache_len, update_len = past_cache.shape[axis], update.shape[axis]
     batch = past_cache.shape[0]
     if write_indices is None:

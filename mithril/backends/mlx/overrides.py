@@ -15,7 +15,7 @@ import mlx.core as mx
 from ..kernels import elementwise, nn, shape
 from ..kernels.geometry import grid_window, transposed_window, window
 from ..registry import override
-from .xp import MlxArray, _matmul, native
+from .xp import MlxArray, native_matmul, native
 
 _FLOAT = (mx.float16, mx.bfloat16, mx.float32)
 
@@ -65,7 +65,7 @@ def _pointwise(xn, wn, b):
 @override("mlx", "MatMul", since=1,
           reason="speed: mx.matmul without the facade's promotion layer")
 def matmul(a, b, *, xp):
-    return MlxArray(_matmul(native(a), native(b)))
+    return MlxArray(native_matmul(native(a), native(b)))
 
 
 @override("mlx", "Gemm", since=1,
@@ -79,7 +79,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
     if an.dtype in _FLOAT and bn.dtype == an.dtype and c is not None and beta != 0:
         cn = mx.broadcast_to(native(c).astype(an.dtype), (an.shape[0], bn.shape[1]))
         return MlxArray(mx.addmm(cn, an, bn, alpha=alpha, beta=beta))
-    y = _matmul(an, bn)
+    y = native_matmul(an, bn)
     if alpha != 1:
         y = (y * alpha).astype(an.dtype)
     if c is not None and beta != 0:
@@ -88,7 +88,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, xp):
 
 
 def _col2im(cols, grid, win, size, shift=0):
-    """nn._col2im with MLX's scatter-add: cols (n, c, taps, *grid) -> (n, c, *size)."""
+    """nn.fold_columns with MLX's scatter-add: cols (n, c, taps, *grid) -> (n, c, *size)."""
     out = mx.zeros(cols.shape[:2] + tuple(size), cols.dtype)
     for k, offset in enumerate(itertools.product(*(range(k) for k in win.kernel))):
         index = tuple(slice(shift + o * d, shift + o * d + (g - 1) * s + 1, s)
@@ -111,7 +111,7 @@ def conv_transpose(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, ou
     geo = transposed_window(size, kernel, strides, dilations, pads, auto_pad, output_padding, output_shape)
     taps = math.prod(kernel)
     wt = mx.swapaxes(mx.reshape(wn, (group, cg, mg * taps)), 1, 2)
-    cols = _matmul(wt, mx.reshape(xn, (n, group, cg, math.prod(size))))
+    cols = native_matmul(wt, mx.reshape(xn, (n, group, cg, math.prod(size))))
     cols = mx.reshape(cols, (n, group * mg, taps) + tuple(size))
     shift = geo.shift
     y = _col2im(cols, size, grid_window(kernel, geo.strides, geo.dilations, size), geo.canvas, shift)
@@ -174,7 +174,7 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
     # float16/bfloat16 windows are summed in float32, as onnxruntime does (the sum overflows first).
     windows, nd = _windows(xn.astype(mx.float32) if xn.dtype in (mx.float16, mx.bfloat16) else xn, win, 0)
     total = mx.sum(windows, axis=tuple(range(-nd, 0)))
-    counts = mx.array(nn._window_counts(size, win, count_include_pad).astype("float32")).astype(total.dtype)
+    counts = mx.array(nn.window_counts(size, win, count_include_pad).astype("float32")).astype(total.dtype)
     return MlxArray((total / counts).astype(xn.dtype))
 
 
@@ -216,13 +216,13 @@ def _scatter_into(data, index, updates, reduction):
 @override("mlx", "ScatterElements", since=11,
           reason="semantic gap: the shared kernel mutates a NumPy copy; MLX scatters functionally")
 def scatter_elements(data, indices, updates, *, axis, reduction="none"):
-    return _scatter_into(data, shape._element_index(data, indices, axis), updates, reduction)
+    return _scatter_into(data, shape.element_index(data, indices, axis), updates, reduction)
 
 
 @override("mlx", "Scatter", since=9,
           reason="semantic gap: the shared kernel mutates a NumPy copy; MLX scatters functionally")
 def scatter(data, indices, updates, *, axis):
-    return _scatter_into(data, shape._element_index(data, indices, axis), updates, "none")
+    return _scatter_into(data, shape.element_index(data, indices, axis), updates, "none")
 
 
 @override("mlx", "ScatterND", since=11,

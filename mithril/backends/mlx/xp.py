@@ -344,8 +344,8 @@ class MlxArray:
     __rmod__ = _binary(mx.remainder, True)
     __pow__ = _binary(mx.power)
     __rpow__ = _binary(mx.power, True)
-    __matmul__ = _binary(lambda a, b: _matmul(a, b))
-    __rmatmul__ = _binary(lambda a, b: _matmul(a, b), True)
+    __matmul__ = _binary(lambda a, b: native_matmul(a, b))
+    __rmatmul__ = _binary(lambda a, b: native_matmul(a, b), True)
     __and__ = _binary(_logical_or_bitwise(mx.logical_and, mx.bitwise_and))
     __rand__ = _binary(_logical_or_bitwise(mx.logical_and, mx.bitwise_and), True)
     __or__ = _binary(_logical_or_bitwise(mx.logical_or, mx.bitwise_or))
@@ -774,7 +774,8 @@ true_divide = divide  # noqa: F821
 mod = remainder  # noqa: F821
 
 
-def _matmul(a, b):
+def native_matmul(a, b):
+    """matmul of two mlx arrays; integer ones by an exact broadcast multiply-sum."""
     if a.dtype in _FLOATS or b.dtype in _FLOATS:
         return mx.matmul(a, b)
     # MLX's matmul is floating-point only: exact integer products by a broadcast multiply-sum.
@@ -790,7 +791,7 @@ def _matmul(a, b):
 
 def matmul(a, b):
     a, b = native(asarray(a)), native(asarray(b))
-    return MlxArray(_matmul(a, b))
+    return MlxArray(native_matmul(a, b))
 
 
 dot = matmul

@@ -157,13 +157,13 @@ def dense_2d(x, w, b, win):
     """Conv of x (n, c, h, w) with w (m, c, kh, kw) and bias b (m,) or None over ``win``
     (:class:`~mithril.backends.kernels.geometry.Window`): im2col and one matmul per block of
     output rows, into a fresh (n, m, oh, ow) array."""
-    from ..kernels.nn import _pad_spatial
+    from ..kernels.nn import pad_spatial
 
     n, c = x.shape[:2]
     m = w.shape[0]
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = win.kernel, win.strides, win.dilations, win.out
     k = c * kh * kw
-    padded = _pad_spatial(x, win, 0, np)  # the shared kernel's padding, so its taps' offsets hold
+    padded = pad_spatial(x, win, 0, np)  # the shared kernel's padding, so its taps' offsets hold
     blocks = k * oh * ow * x.itemsize // _COLS_BYTES
     rows = oh if blocks < 2 else -(-oh // blocks)
     w2 = w.reshape(m, k)

@@ -16,9 +16,9 @@ import numpy as np
 def max_pool_separable(x, win):
     """The maximum of each window of ``win`` (:class:`~mithril.backends.kernels.geometry.Window`)
     over x (n, c, *spatial): a fresh (n, c, *win.out) array."""
-    from ..kernels.nn import _lowest, _pad_spatial
+    from ..kernels.nn import lowest, pad_spatial
 
-    y = _pad_spatial(x, win, _lowest(x.dtype), np)  # the shared kernel's padding and tap offsets
+    y = pad_spatial(x, win, lowest(x.dtype), np)  # the shared kernel's padding and tap offsets
     nd = len(win.kernel)
     for i in range(nd):
         lead = (slice(None),) * (x.ndim - nd + i)  # the axes before this spatial axis

@@ -18,7 +18,7 @@ zeros_like = torch.zeros_like
 def to_numpy(value) -> np.ndarray:
     """A NumPy copy of a tensor on any device (bfloat16 included); a DTensor's whole value
     (``full_tensor()``: every process of its mesh calls it)."""
-    if _xp._DTENSOR is not None and isinstance(value, _xp._DTENSOR):
+    if _xp.DTENSOR is not None and isinstance(value, _xp.DTENSOR):
         value = value.full_tensor()
     if value.is_meta:
         raise MeshError(f"a meta tensor {tuple(value.shape)} {value.dtype} holds no values: on a pipeline it stands "

@@ -123,13 +123,13 @@ def _fused(x, w, b, other, low, high, activation, conv, memo=None):
     # Not under torch.compile: what a trace reads from the memo would be baked into its graph.
     # Nor for an inference tensor (torch.inference_mode), which has no version counter to tell an in-place change.
     if memo is not None and type(xt) is torch.Tensor and not torch.is_grad_enabled() and \
-            not torch.compiler.is_compiling() and not _ov._tracing() and \
+            not torch.compiler.is_compiling() and not _ov.is_tracing() and \
             not any(t is not None and t.is_inference() for t in operands):
         key = (xt.shape, xt.dtype, xt.device, *map(_version, operands), low is None, high is None)
         arguments = memo.get(key, operands)
     if arguments is not None:
         pairs = arguments[0]
-        xt = (xt if pairs is None else _ov._pad_input(xt, pairs, 0.0)).contiguous(memory_format=torch.channels_last)
+        xt = (xt if pairs is None else _ov.pad_input(xt, pairs, 0.0)).contiguous(memory_format=torch.channels_last)
     else:
         arguments = _arguments(xt, wt, bt, low, high, activation, conv)
         if arguments is None:
@@ -144,9 +144,9 @@ def _fused(x, w, b, other, low, high, activation, conv, memo=None):
     # The binary call takes no activation as None ("none" is refused there).
     attr = {"Relu": "relu", "Clip": "hardtanh", None: "none" if other is None else None}[activation]
     if other is None:
-        return _ov.packed_call(attr, xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE(
+        return _ov.packed_call(attr, xt, packed, padding, strides, dilations, group, lambda: _ov.POINTWISE(
             xt, packed, bt, padding, strides, dilations, group, attr, scalars, None))
-    return _ov.packed_call(f"add+{attr}", xt, packed, padding, strides, dilations, group, lambda: _ov._POINTWISE_BINARY(
+    return _ov.packed_call(f"add+{attr}", xt, packed, padding, strides, dilations, group, lambda: _ov.POINTWISE_BINARY(
         xt, ot, packed, bt, padding, strides, dilations, group, "add", None, attr, scalars, None))
 
 

@@ -222,8 +222,8 @@ class OneDnnGraph:
         for memo in self._memos:
             memo._drop()
         ids = {id(v.native) for v in params.values() if type(v) is TorchArray}
-        for ident in [k for k in overrides._kept_copies if k[0] in ids]:
-            overrides._kept_copies.pop(ident, None)
+        for ident in [k for k in overrides.kept_copies if k[0] in ids]:
+            overrides.kept_copies.pop(ident, None)
 
 
 def _check(got: tuple, reference: tuple) -> None:

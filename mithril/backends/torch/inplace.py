@@ -16,7 +16,7 @@ def _writable(x) -> torch.Tensor | None:
         return None
     t = x.native
     if type(t) is not torch.Tensor or not t.dtype.is_floating_point or t.requires_grad or \
-            torch.is_grad_enabled() or torch.compiler.is_compiling() or _ov._tracing():
+            torch.is_grad_enabled() or torch.compiler.is_compiling() or _ov.is_tracing():
         return None
     return t
 

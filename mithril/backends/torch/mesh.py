@@ -24,7 +24,7 @@ from ..mesh import DeviceMesh, Spec
 from ...errors import MeshError, ReplicatedOpsWarning
 from . import xp as _xp
 
-_xp._DTENSOR = DTensor  # the facade gives NumPy the whole array of a DTensor
+_xp.DTENSOR = DTensor  # the facade gives NumPy the whole array of a DTensor
 
 
 def _how_to_launch(mesh: DeviceMesh) -> str:

@@ -29,7 +29,7 @@ from .xp import TorchArray
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 # Whether torch.jit.trace is recording this call (torch/graph.py's oneDNN graph): kernels then take
 # torch's plain ops, which oneDNN's graph fuser knows, with no packed weights, caches or in-place writes.
-_tracing = torch._C._is_tracing
+is_tracing = torch._C._is_tracing
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -37,7 +37,7 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
 def _t(x):
-    return txp._native(x)
+    return txp.native_tensor(x)
 
 
 def _symmetric_padding(win, size, pairs, pool: bool = False):
@@ -54,7 +54,8 @@ def _symmetric_padding(win, size, pairs, pool: bool = False):
     return padding
 
 
-def _pad_input(x: torch.Tensor, pairs, value) -> torch.Tensor:
+def pad_input(x: torch.Tensor, pairs, value) -> torch.Tensor:
+    """``x`` padded by ``(begin, end)`` per spatial axis with ``value`` (``F.pad``'s order reversed)."""
     flat = []
     for b, e in reversed(pairs):
         flat += [b, e]
@@ -80,13 +81,13 @@ def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, stride
     if packed is not None:
         xp_, wp, bp, padding, strides_, dilations_, _ = packed
         y = packed_call("none", xp_, wp, padding, strides_, dilations_, group,
-                        lambda: _POINTWISE(xp_, wp, bp, padding, strides_, dilations_, group, "none", [], None))
+                        lambda: POINTWISE(xp_, wp, bp, padding, strides_, dilations_, group, "none", [], None))
         if y is not None:
             return TorchArray(y)
     xt, padding, win = _conv_window(xt, wt, auto_pad, dilations, pads, strides)
     if nd == 2 and type(xt) is type(wt) is torch.Tensor and xt.device.type == "cpu" and \
             xt.dtype in _CHANNELS_LAST_DTYPES and not torch.is_grad_enabled() and \
-            not _tracing():  # DTensors keep their layout
+            not is_tracing():  # DTensors keep their layout
         # oneDNN's NHWC convolutions are 1.3-2x its NCHW ones on the CPU; a channels_last weight
         # makes torch run the conv in NHWC and return an NHWC result, and the pointwise ops,
         # pools and normalizations after it keep that layout up to the next conv. The input is
@@ -101,7 +102,7 @@ def _conv_window(xt, wt, auto_pad, dilations, pads, strides):
     """(input, padding for torch, window): the input padded explicitly (padding 0) where torch's
     symmetric padding cannot give the ONNX windows."""
     win, pairs, padding = conv_geometry(xt, wt, auto_pad, dilations, pads, strides)
-    return (xt if pairs is None else _pad_input(xt, pairs, 0.0)), padding, win
+    return (xt if pairs is None else pad_input(xt, pairs, 0.0)), padding, win
 
 
 def conv_geometry(xt, wt, auto_pad, dilations, pads, strides):
@@ -126,7 +127,7 @@ def packed_conv_arguments(xt, wt, bt, *, auto_pad, dilations, group, pads, strid
     """For a forward-only float32 2-D convolution on the CPU whose weight :func:`packed_weight`
     packs: ``(input NHWC, packed weight, bias, padding, strides, dilations, output shape)``, the
     arguments of ``torch.ops.mkldnn._convolution_pointwise``; None for any other convolution."""
-    if not _PACKED or _tracing() or type(wt) is not torch.Tensor or type(xt) is not torch.Tensor or xt.dim() != 4 or \
+    if not _PACKED or is_tracing() or type(wt) is not torch.Tensor or type(xt) is not torch.Tensor or xt.dim() != 4 or \
             xt.dtype != torch.float32 or wt.dtype != torch.float32 or torch.is_grad_enabled() or \
             xt.device.type != "cpu" or wt.device.type != "cpu" or \
             (bt is not None and (type(bt) is not torch.Tensor or bt.dtype != torch.float32)):
@@ -147,13 +148,13 @@ def packed_conv_arguments(xt, wt, bt, *, auto_pad, dilations, group, pads, strid
 _CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16)
 # (id(weight), what) -> (weakref to it, its version when copied, the copy's key, the copy). A
 # model's weights are the same tensors call after call: each is rearranged once, not per call.
-_kept_copies: dict = {}
+kept_copies: dict = {}
 # oneDNN's own convolution with a weight reordered once into its blocked layout (what
 # torch.compile's freezing calls), where torch's public one reorders the weight at every call.
 _PACKED = getattr(getattr(torch.ops, "mkldnn", None), "_convolution_pointwise", None) is not None and \
     torch.backends.mkldnn.is_available()
-_POINTWISE = torch.ops.mkldnn._convolution_pointwise if _PACKED else None
-_POINTWISE_BINARY = torch.ops.mkldnn._convolution_pointwise.binary if _PACKED else None
+POINTWISE = torch.ops.mkldnn._convolution_pointwise if _PACKED else None
+POINTWISE_BINARY = torch.ops.mkldnn._convolution_pointwise.binary if _PACKED else None
 # Geometries (post-op, input and packed weight shapes, padding, strides, dilations, group) whose
 # oneDNN call raised. These are torch's private ops, and oneDNN chooses its implementation by the
 # processor: on one (torch 2.11, the device machine's CPU) the binary call refused a 3x3 conv of a
@@ -186,15 +187,15 @@ def _kept(w: torch.Tensor, what, key, make, *, when_back: bool = False):
     unchanged at a later call (None until then): a tensor made afresh at every call, an
     activation, is never copied."""
     if (w.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling() or w.is_inference() or \
-            _tracing():
+            is_tracing():
         return None
     ident, version = (id(w), what), w._version
-    held = _kept_copies.get(ident)
+    held = kept_copies.get(ident)
     seen = held is not None and held[0]() is w and held[1] == version and held[2] == key
     if seen and held[3] is not None:
         return held[3]
     copy = make() if seen or not when_back else None
-    _kept_copies[ident] = (weakref.ref(w, lambda _, ident=ident: _kept_copies.pop(ident, None)), version, key, copy)
+    kept_copies[ident] = (weakref.ref(w, lambda _, ident=ident: kept_copies.pop(ident, None)), version, key, copy)
     return copy
 
 
@@ -225,7 +226,7 @@ def _transpose_crop(y: torch.Tensor, begin, out) -> torch.Tensor:
     """Window [begin, begin + out) of each spatial axis; outside y is zeros (negative padding)."""
     nd = len(begin)
     pairs = [(max(0, -bg), max(0, bg + o - n)) for bg, o, n in zip(begin, out, y.shape[2:])]
-    y = _pad_input(y, pairs, 0.0)
+    y = pad_input(y, pairs, 0.0)
     index = tuple(slice(bg + p[0], bg + p[0] + o) for bg, o, p in zip(begin, out, pairs))
     return y[(Ellipsis, *index)] if nd else y
 
@@ -287,7 +288,7 @@ def max_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, dilations
     pairs = win.read_pads(size)
     padding = _symmetric_padding(win, size, pairs, pool=True)
     if padding is None:
-        xt, padding = _pad_input(xt, pairs, -math.inf), 0
+        xt, padding = pad_input(xt, pairs, -math.inf), 0
     return TorchArray(_MAX_POOL[nd](xt, win.kernel, win.strides, padding, win.dilations))
 
 
@@ -307,10 +308,10 @@ def average_pool(x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, count
     out_dtype = xt.dtype
     if out_dtype in (torch.float16, torch.bfloat16):
         xt = xt.float()
-    padded = _pad_input(xt, win.read_pads(size), 0.0)
+    padded = pad_input(xt, win.read_pads(size), 0.0)
     # Sum over each window, divided by how many of its taps are counted.
     total = _AVG_POOL[nd](padded, win.kernel, win.strides, 0) * math.prod(win.kernel)
-    counts = _nn._window_counts(size, win, count_include_pad)
+    counts = _nn.window_counts(size, win, count_include_pad)
     if np.all(counts == math.prod(win.kernel)):
         return TorchArray((total / math.prod(win.kernel)).to(out_dtype))
     return TorchArray((total / txp.tensor_from_numpy(counts.astype(np.float64), xt.device).to(xt.dtype)).to(out_dtype))
@@ -378,7 +379,7 @@ def reshape(data, shape, *, allowzero=0, xp):
     if type(data) is not TorchArray:
         return _shape.reshape(data, shape, allowzero=allowzero, xp=xp)
     t = data.native
-    dims = shape.tolist() if isinstance(shape, np.ndarray) else list(_shape._ints(shape))
+    dims = shape.tolist() if isinstance(shape, np.ndarray) else list(_shape.static_ints(shape))
     if not allowzero and 0 in dims:
         dims = [t.shape[i] if d == 0 else d for i, d in enumerate(dims)]
     return TorchArray(t.reshape(dims))
@@ -418,7 +419,7 @@ def onednn_linear(xt, wt, bt=None):
     """``xt @ wt.T + bt`` (``wt`` as (N, K), ``bt`` as (N,) or None) by oneDNN where
     ``_ONEDNN_LINEAR`` holds, for a large forward-only float32 product of plain CPU tensors;
     None elsewhere (the caller runs torch's own): oneDNN's op has no autograd formula."""
-    if not _ONEDNN_LINEAR or torch.is_grad_enabled() or torch.compiler.is_compiling() or _tracing() or \
+    if not _ONEDNN_LINEAR or torch.is_grad_enabled() or torch.compiler.is_compiling() or is_tracing() or \
             type(xt) is not torch.Tensor or type(wt) is not torch.Tensor or xt.dtype != torch.float32 or \
             wt.dtype != torch.float32 or xt.dim() < 2 or wt.dim() != 2 or xt.shape[-1] != wt.shape[1] or \
             xt.device.type != "cpu" or wt.device.type != "cpu" or (bt is not None and (
@@ -475,7 +476,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=0):
         bt = bt.t()
     if c is not None and beta != 0 and at.dtype in _FLOATS:
         ct = _t(c).to(at.dtype)
-        if _tracing():
+        if is_tracing():
             # For oneDNN's graph (torch/graph.py), whose fuser takes linear, and fails on addmm and on a
             # matmul followed by the add of a constant: a bias of one row as linear's.
             n = bt.shape[1]

@@ -113,11 +113,11 @@ def tensor_from_numpy(arr: np.ndarray, device=None) -> torch.Tensor:
 
 # torch.distributed.tensor.DTensor once a TorchBackend has a device mesh (mesh.py sets it; the
 # import costs 0.7 s, so a plain backend never pays it): NumPy sees a DTensor's whole array.
-_DTENSOR = None
+DTENSOR = None
 
 
 def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
-    if _DTENSOR is not None and isinstance(t, _DTENSOR):
+    if DTENSOR is not None and isinstance(t, DTENSOR):
         t = t.full_tensor()
     t = t.detach()
     if t.device.type != "cpu":
@@ -134,14 +134,14 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 _WEAK = (bool, int, float, complex)
 
 
-def _native(x, device=None) -> torch.Tensor:
+def native_tensor(x, device=None) -> torch.Tensor:
     """A torch tensor for any array-like (NumPy arrays are moved to the device)."""
     if type(x) is TorchArray:
         return x.native
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, (list, tuple)) and builtins.any(isinstance(v, TorchArray) for v in x):
-        return torch.stack([_native(v, device) for v in x])
+        return torch.stack([native_tensor(v, device) for v in x])
     return tensor_from_numpy(np.asarray(x), device)
 
 
@@ -220,7 +220,7 @@ def _promote(*args, tensors=False):
             if arr.dtype == object:
                 raise _HostOnly
             if isinstance(a, (list, tuple)) and builtins.any(isinstance(v, TorchArray) for v in a):
-                t = _native(a, dev)
+                t = native_tensor(a, dev)
                 items.append(t)
                 dts.append(TO_NUMPY[t.dtype])
                 continue
@@ -281,7 +281,7 @@ def _index_item(k, device):
         return k
     if isinstance(k, (np.integer, bool, np.bool_)) and not isinstance(k, (bool, np.bool_)):
         return int(k)
-    t = _native(k, device) if not isinstance(k, (list, np.ndarray, np.bool_, bool)) else tensor_from_numpy(np.asarray(k), device)
+    t = native_tensor(k, device) if not isinstance(k, (list, np.ndarray, np.bool_, bool)) else tensor_from_numpy(np.asarray(k), device)
     if t.dtype != torch.bool and t.dtype != torch.int64:
         t = t.long()
     return t
@@ -403,7 +403,7 @@ class TorchArray:
     def _whole(self) -> torch.Tensor:
         """The tensor, or a DTensor's whole value (a shard or a pending sum is not the value)."""
         t = self.native
-        return t.full_tensor() if _DTENSOR is not None and isinstance(t, _DTENSOR) else t
+        return t.full_tensor() if DTENSOR is not None and isinstance(t, DTENSOR) else t
 
     def __bool__(self) -> bool:
         return bool(self._whole())
@@ -555,7 +555,7 @@ class TorchArray:
         if type(value) in _WEAK:
             x[k] = value
         else:
-            x[k] = _native(value, x.device).to(x.dtype)
+            x[k] = native_tensor(value, x.device).to(x.dtype)
 
     # -- operators
     __add__, __radd__ = _binary(torch.add), _binary(torch.add, True)
@@ -702,17 +702,17 @@ def full(shape, fill_value, dtype=None):
 
 
 def zeros_like(x, dtype=None):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(torch.zeros_like(t, dtype=None if dtype is None else torch_dtype(dtype)))
 
 
 def ones_like(x, dtype=None):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(torch.ones_like(t, dtype=None if dtype is None else torch_dtype(dtype)))
 
 
 def full_like(x, fill_value, dtype=None):
-    t = _native(x)
+    t = native_tensor(x)
     tt = t.dtype if dtype is None else torch_dtype(dtype)
     if type(fill_value) is TorchArray:
         return TorchArray(fill_value.native.to(tt).expand(t.shape).clone())
@@ -743,7 +743,7 @@ def arange(start, stop=None, step=None, dtype=None):
 def _float_unary(fn, name):
     @_np(name)
     def op(x):
-        t = _native(x) if not isinstance(x, _WEAK) else torch.tensor(x, dtype=torch.float64)
+        t = native_tensor(x) if not isinstance(x, _WEAK) else torch.tensor(x, dtype=torch.float64)
         if not (t.dtype.is_floating_point or t.dtype.is_complex):
             t = t.to(TO_TORCH[_INT_TO_FLOAT.get(TO_NUMPY[t.dtype], _F64)])
         return TorchArray(fn(t))
@@ -755,7 +755,7 @@ def _float_unary(fn, name):
 def _any_unary(fn, name):
     @_np(name)
     def op(x):
-        return TorchArray(fn(_native(x)))
+        return TorchArray(fn(native_tensor(x)))
 
     op.__name__ = name
     return op
@@ -795,7 +795,7 @@ signbit = _any_unary(torch.signbit, "signbit")
 def _int_passthrough(fn, name):
     @_np(name)
     def op(x):
-        t = _native(x)
+        t = native_tensor(x)
         return TorchArray(fn(t) if t.dtype.is_floating_point else t.clone())
 
     op.__name__ = name
@@ -809,13 +809,13 @@ rint = _int_passthrough(torch.round, "rint")
 
 
 def sign(x):
-    t = _native(x)
+    t = native_tensor(x)
     s = torch.sign(t)
     return TorchArray(torch.where(torch.isnan(t), t, s) if t.dtype.is_floating_point else s)
 
 
 def round(x, decimals=0):
-    t = _native(x)
+    t = native_tensor(x)
     if not t.dtype.is_floating_point:
         return TorchArray(t.clone())
     return TorchArray(torch.round(t, decimals=int(decimals)) if decimals else torch.round(t))
@@ -825,12 +825,12 @@ around = round
 
 
 def real(x):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(t.real if t.is_complex() else t)
 
 
 def imag(x):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(t.imag if t.is_complex() else torch.zeros_like(t))
 
 
@@ -912,14 +912,14 @@ def logaddexp(a, b):
 
 @_np("ldexp")
 def ldexp(x, e):
-    t = _native(x)
+    t = native_tensor(x)
     if not t.dtype.is_floating_point:
         t = t.double()
-    return TorchArray(t * torch.pow(2.0, _native(e, t.device).to(t.dtype)))
+    return TorchArray(t * torch.pow(2.0, native_tensor(e, t.device).to(t.dtype)))
 
 
 def frexp(x):
-    m, e = torch.frexp(_native(x))
+    m, e = torch.frexp(native_tensor(x))
     return TorchArray(m), TorchArray(e)
 
 
@@ -943,7 +943,7 @@ def clip(x, a_min=None, a_max=None, **kw):
 def where(cond, x=None, y=None):
     if x is None and y is None:
         return nonzero(cond)
-    c = _native(cond)
+    c = native_tensor(cond)
     if c.dtype != torch.bool:
         c = c != 0
     (a, b), _ = _promote(x, y, tensors=True)
@@ -952,7 +952,7 @@ def where(cond, x=None, y=None):
 
 # -- reductions -----------------------------------------------------------------------------
 def _reduce_args(x, axis):
-    t = _native(x)
+    t = native_tensor(x)
     return t, _axes(axis, t.dim())
 
 
@@ -1044,7 +1044,7 @@ all = _logical_reduce(torch.all, "all")
 
 def _arg_reduce(fn):
     def op(x, axis=None, keepdims=False):
-        t = _native(x)
+        t = native_tensor(x)
         if axis is None:
             r = fn(t.reshape(-1))
             return TorchArray(r.reshape([1] * t.dim()) if keepdims else r)
@@ -1059,7 +1059,7 @@ argmin = _arg_reduce(torch.argmin)
 
 def _scan(fn):
     def op(x, axis=None, dtype=None):
-        t = _native(x)
+        t = native_tensor(x)
         if axis is None:
             t, axis = t.reshape(-1), 0
         tt = torch_dtype(dtype) if dtype is not None else _int_sum_dtype(t)
@@ -1089,30 +1089,30 @@ def std(x, axis=None, keepdims=False, ddof=0, dtype=None):
 # -- shape and indexing ------------------------------------------------------------------------
 @_np("reshape")
 def reshape(x, shape, order="C"):
-    return TorchArray(_native(x).reshape(_ints(shape)))
+    return TorchArray(native_tensor(x).reshape(_ints(shape)))
 
 
 @_np("transpose")
 def transpose(x, axes=None):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(t.permute(*reversed(range(t.dim())) if axes is None else _ints(axes)))
 
 
 @_np("swapaxes")
 def swapaxes(x, a, b):
-    return TorchArray(_native(x).transpose(int(a), int(b)))
+    return TorchArray(native_tensor(x).transpose(int(a), int(b)))
 
 
 @_np("moveaxis")
 def moveaxis(x, source, destination):
     s = tuple(source) if isinstance(source, (tuple, list)) else int(source)
     d = tuple(destination) if isinstance(destination, (tuple, list)) else int(destination)
-    return TorchArray(torch.movedim(_native(x), s, d))
+    return TorchArray(torch.movedim(native_tensor(x), s, d))
 
 
 @_np("expand_dims")
 def expand_dims(x, axis):
-    t = _native(x)
+    t = native_tensor(x)
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
     n = t.dim() + len(axes)
     for a in sorted(int(a) % n for a in axes):
@@ -1122,7 +1122,7 @@ def expand_dims(x, axis):
 
 @_np("squeeze")
 def squeeze(x, axis=None):
-    t = _native(x)
+    t = native_tensor(x)
     if axis is None:
         return TorchArray(t.squeeze())
     return TorchArray(t.squeeze(_axes(axis, t.dim())))
@@ -1130,11 +1130,11 @@ def squeeze(x, axis=None):
 
 @_np("broadcast_to")
 def broadcast_to(x, shape):
-    return TorchArray(_native(x).expand(_ints(shape)))
+    return TorchArray(native_tensor(x).expand(_ints(shape)))
 
 
 def broadcast_arrays(*args):
-    ts = [_native(a) for a in args]
+    ts = [native_tensor(a) for a in args]
     return [TorchArray(t) for t in torch.broadcast_tensors(*ts)]
 
 
@@ -1158,7 +1158,7 @@ def stack(arrays, axis=0):
 
 @_np("split")
 def split(x, indices_or_sections, axis=0):
-    t = _native(x)
+    t = native_tensor(x)
     ios = indices_or_sections
     ios = int(ios) if isinstance(ios, (int, np.integer)) else [int(i) for i in ios]
     return [TorchArray(p) for p in torch.tensor_split(t, ios, dim=int(axis))]
@@ -1169,19 +1169,19 @@ array_split = split
 
 @_np("tile")
 def tile(x, reps):
-    return TorchArray(torch.tile(_native(x), _ints(reps)))
+    return TorchArray(torch.tile(native_tensor(x), _ints(reps)))
 
 
 @_np("repeat")
 def repeat(x, repeats, axis=None):
-    t = _native(x)
-    r = int(repeats) if isinstance(repeats, (int, np.integer)) else _native(repeats, t.device).long()
+    t = native_tensor(x)
+    r = int(repeats) if isinstance(repeats, (int, np.integer)) else native_tensor(repeats, t.device).long()
     return TorchArray(torch.repeat_interleave(t, r, dim=None if axis is None else int(axis)))
 
 
 @_np("flip")
 def flip(x, axis=None):
-    t = _native(x)
+    t = native_tensor(x)
     return TorchArray(t.flip(_axes(axis, t.dim())))
 
 
@@ -1193,7 +1193,7 @@ def _pairs(pad_width, ndim):
 
 @_np("pad")
 def pad(x, pad_width, mode="constant", constant_values=0, **kw):
-    t = _native(x)
+    t = native_tensor(x)
     pairs = _pairs(pad_width, t.dim())
     if mode == "constant":
         flat = []
@@ -1219,14 +1219,14 @@ def _norm_index(idx: torch.Tensor, n: int) -> torch.Tensor:
 
 @_np("take")
 def take(x, indices, axis=None, mode=None):
-    t = _native(x)
+    t = native_tensor(x)
     if axis is None:
         t, axis = t.reshape(-1), 0
     axis = int(axis) % t.dim()
     n = t.shape[axis]
     if isinstance(indices, (int, np.integer)) and mode is None:
         return TorchArray(t.select(axis, int(indices)))
-    idx = _native(indices, t.device)
+    idx = native_tensor(indices, t.device)
     if mode == "clip":
         idx = idx.long().clamp(0, n - 1)
     elif mode == "wrap":
@@ -1239,49 +1239,49 @@ def take(x, indices, axis=None, mode=None):
 
 @_np("take_along_axis")
 def take_along_axis(x, indices, axis):
-    t = _native(x)
+    t = native_tensor(x)
     if axis is None:
         t, axis = t.reshape(-1), 0
     axis = int(axis) % t.dim()
-    idx = _norm_index(_native(indices, t.device), t.shape[axis])
+    idx = _norm_index(native_tensor(indices, t.device), t.shape[axis])
     return TorchArray(torch.take_along_dim(t, idx, dim=axis))
 
 
 def nonzero(x):
-    t = _native(x)
+    t = native_tensor(x)
     if t.dim() == 0:
         t = t.reshape(1)
     return tuple(TorchArray(i) for i in torch.nonzero(t, as_tuple=True))
 
 
 def argwhere(x):
-    return TorchArray(torch.nonzero(_native(x)))
+    return TorchArray(torch.nonzero(native_tensor(x)))
 
 
 def argsort(x, axis=-1, kind=None, stable=None):
-    t = _native(x)
+    t = native_tensor(x)
     if axis is None:
         t, axis = t.reshape(-1), 0
     return TorchArray(torch.argsort(t, dim=int(axis), stable=True))
 
 
 def sort(x, axis=-1, kind=None, stable=None):
-    t = _native(x)
+    t = native_tensor(x)
     if axis is None:
         t, axis = t.reshape(-1), 0
     return TorchArray(torch.sort(t, dim=int(axis), stable=True).values)
 
 
 def ndim(x):
-    return _native(x).dim() if not isinstance(x, np.ndarray) else x.ndim
+    return native_tensor(x).dim() if not isinstance(x, np.ndarray) else x.ndim
 
 
 def shape(x):
-    return tuple(_native(x).shape) if not isinstance(x, np.ndarray) else x.shape
+    return tuple(native_tensor(x).shape) if not isinstance(x, np.ndarray) else x.shape
 
 
 def size(x):
-    return _native(x).numel() if not isinstance(x, np.ndarray) else x.size
+    return native_tensor(x).numel() if not isinstance(x, np.ndarray) else x.size
 
 
 # -- linear algebra ---------------------------------------------------------------------------
@@ -1304,11 +1304,11 @@ def outer(a, b):
 
 
 def _det(x):
-    return TorchArray(torch.linalg.det(_native(x)))
+    return TorchArray(torch.linalg.det(native_tensor(x)))
 
 
 def _inv(x):
-    return TorchArray(torch.linalg.inv(_native(x)))
+    return TorchArray(torch.linalg.inv(native_tensor(x)))
 
 
 linalg = types.SimpleNamespace(det=_det, inv=_inv)
@@ -1316,7 +1316,7 @@ linalg = types.SimpleNamespace(det=_det, inv=_inv)
 
 def _fft_fn(fn):
     def op(a, n=None, axis=-1, norm=None):
-        t = _native(a)
+        t = native_tensor(a)
         if not (t.dtype.is_floating_point or t.is_complex()):
             t = t.double()
         return TorchArray(fn(t, n=None if n is None else int(n), dim=int(axis), norm=norm))

@@ -6,7 +6,7 @@ import math
 
 import numpy
 
-from ..kernels.elementwise import _erfc
+from ..kernels.elementwise import erfc
 from .rules import vjp_rule
 
 
@@ -238,7 +238,7 @@ def gelu_vjp(g, x, *, approximate):
         t = numpy.tanh(u)
         d = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * c * (1 + 3 * 0.044715 * xf * xf)
     else:
-        cdf = 0.5 * _erfc(-xf / math.sqrt(2), numpy)
+        cdf = 0.5 * erfc(-xf / math.sqrt(2), numpy)
         d = cdf + xf * numpy.exp(-0.5 * xf * xf) / math.sqrt(2 * math.pi)
     return ((g * d).astype(g.dtype),)
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy
 
-from ..kernels.image import _compute_dtype, _host_floats, _is_empty, _resize_axis
+from ..kernels.image import compute_dtype, host_floats, is_empty, resize_axis
 from .rules import vjp_rule
 
 
 def _axis_matrix(in_len, out_len, scale, **options):
     eye = numpy.eye(in_len, dtype=numpy.float64)
     # extrapolation_value=0: tf_crop_and_resize's fill does not depend on the input.
-    return _resize_axis(eye, 0, out_len, scale, extrapolation_value=0.0, xp=numpy, **options)
+    return resize_axis(eye, 0, out_len, scale, extrapolation_value=0.0, xp=numpy, **options)
 
 
 def _resize_vjp(g, x, roi, scales, sizes, *, mode, coordinate_transformation_mode, cubic_coeff_a, exclude_outside,
@@ -22,7 +22,7 @@ def _resize_vjp(g, x, roi, scales, sizes, *, mode, coordinate_transformation_mod
     axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
     in_sizes = numpy.array([x.shape[a] for a in axes], dtype=numpy.float64)
     out_sizes = [y.shape[a] for a in axes]
-    if not _is_empty(sizes):
+    if not is_empty(sizes):
         target = numpy.asarray(sizes, dtype=numpy.int64).reshape(-1)
         ratios = target / in_sizes
         if keep_aspect_ratio_policy == "stretch":
@@ -31,13 +31,13 @@ def _resize_vjp(g, x, roi, scales, sizes, *, mode, coordinate_transformation_mod
             s = ratios.min() if keep_aspect_ratio_policy == "not_larger" else ratios.max()
             axis_scales = numpy.full(len(axes), s)
     else:
-        axis_scales = _host_floats(scales)
-    if coordinate_transformation_mode == "tf_crop_and_resize" and not _is_empty(roi):
-        roi = _host_floats(roi)
+        axis_scales = host_floats(scales)
+    if coordinate_transformation_mode == "tf_crop_and_resize" and not is_empty(roi):
+        roi = host_floats(roi)
         starts, ends = roi[: len(axes)], roi[len(axes):]
     else:
         starts, ends = numpy.zeros(len(axes)), numpy.ones(len(axes))
-    gx = g.astype(_compute_dtype(g.dtype))
+    gx = g.astype(compute_dtype(g.dtype))
     for i, axis in enumerate(axes):
         out_len, scale = int(out_sizes[i]), float(axis_scales[i])
         if out_len == x.shape[axis] and scale == 1.0 and (

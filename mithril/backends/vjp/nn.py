@@ -2,7 +2,7 @@
 
 Convolution gradients reuse the forward kernel's window geometry and taps: the weight gradient
 is the output gradient times the im2col columns (a correlation), the input gradient is the
-weights' transpose times the output gradient, added back into the image with ``_col2im`` (the
+weights' transpose times the output gradient, added back into the image with ``fold_columns`` (the
 ConvTranspose scatter). Pools add each window's share back through the same taps.
 """
 
@@ -13,7 +13,7 @@ import math
 import numpy
 
 from ..kernels.geometry import window
-from ..kernels.nn import _col2im, _lowest, _matmul, _pad_spatial, _taps, _window_counts
+from ..kernels.nn import fold_columns, lowest, xp_matmul, pad_spatial, window_taps, window_counts
 from .rules import vjp_rule
 from .elementwise import unbroadcast
 
@@ -34,14 +34,14 @@ def matmul_vjp(g, a, b, *, needs):
         g2 = numpy.expand_dims(g2, -1)
     ga = gb = None
     if needs[0]:
-        ga = unbroadcast(_matmul(g2, _t(b2), numpy), a2.shape).reshape(a.shape)
+        ga = unbroadcast(xp_matmul(g2, _t(b2), numpy), a2.shape).reshape(a.shape)
     if needs[1]:
         if b2.ndim == 2 and a2.ndim > 2:
             # Activations (..., n, k) times weights (k, m): one matmul over the folded batch.
             k, m = b2.shape
-            gb = _matmul(_t(a2.reshape(-1, k)), g2.reshape(-1, m), numpy)
+            gb = xp_matmul(_t(a2.reshape(-1, k)), g2.reshape(-1, m), numpy)
         else:
-            gb = unbroadcast(_matmul(_t(a2), g2, numpy), b2.shape)
+            gb = unbroadcast(xp_matmul(_t(a2), g2, numpy), b2.shape)
         gb = gb.reshape(b.shape)
     return ga, gb
 
@@ -59,10 +59,10 @@ def gemm_vjp(g, a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, needs
     bt = b.T if transB else b
     ga = gb = gc = None
     if needs[0]:
-        ga = _matmul(g, bt.T, numpy) * numpy.asarray(alpha, g.dtype)
+        ga = xp_matmul(g, bt.T, numpy) * numpy.asarray(alpha, g.dtype)
         ga = ga.T if transA else ga
     if needs[1]:
-        gb = _matmul(at.T, g, numpy) * numpy.asarray(alpha, g.dtype)
+        gb = xp_matmul(at.T, g, numpy) * numpy.asarray(alpha, g.dtype)
         gb = gb.T if transB else gb
     if c is not None and needs[2]:
         gc = unbroadcast(g * numpy.asarray(beta, g.dtype), c.shape)
@@ -74,8 +74,8 @@ def gemm_vjp(g, a, b, c=None, *, alpha, beta, transA, transB, broadcast=0, needs
 
 
 def _im2col(x, win):
-    padded = _pad_spatial(x, win, 0, numpy)
-    return numpy.stack([tap for _, tap in _taps(padded, win)], axis=2)  # (n, c, taps, *out)
+    padded = pad_spatial(x, win, 0, numpy)
+    return numpy.stack([tap for _, tap in window_taps(padded, win)], axis=2)  # (n, c, taps, *out)
 
 
 def _canvas_crop(win, size):
@@ -99,12 +99,12 @@ def conv_vjp(g, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads,
         # Fold the batch into the matmul's inner axis: (group, mg, n*L) @ (group, n*L, cg*taps).
         gf = numpy.transpose(g4, (1, 2, 0, 3)).reshape(group, mg, n * length)
         cf = numpy.transpose(cols, (1, 0, 3, 2)).reshape(group, n * length, cg * taps)
-        gw = _matmul(gf, cf, numpy).reshape(w.shape)
+        gw = xp_matmul(gf, cf, numpy).reshape(w.shape)
     if needs[0]:
         wt = _t(w.reshape(group, mg, cg * taps))  # (group, cg*taps, mg)
-        cols = _matmul(wt, g4, numpy).reshape((n, c, taps) + win.out)
+        cols = xp_matmul(wt, g4, numpy).reshape((n, c, taps) + win.out)
         canvas, crop = _canvas_crop(win, size)
-        gx = _col2im(cols, win.out, win, canvas)[crop]
+        gx = fold_columns(cols, win.out, win, canvas)[crop]
     if b is not None and needs[2]:
         gb = numpy.sum(g, axis=(0,) + tuple(range(2, g.ndim))).astype(b.dtype)
     return gx, gw, gb
@@ -119,12 +119,12 @@ def max_pool_vjp(g, x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0, di
                  outputs):
     gy, y = (g[0] if isinstance(g, tuple) else g), outputs[0]  # MaxPool-8 added the indices output
     win = window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    padded = _pad_spatial(x, win, _lowest(x.dtype), numpy)
+    padded = pad_spatial(x, win, lowest(x.dtype), numpy)
     # numpy-only: each window's gradient goes to its first maximum, added in place through tap views.
     canvas = numpy.zeros(padded.shape, dtype=gy.dtype)
     taken = numpy.zeros(y.shape, dtype=bool)
     zero = numpy.zeros((), gy.dtype)
-    for (_, tap), (_, into) in zip(_taps(padded, win), _taps(canvas, win)):
+    for (_, tap), (_, into) in zip(window_taps(padded, win), window_taps(canvas, win)):
         hit = (tap == y) & ~taken
         taken |= hit
         into += numpy.where(hit, gy, zero)
@@ -136,9 +136,9 @@ def average_pool_vjp(g, x, *, auto_pad, kernel_shape, pads, strides, ceil_mode=0
                      dilations=None):
     size = x.shape[2:]
     win = window(size, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    share = g / numpy.asarray(_window_counts(size, win, count_include_pad), dtype=g.dtype)
+    share = g / numpy.asarray(window_counts(size, win, count_include_pad), dtype=g.dtype)
     canvas = numpy.zeros(x.shape[:2] + _canvas_crop(win, size)[0], dtype=g.dtype)
-    for _, into in _taps(canvas, win):
+    for _, into in window_taps(canvas, win):
         into += share
     return (canvas[(Ellipsis, *(slice(b, b + n) for b, n in zip(win.begin, size)))],)
 

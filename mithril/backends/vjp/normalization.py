@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy
 
 from ...dtypes import np_dtype_of_onnx
-from ..kernels.normalization import _compute_dtype
+from ..kernels.normalization import compute_dtype
 from .rules import vjp_rule
 
 
@@ -33,7 +33,7 @@ def batch_normalization_vjp(g, X, scale, B, mean, var, *, epsilon, momentum, spa
                             num_outputs, opset, needs):
     gy = _first(g)
     training = bool(training_mode) if opset >= 14 else num_outputs > 1
-    dtype = _compute_dtype(X.dtype)
+    dtype = compute_dtype(X.dtype)
     axes = (0,) + tuple(range(2, X.ndim)) if spatial else (0,)
     x, gy = X.astype(dtype), gy.astype(dtype)
     s = _channel(scale, X.ndim).astype(dtype)

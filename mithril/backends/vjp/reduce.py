@@ -6,14 +6,14 @@ import math
 
 import numpy
 
-from ..kernels.reduce import _host_ints, _normalize_axes
+from ..kernels.reduce import host_ints, normalize_axes
 from .rules import vjp_rule
 
 
 def _axes(x, axes, noop_with_empty_axes=0):
     if not axes:
         return () if noop_with_empty_axes else tuple(range(x.ndim))
-    return _normalize_axes(axes, x.ndim)
+    return normalize_axes(axes, x.ndim)
 
 
 def _kept(t, x, axes):
@@ -58,7 +58,7 @@ def _register(op_type, grad, axes_input_since):
 
     @vjp_rule(op_type, since=axes_input_since)
     def reduce_input_vjp(g, data, axes=None, *, keepdims, noop_with_empty_axes, y, needs):
-        axes = _axes(data, () if axes is None else _host_ints(axes), noop_with_empty_axes)
+        axes = _axes(data, () if axes is None else host_ints(axes), noop_with_empty_axes)
         return grad(g, data, y, axes).astype(data.dtype), None
 
     reduce_attribute_vjp.__name__ = f"{op_type}_attr_vjp"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import MithrilError
-from ..registry import CUSTOM_DOMAIN, STANDARD_DOMAINS, KernelRegistry, _make_spec
+from ..registry import CUSTOM_DOMAIN, STANDARD_DOMAINS, KernelRegistry, make_spec
 
 RULES = KernelRegistry()
 
@@ -12,7 +12,7 @@ def vjp_rule(op_type: str, *, since: int = 1, domain: str = "", replace: bool = 
     """Register the vector-Jacobian rule of ``op_type`` from opset ``since`` on."""
 
     def wrap(fn):
-        RULES.register("*", _make_spec(fn, op_type, domain, since), replace=replace)
+        RULES.register("*", make_spec(fn, op_type, domain, since), replace=replace)
         return fn
 
     return wrap

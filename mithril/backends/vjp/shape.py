@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy
 
-from ..kernels.shape import _axis, _even_sizes, _ints, _slice, _split
+from ..kernels.shape import normalize_axis, even_sizes, static_ints, slice_array, split_array
 from .rules import vjp_rule
 from .elementwise import unbroadcast
 
@@ -65,21 +65,21 @@ def expand_vjp(g, x, shape):
 
 @vjp_rule("Tile", since=6)
 def tile_vjp(g, x, repeats):
-    reps = _ints(repeats)
+    reps = static_ints(repeats)
     split = tuple(d for r, n in zip(reps, x.shape) for d in (r, n))
     return numpy.sum(g.reshape(split), axis=tuple(range(0, 2 * x.ndim, 2))), None
 
 
 @vjp_rule("Concat", since=1)
 def concat_vjp(g, *inputs, axis):
-    axis = _axis(axis, g.ndim)
-    return _split(g, [x.shape[axis] for x in inputs], axis)
+    axis = normalize_axis(axis, g.ndim)
+    return split_array(g, [x.shape[axis] for x in inputs], axis)
 
 
 def _unsplit(g, x, sizes, axis):
     # numpy-only: each part's gradient is written into its slice of one zero array.
     gx = numpy.zeros(x.shape, dtype=x.dtype)
-    for part, gp in zip(_split(gx, sizes, axis), g):
+    for part, gp in zip(split_array(gx, sizes, axis), g):
         if gp is not None:
             part[...] = gp
     return gx
@@ -87,14 +87,14 @@ def _unsplit(g, x, sizes, axis):
 
 @vjp_rule("Split", since=2)
 def split_attr_vjp(g, x, *, axis, split, num_outputs):
-    dim = x.shape[_axis(axis, x.ndim)]
-    return (_unsplit(g, x, split if split else _even_sizes(dim, num_outputs), axis),)
+    dim = x.shape[normalize_axis(axis, x.ndim)]
+    return (_unsplit(g, x, split if split else even_sizes(dim, num_outputs), axis),)
 
 
 @vjp_rule("Split", since=13)
 def split_vjp(g, x, split=None, *, axis, num_outputs):
-    dim = x.shape[_axis(axis, x.ndim)]
-    sizes = _ints(split) if split is not None else _even_sizes(dim, num_outputs)
+    dim = x.shape[normalize_axis(axis, x.ndim)]
+    sizes = static_ints(split) if split is not None else even_sizes(dim, num_outputs)
     return _unsplit(g, x, sizes, axis), None
 
 
@@ -102,22 +102,22 @@ def split_vjp(g, x, split=None, *, axis, num_outputs):
 def slice_attr_vjp(g, data, *, starts, ends, axes):
     # numpy-only: the forward's basic-slicing view of a zero array takes the gradient.
     gx = numpy.zeros(data.shape, dtype=g.dtype)
-    _slice(gx, starts, ends, axes, None)[...] = g
+    slice_array(gx, starts, ends, axes, None)[...] = g
     return (gx,)
 
 
 @vjp_rule("Slice", since=10)
 def slice_vjp(g, data, starts, ends, axes=None, steps=None):
     gx = numpy.zeros(data.shape, dtype=g.dtype)
-    _slice(gx, _ints(starts), _ints(ends), None if axes is None else _ints(axes),
-           None if steps is None else _ints(steps))[...] = g
+    slice_array(gx, static_ints(starts), static_ints(ends), None if axes is None else static_ints(axes),
+                None if steps is None else static_ints(steps))[...] = g
     return gx, None, None, None, None
 
 
 @vjp_rule("Gather", since=1)
 def gather_vjp(g, data, indices, *, axis):
     # numpy-only: repeated indices add up (np.add.at).
-    axis = _axis(axis, data.ndim)
+    axis = normalize_axis(axis, data.ndim)
     idx = numpy.asarray(indices).reshape(-1)
     idx = numpy.where(idx < 0, idx + data.shape[axis], idx)
     gm = numpy.moveaxis(g.reshape(data.shape[:axis] + (idx.size,) + data.shape[axis + 1:]), axis, 0)
@@ -128,7 +128,7 @@ def gather_vjp(g, data, indices, *, axis):
 
 @vjp_rule("GatherElements", since=11)
 def gather_elements_vjp(g, data, indices, *, axis):
-    axis = _axis(axis, data.ndim)
+    axis = normalize_axis(axis, data.ndim)
     idx = numpy.where(indices < 0, indices + data.shape[axis], indices)
     where = list(numpy.indices(indices.shape, sparse=True))
     where[axis] = idx
@@ -142,8 +142,8 @@ def pad_vjp(g, data, pads, constant_value=None, axes=None, *, mode, needs):
     if mode != "constant":
         raise NotImplementedError(f"the gradient of Pad mode={mode!r} is not implemented (only 'constant')")
     rank = data.ndim
-    pads = _ints(pads)
-    axes = range(rank) if axes is None else [_axis(a, rank) for a in _ints(axes)]
+    pads = static_ints(pads)
+    axes = range(rank) if axes is None else [normalize_axis(a, rank) for a in static_ints(axes)]
     index = [slice(None)] * rank
     gx = numpy.zeros(data.shape, dtype=g.dtype)
     src = [slice(None)] * rank

@@ -190,12 +190,12 @@ def test_a_large_matmul_weight_is_packed_for_onednn_once_it_comes_back_unchanged
         np.testing.assert_allclose(out["z"].numpy(), data["x"] @ data["v"], rtol=1e-4, atol=1e-4)
     # Packed at the second call, and again at the second call after the change; never v.
     assert [(c, b is w) for c, b in made] == [(1, True), (4, True)]
-    kept = [held[3] for (ident, what), held in ov._kept_copies.items() if ident == id(w) and what[0] == "linear"]
+    kept = [held[3] for (ident, what), held in ov.kept_copies.items() if ident == id(w) and what[0] == "linear"]
     assert len(kept) == 1 and kept[0].is_mkldnn
     ident = id(w)
     del params, w, kept, made[:]
     pm = None
-    assert not any(i == ident for i, _ in ov._kept_copies)  # gone with W
+    assert not any(i == ident for i, _ in ov.kept_copies)  # gone with W
 
 
 def test_sequence_and_string_outputs(backend):

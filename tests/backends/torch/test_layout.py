@@ -96,9 +96,9 @@ def test_channels_last_weight_is_copied_once_per_weight_version():
     tov.channels_last_weight(leaf).sum().backward()
     assert torch.equal(leaf.grad, torch.ones_like(w))
     key = (id(w), "nhwc")
-    assert key in tov._kept_copies
+    assert key in tov.kept_copies
     del w
-    assert key not in tov._kept_copies  # dropped with its weight
+    assert key not in tov.kept_copies  # dropped with its weight
 
 
 def test_forward_only_convs_run_channels_last_and_gradient_calls_nchw():
@@ -181,7 +181,7 @@ def test_fused_convolutions_give_numpy_outputs_and_gradients(lo, hi):
     if lo > hi:
         assert np.all(got["y"].numpy() == hi)
     # Every weight ran packed for oneDNN (kept with its tensor), the 1x1 one too.
-    packed = {k for k, v in params.items() if (id(v), "mkldnn") in tov._kept_copies}
+    packed = {k for k, v in params.items() if (id(v), "mkldnn") in tov.kept_copies}
     assert packed == {"W1", "W2", "W3", "W4", "W5"}
     # Gradients take the unfused kernels under autograd: the same values as NumPy's.
     cot = {k: np.ones(v.shape, np.float32) for k, v in want.items()}
@@ -246,7 +246,7 @@ def test_packed_and_fused_convolutions_match_numpy(conv, act):
     got = pm.evaluate(params, data)["y"]
     assert got.is_contiguous()
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
-    assert (id(params["W"]), "mkldnn") in tov._kept_copies  # it ran the packed path
+    assert (id(params["W"]), "mkldnn") in tov.kept_copies  # it ran the packed path
 
 
 @pytest.mark.parametrize("act", [None, "Relu", "AddRelu"])

@@ -150,14 +150,15 @@ def _pad3(values, fill) -> list[int]:
     return [fill] * (MAX_SPATIAL - len(values)) + [int(v) for v in values]
 
 
-def _geometry(size, out, kernel, strides, begin, dilations, end=None) -> list[int]:
+def window_geometry(size, out, kernel, strides, begin, dilations, end=None) -> list[int]:
     """The 21 numbers a window kernel reads (``lib/mt_nn.h``), padded to three spatial axes."""
     end = end if end is not None else [0] * len(size)
     return (_pad3(size, 1) + _pad3(out, 1) + _pad3(kernel, 1) + _pad3(strides, 1) + _pad3(begin, 0)
             + _pad3(dilations, 1) + _pad3(end, 0))
 
 
-def _window(pn, kernel):
+def node_window(pn, kernel):
+    """The :class:`Window` of a Conv or pool node with this kernel shape, from its attributes."""
     k = pn.kwargs
     return window(pn.inputs[0].static_shape[2:], kernel, ints(k.get("strides")) or None,
                   ints(k.get("dilations")) or None, ints(k.get("pads")) or None,
@@ -187,11 +188,11 @@ WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_OUTPUT = 14 * 14
 
 
-def _conv_kind(pn) -> tuple[str, object]:
+def conv_kind(pn) -> tuple[str, object]:
     """How a Conv runs: ("pointwise" | "depthwise" | "winograd" | "im2col", its window)."""
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     group = int(pn.kwargs.get("group") or 1)
-    win = _window(pn, w[2:])
+    win = node_window(pn, w[2:])
     if w[1] == 1 and group == x[1] and group > 1:
         return "depthwise", win
     if (group == 1 and len(x) == 4 and tuple(w[2:]) == (3, 3) and tuple(win.strides) == (1, 1)
@@ -203,7 +204,8 @@ def _conv_kind(pn) -> tuple[str, object]:
     return "im2col", win
 
 
-def _check_conv(pn):
+def check_conv(pn):
+    """Why C cannot run this Conv node, or None when it can."""
     why = _check_spatial(pn)
     if why:
         return why
@@ -214,9 +216,9 @@ def _check_conv(pn):
     if _has(pn, 2) and prod(pn.inputs[2].static_shape) != w[0]:
         return "bias is not one value per output channel"
     if pn.kwargs.get(RESIDUAL) and (not _has(pn, 3) or pn.inputs[3].static_shape != pn.outputs[0].static_shape
-                                    or _conv_kind(pn)[0] not in FUSES_RESIDUAL):
+                                    or conv_kind(pn)[0] not in FUSES_RESIDUAL):
         return "a fused residual must be shaped like the output, on a GEMM convolution"
-    return _check_out(pn, w[0], _conv_kind(pn)[1].out) or same_types(pn)
+    return _check_out(pn, w[0], conv_kind(pn)[1].out) or same_types(pn)
 
 
 # The Conv kinds whose kernel adds a residual (mt_conv's GEMM epilogue); render.fuse asks.
@@ -225,11 +227,11 @@ FUSES_RESIDUAL = ("pointwise", "im2col")
 
 def fuses_residual(pn) -> bool:
     """Whether this Conv's kernel can add an Add's other operand before storing."""
-    return _conv_kind(pn)[0] in FUSES_RESIDUAL
+    return conv_kind(pn)[0] in FUSES_RESIDUAL
 
 
 def _conv_scratch(pn) -> int:
-    kind, win = _conv_kind(pn)
+    kind, win = conv_kind(pn)
     if kind == "winograd":  # U, V and the products (mt_conv_winograd)
         x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
         tiles = prod((o + 1) // 2 for o in win.out)
@@ -241,13 +243,13 @@ def _conv_scratch(pn) -> int:
     return prod(w[1:]) * prod(win.out) * pn.outputs[0].dtype.itemsize
 
 
-@c_kernel("Conv", dtypes=FLOATS, check=_check_conv, scratch=_conv_scratch)
+@c_kernel("Conv", dtypes=FLOATS, check=check_conv, scratch=_conv_scratch)
 def conv(pn, c):
     x, w, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
     N, C = c.shape(x)[:2]
     M = c.shape(w)[0]
-    kind, win = _conv_kind(pn)
-    g = c.arr(_geometry(c.shape(x)[2:], win.out, win.kernel, win.strides, win.begin, win.dilations))
+    kind, win = conv_kind(pn)
+    g = c.arr(window_geometry(c.shape(x)[2:], win.out, win.kernel, win.strides, win.begin, win.dilations))
     sfx, bias = c.sfx(y), _bias(pn, c)
     # A Relu or Clip the renderer fused into this node (render.fuse): its bounds.
     lo, hi = (c.literal(b, y.dtype) for b in pn.kwargs.get(CLAMP, (-np.inf, np.inf)))
@@ -298,7 +300,7 @@ def conv_transpose(pn, c):
     x, w, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
     N, C = c.shape(x)[:2]
     geo = _transposed(pn)
-    g = c.arr(_geometry(c.shape(x)[2:], geo.out, geo.kernel, geo.strides, geo.begin, geo.dilations))
+    g = c.arr(window_geometry(c.shape(x)[2:], geo.out, geo.kernel, geo.strides, geo.begin, geo.dilations))
     c.line(f"mt_conv_transpose_{c.sfx(y)}({c.buf(x)}, {c.buf(w)}, {_bias(pn, c)}, {c.buf(y)}, "
            f"({c.ctype(y)} *){c.scratch}, {N}, {C}, {c.shape(y)[1]}, {int(pn.kwargs.get('group') or 1)}, {g});")
 
@@ -307,7 +309,8 @@ def conv_transpose(pn, c):
 # Pooling
 
 
-def _check_pool(pn):
+def check_pool(pn):
+    """Why C cannot run this pool node, or None when it can."""
     why = _check_spatial(pn)
     if why:
         return why
@@ -320,15 +323,15 @@ def _check_pool(pn):
         return "Indices shape differs from Y's"
     if pn.outputs[0].dtype != pn.inputs[0].dtype:
         return "output dtype differs from the input's"
-    return _check_out(pn, pn.inputs[0].static_shape[1], _window(pn, kernel).out)
+    return _check_out(pn, pn.inputs[0].static_shape[1], node_window(pn, kernel).out)
 
 
-@c_kernel("MaxPool", dtypes=FLOATS | {np.dtype(np.int8), np.dtype(np.uint8)}, check=_check_pool)
+@c_kernel("MaxPool", dtypes=FLOATS | {np.dtype(np.int8), np.dtype(np.uint8)}, check=check_pool)
 def max_pool(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     shape = c.shape(x)
-    win = _window(pn, ints(pn.kwargs["kernel_shape"]))
-    g = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    win = node_window(pn, ints(pn.kwargs["kernel_shape"]))
+    g = c.arr(window_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
     indices, istr = "0", "0"
     if len(pn.outputs) > 1:
         size = shape[2:]
@@ -342,12 +345,12 @@ def max_pool(pn, c):
     c.line(f"mt_maxpool_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {indices}, {shape[0] * shape[1]}, {g}, {istr});")
 
 
-@c_kernel("AveragePool", "LpPool", dtypes=FLOATS, check=_check_pool)
+@c_kernel("AveragePool", "LpPool", dtypes=FLOATS, check=check_pool)
 def average_pool(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     shape, k = c.shape(x), pn.kwargs
-    win = _window(pn, ints(k["kernel_shape"]))
-    g = c.arr(_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
+    win = node_window(pn, ints(k["kernel_shape"]))
+    g = c.arr(window_geometry(shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations, win.end))
     if pn.op_type == "LpPool":
         mode, p = 2, k.get("p", 2)
     else:

@@ -11,7 +11,7 @@ import numpy as np
 from . import BOOL, F32, Builder, ggml_op
 from .elementwise import operand
 from .movement import permute
-from .nn import _row_max, _text
+from .nn import row_max, as_text
 
 
 def _attention_dims(pn):
@@ -33,7 +33,7 @@ def _masked_softmax(g: Builder, scores):
     then 0 / (0 + 1)."""
     gg, ctx = g.ggml, g.ctx
     big = float(np.finfo(np.float32).max)
-    top = g.clamp(_row_max(g, scores), -big, big)
+    top = g.clamp(row_max(g, scores), -big, big)
     e = gg.ggml_exp(ctx, gg.ggml_sub(ctx, scores, top))
     total = gg.ggml_sum_rows(ctx, e)
     empty = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, total), -1.0, 1.0)
@@ -111,7 +111,7 @@ def attention(pn, g: Builder):
     """``softmax(Q K^T * scale (+ softcap, mask)) V`` with two ``mul_mat`` (ggml broadcasts K/V
     heads over query heads as GQA does); the causal/window mask is a constant, and a row with
     every key masked gives zeros (the softmax is spelled out for that)."""
-    from ...kernels.attention import _allowed_keys
+    from ...kernels.attention import allowed_keys
 
     gg, ctx, kw = g.ggml, g.ctx, pn.kwargs
     ins = list(pn.inputs) + [None] * (7 - len(pn.inputs))
@@ -143,8 +143,8 @@ def attention(pn, g: Builder):
             mask = gg.ggml_log(ctx, mask)
         scores = gg.ggml_add(ctx, scores, mask)
     offset = ins[4].static_shape[2] if past else 0
-    allowed = _allowed_keys(s, t, offset, bool(kw.get("is_causal")), None, int(kw.get("left_window_size", -1)),
-                            int(kw.get("right_window_size", -1)), np)
+    allowed = allowed_keys(s, t, offset, bool(kw.get("is_causal")), None, int(kw.get("left_window_size", -1)),
+                           int(kw.get("right_window_size", -1)), np)
     if allowed is not None:
         scores = gg.ggml_add(ctx, scores, g.constant(np.where(allowed, 0.0, -np.inf).astype(np.float32)))
     probs = _masked_softmax(g, scores)
@@ -233,7 +233,7 @@ def rotary_embedding(pn, g: Builder):
 
 def _check_linear_attention(pn) -> str | None:
     k = pn.kwargs
-    rule = _text(k.get("update_rule") or "gated_delta")
+    rule = as_text(k.get("update_rule") or "gated_delta")
     if rule not in ("linear", "gated", "delta", "gated_delta"):
         return f"update_rule {rule!r}"
     ins = list(pn.inputs) + [None] * (6 - len(pn.inputs))
@@ -259,7 +259,7 @@ def linear_attention(pn, g: Builder):
     and the output ``q S`` are ``mul_mat`` over dk (query heads grouped as ggml broadcasts)."""
     gg, ctx, kw = g.ggml, g.ctx, pn.kwargs
     ins = list(pn.inputs) + [None] * (6 - len(pn.inputs))
-    rule = _text(kw.get("update_rule") or "gated_delta")
+    rule = as_text(kw.get("update_rule") or "gated_delta")
     b, steps, _ = pn.inputs[0].static_shape
     hq, hk = int(kw["q_num_heads"]), int(kw["kv_num_heads"])
     dk, dv = pn.inputs[1].static_shape[2] // hk, pn.inputs[2].static_shape[2] // hk

@@ -20,7 +20,8 @@ def operand(pn, i: int, g: Builder):
     return g.weight(v) if g.is_weight(v) else g.t(v)
 
 
-def _check_broadcast(pn) -> str | None:
+def check_broadcast(pn) -> str | None:
+    """Why ggml cannot broadcast this node's inputs to its output shape, or None when it can."""
     out = pn.outputs[0].static_shape
     for v in pn.inputs:
         s = v.static_shape
@@ -33,7 +34,7 @@ BINARY = {"Add": ("ggml_add", True), "Sub": ("ggml_sub", False), "Mul": ("ggml_m
           "Div": ("ggml_div", False)}
 
 
-@ggml_op(*BINARY, check=_check_broadcast)
+@ggml_op(*BINARY, check=check_broadcast)
 def binary(pn, g: Builder):
     name, commutative = BINARY[pn.op_type]
     out = pn.outputs[0].static_shape
@@ -246,7 +247,7 @@ def _check_where(pn) -> str | None:
         return f"a {cond.dtype} condition"
     if 2 * prod(pn.outputs[0].static_shape) >= 2 ** 24:
         return "more than 2**23 elements (the picked positions are counted in float32)"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("Where", check=_check_where, dtypes=EXACT)
@@ -373,7 +374,7 @@ def _check_prelu(pn) -> str | None:
     out = pn.outputs[0].static_shape
     if tuple(pn.inputs[0].static_shape) != tuple(out):
         return "a slope larger than the input"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("PRelu", check=_check_prelu)
@@ -390,7 +391,7 @@ def _check_variadic(pn) -> str | None:
         return "no inputs"
     if pn.op_type in ("Sum", "Mean") and pn.outputs[0].dtype != F32:
         return f"{pn.outputs[0].dtype} sums (float32 would not wrap as the integer type does)"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("Sum", "Mean", "Max", "Min", check=_check_variadic, dtypes=(F32, *SMALL_INTS))
@@ -449,7 +450,7 @@ def _equal(g: Builder, a, b):
 def _check_compare(pn) -> str | None:
     if pn.outputs[0].dtype != BOOL:
         return "an output other than bool"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", check=_check_compare, dtypes=EXACT)
@@ -467,7 +468,7 @@ def compare(pn, g: Builder):
 
 
 def _check_logic(pn) -> str | None:
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("Not", "And", "Or", "Xor", check=_check_logic, dtypes=(BOOL,))
@@ -588,7 +589,7 @@ def _check_mod(pn) -> str | None:
         return "values other than int8/int16/uint8/uint16 (a float remainder is not exact here)"
     if 2 * prod(pn.outputs[0].static_shape) >= 2 ** 24:
         return "more than 2**23 elements"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("Mod", check=_check_mod, dtypes=SMALL_INTS)

@@ -15,7 +15,7 @@ from math import prod
 
 import numpy as np
 
-from ...kernels.image import _host_floats, _is_empty, _resize, _resize_axis
+from ...kernels.image import host_floats, is_empty, resize_array, resize_axis
 from . import Builder, const_value, ggml_op
 from .elementwise import operand
 from .movement import permute
@@ -54,14 +54,14 @@ def _inputs(pn):
 
 def _axis_tables(pn) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(axis, ``[out, in]`` matrix, rows outside the input) for each axis the kernel resizes, as
-    its ``_resize`` chooses lengths, scales and crop boxes."""
+    its ``resize_array`` chooses lengths, scales and crop boxes."""
     a = _attributes(pn)
     roi, scales, sizes = _inputs(pn)
     shape = pn.inputs[0].static_shape
     rank = len(shape)
     axes = list(range(rank)) if a["axes"] is None else [int(x) % rank for x in a["axes"]]
     in_sizes = np.array([shape[x] for x in axes], dtype=np.float64)
-    if not _is_empty(sizes):
+    if not is_empty(sizes):
         target = np.asarray(sizes, dtype=np.int64).reshape(-1)
         if a["keep_aspect_ratio_policy"] == "stretch":
             out_sizes, axis_scales = target, target / in_sizes
@@ -70,10 +70,10 @@ def _axis_tables(pn) -> list[tuple[int, np.ndarray, np.ndarray]]:
             s = ratios.min() if a["keep_aspect_ratio_policy"] == "not_larger" else ratios.max()
             out_sizes, axis_scales = np.floor(s * in_sizes + 0.5).astype(np.int64), np.full(len(axes), s)
     else:
-        axis_scales = _host_floats(scales)
+        axis_scales = host_floats(scales)
         out_sizes = np.floor(in_sizes * axis_scales).astype(np.int64)
-    crop = a["coordinate_transformation_mode"] == "tf_crop_and_resize" and not _is_empty(roi)
-    box = _host_floats(roi) if crop else np.concatenate([np.zeros(len(axes)), np.ones(len(axes))])
+    crop = a["coordinate_transformation_mode"] == "tf_crop_and_resize" and not is_empty(roi)
+    box = host_floats(roi) if crop else np.concatenate([np.zeros(len(axes)), np.ones(len(axes))])
     tables = []
     for i, axis in enumerate(axes):
         out_len, scale, start, end = int(out_sizes[i]), float(axis_scales[i]), box[i], box[len(axes) + i]
@@ -81,10 +81,10 @@ def _axis_tables(pn) -> list[tuple[int, np.ndarray, np.ndarray]]:
                 a["coordinate_transformation_mode"] != "tf_crop_and_resize" or (start, end) == (0.0, 1.0)):
             continue  # the kernel leaves this axis as it is
         eye = np.eye(shape[axis], dtype=np.float32)
-        matrix = _resize_axis(eye, 0, out_len, scale, mode=a["mode"], ctm=a["coordinate_transformation_mode"],
-                              roi_start=start, roi_end=end, cubic_coeff_a=a["cubic_coeff_a"],
-                              exclude_outside=a["exclude_outside"], extrapolation_value=np.nan,
-                              nearest_mode=a["nearest_mode"], antialias=a["antialias"], xp=np)
+        matrix = resize_axis(eye, 0, out_len, scale, mode=a["mode"], ctm=a["coordinate_transformation_mode"],
+                             roi_start=start, roi_end=end, cubic_coeff_a=a["cubic_coeff_a"],
+                             exclude_outside=a["exclude_outside"], extrapolation_value=np.nan,
+                             nearest_mode=a["nearest_mode"], antialias=a["antialias"], xp=np)
         outside = np.isnan(matrix).any(axis=1)
         tables.append((axis, np.where(outside[:, None], 0.0, matrix).astype(np.float32), outside))
     return tables
@@ -110,7 +110,7 @@ def resize(pn, g: Builder):
     if a["mode"] == "nearest":
         # The kernel on 0, 1, 2, ... gives the index each output element reads (NaN: outside).
         probe = np.arange(prod(shape), dtype=np.float64).reshape(shape)
-        picked = _resize(probe, *_inputs(pn), **{**a, "extrapolation_value": np.nan}, xp=np)
+        picked = resize_array(probe, *_inputs(pn), **{**a, "extrapolation_value": np.nan}, xp=np)
         rows = np.where(np.isnan(picked), prod(shape), picked).astype(np.int32).reshape(-1)
         table = gg.ggml_concat(ctx, g.reshape(x, (prod(shape), 1)), g.constant(np.full((1, 1), fill)), 1)
         return g.reshape(gg.ggml_get_rows(ctx, table, g.constant_i32(rows)), out)

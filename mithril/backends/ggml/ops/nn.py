@@ -15,11 +15,12 @@ import numpy as np
 
 from ...kernels.geometry import window
 from . import F32, SMALL_INTS, Builder, const_value, ggml_op, ne
-from .elementwise import _check_broadcast, operand
+from .elementwise import check_broadcast, operand
 from .movement import permute
 
 
-def _text(value):
+def as_text(value):
+    """A string attribute as str (ONNX string attributes arrive as bytes)."""
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -104,7 +105,7 @@ def _softmax_axis(pn) -> int:
     return int(pn.kwargs.get("axis", default)) % max(rank, 1)
 
 
-def _row_max(g: Builder, rows):
+def row_max(g: Builder, rows):
     """The max of each row of a contiguous matrix: a 1-D max pool as wide as the row."""
     n = int(rows.contents.ne[0])
     return g.ggml.ggml_pool_1d(g.ctx, rows, g.ggml.GGML_OP_POOL_MAX, n, n, 0)
@@ -113,7 +114,7 @@ def _row_max(g: Builder, rows):
 def _log_softmax_rows(g: Builder, rows):
     """``x - max - log(sum(exp(x - max)))`` per row: no log of an underflowed softmax."""
     gg = g.ggml
-    shifted = gg.ggml_sub(g.ctx, rows, _row_max(g, rows))
+    shifted = gg.ggml_sub(g.ctx, rows, row_max(g, rows))
     lse = gg.ggml_log(g.ctx, gg.ggml_sum_rows(g.ctx, gg.ggml_exp(g.ctx, shifted)))
     return gg.ggml_sub(g.ctx, shifted, lse)
 
@@ -129,7 +130,7 @@ def _hardmax_rows(g: Builder, rows):
     then a running count (``cumsum``) keeps only the first."""
     gg, ctx = g.ggml, g.ctx
     rows = _finite_below(g, rows)
-    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, _row_max(g, rows)))  # max - x >= 0
+    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, row_max(g, rows)))  # max - x >= 0
     at_max = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, below), -1.0, 1.0)
     first = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_cumsum(ctx, at_max), -1.0, 1.5))
     return gg.ggml_mul(ctx, at_max, first)
@@ -167,7 +168,7 @@ def _check_layernorm(pn) -> str | None:
         return "more than one output"
     if tuple(pn.outputs[0].static_shape) != tuple(pn.inputs[0].static_shape):
         return "a scale or bias larger than the input"
-    return _check_broadcast(pn)
+    return check_broadcast(pn)
 
 
 @ggml_op("LayerNormalization", "RMSNormalization", check=_check_layernorm)
@@ -228,7 +229,7 @@ def _conv_window(pn):
         return None if value is None else [int(v) for v in value]
 
     return window(x[2:], kernel, ints("strides"), ints("dilations"), ints("pads"),
-                  _text(k.get("auto_pad")) or "NOTSET", int(k.get("ceil_mode") or 0))
+                  as_text(k.get("auto_pad")) or "NOTSET", int(k.get("ceil_mode") or 0))
 
 
 def _same_as_ggml(pn, win, size) -> str | None:
@@ -369,7 +370,7 @@ def lp_pool(pn, g: Builder):
 @ggml_op("GlobalMaxPool")
 def global_max_pool(pn, g: Builder):
     s = pn.inputs[0].static_shape
-    return _row_max(g, g.reshape(operand(pn, 0, g), (prod(s[:2]), prod(s[2:]))))
+    return row_max(g, g.reshape(operand(pn, 0, g), (prod(s[:2]), prod(s[2:]))))
 
 
 @ggml_op("MaxPool", "AveragePool", check=_check_pool)
@@ -445,13 +446,13 @@ def reduce(pn, g: Builder):
     rows = g.reshape(permute(g, x, kept + axes), (prod(s[a] for a in kept), prod(s[a] for a in axes)))
     op = pn.op_type
     if op == "ReduceMin":
-        return gg.ggml_neg(ctx, _row_max(g, gg.ggml_neg(ctx, rows)))
+        return gg.ggml_neg(ctx, row_max(g, gg.ggml_neg(ctx, rows)))
     if op == "ReduceMax":
-        return _row_max(g, rows)
+        return row_max(g, rows)
     if op == "ReduceMean":
         return gg.ggml_mean(ctx, rows)
     if op == "ReduceLogSumExp":
-        top = _row_max(g, rows)
+        top = row_max(g, rows)
         total = gg.ggml_sum_rows(ctx, gg.ggml_exp(ctx, gg.ggml_sub(ctx, rows, top)))
         return gg.ggml_add(ctx, gg.ggml_log(ctx, total), top)
     pre = {"ReduceL1": gg.ggml_abs, "ReduceL2": gg.ggml_sqr, "ReduceSumSquare": gg.ggml_sqr}.get(op)
@@ -483,7 +484,7 @@ def arg_extreme(pn, g: Builder):
     kept = [a for a in range(len(s)) if a != axis]
     n = s[axis]
     rows = _finite_below(g, g.reshape(permute(g, x, kept + [axis]), (prod(s) // n, n)))
-    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, _row_max(g, rows)))  # max - x >= 0
+    below = gg.ggml_neg(ctx, gg.ggml_sub(ctx, rows, row_max(g, rows)))  # max - x >= 0
     at_max = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, below), -1.0, 1.0)
     count = gg.ggml_cumsum(ctx, at_max)
     if int(pn.kwargs.get("select_last_index", 0)):  # the count reaches the row's total there
@@ -588,7 +589,7 @@ def _picked(pn, g: Builder, rows, c: int):
 
 def _reduce_loss(pn, g: Builder, loss, w):
     gg, ctx = g.ggml, g.ctx
-    reduction = _text(pn.kwargs.get("reduction", "mean"))
+    reduction = as_text(pn.kwargs.get("reduction", "mean"))
     if reduction == "none":
         return loss
     total = gg.ggml_sum(ctx, loss)
@@ -670,7 +671,7 @@ def _conv_transpose_geometry(pn):
         return None if value is None else [int(v) for v in value]
 
     win = transposed_window(x[2:], w[2:], ints("strides"), ints("dilations"), ints("pads"),
-                            _text(k.get("auto_pad")) or "NOTSET", ints("output_padding"), ints("output_shape"))
+                            as_text(k.get("auto_pad")) or "NOTSET", ints("output_padding"), ints("output_shape"))
     out = []
     for n, kk, s, d, b, o in zip(x[2:], w[2:], win.strides, win.dilations, win.begin, win.out):
         span = (kk - 1) * d

@@ -101,14 +101,14 @@ def _check_dynamic(pn) -> str | None:
 def dynamic_quantize_linear(pn, g: Builder):
     """The range ``[min(x, 0), max(x, 0)]`` over 255 steps (the max by a max pool over all
     values), its zero point and ``x`` quantized to uint8, as the kernel: ``(y, scale, zero_point)``."""
-    from .nn import _row_max
+    from .nn import row_max
 
     gg, ctx = g.ggml, g.ctx
     x = g.contiguous(operand(pn, 0, g))
     n = prod(pn.inputs[0].static_shape)
     flat = g.reshape(x, (1, n))
-    top = gg.ggml_relu(ctx, _row_max(g, flat))  # max(max(x), 0)
-    low = gg.ggml_neg(ctx, gg.ggml_relu(ctx, _row_max(g, gg.ggml_neg(ctx, flat))))  # min(min(x), 0)
+    top = gg.ggml_relu(ctx, row_max(g, flat))  # max(max(x), 0)
+    low = gg.ggml_neg(ctx, gg.ggml_relu(ctx, row_max(g, gg.ggml_neg(ctx, flat))))  # min(min(x), 0)
     scale = gg.ggml_div(ctx, gg.ggml_sub(ctx, top, low), g.constant(np.full((1, 1), 255.0)))
     zero = gg.ggml_scale_bias(ctx, gg.ggml_step(ctx, scale), -1.0, 1.0)  # 1 where the scale is 0
     safe = gg.ggml_add(ctx, scale, zero)

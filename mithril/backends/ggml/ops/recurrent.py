@@ -8,7 +8,7 @@ import numpy as np
 
 from . import Builder, ggml_op
 from .elementwise import operand
-from .nn import _text
+from .nn import as_text
 
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -20,7 +20,7 @@ def _check_recurrent(pn) -> str | None:
         return "sequence_lens (lengths known only at run time)"
     k = pn.kwargs
     default = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["sigmoid", "tanh", "tanh"]}[pn.op_type]
-    acts = [_text(a).lower() for a in (k.get("activations") or [])]
+    acts = [as_text(a).lower() for a in (k.get("activations") or [])]
     if acts and acts != default * (len(acts) // len(default)):
         return f"activations {acts} (ggml here: the defaults)"
     if k.get("clip") is not None or int(k.get("input_forget") or 0):
@@ -30,7 +30,7 @@ def _check_recurrent(pn) -> str | None:
     x = pn.inputs[0].static_shape
     b, i_size = (x[0], x[2]) if int(k.get("layout") or 0) else (x[1], x[2])
     h = int(k.get("hidden_size") or 0)
-    dirs = 2 if _text(k.get("direction") or "forward") == "bidirectional" else 1
+    dirs = 2 if as_text(k.get("direction") or "forward") == "bidirectional" else 1
     n = GATES[pn.op_type]
     want = {1: (dirs, n * h, i_size), 2: (dirs, n * h, h), 3: (dirs, 2 * n * h), 7: (dirs, 3 * h)}
     for i, shape in want.items():
@@ -55,7 +55,7 @@ def recurrent(pn, g: Builder):
     xs = pn.inputs[0].static_shape
     s, b, i_size = (xs[1], xs[0], xs[2]) if layout else xs
     h = int(k["hidden_size"])
-    direction = _text(k.get("direction") or "forward")
+    direction = as_text(k.get("direction") or "forward")
     dirs = 2 if direction == "bidirectional" else 1
     f = 4
     x = g.contiguous(operand(pn, 0, g))
@@ -154,7 +154,7 @@ def _check_causal_conv(pn) -> str | None:
         return "a bias that is not one per channel"
     if ins[3] is not None and tuple(ins[3].static_shape) != (x[0], x[1], w[2] - 1):
         return "a past state that is not (B, C, K - 1)"
-    if _text(pn.kwargs.get("activation") or "none") not in ("none", "silu", "swish"):
+    if as_text(pn.kwargs.get("activation") or "none") not in ("none", "silu", "swish"):
         return f"activation {pn.kwargs.get('activation')!r}"
     return None
 
@@ -180,7 +180,7 @@ def causal_conv_with_state(pn, g: Builder):
         y = term if y is None else gg.ggml_add(ctx, y, term)
     if ins[2] is not None:
         y = gg.ggml_add(ctx, y, g.reshape(operand(pn, 2, g), (1, c, 1)))
-    if _text(pn.kwargs.get("activation") or "none") in ("silu", "swish"):
+    if as_text(pn.kwargs.get("activation") or "none") in ("silu", "swish"):
         y = gg.ggml_mul(ctx, y, gg.ggml_sigmoid(ctx, y))
     outs = [y]
     if len(pn.outputs) > 1:
