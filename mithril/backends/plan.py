@@ -676,5 +676,6 @@ def plan_of_node(node: ir.Node, opsets: dict[str, int], backend: str = "*") -> P
     return builder.node(node)
 
 
-__all__ = ["OUTER", "Plan", "PlanIndex", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains", "check_outputs", "first_output", "node_label",
+__all__ = ["OUTER", "Plan", "PlanIndex", "PlanNode", "PlanValue", "build_plan", "bind_attributes", "check_domains",
+           "check_outputs", "first_output", "node_label",
            "outer_reads", "plan_of_node", "reads_of", "squeeze_output_problem", "static_initializers", "value_dtype"]

@@ -18,7 +18,9 @@ from __future__ import annotations
 from .base import PassManager, PassResult, PlanPass, run_passes
 from .conv import ConvChain, FuseConvChains
 from .gelu import FuseGelu, GeluMatch, gelu_kernel_pass, match_gelu
-from .inplace import FRESH_RESULTS, InPlaceActivations, in_place_activations, mithril_kernel
+from .inplace import FRESH_RESULTS, InPlaceActivations, in_place_activations
+from .match import mithril_kernel
 
-__all__ = ["FRESH_RESULTS", "ConvChain", "FuseConvChains", "FuseGelu", "GeluMatch", "InPlaceActivations", "PassManager",
-           "PassResult", "PlanPass", "gelu_kernel_pass", "in_place_activations", "match_gelu", "mithril_kernel", "run_passes"]
+__all__ = ["FRESH_RESULTS", "ConvChain", "FuseConvChains", "FuseGelu", "GeluMatch", "InPlaceActivations",
+           "PassManager", "PassResult", "PlanPass", "gelu_kernel_pass", "in_place_activations", "match_gelu",
+           "mithril_kernel", "run_passes"]

@@ -52,6 +52,7 @@ class FuseConvChains(PlanPass):
     at_conv = False
 
     def takes_conv(self, index: PlanIndex, conv: PlanNode) -> bool:
+        """Whether ``conv`` is a convolution whose kernel can apply what follows it."""
         raise NotImplementedError
 
     def takes_residual(self, index: PlanIndex, conv: PlanNode, add: PlanNode, residual: PlanValue) -> bool:

@@ -31,8 +31,7 @@ from dataclasses import dataclass, replace
 from ..plan import RUNTIME_ARGUMENTS, PlanIndex, PlanNode, PlanValue
 from ..registry import KernelSpec
 from .base import PlanPass
-from .inplace import mithril_kernel
-from .match import chain_frees, constant_scalar, near, other_operand, reads_stay_alive
+from .match import chain_frees, constant_scalar, mithril_kernel, near, other_operand, reads_stay_alive
 
 _SQRT2 = math.sqrt(2.0)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)

@@ -19,17 +19,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..plan import Plan, PlanIndex, PlanNode
+from ..plan import Plan, PlanIndex
 from .base import PlanPass, run_passes
+from .match import mithril_kernel
 
 # Ops whose kernels return an array of their own (never an input, a constant or a view
 # of one): the activation after them may overwrite it.
 FRESH_RESULTS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
-
-
-def mithril_kernel(pn: PlanNode) -> bool:
-    """Whether ``pn`` runs one of Mithril's kernels (not a user's, registered over it)."""
-    return pn.spec is not None and getattr(pn.spec.fn, "__module__", "").startswith("mithril.backends.")
 
 
 class InPlaceActivations(PlanPass):
@@ -62,4 +58,4 @@ def in_place_activations(plan: Plan, swaps: dict) -> Plan:
     return run_passes(plan, [InPlaceActivations(swaps)])
 
 
-__all__ = ["FRESH_RESULTS", "InPlaceActivations", "in_place_activations", "mithril_kernel"]
+__all__ = ["FRESH_RESULTS", "InPlaceActivations", "in_place_activations"]

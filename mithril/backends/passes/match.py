@@ -37,6 +37,11 @@ def other_operand(pn: PlanNode, want: float) -> PlanValue | None:
     return None
 
 
+def mithril_kernel(pn: PlanNode) -> bool:
+    """Whether ``pn`` runs one of Mithril's kernels (not a user's, registered over it)."""
+    return pn.spec is not None and getattr(pn.spec.fn, "__module__", "").startswith("mithril.backends.")
+
+
 def chain_frees(chain: Iterable[PlanNode], last: PlanNode) -> tuple[PlanValue, ...]:
     """What a node replacing ``chain`` frees: what the chain's nodes free, but the values passed
     inside the chain (which no longer exist)."""
@@ -56,4 +61,4 @@ def reads_stay_alive(index: PlanIndex, reads: Iterable[PlanValue | None], chain:
     return not any(reads.intersection(pn.frees) for pn in index.between(first, at) if id(pn) not in inside)
 
 
-__all__ = ["chain_frees", "constant_scalar", "near", "other_operand", "reads_stay_alive"]
+__all__ = ["chain_frees", "constant_scalar", "mithril_kernel", "near", "other_operand", "reads_stay_alive"]
