@@ -387,9 +387,14 @@ class Backend(metaclass=TensorAPI):
         return emit_python(plan, namespace=self.program_namespace(), file_path=file_path, constant=self.constant,
                            checkpointing=stages)
 
+    # The ``ctx`` of the kernels that declare one: what this backend's options decide for them
+    # (JaxBackend: which convolutions go to XNNPACK); None where the options decide nothing.
+    kernel_context = None
+
     def program_namespace(self) -> dict:
-        """What generated Python code reads besides its kernels: the array namespace and the backend."""
-        return {"xp": self.xp, "_backend": self}
+        """What generated Python code reads besides its kernels: the array namespace, the backend,
+        and the kernels' ``ctx``."""
+        return {"xp": self.xp, "_backend": self, "ctx": self.kernel_context}
 
     def jit(self, forward, options: dict | None = None):
         """Compile the whole generated ``forward(params, data)`` as one program (identity here).

@@ -38,7 +38,7 @@ from .registry import KernelSpec
 _counter = itertools.count()
 
 # Runtime arguments a kernel may declare, and the generated expression that supplies each.
-RUNTIME_SOURCES = {"xp": "xp", "rng": "_backend.rng"}
+RUNTIME_SOURCES = {"xp": "xp", "rng": "_backend.rng", "ctx": "ctx"}
 
 
 @dataclass
@@ -276,9 +276,15 @@ def emit_python(plan: Plan, *, namespace: dict[str, Any], file_path: str | None 
     """Print and exec ``forward(params, data) -> dict`` for ``plan``; with ``checkpointing``
     (segments of ``plan``), each segment runs through ``_backend.checkpoint``. With ``timed``
     (:mod:`mithril.profile`), each kernel call goes through ``_timed(i, kernel, args...)``, which
-    ``namespace`` must hold; ``timed_nodes[i]`` of the result is the call's plan node."""
+    ``namespace`` must hold; ``timed_nodes[i]`` of the result is the call's plan node.
+
+    Kernels that declare ``ctx`` get ``namespace["ctx"]``, the backend's options for them
+    (:attr:`~mithril.backends.backend.Backend.kernel_context`); where it is not None, ``forward``
+    takes it as a parameter too (``forward(params, data, ctx=other)``: JAX's jitted forward
+    program passes its own)."""
     em = PythonEmitter(namespace, constant, timed)
-    em.emit_header("def forward(params, data):", plan)
+    takes_ctx = em.namespace.get("ctx") is not None
+    em.emit_header("def forward(params, data, ctx=ctx):" if takes_ctx else "def forward(params, data):", plan)
     em.emit_body(plan, 1, lambda p: "return {" + ", ".join(f"{v.name!r}: {em.var(v)}" for v in p.outputs) + "}",
                  checkpointing)
     return em.finish(plan.backend, "forward", file_path)

@@ -38,9 +38,9 @@ class Interpreter:
     [0.0, 2.0]
     """
 
-    def __init__(self, plan: Plan, *, xp: Any = np, rng: np.random.Generator | None = None):
+    def __init__(self, plan: Plan, *, xp: Any = np, rng: np.random.Generator | None = None, ctx: Any = None):
         self.plan = plan
-        self.runtime = {"xp": xp, "rng": rng if rng is not None else np.random.default_rng(0)}
+        self.runtime = {"xp": xp, "rng": rng if rng is not None else np.random.default_rng(0), "ctx": ctx}
 
     def run(self, params: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
         env: dict[PlanValue, Any] = {}

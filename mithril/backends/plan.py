@@ -45,7 +45,7 @@ from ..onnx_bridge.schema import (
 from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo, missing_kernel_help
 
 # Keyword arguments a kernel may declare that the runtime supplies (not the node).
-RUNTIME_ARGUMENTS = ("xp", "rng")
+RUNTIME_ARGUMENTS = ("xp", "rng", "ctx")
 
 
 def attributes_of(node: ir.Node) -> dict[str, ir.Attr]:
@@ -130,7 +130,7 @@ class PlanNode:
     # What the kernel receives by keyword: its attributes (set, else default) and the context it
     # declares (num_outputs, opset, node); runtime arguments (xp, rng) are the consumer's.
     kwargs: dict[str, Any]
-    runtime: tuple[str, ...]  # which of RUNTIME_ARGUMENTS the kernel declares
+    runtime: tuple[str, ...]  # which of RUNTIME_ARGUMENTS (xp, rng, ctx) the kernel declares
     subgraphs: dict[str, Plan | tuple[Plan, ...]]
     # The op may return several outputs (the result is a tuple even when one is asked for).
     multi_output: bool

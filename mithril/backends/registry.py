@@ -9,6 +9,8 @@ parameters, which the lowering supplies:
 ``xp``           the backend's array namespace (``numpy`` for NumpyBackend)
 ``num_outputs``  how many outputs the node asks for (for ops with optional outputs)
 ``rng``          a ``numpy.random.Generator`` seeded from the backend (random ops)
+``ctx``          the backend's options for its kernels (``Backend.kernel_context``: JaxBackend's
+                 ``KernelOptions`` say which convolutions go to XNNPACK), None where it has none
 ``opset``        the opset version in force for the node's domain
 ``node``         a :class:`NodeInfo` (name, op type, output dtypes known from the graph)
 

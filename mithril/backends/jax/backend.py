@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import dataclasses
 import functools
+import inspect
 import os
 import sys
 import types
@@ -14,7 +16,9 @@ import numpy as np
 
 from ... import dtypes
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning
-from ..backend import ALIGNMENT, Backend, aligned_copy, device_kind, process_memory_info, warn_user
+from ..backend import Backend
+from ..host_memory import ALIGNMENT, aligned_copy, process_memory_info
+from ..options import device_kind, warn_user
 from ..cpu import cpu_flags, usable_cpus
 from ..mesh import check_batch, parse_mesh
 from . import mesh as _mesh
@@ -271,6 +275,14 @@ def _rejected_options(device, options: tuple) -> str | None:
     return None
 
 
+def _takes_context(forward) -> bool:
+    """Whether ``forward`` takes the kernels' ``ctx`` (a generated program does: emit_python)."""
+    try:
+        return "ctx" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _jit(fn, compiler_options: dict):
     # jax.jit only takes compiler_options since 0.4.3x; without options, its plain form.
     return jax.jit(fn, compiler_options=compiler_options) if compiler_options else jax.jit(fn)
@@ -382,9 +394,9 @@ class _Jitted:
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
         host = backend._device if backend._device.platform == "cpu" and backend._jmesh is None else None
         # Forward programs on a CPU with AVX-512 send small images' convolutions to XNNPACK too
-        # (overrides/jax.py), where the options send any there.
+        # (jax/overrides.py), where the options send any there: the program's ctx says so.
         self._small_images = (backend._device.platform == "cpu" and _library_convolutions(options)
-                              and "avx512f" in _cpu_flags()[1])
+                              and "avx512f" in _cpu_flags()[1] and _takes_context(forward))
         self._compiled = Hoisted(self._traced_as_forward(forward), functools.partial(_jit, compiler_options=options),
                                  transposed_dot_operands=_on_cpu_ynn_dots(backend, options), host_device=host)
 
@@ -397,13 +409,8 @@ class _Jitted:
     def _traced_as_forward(self, forward):
         if not self._small_images:
             return forward
-
-        @functools.wraps(forward)
-        def traced(params, data):
-            with _overrides.small_images_to_library(True):
-                return forward(params, data)
-
-        return traced
+        return functools.partial(forward, ctx=dataclasses.replace(self.backend.kernel_context,
+                                                                  small_images_to_library=True))
 
     def profile(self, forward, params, data, *, runs: int, warmup: int):
         """``forward`` (this program's forward, its ops named per node) split and compiled as this
@@ -517,6 +524,9 @@ class JaxBackend(Backend):
         self.compiler_options = dict(compiler_options)
         self._library_convolutions = _library_convolutions(self.compiler_options)
         self._ynn_dots = _ynn_dots(self.compiler_options)
+        # The generated programs' ctx: what these options decide for the Conv kernel.
+        self.kernel_context = _overrides.KernelOptions(library_convolutions=self._library_convolutions,
+                                                       ynn_dots=self._ynn_dots)
         self.xp = _HostAwareJnp()
         self._vjp_cache: dict = {}
         name = f"{self._device.platform}:{self._device.id}" if device is not None and ":" in device else self._device.platform
@@ -560,8 +570,6 @@ class JaxBackend(Backend):
             stack.enter_context(jax.debug_infs(True))
             # What runs on the host (NumPy, for host-only values) raises alike.
             stack.enter_context(np.errstate(invalid="raise", divide="raise", over="raise"))
-        stack.enter_context(_overrides.library_convolutions(self._library_convolutions))
-        stack.enter_context(_overrides.ynn_dots(self._ynn_dots))
         stack.callback(_ACTIVE_SCOPE.reset, _ACTIVE_SCOPE.set(self))
         return stack
 

@@ -7,10 +7,9 @@ Python form (which, under jit, makes the whole program fall back to eager with a
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +42,7 @@ def _traced(*values) -> bool:
 #   * except where that patch matrix would pass 16 MB: then one sample at a time (lax.map), or
 #     XLA's convolution when even one sample's patches are that large;
 #   * and except where the backend's compiler options send XLA's convolution to XNNPACK and the
-#     layer is one XNNPACK runs faster (below).
+#     layer is one XNNPACK runs faster (below): the kernel's ``ctx`` (KernelOptions) says so.
 
 
 def _on_cpu() -> bool:
@@ -54,35 +53,28 @@ def _on_cpu() -> bool:
 _PATCHES_MAX_BYTES = 16 << 20
 
 
-@contextlib.contextmanager
-def _set_while(var: contextvars.ContextVar, value):
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
+@dataclass(frozen=True)
+class KernelOptions:
+    """What a JaxBackend's options decide for the kernels that declare ``ctx`` (Conv, and the fused
+    ops that run it): the backend's value is the generated program's ``ctx``. The default is XLA's
+    own options.
+
+    >>> import mithril as ml
+    >>> ml.JaxBackend(compiler_options={}).kernel_context
+    KernelOptions(library_convolutions=False, ynn_dots=True, small_images_to_library=False)
+    """
+
+    # The compiler options send `convolution` HLOs to XNNPACK.
+    library_convolutions: bool = False
+    # The compiler options leave dots to YNNPACK.
+    ynn_dots: bool = False
+    # A forward program traced for a CPU with AVX-512 (JaxBackend's jit passes it): XNNPACK's
+    # convolution at every image size there (the 196-pixel floor below holds for gradient
+    # programs and other CPUs).
+    small_images_to_library: bool = False
 
 
-# Set by JaxBackend.scope() while it traces: whether its compiler options send `convolution`
-# HLOs to XNNPACK.
-_LIBRARY_CONVOLUTIONS = contextvars.ContextVar("mithril_jax_library_convolutions", default=False)
-# Set by JaxBackend.scope() while it traces: whether its compiler options leave dots to YNNPACK.
-_YNN_DOTS = contextvars.ContextVar("mithril_jax_ynn_dots", default=False)
-# Set while a forward program is traced for a CPU with AVX-512: XNNPACK's convolution at every
-# image size there (the 196-pixel floor below holds for gradient programs and other CPUs).
-_SMALL_IMAGES_TO_LIBRARY = contextvars.ContextVar("mithril_jax_small_images_to_library", default=False)
-
-
-def library_convolutions(enabled: bool):
-    return _set_while(_LIBRARY_CONVOLUTIONS, enabled)
-
-
-def ynn_dots(enabled: bool):
-    return _set_while(_YNN_DOTS, enabled)
-
-
-def small_images_to_library(enabled: bool):
-    return _set_while(_SMALL_IMAGES_TO_LIBRARY, enabled)
+_XLA_DEFAULTS = KernelOptions()
 
 
 # XNNPACK against im2col + Eigen, per ResNet layer on 2 AVX2 cores (ms, batch 1): 64x56x56 1.6 vs
@@ -104,12 +96,12 @@ _LIBRARY_MIN_PIXELS = 196
 _LIBRARY_MIN_CHANNELS = 16
 
 
-def _library_conv_wins(x, w, win, group) -> bool:
+def _library_conv_wins(x, w, win, group, ctx: KernelOptions) -> bool:
     # XNNPACK's convolution is 2-D; other ranks and dtypes would fall back to XLA's Eigen one.
-    return (_LIBRARY_CONVOLUTIONS.get() and x.ndim == 4 and x.dtype == jnp.float32
+    return (ctx.library_convolutions and x.ndim == 4 and x.dtype == jnp.float32
             and group == 1 and w.shape[1] >= _LIBRARY_MIN_CHANNELS
             and math.prod(win.kernel) > 1
-            and (_YNN_DOTS.get() or _SMALL_IMAGES_TO_LIBRARY.get()
+            and (ctx.ynn_dots or ctx.small_images_to_library
                  or x.shape[0] * math.prod(win.out) >= _LIBRARY_MIN_PIXELS))
 
 
@@ -155,7 +147,7 @@ def _channels_first(y):
     return jnp.moveaxis(y, -1, 1)
 
 
-def _conv_cpu(x, w, b, win, group):
+def _conv_cpu(x, w, b, win, group, ctx: KernelOptions):
     n, c = x.shape[:2]
     m = w.shape[0]
     nd = w.ndim - 2
@@ -186,7 +178,7 @@ def _conv_cpu(x, w, b, win, group):
         # in between (XLA makes them bitcasts), so the whole block runs channels last.
         rows = jnp.reshape(_channels_last(x)[(slice(None), *(slice(None, None, s) for s in win.strides))], (-1, c))
         w2 = jnp.reshape(w, (m, c))
-        if rows.shape[0] >= _POINTWISE_MIN_ROWS or _YNN_DOTS.get():
+        if rows.shape[0] >= _POINTWISE_MIN_ROWS or ctx.ynn_dots:
             # rows @ W.T, channels last out; W.T is parameter-only work (hoist.py).
             y = _channels_first(jnp.reshape(rows @ jnp.transpose(w2), (n, *win.out, m)))
         else:
@@ -194,7 +186,7 @@ def _conv_cpu(x, w, b, win, group):
             y = lax.dot_general(w2, rows, (((1,), (1,)), ((), ())))
             y = jnp.moveaxis(jnp.reshape(y, (m, n, *win.out)), 0, 1)
         return add_bias(y, b, jnp)
-    if _library_conv_wins(x, w, win, group):
+    if _library_conv_wins(x, w, win, group, ctx):
         return _lax_conv(x, w, b, win, group)
     cg, mg = c // group, m // group
     spatial = tuple(range(2, 2 + nd))
@@ -204,7 +196,7 @@ def _conv_cpu(x, w, b, win, group):
         # Patch matrices this large (batched early layers: 58 MB for ResNet's 64x56x56 at batch 8)
         # cost more to write than the matmul takes: one sample at a time in an XLA loop instead
         # (batch 8: 21 ms, against 60 ms for the whole batch's patches and 25 ms for lax.conv).
-        return lax.map(lambda xi: _conv_cpu(xi[None], w, b, win, group)[0], x)
+        return lax.map(lambda xi: _conv_cpu(xi[None], w, b, win, group, ctx)[0], x)
     if taps > 1 and n * sample_bytes > _PATCHES_MAX_BYTES:
         return _lax_conv(x, w, b, win, group)
     xt = jnp.transpose(x, (1, 0) + spatial)  # (c, n, *size): a bitcast when n == 1
@@ -222,10 +214,10 @@ def _conv_cpu(x, w, b, win, group):
 
 @override("jax", "Conv", since=1,
           reason="speed: on the CPU im2col as one 2-D matmul, depthwise as fused shifted slices, XNNPACK where faster (XLA's Eigen conv is 2-3x slower); lax's conv elsewhere")
-def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp):
+def conv(x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides, xp, ctx=None):
     win = window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
     if _on_cpu():
-        return _conv_cpu(x, w, b, win, group)
+        return _conv_cpu(x, w, b, win, group, _XLA_DEFAULTS if ctx is None else ctx)
     return _lax_conv(x, w.astype(x.dtype), b, win, group)
 
 
