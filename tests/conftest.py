@@ -6,6 +6,10 @@ import os
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 
+import inspect
+import re
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -66,3 +70,57 @@ def _c_build_cache(tmp_path_factory):
         yield
     finally:
         os.environ.pop("MITHRIL_CACHE_DIR", None)
+
+
+# -- a marker per backend -------------------------------------------------------------------------
+# `pytest -m c` runs every test that runs the C backend: the tests under tests/backends/c/, the
+# cases of a test parametrized over backends whose parameter is C (its name "c" or its class
+# CBackend), and a test that names the backend ("c" as a word of its name; CBackend or
+# make_backend("c"), backend="c", "--backend", "c" ... in its body).
+# A test that reaches a backend none of these show sets `pytestmark = pytest.mark.<name>` itself.
+def _backend_names():
+    from mithril.backends.table import BACKENDS
+
+    return {entry.name: entry.class_name for entry in BACKENDS.values()}
+
+
+_NAME_WORDS = {"gguf": "ggml"}  # words of a test's name that mean a backend besides the names
+# A backend's name in quotes where a backend is chosen (a bare "c" is as often a value's name).
+_CHOOSES_A_BACKEND = r"""(?:make_backend\(|BACKENDS\[|backend(?:_name)?=|backend["']?: |"--backend", )"""
+
+
+def _backends_of(item, names: dict[str, str], sources: dict) -> set[str]:
+    found = set()
+    parts = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent).parts
+    if parts[0] == "backends" and parts[1] in names:  # tests/backends/<name>/
+        found.add(parts[1])
+    if parts[0] == "distributed" and parts[-1].removeprefix("test_").removesuffix(".py") in names:
+        found.add(parts[-1].removeprefix("test_").removesuffix(".py"))  # tests/distributed/test_<name>.py
+    by_class = {cls: name for name, cls in names.items()}
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(v, str) and v in names:
+                found.add(v)
+            cls_name = v.__name__ if isinstance(v, type) else type(v).__name__
+            if cls_name in by_class:
+                found.add(by_class[cls_name])
+    words = getattr(item, "originalname", item.name).split("_")
+    found.update(_NAME_WORDS.get(w, w) for w in words if w in ("c", "ggml", "gguf"))
+    fn = getattr(item, "function", None)
+    if fn is not None:
+        if fn not in sources:
+            try:
+                sources[fn] = inspect.getsource(fn)
+            except (OSError, TypeError):
+                sources[fn] = ""
+        found.update(name for name, cls in names.items()
+                     if re.search(rf"\b{cls}\b|{_CHOOSES_A_BACKEND}['\"]{name}['\"]", sources[fn]))
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    names, sources = _backend_names(), {}
+    for item in items:
+        for name in sorted(_backends_of(item, names, sources)):
+            item.add_marker(getattr(pytest.mark, name))

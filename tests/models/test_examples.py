@@ -158,6 +158,10 @@ def test_failed_check_exits_with_its_reason(tmp_path):
     assert [p.name for p in tmp.iterdir() if p.name not in LIBRARY_STATE] == []
 
 
+@pytest.mark.torch
+@pytest.mark.jax
+@pytest.mark.c
+@pytest.mark.ggml
 def test_readme_examples_run(tmp_path, monkeypatch, capsys):
     """The README's Python blocks are code users paste: they run in order, as one session, and
     print what their comments say."""
