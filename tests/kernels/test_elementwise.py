@@ -1,12 +1,15 @@
-"""Pow by a one-element exponent that is a parameter (a float initializer, as GPT-2's Gelu exports
+"""The elementwise family (mithril/backends/kernels/elementwise.py) on every backend.
+
+Pow by a one-element exponent that is a parameter (a float initializer, as GPT-2's Gelu exports
 ``x ** 3``): JAX picks a multiplication for 2 and 3 at run time, Torch hands the exponent to its
-scalar kernel. Values and gradients (the exponent's included) must stay NumPy's."""
+scalar kernel. Values on every backend and gradients (the exponent's included) must stay NumPy's."""
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import mithril as ml
+from mithril.backends.table import BACKENDS
 
 from tests.conftest import make_model
 
@@ -21,10 +24,9 @@ def _model(shape=(2, 3, 4), exponent_shape=()):
 
 
 def _backend(name):
-    if name == "jax":
-        pytest.importorskip("jax", reason="the JAX backend needs jax")
-        return ml.JaxBackend()
-    return ml.TorchBackend()
+    if not BACKENDS[name].installed():
+        pytest.skip(f"the {name} backend needs {BACKENDS[name].array_modules[0]}")
+    return BACKENDS[name].load()()
 
 
 def _x(shape=(2, 3, 4)):
@@ -32,14 +34,15 @@ def _x(shape=(2, 3, 4)):
     return np.random.default_rng(0).uniform(0.2, 2.0, shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("name,jit", [("jax", True), ("jax", False), ("torch", None)])
+@pytest.mark.parametrize("name,jit", [("jax", True), ("jax", False), *((n, None) for n in BACKENDS if n != "jax")])
 @pytest.mark.parametrize("exponent_shape", [(), (1,)])
 def test_a_parameter_exponent_gives_numpy_values(name, jit, exponent_shape):
     x = _x()
-    pm = ml.compile(ml.load_onnx(_model(exponent_shape=exponent_shape)), _backend(name), inference=True, jit=jit)
+    backend = _backend(name)
+    pm = ml.compile(ml.load_onnx(_model(exponent_shape=exponent_shape)), backend, inference=True, jit=jit)
     for e in EXPONENTS:  # one compiled program: the exponent changes between calls
         params = {"p": np.full(exponent_shape, e, np.float32)}
-        got = np.asarray(pm.evaluate(params, {"x": x})["y"])
+        got = backend.to_numpy(pm.evaluate(params, {"x": x})["y"])
         np.testing.assert_allclose(got, np.power(x.astype(np.float64), e), rtol=2e-6, err_msg=f"exponent {e}")
 
 
