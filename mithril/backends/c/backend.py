@@ -49,11 +49,11 @@ class CBackend(SegmentedBackend):
 
         return KERNELS
 
-    def rewrite(self, plan):
-        """The Conv epilogue fusions (:func:`.render.fuse`)."""
-        from .render import fuse
+    def native_passes(self):
+        """The Conv epilogue fusions (:class:`.render.FuseConvEpilogues`)."""
+        from .render import FuseConvEpilogues
 
-        return fuse(plan)
+        return [FuseConvEpilogues()]
 
     def compile_segments(self, part, *, file_path: str | None = None):
         """The segments as one C file, built (or found in the cache) and loaded."""

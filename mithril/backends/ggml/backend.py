@@ -80,11 +80,11 @@ class GGMLBackend(SegmentedBackend):
             return DeferredGGMLProgram(plan, pending, lambda fixed: self.compile_segments(self.partition(fixed)))
         return self.compile_segments(self.partition(plan), file_path=file_path)
 
-    def rewrite(self, plan):
-        """GELU chains as one ggml op (:func:`.fusion.fuse_gelu`)."""
-        from .fusion import fuse_gelu
+    def native_passes(self):
+        """GELU chains as one ggml op, where ggml runs it (:func:`.fusion.ggml_gelu_pass`)."""
+        from .fusion import ggml_gelu_pass
 
-        return fuse_gelu(plan, lambda pn: why_not_ggml(pn) is None), {}
+        return [ggml_gelu_pass(lambda pn: why_not_ggml(pn) is None)]
 
     def compile_segments(self, part, *, file_path: str | None = None):
         """Each segment built as a ggml graph, the weights converted, the memory checked."""

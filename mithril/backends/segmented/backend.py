@@ -75,10 +75,18 @@ class SegmentedBackend(NumpyBackend):
         """The rule table, every rule registered."""
         raise NotImplementedError
 
+    def native_passes(self) -> list:
+        """The plan passes (:mod:`mithril.backends.passes`) :meth:`rewrite` runs: the client's
+        fusions of nodes its native code runs as one. None here."""
+        return []
+
     def rewrite(self, plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-        """The nodes to partition (the plan's, after the client's fusions) and, by id of each
+        """The nodes to partition (the plan's, after :meth:`native_passes`) and, by id of each
         rewritten node, the plan node it stands for."""
-        return list(plan.nodes), {}
+        from ..passes import PassManager
+
+        result = PassManager(self.native_passes())(plan)
+        return list(result.plan.nodes), result.origins
 
     def compile_segments(self, part: Partition, *, file_path: str | None = None):
         """The program running ``part``'s steps: each segment rendered and built."""
