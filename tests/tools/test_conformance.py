@@ -116,3 +116,28 @@ def test_a_worker_that_dies_fails_its_case_and_the_run_goes_on():
     assert sorted(results) == sorted(n for n, _ in tasks)
     assert results["crash"].status == "fail" and "worker process died" in results["crash"].reason
     assert all(r.status == "pass" for n, r in results.items() if n != "crash")
+
+
+def test_the_package_reads_nothing_under_tests():
+    """An installed Mithril has no tests/ beside it: the expected-failure lists are package files,
+    and no module builds a path into tests/ (the real corpus is the caller's --corpus)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(conformance.__file__).resolve().parent
+    assert conformance.EXPECTED_DIR.parent == package and (package / "expected_failures" / "torch.py").is_file()
+    reads = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            # "tests" as a path part: REPO / "tests", Path("tests/..."), os.path.join(..., "tests")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                parts = [node.left, node.right]
+            elif isinstance(node, ast.Call):
+                parts = node.args
+            else:
+                continue
+            for part in parts:
+                if isinstance(part, ast.Constant) and isinstance(part.value, str) and (
+                        part.value == "tests" or part.value.startswith("tests/")):
+                    reads.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert not reads, reads
