@@ -251,6 +251,17 @@ def test_gelu_kernel_pass_calls_the_kernel():
     assert node.spec is gelu and node.kwargs == {"approximate": "none"} and node.label == "Erf#2"
 
 
+def test_ggml_makes_its_rules_node_where_ggml_runs_it():
+    from mithril.backends.ggml.fusion import ggml_gelu_pass
+
+    plan = _gelu_plan("tanh-mul-half-last")
+    result = PassManager([ggml_gelu_pass(lambda pn: True)])(plan)
+    node = result.plan.nodes[-1]
+    assert node.op_type == "Gelu" and node.kwargs == {"approximate": "tanh"}
+    assert node.label == "Tanh#6 (tanh GELU of 9 nodes)"
+    assert PassManager([ggml_gelu_pass(lambda pn: False)])(plan).changed is False
+
+
 @pytest.mark.parametrize("case", ["intermediate-read-twice", "intermediate-is-output", "subgraph-reads-it",
                                   "constant-given-at-run-time", "maker-refuses"])
 def test_gelu_is_not_matched_where_it_must_not_be(case):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..passes import FuseGelu, GeluMatch, PassManager
-from ..plan import Plan, PlanNode
+from ..passes import FuseGelu, GeluMatch
+from ..plan import PlanNode
 
 
 def ggml_gelu_pass(supported) -> FuseGelu:
@@ -33,10 +33,4 @@ def ggml_gelu_pass(supported) -> FuseGelu:
     return FuseGelu(make)
 
 
-def fuse_gelu(plan: Plan, supported) -> list[PlanNode]:
-    """The plan's nodes with each Gelu chain replaced by one ``Gelu`` node (when ``supported(node)``
-    says the fused node runs in ggml)."""
-    return list(PassManager([ggml_gelu_pass(supported)])(plan).plan.nodes)
-
-
-__all__ = ["fuse_gelu", "ggml_gelu_pass"]
+__all__ = ["ggml_gelu_pass"]
