@@ -353,3 +353,23 @@ def test_c_marks_the_fused_conv_its_own_way():
                   helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
                  [("x", F, X)], [("y", F, X)], {"w": W})
     assert [pn.op_type for pn in c_fuse(late)[0]] == ["Conv", "Abs", "Add", "Relu"]
+
+
+# -- a layout change: C's NCHWc blocking ----------------------------------------------------------
+
+def test_nchwc_blocking_rewrites_a_segment_through_the_index():
+    from mithril.backends.c.nchwc import BlockNCHWc
+
+    rng = np.random.default_rng(0)
+    shape = [1, 16, 8, 8]
+    plan = _plan([helper.make_node("Conv", ["x", "dw"], ["d"], group=16, pads=[1, 1, 1, 1], name="depthwise"),
+                  helper.make_node("Conv", ["d", "pw"], ["y"], name="pointwise")],
+                 [("x", F, shape)], [("y", F, shape)],
+                 {"dw": rng.standard_normal((16, 1, 3, 3)).astype(np.float32),
+                  "pw": rng.standard_normal((16, 16, 1, 1)).astype(np.float32)})
+    result = PassManager([BlockNCHWc(lambda v: v in plan.outputs)])(plan)
+    assert [pn.op_type for pn in result.plan.nodes] == ["ToNCHWc", "ConvNCHWc", "ConvNCHWc", "FromNCHWc"]
+    assert result.plan.nodes[-1].outputs == plan.nodes[-1].outputs  # the graph output, back in NCHW
+    depthwise, pointwise = plan.nodes
+    assert [result.origins[id(pn)] for pn in result.plan.nodes] == [depthwise, depthwise, pointwise, pointwise]
+    _assert_fresh(result.plan)
