@@ -191,22 +191,7 @@ def _finite_difference_check(pm, backend, params, data, cot, out_name, names, rn
     return out, grads
 
 
-def test_gradients_match_finite_differences_conv_gemm_softmax():
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], name="conv"),
-        helper.make_node("Flatten", ["c"], ["f"], axis=1),
-        helper.make_node("Gemm", ["f", "G", "g"], ["z"], transB=1, name="gemm"),
-        helper.make_node("Softmax", ["z"], ["y"], axis=-1, name="softmax"),
-    ]
-    inits = {"W": rng.standard_normal((3, 2, 3, 3)), "B": rng.standard_normal(3),
-             "G": rng.standard_normal((5, 27)) * 0.3, "g": rng.standard_normal(5)}
-    model = make_model(nodes, [("x", D, [2, 2, 5, 5])], [("y", D, [2, 5])], inits)
-    backend = ml.JaxBackend(dtype=ml.float64)
-    pm = _compile(model, backend, data_keys=["x"])
-    data = {"x": backend.from_numpy(rng.standard_normal((2, 2, 5, 5)))}
-    cot = backend.from_numpy(rng.standard_normal((2, 5)))
-    _finite_difference_check(pm, backend, pm.get_parameters(), data, cot, "y", ["W", "B", "G", "g", "x"], rng)
+# Conv -> Gemm -> Softmax gradients on every backend: tests/kernels/test_nn.py.
 
 
 def _if_loop_model():

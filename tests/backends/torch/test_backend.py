@@ -267,49 +267,8 @@ def test_parity_with_numpy_on_resnet(backend):
     np.testing.assert_allclose(out, got["output"], rtol=1e-6, atol=1e-6)
 
 
-# -- gradients vs finite differences -----------------------------------------------------------
-def _check_gradients(model, data, shapes, eps=1e-6, seed=0):
-    backend = ml.TorchBackend(dtype=ml.float64)
-    pm = ml.compile(ml.load_onnx(model), backend, shapes=shapes, data_keys=set(data))
-    params = {k: backend.to_numpy(v) for k, v in pm.get_parameters().items()}
-    rng = np.random.default_rng(seed)
-    out0 = pm.evaluate({k: backend.array(v) for k, v in params.items()}, {k: backend.array(v) for k, v in data.items()})
-    cot = {k: rng.standard_normal(backend.to_numpy(v).shape) for k, v in out0.items()}
-
-    def objective(p, d):
-        out = pm.evaluate({k: backend.array(v) for k, v in p.items()}, {k: backend.array(v) for k, v in d.items()})
-        return sum(float(np.sum(backend.to_numpy(out[k]) * cot[k])) for k in cot)
-
-    _, grads = pm.evaluate({k: backend.array(v) for k, v in params.items()},
-                           {k: backend.array(v) for k, v in data.items()},
-                           output_gradients={k: backend.array(v) for k, v in cot.items()})
-    assert set(grads) == set(pm.trainable_keys) | set(data)
-    for name, grad in grads.items():
-        grad = backend.to_numpy(grad)
-        is_param = name in params
-        base = params if is_param else data
-        direction = rng.standard_normal(base[name].shape)
-        plus, minus = dict(base), dict(base)
-        plus[name] = base[name] + eps * direction
-        minus[name] = base[name] - eps * direction
-        args = (lambda b: (b, data)) if is_param else (lambda b: (params, b))
-        numeric = (objective(*args(plus)) - objective(*args(minus))) / (2 * eps)
-        assert np.isclose(np.sum(grad * direction), numeric, rtol=1e-5, atol=1e-7), name
-
-
-def test_gradients_conv_gemm_softmax():
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Tanh", ["c"], ["t"]),
-        helper.make_node("Flatten", ["t"], ["f"]),
-        helper.make_node("Gemm", ["f", "W2", "C"], ["g"], transB=1),
-        helper.make_node("Softmax", ["g"], ["y"], axis=1),
-    ]
-    inits = {"W": rng.standard_normal((3, 2, 3, 3)), "B": rng.standard_normal(3),
-             "W2": rng.standard_normal((4, 27)) * 0.3, "C": rng.standard_normal(4)}
-    model = make_model(nodes, [("x", TensorProto.DOUBLE, [2, 2, 5, 5])], [("y", TensorProto.DOUBLE, [2, 4])], inits)
-    _check_gradients(model, {"x": rng.standard_normal((2, 2, 5, 5))}, {"x": (2, 2, 5, 5)})
+# -- gradients ---------------------------------------------------------------------------------
+# Conv -> Gemm -> Softmax gradients against finite differences on every backend: tests/kernels/test_nn.py.
 
 
 class _BrokenBackward(torch.autograd.Function):
