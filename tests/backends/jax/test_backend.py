@@ -166,69 +166,10 @@ def test_after_a_jitted_run_worked_a_failure_is_an_error_not_a_fallback(backend,
 
 
 # -- gradients ----------------------------------------------------------------------------------
-def _finite_difference_check(pm, backend, params, data, cot, out_name, names, rng, eps=1e-6):
-    out, grads = pm.evaluate(params, data, output_gradients={out_name: cot})
-    assert set(names) <= set(grads)
-
-    def loss(p, d):
-        return float(np.sum(backend.to_numpy(pm.evaluate(p, d)[out_name]) * backend.to_numpy(cot)))
-
-    for name in names:
-        src = params if name in params else data
-        base = backend.to_numpy(src[name])
-        for i in rng.choice(base.size, size=min(3, base.size), replace=False):
-            step = np.zeros(base.size)
-            step[i] = eps
-            plus, minus = dict(src), dict(src)
-            plus[name] = backend.from_numpy(base + step.reshape(base.shape))
-            minus[name] = backend.from_numpy(base - step.reshape(base.shape))
-            if src is params:
-                fd = (loss(plus, data) - loss(minus, data)) / (2 * eps)
-            else:
-                fd = (loss(params, plus) - loss(params, minus)) / (2 * eps)
-            got = float(backend.to_numpy(grads[name]).reshape(-1)[i])
-            assert got == pytest.approx(fd, rel=1e-5, abs=1e-8), (name, i)
-    return out, grads
-
-
 # Conv -> Gemm -> Softmax gradients on every backend: tests/kernels/test_nn.py.
 
 
-def _if_loop_model():
-    # Loop: three steps of x <- tanh(x * w); If: the sum's sign picks x * w or x * x.
-    body = helper.make_graph(
-        [helper.make_node("Mul", ["x_in", "w"], ["t"]), helper.make_node("Tanh", ["t"], ["x_out"]),
-         helper.make_node("Identity", ["c_in"], ["c_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("x_in", D, [3])],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("x_out", D, [3])],
-    )
-    then = helper.make_graph([helper.make_node("Mul", ["h", "w"], ["a"])], "then", [],
-                             [helper.make_tensor_value_info("a", D, [3])])
-    other = helper.make_graph([helper.make_node("Mul", ["h", "h"], ["b"])], "else", [],
-                              [helper.make_tensor_value_info("b", D, [3])])
-    nodes = [
-        helper.make_node("Loop", ["trips", "", "x"], ["h"], body=body, name="loop"),
-        helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0),
-        helper.make_node("Greater", ["s", "zero"], ["positive"]),
-        helper.make_node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="branch"),
-    ]
-    inits = {"w": np.array([0.7, -1.3, 0.4]), "trips": np.array(3, np.int64), "zero": np.array(0.0)}
-    return make_model(nodes, [("x", D, [3])], [("y", D, [3])], inits)
-
-
-@pytest.mark.parametrize("x", [[0.5, 0.2, 0.9], [-0.5, 0.2, -0.9]], ids=["then", "else"])
-def test_gradients_through_if_and_loop(x):
-    rng = np.random.default_rng(1)
-    backend = ml.JaxBackend(dtype=ml.float64)
-    pm = _compile(_if_loop_model(), backend, data_keys=["x"])
-    assert "lax" not in pm.code  # control flow is the kernels' business, the program stays one line per node
-    data = {"x": backend.from_numpy(np.array(x))}
-    cot = backend.from_numpy(rng.standard_normal(3))
-    out, _ = _finite_difference_check(pm, backend, pm.get_parameters(), data, cot, "y", ["w", "x"], rng)
-    want = ml.compile(ml.load_onnx(_if_loop_model()), ml.NumpyBackend(), inference=True).evaluate(None, {"x": np.array(x)})["y"]
-    np.testing.assert_allclose(backend.to_numpy(out["y"]), want, rtol=1e-12)
+# If and Loop gradients on every autodiff backend: tests/kernels/test_control_flow.py.
 
 
 def test_non_floating_outputs_get_zero_cotangents():

@@ -5,7 +5,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import mithril as ml
 from mithril.errors import BackendUnavailableError, DTypeError, UnsupportedDTypeError
@@ -305,64 +305,7 @@ def test_a_failing_backward_names_its_node():
     assert not torch.is_anomaly_enabled()
 
 
-def _if_loop_model():
-    d = TensorProto.DOUBLE
-    then_g = helper.make_graph([helper.make_node("Mul", ["x", "W"], ["t"])], "then", [],
-                               [helper.make_tensor_value_info("t", d, [3])])
-    else_g = helper.make_graph([helper.make_node("Add", ["x", "W"], ["e"])], "else", [],
-                               [helper.make_tensor_value_info("e", d, [3])])
-    body = helper.make_graph(
-        [helper.make_node("Mul", ["v", "W2"], ["m"]), helper.make_node("Sin", ["m"], ["s"]),
-         helper.make_node("Add", ["s", "y"], ["v_out"]), helper.make_node("Identity", ["c"], ["c_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v", d, [3])],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", d, [3])],
-    )
-    nodes = [
-        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
-        helper.make_node("Loop", ["M", "keep", "y"], ["z"], body=body),
-    ]
-    graph = helper.make_graph(
-        nodes, "if_loop",
-        [helper.make_tensor_value_info("x", d, [3]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("z", d, [3])],
-        initializer=[numpy_helper.from_array(np.array([0.5, -1.0, 2.0]), "W"),
-                     numpy_helper.from_array(np.array([1.5, 0.3, -0.7]), "W2"),
-                     numpy_helper.from_array(np.array(3, np.int64), "M"),
-                     numpy_helper.from_array(np.array(True), "keep")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-
-
-@pytest.mark.parametrize("cond", [True, False])
-def test_gradients_if_and_loop(cond):
-    model = _if_loop_model()
-    backend = ml.TorchBackend(dtype=ml.float64)
-    pm = ml.compile(ml.load_onnx(model), backend, data_keys={"x"})
-    x = np.array([0.2, -0.4, 0.9])
-    out, grads = pm.evaluate(None, {"x": backend.array(x), "cond": backend.array(np.array(cond))},
-                             output_gradients={"z": backend.array(np.ones(3))})
-    assert set(grads) == {"W", "W2", "x"}
-    params = {k: backend.to_numpy(v) for k, v in pm.get_parameters().items()}
-
-    def z(p, xv):
-        y = xv * p["W"] if cond else xv + p["W"]
-        v = y
-        for _ in range(3):
-            v = np.sin(v * p["W2"]) + y
-        return v.sum()
-
-    eps = 1e-6
-    np.testing.assert_allclose(backend.to_numpy(out["z"]).sum(), z(params, x))
-    for name in ("W", "W2"):
-        for i in range(3):
-            p1, p2 = dict(params), dict(params)
-            p1[name] = params[name] + eps * np.eye(3)[i]
-            p2[name] = params[name] - eps * np.eye(3)[i]
-            assert np.isclose(backend.to_numpy(grads[name])[i], (z(p1, x) - z(p2, x)) / (2 * eps), rtol=1e-6)
-    num_x = [(z(params, x + eps * e) - z(params, x - eps * e)) / (2 * eps) for e in np.eye(3)]
-    np.testing.assert_allclose(backend.to_numpy(grads["x"]), num_x, rtol=1e-6)
+# If and Loop gradients on every autodiff backend: tests/kernels/test_control_flow.py.
 
 
 # -- jit, devices, dtypes, availability ----------------------------------------------------------
