@@ -32,7 +32,8 @@ import onnx
 from onnx import helper
 
 from .. import dtypes as _dtypes
-from ..backends.backend import TRACEABLE_API, Backend
+from ..backends.backend import Backend
+from ..backends.tensor_api import TRACEABLE_API
 from ..backends.table import array_backend
 from ..errors import LambdaTraceError, ModelError
 from . import shapes as S

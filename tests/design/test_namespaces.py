@@ -11,7 +11,7 @@ import pytest
 
 import mithril as ml
 import mithril.models
-from mithril.backends.backend import TRACEABLE_API
+from mithril.backends.tensor_api import TRACEABLE_API
 from mithril.backends.table import BACKENDS
 
 DOCUMENTED_TOP_LEVEL = ("Model", "Linear", "Relu", "Softmax", "Conv2d", "MaxPool2d", "Flatten", "Lambda")

@@ -390,7 +390,7 @@ def lower_gradients(plan: Plan, diff_names, *, fallback: str | None = "numpy", n
             raise CKernelMissingError(f"CBackend(fallback=None): {len(rendered.fallback)} node(s) have no C backward "
                                       f"kernel: {listed}")
         if warn:
-            from ..backend import warn_user
+            from ..options import warn_user
 
             warn_user(f"CBackend: the backward of {len(rendered.fallback)} node(s) runs on NumPy (no C backward "
                       f"kernel): {listed}", CFallbackWarning)

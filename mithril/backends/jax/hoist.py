@@ -36,7 +36,7 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 
-from ..backend import aligned_copy
+from ..host_memory import aligned_copy
 
 
 def _is_var(atom) -> bool:

@@ -12,7 +12,8 @@ import numpy as np
 
 from ...dtypes import as_dtype, is_floating_np
 from ...errors import BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, MeshError, MithrilError
-from ..backend import Backend, device_kind, parse_bytes, warn_user
+from ..backend import Backend
+from ..options import device_kind, parse_bytes, warn_user
 from ..mesh import parse_mesh
 
 # Imported by the first MlxBackend(), so `import mithril` never imports mlx; _mmesh (this folder's

@@ -31,7 +31,7 @@ class NumpyBackend(Backend):
         the library default. On a machine whose cores are busy, a cap avoids BLAS threads stalling
         each other on small matmuls. ``device_mesh``: None or one device, ``(1,)``."""
         from ... import dtypes
-        from ..backend import check_device_mesh, cpu_device
+        from ..options import check_device_mesh, cpu_device
 
         self._refuse_unknown_options(unknown)
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):

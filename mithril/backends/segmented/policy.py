@@ -37,7 +37,7 @@ def apply_fallback(owner: str, noun: str, fallback: str | None, missing: list,
     listed = ", ".join(f"{pn.label} ({pn.op_type}: {why})" for pn, why in missing)
     if fallback is None:
         raise error(f"{owner}(fallback=None): {len(missing)} node(s) have no {noun}: {listed}")
-    from ..backend import warn_user
+    from ..options import warn_user
 
     warn_user(f"{owner}: {len(missing)} node(s) run on NumPy (no {noun}): {listed}", warning)
 

@@ -14,7 +14,9 @@ import numpy as np
 
 from ...errors import (BackendOptionError, BackendUnavailableError, DeviceFallbackWarning, JitTraceError, MeshError,
                        MithrilError)
-from ..backend import Backend, process_memory_info, warn_user
+from ..backend import Backend
+from ..host_memory import process_memory_info
+from ..options import warn_user
 from ..mesh import parse_mesh
 
 # Imported by the first TorchBackend(), so `import mithril` never imports torch; _tmesh (this
