@@ -27,7 +27,8 @@ from .backends.ggml.backend import GGMLBackend  # noqa: F401  (imports ggml-pyth
 from .backends.mlx.backend import MLXBackend, MlxBackend  # noqa: F401  (imports mlx only when created)
 from .backends.jax.backend import JaxBackend  # noqa: F401  (imports jax only when created)
 from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch only when created)
-from .compile import PhysicalModel, compile  # noqa: F401
+from .compile import compile  # noqa: F401
+from .physical_model import PhysicalModel  # noqa: F401
 from .export import export_onnx  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401
 from .backends.ggml.gguf_io import load_gguf, save_gguf  # noqa: F401  (imports gguf only when called)

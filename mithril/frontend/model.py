@@ -336,6 +336,13 @@ class Primitive(Block):
     def port_specs(self) -> dict[str, PortSpec]:
         return self.ports
 
+    def export_for_compile(self, *, shapes=None, dtype=None):
+        """``ml.compile``'s hook (:class:`mithril.compile.Exportable`): a bare block compiles as a
+        one-block Model whose terminals keep their port names (``input``, ``weight``, ``output``)."""
+        wrapper = Model(self.name)
+        wrapper |= self(**{port: port for port in self.port_specs()})
+        return wrapper.export_for_compile(shapes=shapes, dtype=dtype)
+
     def _ports_for_parent(self) -> dict[str, Port]:
         return self._ports
 
@@ -798,6 +805,15 @@ class Model(Block):
         from .summary import render_summary
 
         return render_summary(self, file=file)
+
+    def export_for_compile(self, *, shapes=None, dtype=None):
+        """``ml.compile``'s hook (:class:`mithril.compile.Exportable`): this model as ONNX, with its
+        buffers (BatchNorm running statistics), which compile keeps out of the trainable keys."""
+        from ..compile import ExportedModel
+        from .onnx_export import buffer_updates
+
+        buffers = frozenset(buffer_updates(self))
+        return ExportedModel(self.to_onnx_model(shapes=shapes, dtype=dtype), buffers=buffers)
 
     def to_onnx_model(self, shapes=None, params=None, opset: int | None = None, dynamic_axes=None, dtype=None):
         """Export to an :class:`~mithril.onnx_bridge.load.OnnxModel` (``ml.compile`` calls this with

@@ -12,6 +12,7 @@ import onnx
 from . import shapes as S
 from .block import BLOCKS, register
 from .model import In, IOKey, Model, Out, Param, Primitive, ShapeView, broadcast_dims
+from .onnx_export import buffer_updates  # noqa: F401  (ml.models.buffer_updates; the exporter knows the buffers)
 from .shapes import Conflict, ShapeNode, Var
 from ..errors import ModelError
 
@@ -506,24 +507,6 @@ class BatchNorm2D(Primitive):
         new_mean = g.op("Add", g.op("Mul", keep, running_mean), g.op("Mul", m, g.op("Reshape", mean, flat)))
         new_var = g.op("Add", g.op("Mul", keep, running_var), g.op("Mul", m, unbiased))
         return y, new_mean, new_var
-
-
-def buffer_updates(model: Model) -> dict[str, str]:
-    """Buffers of ``model`` (values a training step overwrites rather than trains, e.g. BatchNorm2D's
-    running statistics) by their value name, each mapped to the value name of its update (the
-    output a training-mode block computes for it), or to None where the block is in inference mode.
-
-    Exclude the keys from ``trainable_keys``; after each step, copy each update into its buffer.
-    """
-    from .onnx_export import Flat
-
-    flat = Flat(model)
-    out = {}
-    for _, prim, wires in flat.prims:
-        for buf, update in getattr(prim, "buffers", {}).items():
-            if buf in wires:
-                out[flat.name(wires[buf])] = flat.name(wires[update]) if update in wires else None
-    return out
 
 
 @register

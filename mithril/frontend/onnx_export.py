@@ -206,6 +206,22 @@ class Flat:
 
 
 # -- specialization on a copy -------------------------------------------------------------------
+def buffer_updates(model: Model) -> dict[str, str]:
+    """Buffers of ``model`` (values a training step overwrites rather than trains, e.g. BatchNorm2D's
+    running statistics) by their value name, each mapped to the value name of its update (the
+    output a training-mode block computes for it), or to None where the block is in inference mode.
+
+    Exclude the keys from ``trainable_keys``; after each step, copy each update into its buffer.
+    """
+    flat = Flat(model)
+    out = {}
+    for _, prim, wires in flat.prims:
+        for buf, update in getattr(prim, "buffers", {}).items():
+            if buf in wires:
+                out[flat.name(wires[buf])] = flat.name(wires[update]) if update in wires else None
+    return out
+
+
 def _specialized(model: Model, shapes: Mapping | None, dynamic: Mapping[str, Mapping[int, str]] | None) -> Model:
     """A deep copy of ``model`` with input shapes applied (dynamic axes kept symbolic)."""
     work = copy.deepcopy(model)

@@ -111,9 +111,19 @@ class TrainModel:
     def buffer_updates(self) -> dict[str, str | None]:
         """Buffer name -> name of the output holding its update (None where its block is in
         inference mode); after each training step, copy each output into its buffer."""
-        from .nn import buffer_updates
+        from .onnx_export import buffer_updates
 
         return buffer_updates(self.model)
+
+    def export_for_compile(self, *, shapes=None, dtype=None):
+        """``ml.compile``'s hook (:class:`mithril.compile.Exportable`): the training graph, its
+        ``loss`` output and its buffers with the outputs holding their updates."""
+        from ..compile import ExportedModel
+
+        updates = self.buffer_updates()
+        return ExportedModel(self.to_onnx_model(shapes=shapes, dtype=dtype), buffers=frozenset(updates),
+                             loss_key=self.loss_key,
+                             buffer_updates={k: v for k, v in updates.items() if v is not None})
 
     # -- export ----------------------------------------------------------------------------------
     def build_onnx(self, shapes=None, params=None, opset: int | None = None, dynamic_axes=None,
