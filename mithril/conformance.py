@@ -2,7 +2,7 @@
 
 ``mithril conformance --backend numpy`` (or ``python scripts/conformance.py``) runs every case,
 compares with the expected outputs at each case's own rtol/atol, prints a summary and every failing
-case not in the expected-failure lists (``tests/expected_failures``), and exits 1 when there is one.
+case not in the expected-failure lists (``mithril/expected_failures``), and exits 1 when there is one.
 It writes nothing unless asked: ``--output FILE`` (this run as JSON), ``--write-docs`` (merge into
 ``reports/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
 """
@@ -31,7 +31,7 @@ from mithril.backends.table import BACKENDS
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 REPORTS = REPO / "reports"  # generated data (the per-case record) stays out of the prose in docs/
-EXPECTED_DIR = REPO / "tests" / "expected_failures"
+EXPECTED_DIR = Path(__file__).resolve().parent / "expected_failures"
 MODEL_TEST_DIRS = ("simple", "pytorch-converted", "pytorch-operator", "light")
 CASE_TIMEOUT_S = 60
 
@@ -262,7 +262,8 @@ def make_backend(name: str):
 
 # -- expected failures -----------------------------------------------------------------
 def expected_failures(backend: str, folder: Path = EXPECTED_DIR) -> dict[str, str]:
-    """Documented expected failures: ``tests/expected_failures/*.py``, ``BACKEND = {case: reason}``."""
+    """Documented expected failures: ``mithril/expected_failures/*.py`` (or ``folder``'s),
+    ``BACKEND = {case: reason}``."""
     out: dict[str, str] = {}
     for path in sorted(Path(folder).glob("*.py")):
         ns: dict = {}
@@ -374,11 +375,10 @@ def run_suite(backend: str, pattern: str | None = None, jobs: int = 1, include_m
 
 
 # -- the real-model corpus ---------------------------------------------------------------------
-REAL_DIR = REPO / "tests" / "data" / "real"
-
-
-def real_manifest(root: Path = REAL_DIR) -> dict[str, dict]:
-    """file -> MANIFEST entry of the real-converter corpus (scripts/make_real_corpus.py)."""
+# A folder of ONNX files and their MANIFEST.json (a checkout's is tests/data/real, made by
+# scripts/make_real_corpus.py); always named by the caller, since an installed package has none.
+def real_manifest(root: Path) -> dict[str, dict]:
+    """file -> MANIFEST entry of the real-converter corpus in ``root``."""
     path = root / "MANIFEST.json"
     if not path.exists():
         return {}
@@ -425,7 +425,7 @@ def _zipmap_rows(value):
     return None, None
 
 
-def real_mismatches(entry: dict, backend, root: Path = REAL_DIR) -> list[str]:
+def real_mismatches(entry: dict, backend, root: Path) -> list[str]:
     """Run one corpus file on ``backend`` and on onnxruntime; the outputs outside ``ml.validate``'s
     per-dtype tolerance, one line each (empty when every output matches)."""
     import mithril as ml
@@ -453,7 +453,7 @@ def real_mismatches(entry: dict, backend, root: Path = REAL_DIR) -> list[str]:
     return failures
 
 
-def run_real(backend_name: str, root: Path = REAL_DIR, progress: bool = False) -> dict[str, dict]:
+def run_real(backend_name: str, root: Path, progress: bool = False) -> dict[str, dict]:
     """Every corpus file on one backend: file -> {status, reason}. ``progress``: a line per file
     on stderr."""
     from mithril.errors import UnsupportedDTypeError, UnsupportedOpsError
@@ -490,10 +490,10 @@ def _cases_record(results: list[CaseResult]) -> dict[str, dict]:
 
 
 def save_record(record: dict, backend: str, results: list[CaseResult] | None,
-                real: dict[str, dict] | None = None, replace: bool = True) -> None:
+                real: dict[str, dict] | None = None, replace: bool = True, corpus: Path | None = None) -> None:
     """Write ``record`` with ``backend``'s results into reports/conformance.json and
     docs/conformance.md: ``replace`` the backend's cases (a full run), or update only those in
-    ``results`` (a filtered run)."""
+    ``results`` (a filtered run); the real-models table lists the files of ``corpus``'s manifest."""
     record["onnx_version"] = onnx.__version__
     if results is not None:
         cases = {} if replace else dict(record["backends"].get(backend, {}).get("cases", {}))
@@ -503,7 +503,7 @@ def save_record(record: dict, backend: str, results: list[CaseResult] | None,
         record.setdefault("real", {})[backend] = real
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    (DOCS / "conformance.md").write_text(render_markdown(record))
+    (DOCS / "conformance.md").write_text(render_markdown(record, corpus))
 
 
 def summarize(cases: dict) -> dict[str, Counter]:
@@ -513,7 +513,7 @@ def summarize(cases: dict) -> dict[str, Counter]:
     return by_kind
 
 
-def render_markdown(record: dict) -> str:
+def render_markdown(record: dict, corpus: Path | None = None) -> str:
     backends = sorted(record["backends"])
     kinds = ["node", *MODEL_TEST_DIRS]
     out = [
@@ -553,7 +553,7 @@ def render_markdown(record: dict) -> str:
             c = per_op[op][b]
             cells.append(f"{c[True]} / {c[True] + c[False]}")
         out.append(f"| {op} | " + " | ".join(cells) + " |")
-    out += render_real(record)
+    out += render_real(record, corpus)
     for b in backends:
         fails = {n: c for n, c in record["backends"][b]["cases"].items() if c["status"] != "pass"}
         documented = expected_failures(b)
@@ -565,10 +565,10 @@ def render_markdown(record: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_real(record: dict) -> list[str]:
-    """The real-models table: one row per corpus file, one column per backend."""
+def render_real(record: dict, corpus: Path | None) -> list[str]:
+    """The real-models table: one row per file of ``corpus``'s manifest, one column per backend."""
     real = record.get("real") or {}
-    manifest = real_manifest()
+    manifest = real_manifest(corpus) if corpus is not None else {}
     if not real or not manifest:
         return []
     backends = sorted(real)
@@ -626,7 +626,7 @@ def _check_backends(spec: str, start: bool) -> list[str]:
 
 
 def _expected_failure_folder(value: str | None) -> Path | None:
-    """``--expected-failures``: a folder of lists, ``none`` for no list, or the checkout's own."""
+    """``--expected-failures``: a folder of lists, ``none`` for no list, or Mithril's own."""
     from mithril.errors import InputError
 
     if value is None:
@@ -637,6 +637,22 @@ def _expected_failure_folder(value: str | None) -> Path | None:
     if not folder.is_dir():
         raise InputError(f"--expected-failures {value}: no such folder (a folder of .py files, each "
                          "setting NUMPY = {{case: reason}} and the like, or 'none')")
+    return folder
+
+
+def _corpus_folder(value: str | None, needed: bool) -> Path | None:
+    """``--corpus``: a folder holding MANIFEST.json, or None when not given and not ``needed``."""
+    from mithril.errors import InputError
+
+    if value is None:
+        if needed:
+            raise InputError("--real runs the real-model corpus: give its folder with --corpus DIR "
+                             "(a checkout's tests/data/real; python scripts/conformance.py passes it)")
+        return None
+    folder = Path(value)
+    if not (folder / "MANIFEST.json").is_file():
+        raise InputError(f"--corpus {value}: no MANIFEST.json there (a folder made by "
+                         "scripts/make_real_corpus.py)")
     return folder
 
 
@@ -676,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     p.add_argument("--no-models", action="store_true", help="node cases only")
     p.add_argument("--expected-failures", default=None, metavar="DIR",
-                   help="folder of expected-failure lists (default: the checkout's tests/expected_failures); "
+                   help="folder of expected-failure lists (default: Mithril's own, mithril/expected_failures); "
                         "'none': every failing case counts")
     p.add_argument("--output", default=None, metavar="FILE", help="write this run's per-case results as JSON")
     p.add_argument("--write-docs", action="store_true",
@@ -684,12 +700,16 @@ def main(argv: list[str] | None = None) -> int:
                         "replaces the backend's column; with -k only the cases that ran are updated)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
-                   help="run only the real-model corpus (tests/data/real); with --write-docs, update its table")
+                   help="run only the real-model corpus (--corpus); with --write-docs, update its table")
+    p.add_argument("--corpus", default=None, metavar="DIR",
+                   help="the real-model corpus: ONNX files and their MANIFEST.json (a checkout's tests/data/real, "
+                        "which scripts/conformance.py passes)")
     args = p.parse_args(argv)
     from mithril.errors import InputError
 
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs}: give 1 or more worker processes")
+    corpus = _corpus_folder(args.corpus, needed=args.real)
     # Starting JAX, Torch or MLX here would put their thread pools into the NumPy workers that
     # run_suite forks; with workers, only NumPy starts in this process (the others in theirs).
     backends = _check_backends(args.backend, start=args.real or args.jobs == 1)
@@ -697,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output and not Path(args.output).resolve().parent.is_dir():
         raise InputError(f"--output {args.output}: its folder does not exist")
     if args.real:
-        return _main_real(args, backends, docs)
+        return _main_real(args, backends, docs, corpus)
     folder = _expected_failure_folder(args.expected_failures)
     names = case_names(args.filter, not args.no_models)
     if not names:
@@ -735,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if docs:
             full = args.filter is None and not args.no_models
-            save_record(record, backend, results, replace=full)
+            save_record(record, backend, results, replace=full, corpus=corpus)
             print(f"wrote {docs / 'conformance.md'} and {REPORTS / 'conformance.json'} ({backend}: "
                   + ("every case" if full else f"{len(results)} case(s) updated") + ")")
     if args.output:
@@ -746,12 +766,12 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-def _main_real(args, backends: list[str], docs: Path | None) -> int:
+def _main_real(args, backends: list[str], docs: Path | None, corpus: Path) -> int:
     record = load_record() if docs else None
     output = {"onnx_version": onnx.__version__, "real": {}}
     status = 0
     for backend in backends:
-        real = run_real(backend, progress=not args.no_progress)
+        real = run_real(backend, corpus, progress=not args.no_progress)
         counts = Counter(r["status"] for r in real.values())
         for file, r in real.items():
             if args.verbose or r["status"] != "pass":
@@ -763,7 +783,7 @@ def _main_real(args, backends: list[str], docs: Path | None) -> int:
         status = max(status, 1 if counts["fail"] else 0)
         output["real"][backend] = real
         if docs:
-            save_record(record, backend, None, real)
+            save_record(record, backend, None, real, corpus=corpus)
             print(f"wrote {docs / 'conformance.md'} and {REPORTS / 'conformance.json'} ({backend} real models)")
     if args.output:
         _write_output(args.output, output)
