@@ -127,22 +127,10 @@ def _has_platform(platform: str) -> bool:
         return False
 
 
-# XLA:CPU sends dots and reductions to YNNPACK fusions by default. Which is faster depends on the
-# CPU, measured interleaved with onnxruntime in one process on 2 cores, same jaxlib (0.10.2):
-# - an AMD EPYC: XLA's own (Eigen) kernels won, GPT-2 without an LM head 1.07 -> 0.80 ms,
-#   MobileNetV2 10.1 -> 8.7 ms, ResNet-18 (batch 1 and 8) and BERT unchanged;
-# - an Intel Xeon with AVX-512 (and AMX): YNNPACK won everywhere, by most on large dots. The
-#   50,257-word LM head of issue 21's GPT-2 (128x256 by 256x50257) takes 45 ms with YNNPACK against
-#   152 ms with Eigen (onnxruntime 60 ms); whole models against onnxruntime, fusions off -> on:
-#   GPT-2 1.84x -> 0.94x, BERT-256 1.09x -> 0.74x, ResNet-18 1.62x -> 0.89x (2 threads on a loaded
-#   machine: Eigen's multi-threaded matmul degrades most there, its LM head 5x its 1-thread time).
-#   On one thread (the process pinned to one CPU, so XLA has one) Eigen's dots were 5-15% faster:
-#   GPT-2 68 against 79 ms, BERT 8.1 against 8.9, ResNet-18 and MobileNetV2 even.
-# So YNNPACK takes the dots on Intel CPUs with AVX-512 where XLA has several threads, and nothing
-# elsewhere (an empty list turns its fusions off). Only the dots, one each: XLA's default list also gives it the convolutions
-# (slower than XNNPACK's, which the options below choose: ResNet-18's 256x14x14 layer 3.2 against
-# 2.4 ms) and eltwise/reduce fusions, with which it fused ResNet-18's whole last stage (convolutions,
-# adds, ReLUs, pooling) into one graph 2-3x slower than its parts.
+# XLA:CPU's YNNPACK fusions beat its Eigen kernels on Intel CPUs with AVX-512 where XLA has several
+# threads, and lose elsewhere (docs/performance.md, "JAX backend: XLA options"). They take the dots
+# only, one each: XLA's default list also gives them the convolutions (XNNPACK's, below, are faster)
+# and fuses a CNN's last stage into one slow graph. An empty list turns them off.
 _NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 _YNN_DOT_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
@@ -158,34 +146,18 @@ def _ynn_fusions_win() -> bool:
     return vendor == "GenuineIntel" and "avx512f" in flags and _usable_cpus() > 1
 
 
-# XNNPACK's convolution (NHWC, indirect GEMM) for the `convolution` HLOs the Conv kernel emits where
-# it beats im2col + Eigen's matmul: ResNet-18's layers down to 14x14 (1.6 against 2.2 ms for
-# 64x56x56), not its 7x7 ones at batch 1 (jax/overrides.py chooses per layer).
+# XNNPACK's convolution for the `convolution` HLOs the Conv kernel emits where it beats im2col and
+# Eigen's matmul, on large feature maps (jax/overrides.py chooses per layer).
 _XNN_CONVOLUTIONS = {"xla_cpu_use_xnnpack": True,
                      "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
-# float16/bfloat16 values rounded where the graph has them: by default XLA may keep a fused
-# chain of half-precision ops in float32 and round once at its end, so a jitted program's halves
-# differed from the eager ones (and from the ONNX reference: the suite's bfloat16 Attention cases
-# with a mask, 27-37 of 192 values one bf16 ulp off). No effect on float32/float64 programs.
+# float16/bfloat16 rounded where the graph rounds them: XLA may keep a fused half-precision chain in
+# float32 and round once, and jitted results then differ from eager ones and from ONNX's.
 _EXACT_HALVES = {"xla_allow_excess_precision": False}
-# XLA:CPU's loop emitters of before its MLIR fusion emitters, for the elementwise and reduction
-# fusions around the library calls: the MLIR ones take about twice the memory to compile a large
-# program (MobileNetV2's forward: the process's memory rose 89 MiB while XLA compiled it, 66 of
-# it freed once compiled; with the older ones 26, 9 freed). Issue 21's exports,
-# scripts/bench_memory.py (peak memory a model adds to a process), before -> after, jaxlib 0.10.2:
-# MobileNetV2 122 -> 72 MiB (onnxruntime 49), BERT 98 -> 85 (73; its peak is then the ONNX file's
-# load), GPT-2 169 -> 167, ResNet-18 193 either way (its peak is its runs'). Run times, both
-# programs in one process in shuffled blocks, 2 threads: MobileNetV2 14.37 against 14.46 ms,
-# ResNet-18 38.8 against 39.0, GPT-2 41.4 against 41.9, BERT 10.48 against 11.09 (1 thread: 12.0
-# against 12.5); first calls MobileNetV2 2.5 -> 1.8 s, ResNet-18 2.3 -> 1.4, BERT 1.0 -> 1.0,
-# GPT-2 1.5 -> 2.0.
-# Forward programs only, and not those with 8- or 4-bit floats: the older emitters convert NaN to
-# the FNUZ float8s and to float8_e8m0 wrongly (26 of the ONNX node suite's Cast/CastLike cases).
-# Gradient programs keep the MLIR ones: with the older, ResNet-18 trained with its convolutions'
-# channels split over four host devices drifted from its one-device run (losses up to 1.4% apart
-# over 20 SGD steps, against 2e-5 with the MLIR emitters on both).
-# jaxlib 0.11.2 rejects the option (seen on the device machine: its CPU client no longer has them):
-# there the default set goes without it (_with_old_emitters).
+# XLA:CPU's older loop emitters for the fusions around the library calls: the MLIR ones take about
+# twice the memory to compile a large program, for the same run time (docs/performance.md).
+# Forward programs only, and not those with 8- or 4-bit floats, whose NaN the older ones convert
+# wrongly; gradient programs keep the MLIR ones, with which a sharded run matches its one-device run.
+# jaxlib 0.11.2 rejects the option: there the default set goes without it (_with_old_emitters).
 _OLD_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -219,19 +191,10 @@ _CPU_COMPILER_OPTIONS = _with_old_emitters(({**_EXACT_HALVES, **_NO_YNN_FUSIONS,
 _CPU_COMPILER_OPTIONS_YNN = _with_old_emitters(({**_EXACT_HALVES, **_YNN_DOT_FUSIONS, **_XNN_CONVOLUTIONS},
                                                 {**_EXACT_HALVES, **_YNN_DOT_FUSIONS}, _EXACT_HALVES)) + ({},)
 _OTHER_COMPILER_OPTIONS = (_EXACT_HALVES, {})
-# A program with no convolution or pooling (transformers, MLPs) keeps XLA's own list of YNNPACK
-# fusions where the dots go to YNNPACK: the dot, elementwise and reduce fusions that slowed
-# ResNet-18's last stage run a transformer's matmuls with their bias, GELU and LayerNorm faster.
-# Issue 21's BERT (hidden 256, 2 threads, same process, medians of 25x4 calls): 9.17 -> 7.88 ms
-# (onnxruntime ~7.4), GPT-2 with its LM head 33.5 -> 32.4 ms. (XLA's list is not the dot-only one
-# plus more: DOT alone ran BERT in 12.5 ms, DOT,ELTWISE,REDUCE in 10.0.)
-# Gradient programs keep the dot-only list: BERT's gradient call took 29.7 ms with it, 35.3 with XLA's.
-# Where the other programs run no YNNPACK fusions (an AMD CPU, or no AVX-512), a forward program
-# without windows still gets XLA's list when XLA has more than one thread: on an AMD EPYC (Zen 4,
-# AVX-512) at 2 threads, in one process in shuffled blocks, Eigen / YNNPACK's dots / XLA's list:
-# GPT-2 with its LM head 50.0 / 28.1 / 27.7 ms (onnxruntime ~21), BERT 7.69 / 7.69 / 7.07; on one
-# thread Eigen stays faster (GPT-2 40.4 against 46.6, BERT 10.0 against 10.6), and the CNNs keep
-# it (MobileNetV2 6.37 against 6.88 ms with YNNPACK's dots at 2 threads, ResNet-18 24.2 / 24.3).
+# A forward program with no convolution or pooling (transformers, MLPs) takes XLA's own list of
+# YNNPACK fusions wherever XLA has more than one thread: its dot, elementwise and reduce fusions
+# run matmuls with their bias, GELU and LayerNorm faster than the dots alone or Eigen. Gradient
+# programs keep the dot-only list, which is faster for them (docs/performance.md).
 _WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv", "FusedConv",
                          "NhwcConv", "MaxPool", "AveragePool", "LpPool", "MaxUnpool", "Col2Im"})
 
@@ -389,8 +352,7 @@ class _Jitted:
         if compiler_options is None and backend._default_options:
             options = _default_options_for(forward, options)
         self.compiler_options = dict(options)
-        # YNNPACK's dots read a transposed weight in place as fast as a copy (GPT-2's 128x256 by
-        # 50257x256 LM head 61.4 against 61.3 ms; Eigen's 89 against 59): no transposed copy kept.
+        # YNNPACK's dots read a transposed weight in place as fast as a copy: no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
         host = backend._device if backend._device.platform == "cpu" and backend._jmesh is None else None
         # Forward programs on a CPU with AVX-512 send small images' convolutions to XNNPACK too
