@@ -261,8 +261,8 @@ def test_a_geometry_onednn_refuses_runs_torchs_public_convolution(monkeypatch, a
         calls.append(len(args))
         raise RuntimeError("could not create a memory")
 
-    monkeypatch.setattr(tov, "_POINTWISE", refuse)
-    monkeypatch.setattr(tov, "_POINTWISE_BINARY", refuse)
+    monkeypatch.setattr(tov, "POINTWISE", refuse)
+    monkeypatch.setattr(tov, "POINTWISE_BINARY", refuse)
     monkeypatch.setattr(tov, "_REFUSED", set())
     rng = np.random.default_rng(9)
     f = TensorProto.FLOAT
