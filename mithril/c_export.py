@@ -63,7 +63,7 @@ def export_c(model, out_dir, shapes=None, dtype=None, params=None, *, weights: s
             raise InputError(f"export_c: unknown parameter(s) {unknown[:10]}; the model's are "
                              f"{list(values)[:10]}{'...' if len(values) > 10 else ''}")
         values.update({k: v for k, v in params.items()})
-        pm._check_params(values)  # dtypes and shapes as evaluate checks them: never cast
+        pm.check_params(values)  # dtypes and shapes as evaluate checks them: never cast
         values = {k: np.asarray(v) for k, v in values.items()}
     program = pm.program
     return write_tree(directory, name, program.plan, program.rendered, values, weights, str(backend._np_dtype))

@@ -117,6 +117,11 @@ class PhysicalModel:
         return self.program.source
 
     @property
+    def declared_inputs(self) -> dict[str, ir.Value]:
+        """Each data input's declaration in the specialized graph (its dtype and shape), by name."""
+        return dict(self._inputs)
+
+    @property
     def jitted(self):
         """The backend's jitted forward program, or None where evaluation runs eagerly."""
         return self._jitted
@@ -249,7 +254,9 @@ class PhysicalModel:
                              f"{type(self.backend).__name__} takes its arrays or NumPy arrays")
         return value
 
-    def _check_params(self, params: Mapping[str, Any]) -> None:
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """Refuse ``params`` whose names, dtypes or shapes are not the model's, as ``evaluate``
+        does (nothing is cast); a dict checked before is checked again only where a value changed."""
         _check_mapping("params", params, self._param_names)
         missing = [k for k in self._param_names if k not in params]
         if missing:
@@ -369,7 +376,7 @@ class PhysicalModel:
                     cots[k] = g[i * rows:(i + 1) * rows]
                 else:  # an output the parts average: each part's share of its cotangent
                     cots[k] = None if g is None else g * (1.0 / parts)
-            p, d, c, _ = self._prepare(params, d, cots)
+            p, d, c, _ = self.prepare(params, d, cots)
             prepared.append((p, d, dict(c)))
         diff_params, diff_data = self.diff_names()
         program = Program(self.program.forward, None, self.backward)
@@ -392,12 +399,13 @@ class PhysicalModel:
                 joined[k] = functools.reduce(lambda a, b: a + b, (o[k] for o in outs)) * (1.0 / parts)
         return joined
 
-    def _prepare(self, params, data, output_gradients):
-        """Checked and placed ``(params, data, cotangents, unresolved)`` for one run."""
+    def prepare(self, params, data, output_gradients):
+        """Checked and placed ``(params, data, cotangents, unresolved)`` for one run, as ``evaluate``
+        passes them to the program (``params`` None or empty: the model's own)."""
         if params is None or (isinstance(params, Mapping) and not params):  # the model's own parameters
             params = self._own_parameters()
         else:
-            self._check_params(params)
+            self.check_params(params)
         checked = self._check_data({} if data is None else data)
         cotangents, unresolved = None, []
         if output_gradients is not None:
@@ -420,7 +428,7 @@ class PhysicalModel:
         return diff_params, diff_data
 
     def _evaluate(self, params, data, output_gradients):
-        params, data, cotangents, unresolved = self._prepare(params, data, output_gradients)
+        params, data, cotangents, unresolved = self.prepare(params, data, output_gradients)
         if output_gradients is not None:
             diff_params, diff_data = self.diff_names()
             program = Program(self.program.forward, self._jitted if self._gradients_jit else None, self.backward)

@@ -1,6 +1,6 @@
 """Where a compiled model's time goes: seconds per op type and per node, on any backend.
 
-:func:`profile` runs a :class:`~mithril.compile.PhysicalModel` a few times with a clock around
+:func:`profile` runs a :class:`~mithril.physical_model.PhysicalModel` a few times with a clock around
 each node and returns a :class:`ProfileReport`. How each backend is measured:
 
 - NumPy, Torch: the generated program is printed again with each kernel call timed
@@ -187,13 +187,13 @@ def profile(pm, params: Mapping[str, Any] | None = None, data: Mapping[str, Any]
     if not params:  # fetched once: pm.evaluate(None, ...) would copy every weight in each timed call
         params = pm.get_parameters()
     sync = backend.synchronize
-    jitted = pm._jitted is not None
+    jitted = pm.jitted is not None
 
     def evaluate():
         sync(pm.evaluate(params, data))
 
     wall = _median_ms(evaluate, runs, warmup)
-    prepared_params, prepared_data, _, _ = pm._prepare(params, data, None)
+    prepared_params, prepared_data, _, _ = pm.prepare(params, data, None)
     name = backend.name
     traced = _profile_jitted(pm, prepared_params, prepared_data, runs, warmup) if jitted else None
     if traced is not None:
@@ -408,7 +408,7 @@ def _profile_jitted(pm, params, data, runs: int, warmup: int):
                                    constant=backend.constant, timed=True))
         return printed[-1].forward
 
-    trace = backend.profile_jitted(pm._jitted, print_program, params, data, runs=runs, warmup=warmup)
+    trace = backend.profile_jitted(pm.jitted, print_program, params, data, runs=runs, warmup=warmup)
     if trace is None or not trace.runs:
         return None
     nodes = printed[-1].timed_nodes

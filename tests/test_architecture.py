@@ -278,6 +278,14 @@ def test_lower_layers_import_no_higher_one():
     assert not wrong, "imports from a lower layer into a higher one:\n" + "\n".join(wrong)
 
 
+def test_compile_knows_no_frontend():
+    """ml.compile takes a frontend model through its export_for_compile hook, never by importing it."""
+    graph = import_graph()
+    wrong = sorted(f"{a} imports {b}" for a in ("mithril.compile", "mithril.physical_model") for b in graph[a]
+                   if _layer(b) in ("mithril.frontend", "mithril.models"))
+    assert not wrong, "compile reaches into the frontend:\n" + "\n".join(wrong)
+
+
 # -- backends: one folder each, one table -------------------------------------------------------
 def _framework_owners() -> dict[str, str]:
     """Top-level module of a framework (torch, jax, jaxlib, mlx, ggml, and gguf, ggml's file

@@ -75,7 +75,7 @@ def _stored_tensors(pm, params: Mapping | None) -> dict:
     a GGML-compiled model; parameters no ggml graph reads come from ``params`` or the model."""
     program = pm.program
     if params is not None:
-        pm._check_params(params)
+        pm.check_params(params)
         program._refresh_weights(dict(params))
     stored: dict[str, Any] = {}
     for w in program._weights.values():
@@ -121,7 +121,7 @@ def _io_metadata(pm) -> tuple[list, list]:
     from ...dtypes import np_dtype_of_onnx
 
     inputs = []
-    for name, v in pm._inputs.items():
+    for name, v in pm.declared_inputs.items():
         shape = None if v.shape is None else [d if isinstance(d, int) else str(d) for d in v.shape]
         dtype = None if v.dtype is None else np.dtype(np_dtype_of_onnx(int(v.dtype))).name
         inputs.append({"name": name, "shape": shape, "dtype": dtype})
