@@ -42,7 +42,7 @@ from ..onnx_bridge.schema import (
     is_graph_attribute,
     max_outputs,
 )
-from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo, missing_kernel_help
+from .registry import REGISTRY, KernelRegistry, KernelSpec, NodeInfo, StandardKernels, missing_kernel_help
 
 # Keyword arguments a kernel may declare that the runtime supplies (not the node).
 RUNTIME_ARGUMENTS = ("xp", "rng", "ctx")
@@ -573,6 +573,12 @@ class _Builder:
                 kwargs["opset"] = opset
             if "node" in spec.accepts:
                 kwargs["node"] = NodeInfo(label, node.op_type, domain, opset, tuple(o.dtype for o in outputs))
+            if spec.standard_ops:  # a fused op: the standard kernels it runs, at the model's ai.onnx opset
+                try:
+                    kwargs["standard"] = StandardKernels(spec, self.opsets, self.backend,
+                                                         NodeInfo(label, node.op_type, domain, opset))
+                except MithrilError as exc:
+                    problem = problem or self.refuse(exc)
         pn = PlanNode(
             index=index, label=label, op_type=node.op_type, domain=domain, opset=opset, spec=spec,
             inputs=inputs, outputs=outputs, attributes=attributes, defaults=defaults, kwargs=kwargs,

@@ -13,6 +13,8 @@ parameters, which the lowering supplies:
                  ``KernelOptions`` say which convolutions go to XNNPACK), None where it has none
 ``opset``        the opset version in force for the node's domain
 ``node``         a :class:`NodeInfo` (name, op type, output dtypes known from the graph)
+``standard``     for a kernel that declares ``standard_ops`` (a fused op), the
+                 :class:`StandardKernels` it calls them through
 
 A kernel returns one array, or a tuple of arrays for a node with several outputs.
 Sequences are Python lists; an empty Optional is ``None``.
@@ -39,6 +41,10 @@ Metadata a kernel declares at registration, read by the code named here, never r
                           (compile's jit blockers, the MLX backend).
 ``data_dependent_shape``  output shapes depend on input values: blocks whole-graph jit (compile).
 ``output_shapes``         a shape rule for ops ONNX inference does not know (specialize.py).
+``standard_ops``          the standard ONNX ops a fused op runs (FusedConv: Conv and its
+                          activations), each with the oldest version its calls are written for:
+                          the plan resolves them on its backend at the model's ai.onnx opset
+                          (:class:`StandardKernels`).
 ``host_only``             the kernel computes on the host with NumPy whatever the backend: string
                           and map ops, ops that mutate a NumPy canvas in place or loop over values
                           (ConvTranspose's overlap-add, Scatter*, NonMaxSuppression). The
@@ -85,7 +91,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import KernelRegistrationError
+from ..errors import KernelRegistrationError, MithrilError, UnsupportedAttributeError
 
 # The domain ``register_op`` and ``ml.CustomOp`` use unless given another: user ops, apart from
 # ONNX's domains and from ``ai.mithril`` (the ops Mithril's own passes make).
@@ -123,6 +129,8 @@ class KernelSpec:
     reason: str = ""
     # Registered through register_op: a later register_op of the same op replaces it.
     custom: bool = False
+    # The standard ONNX ops a fused op calls, as (op_type, oldest version its calls are written for).
+    standard_ops: tuple[tuple[str, int], ...] = ()
     accepts: frozenset[str] = field(default_factory=frozenset)
     accepts_var_keyword: bool = False
 
@@ -212,6 +220,9 @@ def make_spec(fn, op_type, domain, since, **meta) -> KernelSpec:
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     if meta.get("host_only"):
         fn = _on_host(fn, "xp" in accepts)
+    if "standard_ops" in meta:
+        ops = meta["standard_ops"]
+        meta["standard_ops"] = tuple(sorted(ops.items() if isinstance(ops, dict) else ((op, 1) for op in ops)))
     return KernelSpec(
         fn=fn,
         op_type=op_type,
@@ -392,6 +403,79 @@ def missing_kernel_help(backend: str, nodes) -> tuple[dict[str, str], str]:
     args = f"{op_type!r}, fn" + ("" if domain == CUSTOM_DOMAIN else f", domain={domain!r}")
     return notes, (f"register a kernel (docs/custom_ops.md): {owner}.register_op({args}) for this backend, "
                    f"in its framework, or ml.register_op({args}) for every backend, over xp")
+
+
+# Runtime arguments a standard kernel takes where it declares them (plan.RUNTIME_ARGUMENTS).
+_RUNTIME = ("xp", "rng", "ctx")
+
+
+class StandardKernels:
+    """The standard ONNX kernels a fused op runs (its ``standard_ops``), resolved when the plan is
+    built: on the plan's backend (XLA's Conv on JAX, torch's on Torch), at the model's ai.onnx
+    opset, or at the oldest version the fused op's call is written for where that is newer (an op
+    the model's opset predates, such as Gelu-20 under com.microsoft's Gelu, is its first version).
+    A fused kernel receives it as ``standard`` and calls ``standard("Conv", x, w, b, pads=...,
+    xp=xp, ctx=ctx)``; each kernel gets the runtime arguments it declares. An attribute the
+    standard kernel does not implement is an error naming the node (unless it is unset or that
+    op's schema default), never dropped.
+
+    >>> import mithril.backends.kernels
+    >>> standard = StandardKernels(REGISTRY.resolve("FusedConv", 1, "com.microsoft"), {"": 13}, "*",
+    ...                            NodeInfo("conv1", "FusedConv", "com.microsoft", 1))
+    >>> standard.kernels["Conv"].name, standard.kernels["Relu"].name
+    ('Conv-1', 'Relu-6')
+    """
+
+    def __init__(self, spec: KernelSpec, opsets: dict[str, int], backend: str, node: NodeInfo):
+        from ..onnx_bridge.schema import attribute_defaults
+
+        self.node = node
+        # A model that imports no ai.onnx opset: the newest kernels.
+        self.opset = opsets.get("", opsets.get("ai.onnx"))
+        self.kernels: dict[str, KernelSpec] = {}
+        self.defaults: dict[str, dict] = {}
+        for op_type, oldest in spec.standard_ops:
+            first = min(REGISTRY.versions(op_type) + REGISTRY.versions(op_type, backend=backend), default=oldest)
+            version = max(self.opset or 10**6, oldest, first)
+            found = REGISTRY.resolve(op_type, version, "", backend)
+            if found is None:
+                raise MithrilError(f"{node.op_type} runs {op_type}, which has no kernel on backend {backend!r} "
+                                   f"at ai.onnx opset {version} (node {node.name!r})")
+            self.kernels[op_type] = found
+            self.defaults[op_type] = attribute_defaults(op_type, version)
+
+    def __call__(self, op_type: str, *inputs, **kwargs):
+        spec = self.kernels.get(op_type)
+        if spec is None:
+            raise MithrilError(f"{self.node.op_type} calls {op_type}, which its kernel does not declare among "
+                               f"its standard_ops {sorted(self.kernels)} (node {self.node.name!r})")
+        call = {}
+        for name, value in kwargs.items():
+            if name in spec.accepts or spec.accepts_var_keyword:
+                call[name] = value
+            elif name in _RUNTIME or value is None or _same(self.defaults[op_type].get(name, _UNSET), value):
+                continue
+            else:
+                raise UnsupportedAttributeError(
+                    f"{self.node.op_type} runs {spec.name} (ai.onnx opset {self.opset}), which does not implement "
+                    f"attribute {name}={value!r}",
+                    node=self.node.name, op_type=self.node.op_type, opset=self.node.opset)
+        return spec.fn(*inputs, **call)
+
+    def __repr__(self) -> str:
+        return f"<standard kernels of {self.node.op_type}: {', '.join(s.name for s in self.kernels.values())}>"
+
+
+_UNSET = object()
+
+
+def _same(default, value) -> bool:
+    """An attribute value equal to the schema's default (floats within rounding)."""
+    if isinstance(default, float) and isinstance(value, float):
+        return default == value or abs(default - value) <= 1e-7 * max(1.0, abs(default))
+    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return tuple(default) == tuple(value)
+    return default is not _UNSET and type(default) is type(value) and default == value
 
 
 @dataclass(frozen=True)

@@ -662,6 +662,67 @@ def test_unsupported_attribute_values_name_the_node(build, message):
     assert info.value.op_type == model.graph.node[-1].op_type
 
 
+def _fused_conv_at(opset, **conv_attrs):
+    """A FusedConv (Relu) in a model importing ai.onnx ``opset``, its inputs, and NumPy's Conv + Relu."""
+    model, inputs = _conv_case("Relu", **conv_attrs)[:2]
+    model.opset_import[0].version = opset
+    return model, inputs
+
+
+def _conv_without_dilations(x, w, b=None, *, auto_pad, group, kernel_shape, pads, strides, xp):
+    """A Conv kernel of a later opset that knows no dilations, its results one more than Conv-1's."""
+    from mithril.backends.kernels import nn
+
+    return nn.conv(x, w, b, auto_pad=auto_pad, dilations=None, group=group, kernel_shape=kernel_shape, pads=pads,
+                   strides=strides, xp=xp) + 1
+
+
+def test_fused_ops_run_the_standard_kernels_of_the_model_s_opset():
+    # The plan resolves FusedConv's Conv at the model's ai.onnx opset (a Conv registered since 18
+    # runs under opset 18, not 17), and com.microsoft's Gelu, older than ONNX's Gelu-20, runs Gelu-20.
+    from mithril.backends.registry import override
+
+    with ml.scoped_ops():
+        override("numpy", "Conv", since=18)(_conv_without_dilations)
+        results = {}
+        for opset in (17, 18):
+            model, inputs = _fused_conv_at(opset, pads=[1, 1, 1, 1])
+            pm = ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
+            (pn,) = pm.plan.nodes
+            assert pn.kwargs["standard"].kernels["Conv"].since == (18 if opset == 18 else 1)
+            assert pn.kwargs["standard"].kernels["Relu"].since == 6
+            results[opset] = np.asarray(pm.evaluate(pm.get_parameters(), inputs)["y"])
+    want = ort.InferenceSession(model.SerializeToString()).run(None, inputs)[0]
+    np.testing.assert_allclose(results[17], want, rtol=1e-4, atol=1e-4)
+    # Conv-18 here adds one before the Relu: every value the Relu passes is one more.
+    np.testing.assert_allclose(results[18][want > 0], want[want > 0] + 1, rtol=1e-4, atol=1e-4)
+    model, inputs = CASES["Gelu"]()[:2]
+    pm = ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
+    assert model.opset_import[0].version < 20
+    assert pm.plan.nodes[-1].kwargs["standard"].kernels["Gelu"].name == "Gelu-20"
+
+
+def test_an_attribute_the_standard_kernel_lacks_is_an_error_naming_the_node():
+    # FusedConv's dilations reach Conv; a Conv kernel without dilations at the model's opset
+    # refuses a set value (instead of dropping it), naming the node, the op and the kernel it ran.
+    from mithril.backends.registry import override
+
+    with ml.scoped_ops():
+        override("numpy", "Conv", since=18)(_conv_without_dilations)
+        model, inputs = _fused_conv_at(18, dilations=[2, 2])
+        pm = ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
+        with pytest.raises(UnsupportedAttributeError, match=r"FusedConv runs Conv-18 \(ai.onnx opset 18\), which "
+                                                            r"does not implement attribute dilations=\(2, 2\)") as info:
+            pm.evaluate(pm.get_parameters(), inputs)
+        assert (info.value.node, info.value.op_type) == ("fusedconv", "FusedConv")
+        # Under opset 17 the same node runs Conv-1, which has dilations.
+        model, inputs = _fused_conv_at(17, dilations=[2, 2])
+        pm = ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
+        want = ort.InferenceSession(model.SerializeToString()).run(None, inputs)[0]
+        np.testing.assert_allclose(np.asarray(pm.evaluate(pm.get_parameters(), inputs)["y"]), want, rtol=1e-4,
+                                   atol=1e-4)
+
+
 # -- (b) models written by onnxruntime's own tools ----------------------------------------------
 def _contrib_ops(model: onnx.ModelProto) -> collections.Counter:
     return collections.Counter(n.op_type for n in model.graph.node if n.domain == MS)

@@ -12,15 +12,13 @@ The quantized-activation contrib ops (QLinear*, QAttention, DynamicQuantize*) li
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 
 import numpy
 
 from ...dtypes import np_dtype_of_onnx
 from ...errors import UnsupportedAttributeError
-from ..registry import REGISTRY, kernel, override
-from ..table import BACKENDS
+from ..registry import kernel
 from . import attention as _attention
 from . import elementwise as _elementwise
 from . import normalization as _normalization
@@ -32,46 +30,10 @@ def _unsupported(node, message: str) -> UnsupportedAttributeError:
     return UnsupportedAttributeError(message, node=node.name, op_type=node.op_type, opset=node.opset)
 
 
-# Backends whose overrides of standard ops (Conv, Gemm, MatMul, Gelu, Relu...) the fused ops reuse.
-_BACKENDS = tuple(BACKENDS)  # the backend table's rows
-_NEWEST = 10**6
-
-
-class _StandardOps:
-    """``standard("Conv", x, w, b, pads=...)`` runs the newest standard ONNX kernel in force on one
-    backend: XLA's or torch's convolution where the backend overrides Conv, the shared kernel otherwise.
-    Resolved at call time, when the backend's overrides are registered."""
-
-    def __init__(self, backend: str):
-        self.backend = backend
-
-    def __call__(self, op_type: str, *inputs, **attrs):
-        spec = REGISTRY.resolve(op_type, _NEWEST, "", self.backend)
-        return spec.fn(*inputs, **{k: v for k, v in attrs.items() if k in spec.accepts})
-
-
-def _with_standard_ops(op_type: str, *, domain: str = MS, since: int = 1):
-    """Registers ``fn(..., standard, ...)`` as the shared kernel and once per backend, each bound to
-    that backend's standard kernels, so a fused op runs as fast as the ops it fuses."""
-
-    def wrap(fn):
-        signature = inspect.signature(fn)
-        visible = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "standard"])
-        for backend in ("*",) + _BACKENDS:
-            standard = _StandardOps(backend)
-
-            @functools.wraps(fn)
-            def bound(*args, _standard=standard, **kwargs):
-                return fn(*args, standard=_standard, **kwargs)
-
-            bound.__signature__ = visible
-            register = kernel(op_type, since=since, domain=domain) if backend == "*" else \
-                override(backend, op_type, since=since, domain=domain,
-                         reason=f"the fused op over {backend}'s own kernels for the ops it fuses")
-            register(bound)
-        return fn
-
-    return wrap
+# A fused op runs the standard ops it fuses through ``standard`` (registry.StandardKernels): the
+# kernels the plan resolved on its backend (XLA's or torch's convolution where the backend overrides
+# Conv) at the model's ai.onnx opset, so it runs as fast as those ops; ``ctx`` passes on the
+# backend's options for them.
 
 
 def _work(dtype):
@@ -95,7 +57,7 @@ _ACTIVATIONS = {
 }
 
 
-def _activate(y, activation, params: dict, node, standard, xp):
+def _activate(y, activation, params: dict, node, standard, xp, ctx):
     """``activation`` applied to y; ``params`` holds the activation's own attributes by ONNX name."""
     if activation is None or activation == "" or activation == "Identity":
         return y
@@ -104,32 +66,33 @@ def _activate(y, activation, params: dict, node, standard, xp):
     attrs = {k: default if params.get(k) is None else params[k] for k, default in _ACTIVATIONS[activation].items()}
     if activation == "Clip":
         return xp.clip(y, attrs["min"], attrs["max"]).astype(y.dtype)
-    return standard(activation, y, xp=xp, **attrs)
+    return standard(activation, y, xp=xp, ctx=ctx, **attrs)
 
 
 # FusedConv's activation_params are positional: LeakyRelu [alpha], Clip [min, max], HardSigmoid [alpha, beta].
+_ACTIVATION_OPS = tuple(op for op in _ACTIVATIONS if op != "Clip")  # Clip runs as xp.clip
 _CONV_ACTIVATION_PARAMS = {"LeakyRelu": ("alpha",), "Clip": ("min", "max"), "HardSigmoid": ("alpha", "beta")}
 
 
-@_with_standard_ops("FusedConv")
+@kernel("FusedConv", domain=MS, standard_ops=("Conv", *_ACTIVATION_OPS))
 def fused_conv(X, W, B=None, Z=None, *, activation, activation_params, auto_pad, dilations, group, kernel_shape,
-               pads, strides, node, standard, xp):
+               pads, strides, node, standard, xp, ctx=None):
     y = standard("Conv", X, W, B, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
-                 pads=pads, strides=strides, xp=xp)
+                 pads=pads, strides=strides, xp=xp, ctx=ctx)
     if Z is not None:
         # The residual input is added before the activation (Conv + Add + Relu fusion).
         y = y + Z
     names = _CONV_ACTIVATION_PARAMS.get(activation, ())
     params = dict(zip(names, activation_params or ()))
-    return _activate(y, activation, params, node, standard, xp)
+    return _activate(y, activation, params, node, standard, xp, ctx)
 
 
-@_with_standard_ops("FusedGemm")
+@kernel("FusedGemm", domain=MS, standard_ops=("Gemm", *_ACTIVATION_OPS))
 def fused_gemm(A, B, C=None, *, alpha, beta, transA, transB, activation, activation_alpha, activation_beta,
-               activation_gamma, node, standard, xp):
-    y = standard("Gemm", A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, xp=xp)
+               activation_gamma, node, standard, xp, ctx=None):
+    y = standard("Gemm", A, B, C, alpha=alpha, beta=beta, transA=transA, transB=transB, xp=xp, ctx=ctx)
     params = {"alpha": activation_alpha, "beta": activation_beta, "gamma": activation_gamma}
-    return _activate(y, activation, params, node, standard, xp)
+    return _activate(y, activation, params, node, standard, xp, ctx)
 
 
 def _batch_transposed(x, xp):
@@ -139,8 +102,8 @@ def _batch_transposed(x, xp):
     return xp.transpose(x, tuple(range(1, x.ndim - 1)) + (0, x.ndim - 1))
 
 
-@_with_standard_ops("FusedMatMul")
-def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, standard, xp):
+@kernel("FusedMatMul", domain=MS, standard_ops=("MatMul",))
+def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, standard, xp, ctx=None):
     if transBatchA:
         A = _batch_transposed(A, xp)
     if transBatchB:
@@ -149,7 +112,7 @@ def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, stand
         A = xp.swapaxes(A, -1, -2)
     if transB and B.ndim >= 2:
         B = xp.swapaxes(B, -1, -2)
-    y = standard("MatMul", A, B, xp=xp)
+    y = standard("MatMul", A, B, xp=xp, ctx=ctx)
     return y if alpha == 1 else (y * alpha).astype(y.dtype)
 
 
@@ -157,20 +120,20 @@ def fused_matmul(A, B, *, alpha, transA, transB, transBatchA, transBatchB, stand
 # GELU family, BiasAdd, BiasSoftmax
 
 
-@_with_standard_ops("Gelu")
-def gelu(X, *, standard, xp):
-    return standard("Gelu", X, approximate="none", xp=xp)
+@kernel("Gelu", domain=MS, standard_ops=("Gelu",))
+def gelu(X, *, standard, xp, ctx=None):
+    return standard("Gelu", X, approximate="none", xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("BiasGelu")
-def bias_gelu(A, B, *, standard, xp):
-    return standard("Gelu", A + B, approximate="none", xp=xp)
+@kernel("BiasGelu", domain=MS, standard_ops=("Gelu",))
+def bias_gelu(A, B, *, standard, xp, ctx=None):
+    return standard("Gelu", A + B, approximate="none", xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("FastGelu")
-def fast_gelu(X, bias=None, *, standard, xp):
+@kernel("FastGelu", domain=MS, standard_ops=("Gelu",))
+def fast_gelu(X, bias=None, *, standard, xp, ctx=None):
     # 0.5 x (1 + tanh(0.797885 x + 0.035677 x^3)) is the tanh approximation, sqrt(2/pi) (x + 0.044715 x^3).
-    return standard("Gelu", X if bias is None else X + bias, approximate="tanh", xp=xp)
+    return standard("Gelu", X if bias is None else X + bias, approximate="tanh", xp=xp, ctx=ctx)
 
 
 @kernel("QuickGelu", since=1, domain=MS)
@@ -353,11 +316,11 @@ def _merge_heads(y):
     return y.transpose(0, 2, 1, 3).reshape(b, s, n * h)
 
 
-@_with_standard_ops("Attention")
+@kernel("Attention", domain=MS, standard_ops=("MatMul",))
 def contrib_attention(input, weights, bias=None, mask_index=None, past=None, attention_bias=None,  # noqa: A002
                       past_sequence_length=None, *, num_heads, qkv_hidden_sizes, scale, mask_filter_value,
                       unidirectional, do_rotary=None, past_present_share_buffer=None, rotary_embedding_dim=None,
-                      num_outputs, node, standard, xp):
+                      num_outputs, node, standard, xp, ctx=None):
     if do_rotary:
         raise _unsupported(node, "do_rotary=1 is not implemented")
     if past_present_share_buffer:
@@ -368,7 +331,7 @@ def contrib_attention(input, weights, bias=None, mask_index=None, past=None, att
         q_size, k_size, _ = qkv_hidden_sizes
     else:
         q_size = k_size = weights.shape[1] // 3
-    qkv = standard("MatMul", input, weights, xp=xp)
+    qkv = standard("MatMul", input, weights, xp=xp, ctx=ctx)
     if bias is not None:
         qkv = qkv + bias
     q = _heads(qkv[..., :q_size], num_heads)
@@ -490,9 +453,9 @@ def _dequantize_nbits(B, scales, zero_points, g_idx, *, K, N, bits, block_size, 
     return xp.reshape(w, (N, k_blocks * block_size))[:, :K]
 
 
-@_with_standard_ops("MatMulNBits")
+@kernel("MatMulNBits", domain=MS, standard_ops=("MatMul",))
 def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N, bits, block_size,
-                 accuracy_level=0, weight_prepacked=0, node, standard, xp):
+                 accuracy_level=0, weight_prepacked=0, node, standard, xp, ctx=None):
     if bits not in (2, 4, 8):
         raise _unsupported(node, f"bits={bits} is not implemented (2, 4 or 8)")
     if weight_prepacked:
@@ -505,7 +468,7 @@ def matmul_nbits(A, B, scales, zero_points=None, g_idx=None, bias=None, *, K, N,
         return y if bias is None else y + bias
     w = _dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=work,
                           xp=xp)
-    y = standard("MatMul", A.astype(work), xp.swapaxes(w, 0, 1), xp=xp)
+    y = standard("MatMul", A.astype(work), xp.swapaxes(w, 0, 1), xp=xp, ctx=ctx)
     if bias is not None:
         y = y + bias.astype(work)
     return y.astype(A.dtype)
@@ -681,9 +644,9 @@ def nchwc_reorder_output(X, *, channels, channels_last, xp):
     return xp.transpose(y, (0,) + tuple(range(2, y.ndim)) + (1,)) if channels_last else y
 
 
-@_with_standard_ops("Conv", domain=NCHWC)
+@kernel("Conv", domain=NCHWC, standard_ops=("Conv", *_ACTIVATION_OPS))
 def nchwc_conv(X, W, B=None, Sum=None, *, activation, activation_params, auto_pad, dilations, group, kernel_shape,
-               pads, strides, node, standard, xp):
+               pads, strides, node, standard, xp, ctx=None):
     block = _nchwc_block(node)
     depthwise = group > 1
     if depthwise and W.shape[1] != 1:
@@ -698,39 +661,41 @@ def nchwc_conv(X, W, B=None, Sum=None, *, activation, activation_params, auto_pa
     if B is not None and B.shape[0] < channels:
         B = xp.pad(B, [(0, channels - B.shape[0])])
     y = standard("Conv", X, w.astype(X.dtype), B, auto_pad=auto_pad, dilations=dilations, group=group,
-                 kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
+                 kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp, ctx=ctx)
     if Sum is not None:
         y = y + Sum
     params = dict(zip(_CONV_ACTIVATION_PARAMS.get(activation, ()), activation_params or ()))
-    return _activate(y, activation, params, node, standard, xp)
+    return _activate(y, activation, params, node, standard, xp, ctx)
 
 
-@_with_standard_ops("MaxPool", domain=NCHWC)
-def nchwc_max_pool(X, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides, standard, xp):
+@kernel("MaxPool", domain=NCHWC, standard_ops=("MaxPool",))
+def nchwc_max_pool(X, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides, standard, xp,
+                   ctx=None):
     return standard("MaxPool", X, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
-                    kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides, xp=xp)
+                    kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides, xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("AveragePool", domain=NCHWC)
+@kernel("AveragePool", domain=NCHWC, standard_ops=("AveragePool",))
 def nchwc_average_pool(X, *, auto_pad, ceil_mode, count_include_pad, dilations, kernel_shape, pads, strides,
-                       standard, xp):
+                       standard, xp, ctx=None):
     return standard("AveragePool", X, auto_pad=auto_pad, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
-                    dilations=dilations, kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp)
+                    dilations=dilations, kernel_shape=kernel_shape, pads=pads, strides=strides, xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("GlobalAveragePool", domain=NCHWC)
-def nchwc_global_average_pool(X, *, standard, xp):
-    return standard("GlobalAveragePool", X, xp=xp)
+@kernel("GlobalAveragePool", domain=NCHWC, standard_ops=("GlobalAveragePool",))
+def nchwc_global_average_pool(X, *, standard, xp, ctx=None):
+    return standard("GlobalAveragePool", X, xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("GlobalMaxPool", domain=NCHWC)
-def nchwc_global_max_pool(X, *, standard, xp):
-    return standard("GlobalMaxPool", X, xp=xp)
+@kernel("GlobalMaxPool", domain=NCHWC, standard_ops=("GlobalMaxPool",))
+def nchwc_global_max_pool(X, *, standard, xp, ctx=None):
+    return standard("GlobalMaxPool", X, xp=xp, ctx=ctx)
 
 
-@_with_standard_ops("Upsample", domain=NCHWC)
-def nchwc_upsample(X, *, scales, mode, coordinate_transformation_mode, standard, xp):
+# Resize-10 reads (X, scales) and has one mode: the call below is written for Resize-11's inputs and modes.
+@kernel("Upsample", domain=NCHWC, standard_ops={"Resize": 11})
+def nchwc_upsample(X, *, scales, mode, coordinate_transformation_mode, standard, xp, ctx=None):
     # Integer scales: nearest repeats each pixel (the floor of x / scale), linear interpolates as Resize does.
     return standard("Resize", X, None, numpy.asarray(scales, dtype=numpy.float32), None, mode=mode,
                     coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=-0.75,
-                    exclude_outside=0, extrapolation_value=0.0, nearest_mode="floor", xp=xp)
+                    exclude_outside=0, extrapolation_value=0.0, nearest_mode="floor", xp=xp, ctx=ctx)
