@@ -153,10 +153,10 @@ class CGradientProgram(CProgram):
             env[cv] = np.ascontiguousarray(np.broadcast_to(g, cv.static_shape))
         for step in self.steps:
             if hasattr(step, "nodes"):
-                self._run_segment(step, env)
+                self.run_segment(step, env)
             else:
                 self._run_numpy(step, env)
-        outputs = {v.name: self._read(v, env) for v in self.plan.outputs}
+        outputs = {v.name: self.read(v, env) for v in self.plan.outputs}
         grads = {}
         for name in self.diff_names:
             gv = self.grad_values.get(name)
@@ -174,8 +174,8 @@ class CGradientProgram(CProgram):
                 a, b = item.reads
                 env[item.writes[0]] = env[a] + env[b]
             elif item.kind == "forward":
-                args = [None if v is None else self._read(v, env) for v in pn.inputs]
-                for o, r in zip(pn.outputs, self._interpreter.run_node(pn, args, env)):
+                args = [None if v is None else self.read(v, env) for v in pn.inputs]
+                for o, r in zip(pn.outputs, self.interpreter.run_node(pn, args, env)):
                     env[o] = r
             else:
                 rule = item.rule
@@ -183,10 +183,10 @@ class CGradientProgram(CProgram):
                      else env[item.cot[0]])
                 kwargs = dict(rule.kwargs)
                 if "y" in rule.spec.accepts:
-                    kwargs["y"] = self._read(pn.outputs[0], env)
+                    kwargs["y"] = self.read(pn.outputs[0], env)
                 if "outputs" in rule.spec.accepts:
-                    kwargs["outputs"] = tuple(self._read(o, env) for o in pn.outputs)
-                args = [None if v is None else self._read(v, env) for v in pn.inputs]
+                    kwargs["outputs"] = tuple(self.read(o, env) for o in pn.outputs)
+                args = [None if v is None else self.read(v, env) for v in pn.inputs]
                 result = rule.spec.fn(g, *args, **kwargs)
                 for k, d in enumerate(item.grads):
                     if d is None:

@@ -143,10 +143,6 @@ class CProgram(SegmentedProgram):
                                  [(v, v.static_shape, v.dtype) for v in step.outputs])
                     for step in self.steps if hasattr(step, "nodes")}
 
-    @property
-    def _interpreter(self):  # CGradientProgram (grad.py) runs its NumPy steps through it
-        return self.interpreter
-
     def wait(self) -> None:
         """Until the library is built (lower starts the C compiler in the background); then loads
         it and binds its segment functions."""
@@ -185,8 +181,6 @@ class CProgram(SegmentedProgram):
         if v.kind == "constant":
             return self._constants[v]
         return env[v]
-
-    _read = read  # the name CGradientProgram (grad.py) reads values by
 
     def _start_call(self) -> float:
         """Sets the threads this call runs on (the governor's choice); returns its start time."""
@@ -242,8 +236,6 @@ class CProgram(SegmentedProgram):
             ins = [v for v in pn.inputs if v is not None]
             raise NodeError(f"CBackend: {problem}", node=pn.label, op_type=pn.op_type, opset=pn.opset,
                             shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins])
-
-    _run_segment = run_segment  # the name CGradientProgram (grad.py) calls it by
 
 
 __all__ = ["CFallbackWarning", "CKernelMissingError", "CProgram", "ThreadGovernor", "default_threads"]

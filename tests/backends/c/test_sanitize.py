@@ -310,7 +310,7 @@ def test_a_wrong_dtype_is_refused_before_c(lenet_c):
 
 
 def test_a_segment_refuses_a_buffer_it_was_not_compiled_for(lenet_c):
-    """The last guard, under evaluate's checks: CProgram._run_segment itself."""
+    """The last guard, under evaluate's checks: CProgram.run_segment itself."""
     params = {k: np.asarray(v) for k, v in lenet_c.get_parameters().items()}
     x = np.zeros((1, 1, 32, 32), np.float32)
     assert lenet_c.program.run(params, {"input": x})["output"].shape == (1, 10)

@@ -372,7 +372,7 @@ def test_lenet_training_step_runs_clean_under_address_and_undefined_sanitizers(t
              "    FILE *f = fopen(path, \"rb\");", "    if (!f || fread(p, 1, n, f) != n) exit(3);", "    fclose(f);",
              "    return p;", "}", "int main(void) {", f"    void *io[{len(seg.inputs) + len(seg.outputs)}];"]
     for i, v in enumerate(seg.inputs):
-        a = np.ascontiguousarray(prog._read(v, values), dtype=v.dtype).reshape(v.static_shape)
+        a = np.ascontiguousarray(prog.read(v, values), dtype=v.dtype).reshape(v.static_shape)
         a.tofile(tmp_path / f"in{i}.bin")
         lines.append(f"    io[{i}] = load(\"{tmp_path / f'in{i}.bin'}\", {a.nbytes});")
     sizes = [int(np.prod(v.static_shape)) * v.dtype.itemsize for v in seg.outputs]
