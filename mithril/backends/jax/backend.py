@@ -11,6 +11,7 @@ import inspect
 import os
 import sys
 import types
+import weakref
 
 import numpy as np
 
@@ -166,14 +167,23 @@ def _narrow_float(dtype) -> bool:
     return dtype is not None and dtype.itemsize == 1 and dtypes.is_floating_np(dtype)
 
 
-def _default_options_for(forward, options: dict, *, gradient: bool = False) -> dict:
-    """The backend's default ``options`` fitted to one program (``forward``'s notes, set by
-    :meth:`JaxBackend.lower`): a forward program without convolutions or pools gets XLA's own
-    YNNPACK fusions (``_window_free_options``); gradient programs, and forward ones with narrow
-    floats, the MLIR emitters."""
-    if not gradient and getattr(forward, "window_ops", True) is False:
+@dataclasses.dataclass(frozen=True)
+class _ProgramNotes:
+    """What :meth:`JaxBackend.lower` notes of a program for the XLA options it gets by default
+    (a program it did not lower is taken to have both)."""
+
+    window_ops: bool = True  # it convolves or pools
+    narrow_floats: bool = True  # it holds float8/float4 values
+
+
+def _default_options_for(notes: _ProgramNotes | None, options: dict, *, gradient: bool = False) -> dict:
+    """The backend's default ``options`` fitted to one program (its ``notes``): a forward program
+    without convolutions or pools gets XLA's own YNNPACK fusions (``_window_free_options``);
+    gradient programs, and forward ones with narrow floats, the MLIR emitters."""
+    notes = notes or _ProgramNotes()
+    if not gradient and not notes.window_ops:
         options = _window_free_options(options) or options
-    if (gradient or getattr(forward, "narrow_floats", True)) and _OLD_EMITTERS.items() <= options.items():
+    if (gradient or notes.narrow_floats) and _OLD_EMITTERS.items() <= options.items():
         options = {k: v for k, v in options.items() if k not in _OLD_EMITTERS}
     return options
 
@@ -350,7 +360,7 @@ class _Jitted:
         self.forward = forward
         options = backend.compiler_options if compiler_options is None else compiler_options
         if compiler_options is None and backend._default_options:
-            options = _default_options_for(forward, options)
+            options = _default_options_for(backend._program_notes.get(forward), options)
         self.compiler_options = dict(options)
         # YNNPACK's dots read a transposed weight in place as fast as a copy: no transposed copy kept.
         # On one CPU device, prepare's rearrangements run in NumPy (hoist.py).
@@ -625,17 +635,21 @@ class JaxBackend(Backend):
             self._pipeline_axes = (plan.strategies["pipeline"], plan.strategies.get("data"))
 
     def lower(self, plan, **kwargs):
-        """The generated program; its forward notes whether the graph convolves or pools, and
-        whether it holds narrow floats (which XLA options :meth:`jit` gives it by default: see
-        ``_default_options_for``)."""
+        """The generated program, noted (whether the graph convolves or pools, and whether it holds
+        narrow floats) for the XLA options :meth:`jit` and :meth:`vjp` give it by default: see
+        ``_default_options_for``."""
         program = super().lower(plan, **kwargs)
-        forward = program.forward
-        if isinstance(forward, types.FunctionType):
-            nodes = list(plan.all_nodes())
-            forward.window_ops = any(pn.op_type in _WINDOW_OPS for pn in nodes)
-            forward.narrow_floats = any(_narrow_float(v.dtype) for v in plan.inputs) or any(
-                v is not None and _narrow_float(v.dtype) for pn in nodes for v in (*pn.inputs, *pn.outputs))
+        nodes = list(plan.all_nodes())
+        self._program_notes[program.forward] = _ProgramNotes(
+            window_ops=any(pn.op_type in _WINDOW_OPS for pn in nodes),
+            narrow_floats=any(_narrow_float(v.dtype) for v in plan.inputs) or any(
+                v is not None and _narrow_float(v.dtype) for pn in nodes for v in (*pn.inputs, *pn.outputs)))
         return program
+
+    @functools.cached_property
+    def _program_notes(self) -> weakref.WeakKeyDictionary:
+        """Each forward :meth:`lower` made -> its :class:`_ProgramNotes`, while the forward lives."""
+        return weakref.WeakKeyDictionary()
 
     def lower_stages(self, plan, stages, *, file_path: str | None = None):
         """The program with its pipeline stages; each stage's arguments are marked batched (a
@@ -807,7 +821,8 @@ class JaxBackend(Backend):
         with self.scope():
             run = self._vjp_cache.get(key)
             if run is None:
-                options = _default_options_for(forward, self.compiler_options, gradient=True) \
+                notes = self._program_notes.get(forward)
+                options = _default_options_for(notes, self.compiler_options, gradient=True) \
                     if self._default_options else self.compiler_options
                 run = self._vjp_cache[key] = _make_vjp(forward, tuple(diff_params), tuple(diff_data), options)
             cot = {k: jnp.asarray(v) for k, v in output_gradients.items()}
@@ -892,7 +907,18 @@ def _tie(value, anchor):
     return jnp.where(anchor == anchor, value, jax.lax.reduce_precision(value, info.nexp, info.nmant))
 
 
-def _make_vjp(forward, diff_params, diff_data, compiler_options):
+class _Vjp:
+    """A vector-Jacobian product program, called eagerly or as ``jitted``."""
+
+    def __init__(self, run, compiler_options: dict):
+        self.run = run
+        self.jitted = _jit(run, compiler_options)
+
+    def __call__(self, params, data, cotangents):
+        return self.run(params, data, cotangents)
+
+
+def _make_vjp(forward, diff_params, diff_data, compiler_options) -> _Vjp:
     def run(params, data, cotangents):
         token = _DIFFERENTIATING.set(True)
         try:
@@ -907,8 +933,7 @@ def _make_vjp(forward, diff_params, diff_data, compiler_options):
         gp, gd = pullback(cots)
         return outputs, {**gp, **gd}
 
-    run.jitted = _jit(run, compiler_options)
-    return run
+    return _Vjp(run, compiler_options)
 
 
 def _split_for_vjp(forward, params, data, diff_params, diff_data):
