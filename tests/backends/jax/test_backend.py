@@ -500,6 +500,23 @@ def test_ynn_dots_on_intel_cpus_with_avx512_and_several_threads(monkeypatch):
         assert jax_backend._ynn_fusions_win() is wins
 
 
+def test_conv_kernel_reads_the_backend_options_from_its_ctx_argument():
+    # The Conv kernel declares ctx; the generated program passes the backend's KernelOptions
+    # (forward takes it as a parameter, so a caller may pass other options explicitly).
+    from mithril.backends.jax import overrides
+
+    nodes = [helper.make_node("Conv", ["x", "W"], ["y"], name="conv")]
+    model = make_model(nodes, [("x", F, [1, 16, 7, 7]), ("W", F, [24, 16, 1, 1])], [("y", F, [1, 24, 7, 7])])
+    for options, ynn in (({"xla_cpu_experimental_ynn_fusion_type": ""}, False), ({}, True)):
+        backend = ml.JaxBackend(compiler_options=options)
+        assert backend.kernel_context == overrides.KernelOptions(library_convolutions=False, ynn_dots=ynn)
+        pm = _compile(model, backend, data_keys=["x", "W"])
+        lines = pm.code.splitlines()
+        assert lines[0] == "def forward(params, data, ctx=ctx):"
+        assert any("# Conv 'conv'" in line and line.split("  #")[0].endswith(", xp=xp, ctx=ctx)") for line in lines)
+        assert pm.program.namespace["ctx"] is backend.kernel_context
+
+
 @pytest.mark.parametrize("ynn, out_shape", [
     (True, "f32[49,24]"),    # YNNPACK's dots: rows @ W.T, whatever the rows
     (False, "f32[24,49]"),   # Eigen's, below 64 rows: W @ rows.T
