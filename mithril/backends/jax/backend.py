@@ -283,7 +283,8 @@ def _has_host_only(tree) -> bool:
 
 
 # The backend whose scope() this thread is in: evaluate() enters it, and the jitted program it
-# calls need not enter it again.
+# calls need not enter it again. A dynamic extent, not an option: JAX's compile listener
+# (_release_compile_heap) gets no argument that could say whose call compiled.
 _ACTIVE_SCOPE = contextvars.ContextVar("mithril_jax_active_scope", default=None)
 
 
@@ -855,6 +856,8 @@ class JaxBackend(Backend):
 
 
 # True while _make_vjp's function runs (or is traced): the forward's checkpointed segments recompute.
+# A dynamic extent read by the checkpoint hook (the same forward runs with and without a gradient
+# trace around it), not an option a kernel reads: kernel options travel as ctx.
 _DIFFERENTIATING = contextvars.ContextVar("mithril_jax_differentiating", default=False)
 
 
