@@ -43,7 +43,8 @@ from ...errors import MeshError
 from . import xp as _xp
 
 # The pipeline run in progress in this process (a PipelineForward call sets it); the program's
-# _backend.pipeline_stage calls go to it.
+# _backend.pipeline_stage calls go to it. The extent of one call (what each stage received and
+# sent), not a backend option: the generated program's stage calls carry no per-call argument.
 _RUN: contextvars.ContextVar = contextvars.ContextVar("mithril_torch_pipeline_run", default=None)
 
 _HEADER = 18  # header ints: kind (dtype index, -1 pickled host value), ndim, dims
