@@ -2,14 +2,16 @@
 
 The generated function looks like::
 
-    def forward(params, data):
+    def forward(params, data, ctx=ctx):
         v0 = data['input']
         v1 = params['conv1.weight']
-        v2 = conv_3(v0, v1, None, auto_pad='NOTSET', dilations=(1, 1), group=1, ...)  # Conv 'conv1': mithril/backends/jax/overrides.py:120
+        v2 = conv_3(v0, v1, None, auto_pad='NOTSET', dilations=(1, 1), ..., xp=xp, ctx=ctx)  # Conv 'conv1': mithril/backends/jax/overrides.py:120
         del v0
         ...
         return {'output': v9}
 
+Runtime arguments a kernel declares come from the namespace (``xp``, ``_backend.rng``) or, for
+``ctx`` (the backend's options for its kernels, JAX's here), from forward's parameter of that name.
 Each value is deleted after its last use (the plan's lifetimes); subgraphs (If/Loop/Scan bodies)
 become nested functions that close over the outer values they read, and so do the segments of
 gradient checkpointing (:mod:`.checkpoint`), called through ``_backend.checkpoint``. The source is exec'd under
