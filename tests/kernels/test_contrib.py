@@ -721,6 +721,11 @@ def test_an_attribute_the_standard_kernel_lacks_is_an_error_naming_the_node():
         want = ort.InferenceSession(model.SerializeToString()).run(None, inputs)[0]
         np.testing.assert_allclose(np.asarray(pm.evaluate(pm.get_parameters(), inputs)["y"]), want, rtol=1e-4,
                                    atol=1e-4)
+    # An attribute the fused op itself does not know is refused when the plan is built.
+    model, inputs = _set_attribute(_conv_case("Relu"), foo=3)
+    with pytest.raises(UnsupportedAttributeError, match="FusedConv-1 does not implement attribute foo=3") as info:
+        ml.compile(model, ml.NumpyBackend(), shapes={k: v.shape for k, v in inputs.items()})
+    assert (info.value.node, info.value.op_type) == ("fusedconv", "FusedConv")
 
 
 # -- (b) models written by onnxruntime's own tools ----------------------------------------------
