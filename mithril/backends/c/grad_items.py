@@ -18,7 +18,7 @@ from .render import scratch_bytes, tensor_inputs, why_not_c
 
 @dataclass(eq=False)
 class Item:
-    """One step of the flattened gradient program (see the module docstring)."""
+    """One step of the flattened gradient program: ``forward``, ``rule`` or ``sum`` (:mod:`mithril.backends.c.grad`)."""
 
     kind: str  # "forward" | "rule" | "sum"
     node: PlanNode | None = None
