@@ -199,7 +199,8 @@ class BlockNCHWc(PlanPass):
                   CLAMP: pn.kwargs.get(CLAMP, (-np.inf, np.inf))}
             if kind == "depthwise":
                 _, win = conv_kind(pn)
-                kw["geometry"] = window_geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin, win.dilations)
+                kw["geometry"] = window_geometry(x.static_shape[2:], win.out, win.kernel, win.strides, win.begin,
+                                                 win.dilations)
             index.replace(pn, replace(pn, op_type="ConvNCHWc", domain=DOMAIN, inputs=(xin, wp, bp, res),
                                       outputs=(yout,), kwargs=kw, frees=()))
             changed = True
