@@ -12,6 +12,10 @@ files onnxruntime's session optimizer writes from dynamically quantized ones. Ea
 checked for the quantized ops the tool is expected to write, so a change in the tool fails here
 rather than passing vacuously.
 
+Int8 weights of u8 x s8 products are drawn in 7 bits, and the tools write them so (``reduce_range``):
+onnxruntime on x86 without VNNI saturates each pair of such products to int16, so full-range weights
+are checked against exact int64 arithmetic instead (test_full_range_int8_weights_match_exact_arithmetic).
+
 Tolerances. Integer outputs of single ops compare exactly: the kernels reproduce onnxruntime's
 rounding (half to even) and saturation. Float outputs of single ops (dequantized products, LSTM,
 attention, layer norm) allow 1e-5 relative + 1e-5 absolute: only float32 summation order differs.
@@ -67,9 +71,10 @@ def _node(op, inputs, outputs, **attrs):
     return helper.make_node(op, inputs, outputs, name=f"{op.lower()}_node", domain=MS, **attrs)
 
 
-def _rand_q(rng, shape, dtype):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+def _rand_q(rng, shape, dtype, seven_bit=False):
+    # seven_bit (s8 weights of u8 x s8 products): onnxruntime on x86 without VNNI saturates product pairs to int16.
+    low, high = (-64, 63) if seven_bit else (np.iinfo(dtype).min, int(np.iinfo(dtype).max))
+    return rng.integers(low, high + 1, shape).astype(dtype)
 
 
 def _s(v):
@@ -181,7 +186,7 @@ def pool_cases():
         _model([_node("QLinearAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], kernel_shape=[2, 2])],
                [("x", I8, xi.shape)], [("y", I8, [1, 5, 3, 2])],
                {"sx": _s(0.1), "zx": np.int8(3), "sy": _s(0.05), "zy": np.int8(-7)}), {"x": xi})
-    xc, w = _rand_q(rng, (1, 5, 5, 4), np.uint8), _rand_q(rng, (6, 2, 3, 3), np.int8)
+    xc, w = _rand_q(rng, (1, 5, 5, 4), np.uint8), _rand_q(rng, (6, 2, 3, 3), np.int8, seven_bit=True)
     cases["QLinearConv-channels_last-grouped-per-channel"] = (
         _model([_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "b"], ["y"], channels_last=1,
                       pads=[1, 1, 1, 1], kernel_shape=[3, 3], group=2)],
@@ -246,7 +251,7 @@ def misc_cases():
 def matmul_cases():
     rng = np.random.default_rng(5)
     cases = {}
-    a, b = _rand_q(rng, (3, 8), np.uint8), _rand_q(rng, (5, 8), np.int8)
+    a, b = _rand_q(rng, (3, 8), np.uint8), _rand_q(rng, (5, 8), np.int8, seven_bit=True)
     c = rng.integers(-2000, 2000, (5,)).astype(np.int32)
     per_col = {"sa": _s(0.02), "za": np.uint8(120), "sb": rng.uniform(0.01, 0.05, 5).astype(np.float32),
                "zb": np.zeros(5, np.int8)}
@@ -301,7 +306,8 @@ def lstm_cases():
         d = 2 if direction == "bidirectional" else 1
         scale_shape = (d, 4 * hidden) if per_channel else (d,)
         inits = {
-            "W": _rand_q(rng, (d, inp, 4 * hidden), np.int8), "R": _rand_q(rng, (d, hidden, 4 * hidden), np.int8),
+            "W": _rand_q(rng, (d, inp, 4 * hidden), np.int8, seven_bit=True),
+            "R": _rand_q(rng, (d, hidden, 4 * hidden), np.int8, seven_bit=True),
             "B": rng.standard_normal((d, 8 * hidden)).astype(np.float32) * 0.1,
             "ws": rng.uniform(0.002, 0.01, scale_shape).astype(np.float32), "wz": np.zeros(scale_shape, np.int8),
             "rs": rng.uniform(0.002, 0.01, scale_shape).astype(np.float32), "rz": np.zeros(scale_shape, np.int8),
@@ -324,7 +330,7 @@ def transformer_cases():
     cases = {}
     batch, seq, hidden, heads = 2, 5, 8, 2
     x = _rand_q(rng, (batch, seq, hidden), np.uint8)
-    inits = {"w": _rand_q(rng, (hidden, 3 * hidden), np.int8),
+    inits = {"w": _rand_q(rng, (hidden, 3 * hidden), np.int8, seven_bit=True),
              "bias": rng.standard_normal(3 * hidden).astype(np.float32) * 0.1,
              "sx": _s(0.02), "sw": _s(0.01), "zx": np.uint8(128), "zw": np.int8(0)}
     masks = {
@@ -450,6 +456,70 @@ def test_qlinear_reduce_mean_follows_its_definition(backend):
     mean = ((x.astype(np.int32) + 4).astype(np.float32) * np.float32(0.1)).mean(axis=(0, 2), dtype=np.float32)
     want = np.clip(np.rint(mean / np.float32(0.03)) + 2, -128, 127).astype(np.int8)
     np.testing.assert_array_equal(_mithril_run(model, {"x": x}, backend)["y"], want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_range_int8_weights_match_exact_arithmetic(backend):
+    """The cases compared with onnxruntime keep u8 x s8 weights in 7 bits (see ``_rand_q``); here the
+    weights span [-128, 127] and the reference is int64 arithmetic. Scales are powers of two, so the
+    requantized and float outputs are exact in float32 too (half to even on exact midpoints)."""
+    rng = np.random.default_rng(9)
+    m, k, n = 4, 64, 8
+    a, w = _rand_q(rng, (m, k), np.uint8), _rand_q(rng, (k, n), np.int8)
+    a.flat[:2], w.flat[:2] = (0, 255), (-128, 127)
+    # Where an int16 pair sum saturates, so a kernel that does so fails here.
+    pairs = a[:, 0::2, None].astype(np.int64) * w[0::2] + a[:, 1::2, None].astype(np.int64) * w[1::2]
+    assert np.abs(pairs).max() > np.iinfo(np.int16).max
+    za, zw = np.uint8(128), np.int8(2)
+    acc = (a.astype(np.int64) - za) @ (w.astype(np.int64) - zw)
+    # DynamicQuantizeMatMul's input spans -8 to 127/16 on a 1/16 grid: its scale is 1/16, its zero
+    # point 128, so it quantizes to ``a`` and its product is ``acc``.
+    x = (a.astype(np.float32) - 128) / np.float32(16)
+    bias = rng.standard_normal(n).astype(np.float32)
+    c = rng.integers(-3000, 3000, n).astype(np.int32)
+    xc, wc = _rand_q(rng, (1, 4, 6, 6), np.uint8), _rand_q(rng, (8, 4, 3, 3), np.int8)
+    wc.flat[:2] = -128, 127
+    bc = rng.integers(-3000, 3000, 8).astype(np.int32)
+    swc = np.array([2.0**-5, 2.0**-6] * 4, np.float32)
+    padded = np.pad(xc.astype(np.int64) - 128, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    conv = sum(np.einsum("nchw,oc->nohw", padded[:, :, i:i + 6, j:j + 6], wc[:, :, i, j].astype(np.int64))
+               for i in range(3) for j in range(3))
+
+    def requantize(values, multiplier, zero_point):
+        return np.clip(np.rint(values * multiplier) + zero_point, 0, 255).astype(np.uint8)
+
+    want = {
+        "mmi": acc.astype(np.int32),
+        "qmm": requantize(acc, 2.0**-10, 100),  # (1/16) * (1/64) / 1
+        "qgemm": requantize(acc + c, 2.0**-10, 128),  # alpha 1/2 * (1/16) * (1/64) / (1/2)
+        "dqmm": (acc.astype(np.float32) * np.float32(2.0**-10) + bias).astype(np.float32),  # (1/16) * (1/64)
+        "convi": conv.astype(np.int32),
+        "qconv": requantize(conv + bc[:, None, None], swc[:, None, None].astype(np.float64) / 16, 120),
+    }
+    s4, s6 = _s(2.0**-4), _s(2.0**-6)
+    conv_attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("MatMulInteger", ["a", "w", "za", "zw"], ["mmi"]),
+        helper.make_node("QLinearMatMul", ["a", "s4", "za", "w", "s6", "zw", "one", "z100"], ["qmm"]),
+        _node("QGemm", ["a", "s4", "za", "wt", "s6", "zw", "c", "half", "z128"], ["qgemm"], transB=1, alpha=0.5),
+        _node("DynamicQuantizeMatMul", ["x", "w", "s6", "zw", "bias"], ["dqmm"]),
+        helper.make_node("ConvInteger", ["xc", "wc", "za"], ["convi"], **conv_attrs),
+        helper.make_node("QLinearConv", ["xc", "s4", "za", "wc", "swc", "zwc", "one", "z120", "bc"], ["qconv"],
+                         **conv_attrs),
+    ]
+    inits = {"w": w, "wt": np.ascontiguousarray(w.T), "za": za,
+             "zw": zw, "s4": s4, "s6": s6, "one": _s(1), "half": _s(0.5), "z100": np.uint8(100), "z128": za,
+             "c": c, "bias": bias, "wc": wc, "swc": swc, "zwc": np.zeros(8, np.int8), "z120": np.uint8(120), "bc": bc}
+    types = {"mmi": I32, "qmm": U8, "qgemm": U8, "dqmm": F32, "convi": I32, "qconv": U8}
+    model = _model(nodes, [("a", U8, [m, k]), ("x", F32, [m, k]), ("xc", U8, xc.shape)],
+                   [(name, types[name], want[name].shape) for name in want], inits)
+    got = _mithril_run(model, {"a": a, "x": x, "xc": xc}, backend)
+    for name, ref in want.items():
+        assert got[name].dtype == ref.dtype, (name, got[name].dtype)
+        if ref.dtype.kind == "f":
+            np.testing.assert_allclose(got[name], ref, rtol=1e-6, atol=0, err_msg=f"{name} on {backend}")
+        else:
+            np.testing.assert_array_equal(got[name], ref, err_msg=f"{name} on {backend}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -627,7 +697,7 @@ def tool_model(tmp_path_factory):
         # Transformer fusions leave outputs of com.microsoft ops without inferred types.
         extra = {"DefaultTensorType": TensorProto.FLOAT}
         if how.startswith("dynamic"):
-            quantize_dynamic(str(path), out, extra_options=extra)
+            quantize_dynamic(str(path), out, reduce_range=True, extra_options=extra)
             if how.endswith("+fused"):
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
@@ -639,8 +709,9 @@ def tool_model(tmp_path_factory):
             options = dict(extra, UseQDQContribOps=True) if how == "qdq16" else extra
             activation = QuantType.QInt16 if how == "qdq16" else QuantType.QUInt8
             weight = QuantType.QInt4 if how == "qdq4" else QuantType.QInt8
+            # QOperator's integer kernels need 7-bit weights to be exact (see _rand_q); QDQ files run as float.
             quantize_static(str(path), out, _Reader(feeds[:2]), quant_format=fmt, activation_type=activation,
-                            weight_type=weight, extra_options=options)
+                            weight_type=weight, reduce_range=how == "qoperator", extra_options=options)
         model = onnx.load(out)
         # onnxruntime fuses QDQ groups (DequantizeLinear -> GlobalAveragePool -> QuantizeLinear) into its
         # integer kernels, which round differently from the float ops the file describes: QDQ files are
