@@ -36,7 +36,9 @@ job=${1:-demo}
 shift || true
 case "$job" in
   demo) exec python scripts/main_job.py "$@" ;;
-  test) exec python -m pytest -q "$@" ;;
+  # Two pytest workers, a test module each at a time (module fixtures built once): C builds, exports
+  # and subprocesses leave a core idle in a single process. MITHRIL_TEST_WORKERS=0 runs in one.
+  test) exec python -m pytest -q -n "${MITHRIL_TEST_WORKERS:-2}" --dist loadscope "$@" ;;
   shell) exec "${SHELL:-bash}" ;;
   *) echo "usage: bash scripts/dev.sh {demo|test|shell} [args...]" >&2; exit 2 ;;
 esac

@@ -119,8 +119,18 @@ def _backends_of(item, names: dict[str, str], sources: dict) -> set[str]:
     return found
 
 
+# -- the long tier ---------------------------------------------------------------------------------
+# `@pytest.mark.long(reason=...)` puts a test in the long tier: skipped, with its reason, unless
+# MITHRIL_LONG_TESTS=1. The reason names what the fast tier still runs of that family.
+LONG_TESTS = os.environ.get("MITHRIL_LONG_TESTS") == "1"
+
+
 def pytest_collection_modifyitems(config, items):
     names, sources = _backend_names(), {}
     for item in items:
         for name in sorted(_backends_of(item, names, sources)):
             item.add_marker(getattr(pytest.mark, name))
+        long = item.get_closest_marker("long")
+        if long is not None and not LONG_TESTS:
+            why = long.kwargs.get("reason") or (long.args[0] if long.args else "")
+            item.add_marker(pytest.mark.skip(reason=f"long tier, MITHRIL_LONG_TESTS=1 runs it: {why}"))

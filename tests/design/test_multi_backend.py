@@ -79,6 +79,8 @@ def benchmark_model(model_name, input_shape, backends, num_runs=100):
 
 
 @pytest.mark.slow
+@pytest.mark.long(reason="times the guide's benchmark loop on every backend (~50 s); the fast tier runs the "
+                         "guide's other multi-backend examples")
 def test_benchmark_across_backends_as_written():
     """002, "Benchmarking Across Backends": the guide's own call (ResNet-18 at 224x224, 100
     runs after 10 warm-ups, on Torch, JAX and NumPy; ``evaluate({}, ...)`` runs on the model's own

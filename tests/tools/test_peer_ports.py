@@ -98,6 +98,8 @@ def test_interleaved_samples_take_turns_and_keep_every_call():
     assert switches >= 3
 
 
+@pytest.mark.long(reason="runs scripts/bench_peers.py's timing rounds on a user's file (~30 s); the fast tier "
+                         "keeps the table and argument tests")
 def test_bench_peers_times_a_users_file_and_replaces_only_its_section(tmp_path, conv_model):
     # The whole path a user takes: --model FILE (onnxruntime and Mithril only), a 1-thread child
     # process, --write splicing "## Peers" into the document and keeping the rest.
@@ -158,10 +160,12 @@ def test_compile_time_rows_judge_each_backend_against_its_bar(tmp_path, conv_mod
     assert "| first call < 5 s | missed |" in bench_peers._compile_table([rows[0], slow], "conv.onnx")[-1]
 
 
+@pytest.mark.long(reason="scripts/bench_memory.py's peer rows start a fresh process per runtime (~100 s); "
+                         "the fast tier keeps its argument and table tests")
 def test_memory_rows_set_each_mithril_row_against_its_frameworks_peer(tmp_path):
-    # Issue 21, Must 5's table: the framework-native peers' resident memory measured as the backends'
-    # (a fresh process each), each Mithril row divided by its framework's; peers only for built-in
-    # models, which they build from the torch module.
+    # The framework-native peers' resident memory measured as the backends' (a fresh process each),
+    # each Mithril row divided by its framework's; peers only for built-in models, which they build
+    # from the torch module.
     pytest.importorskip("jax", reason=FRAMEWORK_MODULES["jax"][1])
     import bench_memory
 
