@@ -147,10 +147,7 @@ class KernelSpec:
         >>> REGISTRY.resolve("Relu", 14).location.startswith("mithril/backends/kernels/elementwise.py:")
         True
         """
-        try:
-            return _location(self.fn)
-        except TypeError:  # an unhashable callable: not cached
-            return _location.__wrapped__(self.fn)
+        return source_location(self.fn)
 
     @property
     def builtin(self) -> bool:
@@ -172,10 +169,19 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _PACKAGE = os.path.join(_ROOT, "mithril")
 
 
+def source_location(fn) -> str:
+    """``path:line`` of ``fn``'s definition, the path relative to the directory holding the
+    ``mithril`` package (``KernelSpec.location``, a native rule's in ``mithril ops``)."""
+    try:
+        return _cached_location(fn)
+    except TypeError:  # an unhashable callable: not cached
+        return _cached_location.__wrapped__(fn)
+
+
 @functools.lru_cache(maxsize=None)
-def _location(fn) -> str:
-    """KernelSpec.location of ``fn``, computed once per function: emitting a program names the
-    kernel of every node, and ``inspect.getsourcefile`` plus ``relpath`` cost 40 us a call."""
+def _cached_location(fn) -> str:
+    # Once per function: emitting a program names the kernel of every node, and
+    # inspect.getsourcefile plus relpath cost 40 us a call.
     fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
     path = inspect.getsourcefile(fn) or (code.co_filename if code else "?")

@@ -21,7 +21,8 @@ from ..plan import Plan, PlanNode
 from .capability import capability
 from .partition import Segment, partition
 from .policy import apply_fallback, check_fallback, check_fixed_shapes
-from .rules import RuleTable, location, qualified_name
+from ..registry import source_location
+from .rules import RuleTable, qualified_name
 
 
 @dataclass
@@ -136,7 +137,7 @@ class SegmentedBackend(NumpyBackend):
             if rule is not None and opset >= first:
                 fn = rule.function
                 return OpSupport(rule.since, None, qualified_name(fn) if fn else "?", rules.noun,
-                                 location(fn) if fn else "?", _rule_meta(rule))
+                                 source_location(fn) if fn else "?", _rule_meta(rule))
             r = next((r for r in fallback if r.covers(opset)), None)
             return None if r is None else OpSupport(r.first, r.last, r.function, "NumPy fallback", r.location, r.meta)
 

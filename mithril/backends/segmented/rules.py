@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import inspect
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -110,29 +109,10 @@ class RuleTable:
         return bool(self._rules.get(key))
 
 
-# The directory holding the mithril package: locations are relative to it.
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def location(fn: Callable) -> str:
-    """``path:line`` of ``fn``'s definition, the path relative to the directory holding the
-    ``mithril`` package, as ``KernelSpec.location`` gives it."""
-    fn = inspect.unwrap(fn)
-    code = getattr(fn, "__code__", None)
-    path = inspect.getsourcefile(fn) or (code.co_filename if code else "?")
-    try:
-        path = os.path.relpath(path, _ROOT)
-    except ValueError:  # another drive (Windows)
-        pass
-    if path.startswith(".."):
-        path = os.path.abspath(os.path.join(_ROOT, path))
-    return f"{path.replace(os.sep, '/')}:{code.co_firstlineno if code else 0}"
-
-
 def qualified_name(fn: Callable) -> str:
     """``module.function`` of ``fn``'s definition."""
     fn = inspect.unwrap(fn)
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-__all__ = ["NativeRule", "RuleTable", "location", "qualified_name"]
+__all__ = ["NativeRule", "RuleTable", "qualified_name"]
