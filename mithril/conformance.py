@@ -118,13 +118,15 @@ def _ops_of(model: onnx.ModelProto) -> list[str]:
     return sorted(ops)
 
 
-def _compare(name: str, expected, got, rtol: float, atol: float) -> None:
+def compare_outputs(name: str, expected, got, rtol: float, atol: float) -> None:
+    """Raise AssertionError naming output ``name`` unless ``got`` matches ``expected`` as the ONNX
+    node suite asks: same dtype and shape, exact for integers/strings/bools, else within rtol/atol."""
     if isinstance(expected, list):
         if not isinstance(got, list) or len(got) != len(expected):
             raise AssertionError(f"output {name!r}: expected a sequence of {len(expected)}, got {type(got).__name__}"
                                  f"{' of ' + str(len(got)) if isinstance(got, list) else ''}")
         for i, (e, g) in enumerate(zip(expected, got)):
-            _compare(f"{name}[{i}]", e, g, rtol, atol)
+            compare_outputs(f"{name}[{i}]", e, g, rtol, atol)
         return
     if expected is None:
         if got is not None:
@@ -159,11 +161,12 @@ def _compare(name: str, expected, got, rtol: float, atol: float) -> None:
         ) from None
 
 
-def _decode(value):
+def decode_value(value):
+    """A case's TensorProto (or a list of them) as NumPy arrays; anything else unchanged."""
     if isinstance(value, onnx.TensorProto):
         return onnx.numpy_helper.to_array(value)
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [decode_value(v) for v in value]
     return value
 
 
@@ -186,7 +189,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
         tc = node_cases()[name]
         kind, model, data_sets, rtol, atol = "node", tc.model, tc.data_sets, tc.rtol, tc.atol
     # The suite stores narrow types (float8, int4, ...) as TensorProto: decode them like any array.
-    data_sets = [([_decode(v) for v in ins], [_decode(v) for v in outs]) for ins, outs in data_sets]
+    data_sets = [([decode_value(v) for v in ins], [decode_value(v) for v in outs]) for ins, outs in data_sets]
     ops = _ops_of(model)
     start = time.perf_counter()
     use_alarm = hasattr(signal, "SIGALRM")
@@ -217,7 +220,7 @@ def run_case(name: str, backend_name: str) -> CaseResult:
                     got = out[oname]
                     got = [backend.to_numpy(x) for x in got] if isinstance(got, list) else (
                         backend.to_numpy(got) if got is not None else None)
-                    _compare(oname, exp, got, rtol, atol)
+                    compare_outputs(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
     except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError,
             KernelMissingError) as exc:

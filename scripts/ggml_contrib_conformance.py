@@ -29,7 +29,7 @@ def _child(policy: str) -> None:
     """Runs the case names read from stdin, one line each, printing ``START`` and ``DONE`` lines."""
     from ggml.contrib.onnx import GgmlRuntimeBackend
 
-    from mithril.conformance import _compare, _decode, node_cases
+    from mithril.conformance import compare_outputs, decode_value, node_cases
 
     cases = node_cases()
     for line in sys.stdin:
@@ -41,12 +41,12 @@ def _child(policy: str) -> None:
                 warnings.simplefilter("ignore")
                 rep = GgmlRuntimeBackend.prepare(tc.model, fallback_policy=policy)
                 for inputs, expected in tc.data_sets:
-                    got = rep.run([_decode(v) for v in inputs])
+                    got = rep.run([decode_value(v) for v in inputs])
                     if getattr(rep, "last_numpy_fallback_island_executions", ()):
                         raise RuntimeError("ran a NumPy fallback island")
                     outs = [o.name for o in tc.model.graph.output]
                     for oname, exp, g in zip(outs, expected, got):
-                        _compare(oname, _decode(exp), g, tc.rtol, tc.atol)
+                        compare_outputs(oname, decode_value(exp), g, tc.rtol, tc.atol)
             status, reason = "pass", ""
         except Exception as exc:  # every failure is recorded with its reason
             status, reason = "fail", f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"

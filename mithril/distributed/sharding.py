@@ -203,10 +203,10 @@ _KEEPS_SPLIT = {"Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Mul", "Add", "Sub", "
 def _tensor_parallel(plan, mesh, axis, specs, floating, replicated) -> None:
     n = mesh.axis_size(axis)
     split = set()  # values (by id) whose feature or head dim is split
-    producer = {id(o): pn for pn in plan.nodes for o in pn.outputs}
+    index = plan.index
     for pn in plan.nodes:
         ins = [v for v in pn.inputs if v is not None]
-        found = _weight(pn, producer, specs, floating)
+        found = _weight(pn, index, specs, floating)
         if found is not None:
             param, out_dim, in_dim = found
             dims = param.static_shape
@@ -247,7 +247,7 @@ def _tensor_parallel(plan, mesh, axis, specs, floating, replicated) -> None:
             split.update(id(o) for o in pn.outputs)
 
 
-def _weight(pn, producer, specs, floating):
+def _weight(pn, index, specs, floating):
     """For a MatMul/MatMulAdd/Gemm/Conv whose weight is a parameter (read directly or through a
     Transpose, Cast or Identity): ``(parameter, its output-features dim, its input-features
     dim)``; else None."""
@@ -255,7 +255,7 @@ def _weight(pn, producer, specs, floating):
         return None
     v, perm = pn.inputs[1], None
     while v.kind == "node":
-        src = producer.get(id(v))
+        src = index.producer(v)
         if src is None or src.op_type not in ("Transpose", "Cast", "Identity"):
             return None
         if src.op_type == "Transpose":

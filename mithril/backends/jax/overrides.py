@@ -32,10 +32,10 @@ def _traced(*values) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Convolution. On accelerators, XLA's own convolution. On the CPU, XLA's (Eigen) convolution is
-# 2-3x slower than onnxruntime's and catastrophic for depthwise kernels (45 ms against 0.8 ms for
-# MobileNetV2's 96-channel 112x112 layer), so the CPU path is written out:
+# several times slower than onnxruntime's, and far slower for depthwise kernels (docs/performance.md),
+# so the CPU path is written out:
 #   * depthwise: one multiply-add of a shifted slice per kernel offset, which XLA fuses into a
-#     single loop (0.3-0.7 ms on MobileNetV2's layers, onnxruntime 0.25-0.8 ms);
+#     single loop;
 #   * otherwise im2col in channel-batch-pixel order, so the patch matrix is (C*k*k, N*pixels) and the
 #     whole convolution is one plain 2-D matmul per group (no batched dot; the batch axis moves
 #     into the matmul's N dimension, transposing the small input and output, never the patches);

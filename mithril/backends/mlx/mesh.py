@@ -250,7 +250,7 @@ _UNARY_KEEP = {"Relu", "Gelu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Exp", "Neg", "
 _BINARY_KEEP = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 
 
-def _weight_param(pn, producer):
+def _weight_param(pn, index):
     """For a MatMul/MatMulAdd whose weight is a 2-D parameter (read directly or through a
     Transpose, Cast or Identity): ``(parameter, its output-features dim, its input-features
     dim)``; else None."""
@@ -258,7 +258,7 @@ def _weight_param(pn, producer):
         return None
     v, transposed = pn.inputs[1], False
     while v.kind == "node":
-        src = producer.get(id(v))
+        src = index.producer(v)
         if src is None or src.op_type not in ("Transpose", "Cast", "Identity"):
             return None
         if src.op_type == "Transpose":
@@ -292,7 +292,7 @@ def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
     axis = sharding.strategies["tensor"]
     n = group.size()
     specs = {k: tuple(s) for k, s in sharding.specs.items() if k in sharding.shapes}
-    producer = {id(o): pn for pn in plan.nodes for o in pn.outputs}
+    index = plan.index
     split: dict[int, int] = {}  # id of a value -> the dim split over the ranks
     handled: set[str] = set()
     nodes = []
@@ -330,7 +330,7 @@ def tensor_parallel_plan(plan, sharding, group, wrap, unwrap):
         return d
 
     for pn in plan.nodes:
-        found = _weight_param(pn, producer)
+        found = _weight_param(pn, index)
         spec = specs.get(found[0].name) if found else None
         if found and spec and axis in spec:
             param, out_dim, in_dim = found
