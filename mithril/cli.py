@@ -1,5 +1,5 @@
 """The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
-``conformance``, ``ops``, ``export-c``, ``launch``, ``profile``.
+``conformance``, ``ops``, ``export-c``, ``export-gguf``, ``launch``, ``profile``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
@@ -7,6 +7,7 @@
     mithril conformance --backend numpy
     mithril ops Conv
     mithril export-c model.onnx out_dir --shape input=1,3,32,32
+    mithril export-gguf model.onnx model.gguf --quantize q8_0
     mithril launch --nproc 4 train.py --epochs 3
 
 Every command exits 0 on success and non-zero otherwise (:data:`EXIT_STATUS`); an error is one
@@ -279,6 +280,21 @@ def cmd_export_c(args) -> int:
     return 0
 
 
+def cmd_export_gguf(args) -> int:
+    """Write an ONNX decoder (optimum's export with its key/value cache) as a GGUF file llama.cpp
+    runs (ml.save_gguf(..., arch=...)); exit 2 on a model or tokenizer that cannot be converted."""
+    from .backends.ggml.llama_gguf import save_llama_gguf
+
+    if not os.path.isfile(args.model):
+        raise MithrilError(f"export-gguf: no file {args.model!r}")
+    hp = save_llama_gguf(args.model, args.out, arch=args.arch, quantize=args.quantize, tokenizer=args.tokenizer,
+                         config=args.config, name=args.name, context_length=args.context_length)
+    print(f"wrote {args.out}: {hp['arch']}, {hp['n_layer']} blocks, embedding {hp['n_embd']}, {hp['n_head']} heads "
+          f"({hp['n_head_kv']} key/value), vocabulary {hp['n_vocab']}, context {hp['n_ctx']}, "
+          f"matrices {args.quantize or 'f32'} ({os.path.getsize(args.out):,} bytes)")
+    return 0
+
+
 def cmd_profile(args) -> int:
     """Time per op type and per node of one backend (:func:`mithril.profile.profile`) on random
     inputs; exit 2 on bad arguments or a model the backend cannot run."""
@@ -459,6 +475,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weights", default="auto", choices=("auto", "file", "embed"),
                    help="model.bin, embedded arrays, or auto: embedded up to 256 KiB (default)")
     e.add_argument("--name", default="model", help="the files' stem and the C API's prefix (default: model)")
+    gg = sub.add_parser("export-gguf", help="write an ONNX decoder LLM as a GGUF file llama.cpp runs",
+                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gg.add_argument("model", help="the decoder with its key/value cache (optimum's text-generation-with-past export)")
+    gg.add_argument("out", help="the GGUF file to write")
+    gg.add_argument("--arch", default="auto", choices=("auto", "gpt2", "llama", "qwen2", "phi3"),
+                    help="llama.cpp's architecture (default: from config.json's model_type, else the weights' names)")
+    gg.add_argument("--quantize", default=None, metavar="TYPE",
+                    help="the matrices' type: f32 (default), f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q6_K")
+    gg.add_argument("--tokenizer", default=None, metavar="FILE",
+                    help="a tokenizer.json (byte-level BPE; default: the one next to the model)")
+    gg.add_argument("--config", default=None, metavar="FILE",
+                    help="the Hugging Face config.json (default: the one next to the model; else read from the graph)")
+    gg.add_argument("--context-length", type=int, default=None, help="the context length to declare")
+    gg.add_argument("--name", default=None, help="general.name (default: the config's or the graph's name)")
     pr = sub.add_parser("profile", help="time per op type and per node of a model on one backend",
                         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     pr.add_argument("model")
@@ -560,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_validate(args)
         if args.command == "export-c":
             return cmd_export_c(args)
+        if args.command == "export-gguf":
+            return cmd_export_gguf(args)
         if args.command == "ops":
             return cmd_ops(args)
         if args.command == "profile":

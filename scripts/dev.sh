@@ -30,6 +30,24 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.mithril-deps-*
   touch "$stamp"
 fi
+# optimum-onnx exports Hugging Face decoders with their key/value cache (the GGUF tests,
+# scripts/optimum_export.py). Its only release needs transformers < 4.58, so it goes with its
+# transformers, tokenizers and huggingface_hub into a folder of its own that the script puts first
+# on sys.path; the environment keeps its transformers 5.
+overlay="$VENV/optimum-onnx"
+if [ ! -f "$overlay/.complete" ]; then
+  "$VENV/bin/python" -m pip install --quiet --no-deps --target "$overlay" transformers==4.57.6 tokenizers==0.22.2 \
+    huggingface_hub==0.36.2 optimum==2.1.0 optimum-onnx==0.1.0 && touch "$overlay/.complete" \
+    || echo "warning: optimum-onnx not installed; the GGUF export tests will skip" >&2
+fi
+# The long tier runs llama.cpp on the GGUF files Mithril writes: llama-cpp-python, a source build
+# (several minutes), only when the long tier is asked for.
+if [ "${MITHRIL_LONG_TESTS:-0}" = "1" ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "building llama-cpp-python (the long tier's GGUF checks)" >&2
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF" \
+    nice -n 10 "$VENV/bin/python" -m pip install --quiet --no-binary llama-cpp-python -c constraints.txt \
+    llama-cpp-python==0.3.36 || echo "warning: llama-cpp-python did not build; its GGUF tests will skip" >&2
+fi
 export PATH="$PWD/$VENV/bin:$PATH"
 
 job=${1:-demo}

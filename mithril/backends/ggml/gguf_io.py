@@ -130,7 +130,7 @@ def _io_metadata(pm) -> tuple[list, list]:
 
 @public_api(GGUFFileError, "save_gguf")  # any other failure (a value gguf cannot store...) is a GGUFFileError
 def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, name: str | None = None,
-              params: Mapping | None = None) -> None:
+              params: Mapping | None = None, arch: str | None = None, tokenizer=None, config=None) -> None:
     """Write a model's parameters to the GGUF file ``path``.
 
     ``source`` is a compiled model or a parameter dict (name -> array of any backend, or
@@ -141,6 +141,11 @@ def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, n
     A parameter dict (or a model on another backend) is written with every float matrix stored
     as ``quantize`` by rows (None: float32 as given); other tensors keep their dtype.
     ``name`` sets ``general.name`` (default: the model's graph name).
+
+    ``arch`` (``"auto"``, ``"gpt2"``, ``"llama"``, ``"qwen2"``, ``"phi3"``) writes instead a file
+    llama.cpp runs, of an ONNX decoder exported with its key/value cache (a path, a loaded or
+    compiled model), with ``tokenizer`` and ``config`` (:func:`~.llama_gguf.save_llama_gguf`;
+    docs/gguf.md).
 
     >>> import mithril as ml, models_zoo, numpy as np, tempfile, os
     >>> pm = ml.compile(models_zoo.mlp(), ml.GGMLBackend(quantize="q8_0"), shapes={"input": [1, 16]},
@@ -153,6 +158,11 @@ def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, n
     >>> bool((again == out).all())
     True
     """
+    if arch is not None:  # a llama.cpp model file, not Mithril's parameters
+        from .llama_gguf import save_llama_gguf
+
+        save_llama_gguf(source, path, arch, quantize, tokenizer=tokenizer, config=config, name=name)
+        return
     path = os.fspath(path)
     quantize = quant_name(quantize)
     inputs: list = []
