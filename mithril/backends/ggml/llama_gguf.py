@@ -485,7 +485,9 @@ def save_llama_gguf(source, path, arch: str | None = "auto", quantize: str | Non
 
     writer = gguf.GGUFWriter(path, arch)
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(name or cfg.get("_name_or_path") or proto.graph.name or f"{arch} (Mithril)")
+    exported = os.path.basename(str(cfg.get("_name_or_path") or "").rstrip("/\\"))
+    graph_name = proto.graph.name if proto.graph.name not in ("", "main_graph", "torch_jit") else None
+    writer.add_name(name or exported or graph_name or arch)
     writer.add_file_type(int(_file_type(quantize)))
     writer.add_context_length(hp["n_ctx"])
     writer.add_embedding_length(hp["n_embd"])

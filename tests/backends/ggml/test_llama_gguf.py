@@ -258,6 +258,25 @@ def test_mithril_generates_onnxruntimes_tokens_from_the_file(arch, kind, files, 
         assert np.abs(got - logits).max() < 1e-4 * max(1.0, np.abs(logits).max())
 
 
+def test_half_and_4_bit_files_run_in_their_own_type(exports, prompt, tmp_path):
+    # f16: GGMLBackend(dtype=float16) reads the file's halves; q4_0: GGMLBackend(quantize="q4_0")
+    # its blocks, as llama.cpp does. A k-quant whose rows (64) are not whole 256-blocks stays f32.
+    expected, _ = onnxruntime_greedy(exports["qwen2"] / "model.onnx", prompt, NEW)
+    for kind in ("f16", "q4_0", "q4_K"):
+        path = tmp_path / f"{kind}.gguf"
+        ml.save_gguf(str(exports["qwen2"] / "model.onnx"), path, arch="qwen2", quantize=kind)
+        types = {t.name: t.tensor_type.name.lower() for t in _reader(path).tensors}
+        assert types["blk.0.attn_q.weight"] == ("f32" if kind == "q4_K" else kind)
+        dec = ml.gguf_decoder(path, context=CONTEXT)
+        assert (dec.quantize, dec.weight_type) == {"f16": (None, "f16"), "q4_0": ("q4_0", "f32"),
+                                                   "q4_K": (None, "f32")}[kind]
+        tokens = [int(t) for t in ml.generate(compiled(dec), dec.params, prompt, NEW)]
+        if kind != "q4_0":
+            assert tokens == expected, kind
+        else:
+            assert len(tokens) == NEW
+
+
 def test_save_gguf_takes_a_loaded_or_compiled_model_and_the_cli_writes_the_same(exports, files, tmp_path):
     from mithril import cli
 
