@@ -1,4 +1,5 @@
-"""Every command the docs give for an example runs here, with exactly the documented arguments.
+"""Every command the docs give for an example runs here, with exactly the documented arguments (the
+slow ones, 15-40 s each, in the long tier).
 
 The commands are read from the docs themselves (README.md, docs/*.md, examples/**/*.py and
 examples/**/README.md): a documented command without an entry in COMMANDS below fails
@@ -44,7 +45,7 @@ class Expect:
     prints: list[str]  # regular expressions the standard output must match
     keeps: set[str] = field(default_factory=set)  # files the command's own arguments ask to write in the cwd
     needs: tuple[str, ...] = ()  # modules the example imports beyond the core dependencies
-    slow: bool = False  # over ~10 s on an idle 2-core machine
+    slow: bool = False  # 15-40 s on a 2-core machine: the long tier runs it
 
 
 COMMANDS = {
@@ -120,7 +121,12 @@ def test_every_example_script_has_a_documented_command():
     assert scripts == {shlex.split(c)[1] for c in COMMANDS}
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow] if e.slow else [])
+_LONG_EXAMPLE = pytest.mark.long(reason="a documented command of 15-40 s; the fast tier runs the quick ones, "
+                                         "onnx_backbone.py in test_failed_check_exits_with_its_reason, and "
+                                         "tests/distributed and tests/frontend/test_training.py what the others do")
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.slow, _LONG_EXAMPLE] if e.slow else [])
                                      for c, e in COMMANDS.items()])
 def test_documented_command_runs(command, tmp_path):
     expect = COMMANDS[command]
