@@ -135,7 +135,7 @@ def llama_cpp_speed(path, prompt, new: int, threads: int, context: int) -> tuple
 
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=context, n_batch=context, n_threads=threads,
                           n_threads_batch=threads, type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-                          verbose=False)
+                          logits_all=True, verbose=False)  # llama-cpp-python keeps scores only with logits_all
     llm.eval(list(prompt))
     out = []
     start = time.perf_counter()

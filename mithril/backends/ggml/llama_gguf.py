@@ -358,7 +358,7 @@ def _byte_level(node) -> bool:
 
 
 def _gpt2_regex(pre) -> bool:
-    """A lone ByteLevel pre-tokenizer with its regex: GPT-2's split, llama.cpp's pre type 'gpt2'."""
+    """A lone ByteLevel pre-tokenizer with its regex: GPT-2's split, llama.cpp's pre type 'gpt-2'."""
     if isinstance(pre, Mapping) and pre.get("type") == "Sequence" and len(pre.get("pretokenizers", [])) == 1:
         pre = pre["pretokenizers"][0]
     return isinstance(pre, Mapping) and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
@@ -418,11 +418,29 @@ def _read_vocab(tokenizer, folder, n_vocab: int, config: dict) -> _Vocab:
     post = spec.get("post_processor") or {}
     add_bos = post.get("type") == "TemplateProcessing" and bos is not None and any(
         (s.get("SpecialToken") or {}).get("id") == by_id.get(bos) for s in post.get("single", [])[:1])
-    return _Vocab(tokens, types, merges, "gpt2" if _gpt2_regex(spec.get("pre_tokenizer")) else "default", bos, eos,
+    return _Vocab(tokens, types, merges, "gpt-2" if _gpt2_regex(spec.get("pre_tokenizer")) else "default", bos, eos,
                   add_bos)
 
 
 # -- writing ---------------------------------------------------------------------------------------
+
+
+# llama.cpp sets attributes of these tokens in any model whose general.name contains "phi3" or
+# "phi-3" (llama-vocab.cpp), and fails to load one whose vocabulary lacks one of them
+_PHI3_NAMED_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def _model_name(name: str | None, cfg: dict, proto, vocab: _Vocab) -> str:
+    """general.name: ``name``, else the model's folder as the config names it, else the graph's."""
+    if name is None:
+        exported = os.path.basename(str(cfg.get("_name_or_path") or "").rstrip("/\\"))
+        graph_name = proto.graph.name if proto.graph.name not in ("", "main_graph", "torch_jit") else None
+        name = exported or graph_name or "mithril export"
+    missing = [t for t in _PHI3_NAMED_TOKENS if t not in vocab.tokens]
+    if ("phi3" in name.lower() or "phi-3" in name.lower()) and missing:
+        raise MithrilError(f"save_gguf: llama.cpp treats a model named {name!r} as Phi-3's and looks up the tokens "
+                           f"{missing}, which this tokenizer lacks (it would not load); pass another name=")
+    return name
 
 
 def _file_type(quantize: str | None):
@@ -485,9 +503,7 @@ def save_llama_gguf(source, path, arch: str | None = "auto", quantize: str | Non
 
     writer = gguf.GGUFWriter(path, arch)
     writer.add_type(gguf.GGUFType.MODEL)
-    exported = os.path.basename(str(cfg.get("_name_or_path") or "").rstrip("/\\"))
-    graph_name = proto.graph.name if proto.graph.name not in ("", "main_graph", "torch_jit") else None
-    writer.add_name(name or exported or graph_name or arch)
+    writer.add_name(_model_name(name, cfg, proto, vocab))
     writer.add_file_type(int(_file_type(quantize)))
     writer.add_context_length(hp["n_ctx"])
     writer.add_embedding_length(hp["n_embd"])

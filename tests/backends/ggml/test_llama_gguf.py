@@ -167,7 +167,7 @@ def test_metadata_and_tensors_are_llama_cpps(arch, files, exports, tokenizer):
         # the tokenizer: every id of the embedding named, the trained merges, GPT-2's pre-tokenizer
         tokens = _field(r, "tokenizer.ggml.tokens")
         assert len(tokens) == config["vocab_size"] and _field(r, "tokenizer.ggml.model") == "gpt2"
-        assert _field(r, "tokenizer.ggml.pre") == "gpt2"
+        assert _field(r, "tokenizer.ggml.pre") == "gpt-2"
         vocab = tokenizer.get_vocab()
         assert all(tokens[i] == t for t, i in vocab.items())
         assert tokens[-1] == f"[PAD{config['vocab_size'] - 1}]"
@@ -329,7 +329,7 @@ def llama_cpp_greedy(path, prompt, new, threads=1) -> list[int]:
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=threads, seed=0,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False,
-                          verbose=False)
+                          logits_all=True, verbose=False)  # scores are kept only with logits_all
     tokens = []
     llm.eval(list(prompt))
     for _ in range(new):
