@@ -11,6 +11,8 @@
     python scripts/bench.py --mesh                 # only the device-mesh section (JAX strategies on host devices)
     python scripts/bench.py --peers [--write ...]  # every backend beside onnxruntime and its framework's peer, with
                                                    # resident memory (scripts/bench_peers.py; arguments pass through)
+    python scripts/bench.py --load-memory [...]    # peak RSS and load time of a 2.5 GB MLP with external data on
+                                                   # GGML, NumPy and onnxruntime (scripts/bench_load.py)
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
@@ -1547,6 +1549,10 @@ def main(argv=None) -> int:
         import bench_peers
 
         return bench_peers.main(argv[1:])
+    if argv[:1] == ["--load-memory"]:  # its own options: scripts/bench_load.py --help
+        import bench_load
+
+        return bench_load.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma list from {', '.join(MODELS)}")

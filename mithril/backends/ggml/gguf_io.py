@@ -74,24 +74,27 @@ def _stored_tensors(pm, params: Mapping | None) -> dict:
     """name -> QuantizedTensor (as the program stores it) or float32 array (in its own shape) of
     a GGML-compiled model; parameters no ggml graph reads come from ``params`` or the model."""
     program = pm.program
+    own = None
     if params is not None:
         pm.check_params(params)
         program._refresh_weights(dict(params))
+    elif any(w.value.kind == "param" and (w.source is None or w.source() is None) for w in program._weights.values()):
+        # Not run yet: the model's own weights, converted now (an evaluate(None) then finds them
+        # converted); ``own`` keeps their arrays alive while the bytes are written.
+        own = pm.get_parameters()
+        program._refresh_weights(own, keep_loaded=True)
     stored: dict[str, Any] = {}
     for w in program._weights.values():
         v = w.value
         if v.kind != "param" or (v.name in stored and w.type_name == "f32"):
             continue
-        if w.source is None:
-            raise MithrilError(f"save_gguf: the weights of this model are not loaded yet; evaluate it once or pass "
-                               f"params= (parameter {v.name!r})")
         if w.type_name == "f32":
             stored[v.name] = restore(program.weight_buffer(w), w.layout, "f32", v.static_shape)
         else:
             stored[v.name] = QuantizedTensor(w.type_name, w.layout, v.static_shape, program.weight_buffer(w))
     rest = [k for k in pm.parameter_keys if k not in stored]
     if rest:
-        source = dict(params) if params is not None else pm.get_parameters()
+        source = dict(params) if params is not None else own if own is not None else pm.get_parameters()
         missing = [k for k in rest if k not in source]
         if missing:
             raise MithrilError(f"save_gguf: parameter(s) {missing[:8]} are read on NumPy, not by a ggml graph, and "
@@ -137,7 +140,8 @@ def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, n
     :class:`QuantizedTensor`). A model compiled on ``GGMLBackend`` writes its weights exactly as
     the backend stores them (its ``quantize``/``dtype``, transposed matmul operands, rows padded
     to whole blocks): :func:`load_gguf` then gives tensors GGMLBackend uses without converting
-    them again. ``params`` gives the values to write (default: those of its last ``evaluate``).
+    them again. ``params`` gives the values to write (default: those of its last ``evaluate``,
+    or the model's own when it has not run yet).
     A parameter dict (or a model on another backend) is written with every float matrix stored
     as ``quantize`` by rows (None: float32 as given); other tensors keep their dtype.
     ``name`` sets ``general.name`` (default: the model's graph name).

@@ -215,6 +215,10 @@ class _Weight:
     type_name: str
     tensors: list = field(default_factory=list)
     source: Any = None  # weakref to the array the buffer was made from
+    # The memory that array viewed: (weakref to the array owning it, address, shape, strides,
+    # dtype). Another view of the same memory (get_parameters() makes new views at each call) is
+    # the same weight while the owner lives: it is not converted again.
+    origin: tuple | None = None
     buffer: np.ndarray | None = None
     shape: tuple = ()  # the logical (NumPy-order) shape of the tensor ggml sees
     report: Any = None  # quantize.QuantizedWeight: bytes and error of a weight not stored as float32
@@ -244,7 +248,7 @@ class GGMLProgram(SegmentedProgram):
         ggml = _ggml()
         self.plan = plan
         self.num_threads = num_threads
-        self.format = WeightFormat(weight_type, quantize)
+        self.format = WeightFormat(weight_type, quantize, threads=num_threads or _default_threads())
         self.steps = steps
         self.fallback = [s for s in self.steps if not isinstance(s, Segment)]
         self.segments = [s for s in self.steps if isinstance(s, Segment)]
@@ -483,9 +487,14 @@ class GGMLProgram(SegmentedProgram):
     def _load(self, w: _Weight, array) -> None:
         """(Re)makes ``w``'s buffer from ``array`` and points its tensors at it. A
         :class:`~.quantize.QuantizedTensor` of ``w``'s type and layout lends its bytes as they are;
-        another is dequantized and converted. A weight stored in a type other than float32 gets
-        its report row (bytes, error against the float32 values)."""
-        from .quantize import QuantizedTensor, QuantizedWeight, measure
+        another is dequantized and converted. A float32 array ggml reads as it is (no transpose
+        or padding) is the buffer itself: a memory-mapped weight (ONNX external data) stays in
+        the file's pages. A converted copy (transposed, half precision, quantized) replaces the
+        original: the pages of a memory-mapped one are handed back once it is made, so each
+        weight is resident once. A weight stored in a type other than float32 gets its report
+        row (bytes, error against the float32 values), measured as it is converted."""
+        from ..host_memory import release_mapped_pages
+        from .quantize import QuantizedTensor, QuantizedWeight
 
         shape = w.value.static_shape
         if isinstance(array, QuantizedTensor) and (array.type_name, array.layout) == (w.type_name, w.layout) \
@@ -495,11 +504,11 @@ class GGMLProgram(SegmentedProgram):
                                        4 * prod(array.shape), None, None)
         else:
             dense = array.dequantize() if isinstance(array, QuantizedTensor) else array
-            w.buffer, w.shape = self.format.convert(dense, w.layout, w.type_name, shape)
-            w.report = None
-            if dense is not None and w.type_name != "f32":
-                w.report = measure(w.value.name, dense, w.buffer, w.layout, w.type_name)
-        w.source = None
+            w.buffer, w.shape, w.report = self.format.convert_measured(w.value.name, dense, w.layout, w.type_name,
+                                                                       shape)
+            if isinstance(dense, np.ndarray) and not np.may_share_memory(w.buffer, dense):
+                release_mapped_pages(dense)
+        w.source, w.origin = None, _origin(array)
         if array is not None:
             try:
                 w.source = weakref.ref(array)
@@ -591,8 +600,10 @@ class GGMLProgram(SegmentedProgram):
         self._refresh_weights(params)
         return env
 
-    def _refresh_weights(self, params: dict) -> None:
-        """Re-reads a parameter whose array is not the one its buffer was made from."""
+    def _refresh_weights(self, params: dict, keep_loaded: bool = False) -> None:
+        """Re-reads a parameter whose array is not the one its buffer was made from (nor another
+        view of the same memory, whose owner is alive: see :attr:`_Weight.origin`); with
+        ``keep_loaded``, only those not loaded yet (a weight from other memory stays as it is)."""
         for w in self._weights.values():
             if w.value.kind != "param":
                 continue
@@ -602,6 +613,12 @@ class GGMLProgram(SegmentedProgram):
                     raise MithrilError(f"GGMLBackend: parameter {w.value.name!r} was not given")
                 continue
             if w.source is not None and w.source() is array:
+                continue
+            if w.origin is not None and _same_memory(w.origin, array):
+                if w.source() is None:  # a live view to make the plain bytes from (weight_buffer)
+                    w.source = weakref.ref(array)
+                continue
+            if keep_loaded and w.source is not None:
                 continue
             self._check(w.value, array)
             self._load(w, array)
@@ -671,6 +688,28 @@ class GGMLProgram(SegmentedProgram):
             # A bool back from float32 0/1; an integer from its exact float32 (or int32) value.
             env[v] = out != 0 if v.dtype == BOOL else out.astype(v.dtype)
         del keep
+
+
+def _origin(array) -> tuple | None:
+    """What :attr:`_Weight.origin` records of ``array``: None unless it is a NumPy array whose
+    owner is read-only (the model's own weights, get_parameters()' views, a memory map), whose
+    bytes cannot have changed since."""
+    if not isinstance(array, np.ndarray):
+        return None
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if owner.flags.writeable:
+        return None
+    return (weakref.ref(owner), array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str)
+
+
+def _same_memory(origin: tuple, array) -> bool:
+    """Whether ``array`` views the memory ``origin`` was recorded from, as it was (its owner alive)."""
+    if origin[0]() is None:
+        return False
+    other = _origin(array)
+    return other is not None and other[1:] == origin[1:]
 
 
 def _default_threads() -> int:
