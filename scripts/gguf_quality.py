@@ -201,6 +201,7 @@ def main(argv=None) -> int:
             row["same_tokens"] = [int(t) for t in ids] == theirs
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
+    args.load = os.getloadavg()[0]  # other work on the machine, said beside the timings
     table = render(rows, args, trained, have_llama, len(target))
     print(table)
     if args.write:
@@ -218,8 +219,10 @@ def render(rows, args, trained, have_llama, n_scored) -> str:
              f"{args.steps} steps (loss {trained['first_loss']:.2f} -> {trained['last_loss']:.2f}) on a text from a "
              f"seeded grammar and exported by optimum-onnx; scored on {n_scored} tokens of held-out text of the same "
              f"grammar, in chunks of {args.context}. KLD: the mean KL divergence of each position's next-token "
-             f"distribution from float32's; same top: how often its most likely token is float32's. The matrices "
-             f"are in the type named; norms stay float32.", "",
+             f"distribution from float32's; same top: how often its most likely token is float32's (the grammar "
+             f"picks words uniformly, so many positions are near ties that any rounding flips). The matrices are in "
+             f"the type named; norms stay float32. PPL (llama.cpp): llama.cpp's perplexity of the same file on the "
+             f"same chunks.", "",
              "| type | file bytes | of f32 | PPL (Mithril) | ΔPPL | KLD | same top |"
              + (" PPL (llama.cpp) |" if have_llama else ""),
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if have_llama else "")]
@@ -230,7 +233,9 @@ def render(rows, args, trained, have_llama, n_scored) -> str:
     lines += ["", f"Generation, {args.new} new tokens after the prompt \"{PROMPT}\", greedy, the same file "
               f"and {args.threads} thread{'s' if args.threads > 1 else ''} (tokens/s: each step that yields a "
               "token, its logits read back; llama.cpp through llama-cpp-python with a float32 key/value cache, as "
-              "Mithril's):", ""]
+              f"Mithril's; load average {args.load:.1f} on the machine at the end of the run). The model is small (a "
+              "step reads about 10 MB of float32 weights): most of a step's time is per-step overhead, Python's "
+              "`evaluate` and the arrays it passes in Mithril, where llama.cpp's loop is one C call.", ""]
     if have_llama:
         lines += ["| type | Mithril GGML tokens/s | llama.cpp tokens/s | same tokens |", "| --- | ---: | ---: | --- |"]
         for r in rows:
