@@ -40,6 +40,17 @@ if [ ! -f "$overlay/.complete" ]; then
     huggingface_hub==0.36.2 optimum==2.1.0 optimum-onnx==0.1.0 && touch "$overlay/.complete" \
     || echo "warning: optimum-onnx not installed; the GGUF export tests will skip" >&2
 fi
+# timm and Ultralytics export the vision models the GGML robustness tests run
+# (scripts/vision_export.py). They need torchvision, whose only wheel for this torch is a CUDA
+# build that cannot load its ops with the CPU torch (importing it fails): so all three go, without
+# dependencies, with the few of theirs the environment lacks, into a folder of their own that only
+# the script puts on sys.path (it declares the two ops torchvision's Python code needs).
+overlay="$VENV/vision"
+if [ ! -f "$overlay/.complete" ]; then
+  "$VENV/bin/python" -m pip install --quiet --no-deps --target "$overlay" timm==1.0.31 torchvision==0.28.0 \
+    ultralytics==8.4.190 ultralytics-thop==2.2.3 opencv-python-headless==5.1.0.95 psutil==7.2.2 \
+    && touch "$overlay/.complete" || echo "warning: timm/ultralytics not installed; their export tests will skip" >&2
+fi
 # The long tier runs llama.cpp on the GGUF files Mithril writes: llama-cpp-python, a source build
 # (several minutes), only when the long tier is asked for.
 if [ "${MITHRIL_LONG_TESTS:-0}" = "1" ] && ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then

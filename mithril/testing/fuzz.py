@@ -1,4 +1,6 @@
-"""A structure-aware fuzzer for load + compile + evaluate on the NumPy backend.
+"""A structure-aware fuzzer for load + compile + evaluate on the NumPy backend, or on GGMLBackend
+(``backend="ggml"``: the cases also draw the ops of :data:`GGML_OPS`, which stress what ggml
+asserts on; a worker killed by a signal, a ggml abort, is a ``crash``).
 
 Cases come from hypothesis strategies (hypothesis is in the ``test`` extra):
 
@@ -592,9 +594,160 @@ OPS = {
 }
 
 
-def _strategies():
-    """The hypothesis strategies, built on first use (hypothesis is a test-only dependency)."""
+def _widen(draw, st, b, v) -> Value:
+    """``v`` (N, C, H, W) with C multiplied by 1 to 6 through a 1x1 Conv: grouped convolutions get
+    many groups (ggml builds each group as its own convolution)."""
+    n, c, h, w = v.shape
+    r = draw(st.integers(1, 6))
+    if r == 1:
+        return v
+    return b.node("Conv", [v.name, b.floats([c * r, c, 1, 1], v.dtype)], [n, c * r, h, w], v.dtype,
+                  kernel_shape=[1, 1])
+
+
+def op_conv_wide(draw, st, b, v):
+    """A Conv with a kernel up to the padded input (and, one time in six, past it: onnxruntime
+    and Mithril refuse that node, ggml's im2col asserts on it), grouped (depthwise, with a
+    channel multiplier, or by a divisor), strided, dilated, or padded by auto_pad."""
+    if len(v.shape) != 4 or v.dtype != F32:
+        return None
+    v = _widen(draw, st, b, v)
+    n, c, h, w = v.shape
+    group = draw(st.sampled_from(sorted({g for g in (1, 2, 3, c) if c % g == 0})))
+    m = group * draw(st.integers(1, 3))
+    strides = [draw(st.integers(1, 3)) for _ in range(2)]
+    dil = [draw(st.integers(1, 2)) for _ in range(2)]
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    over = draw(st.integers(0, 5)) == 0
+    k = []
+    for i, x in enumerate((h, w)):
+        room = (x + pads[i] + pads[i + 2] - 1) // dil[i] + 1  # the largest kernel that fits
+        k.append(room + draw(st.integers(1, 2)) if over else draw(st.integers(1, max(room, 1))))
+    attrs = dict(group=group, kernel_shape=k, strides=strides, dilations=dil)
+    if draw(st.integers(0, 4)) == 0:
+        attrs["auto_pad"] = draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+        if attrs["auto_pad"] == "VALID":
+            pads = [0, 0, 0, 0]
+        else:
+            attrs["dilations"] = dil = [1, 1]
+    else:
+        attrs["pads"] = pads
+    if attrs.get("auto_pad", "").startswith("SAME"):
+        out = [-(-x // s) for x, s in zip((h, w), strides)]
+    else:
+        out = [max(_pool_dim(x, k[i], strides[i], pads[i], pads[i + 2], dil[i]), 1) for i, x in enumerate((h, w))]
+    inputs = [v.name, b.floats([m, c // group, *k], v.dtype)]
+    if draw(st.booleans()):
+        inputs.append(b.floats([m], v.dtype))
+    return b.node("Conv", inputs, [n, m, *out], v.dtype, **attrs)
+
+
+def op_pool_wide(draw, st, b, v):
+    """MaxPool / AveragePool / LpPool with windows up to the padded input, strides past the
+    window, ceil_mode. (Not past the padded input: onnxruntime computes such a pool, its output
+    size by C's truncating division, where the ONNX formula gives none.)"""
+    if len(v.shape) != 4 or v.dtype != F32:
+        return None
+    n, c, h, w = v.shape
+    op = draw(st.sampled_from(["MaxPool", "AveragePool", "LpPool"]))
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    k = [draw(st.integers(1, x + pads[i] + pads[i + 2])) for i, x in enumerate((h, w))]
+    pads = [min(p, k[i % 2] - 1) for i, p in enumerate(pads)]  # onnxruntime: each pad smaller than the window
+    strides = [draw(st.integers(1, 4)) for _ in range(2)]
+    attrs = dict(kernel_shape=k, strides=strides, pads=pads)
+    ceil = 0
+    if op != "LpPool":
+        ceil = attrs["ceil_mode"] = draw(st.integers(0, 1))
+    else:
+        attrs["p"] = draw(st.sampled_from([1, 2, 3]))
+    out = []
+    for i, x in enumerate((h, w)):
+        o = _pool_dim(x, k[i], strides[i], pads[i], pads[i + 2], 1, bool(ceil))
+        if ceil and (o - 1) * strides[i] >= x + pads[i]:
+            o -= 1
+        out.append(max(o, 1))
+    return b.node(op, [v.name], [n, c, *out], v.dtype, **attrs)
+
+
+def op_recurrent(draw, st, b, v):
+    """RNN, GRU or LSTM over ``v`` read as (seq, batch, input), forward, reverse or bidirectional
+    (ggml unrolls each step: many tensors for one node)."""
+    if len(v.shape) != 3 or v.dtype != F32:
+        return None
+    op = draw(st.sampled_from(["RNN", "GRU", "LSTM"]))
+    s_, bsz, i = v.shape
+    h = draw(st.integers(1, 4))
+    direction = draw(st.sampled_from(["forward", "reverse", "bidirectional"]))
+    d = 2 if direction == "bidirectional" else 1
+    g = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    inputs = [v.name, b.floats([d, g * h, i], v.dtype), b.floats([d, g * h, h], v.dtype)]
+    if draw(st.booleans()):
+        inputs.append(b.floats([d, 2 * g * h], v.dtype))
+    y = b.node(op, inputs, [s_, d, bsz, h], v.dtype, hidden_size=h, direction=direction)
+    return b.node("Reshape", [y.name, b.ints([s_, d * bsz, h])], [s_, d * bsz, h], v.dtype)
+
+
+def op_arg_gather(draw, st, b, v):
+    """ArgMax along one axis, its indices reading rows of another value along an axis of
+    another length (onnxruntime fails at run time on an index past it; ggml would read past
+    its table and assert)."""
+    if v.dtype != F32 or not v.shape:
+        return None
+    rank = len(v.shape)
+    axis = draw(st.integers(0, rank - 1))
+    keep = [d for i, d in enumerate(v.shape) if i != axis]
+    if not keep or len(keep) > 2:
+        return None
+    idx = b.node("ArgMax", [v.name], keep, np.int64, axis=axis, keepdims=0)
+    rows = max(1, v.shape[axis] + draw(st.integers(-2, 2)))
+    table = b.floats([rows, 3], v.dtype)
+    return b.node("Gather", [table, idx.name], keep + [3], v.dtype, axis=0)
+
+
+def op_nan_topk(draw, st, b, v):
+    """TopK of values with NaN and inf in them, its indices gathering ``v`` (ggml's TopK counts
+    ranks by comparisons NaN makes false)."""
+    if v.dtype != F32 or not v.shape:
+        return None
+    special = b.rng.choice(np.array([np.nan, np.inf, -np.inf, 1.0, 1.0], np.float32), size=v.shape)
+    x = b.node("Mul", [v.name, b.const(special)], v.shape, v.dtype)
+    axis = len(v.shape) - 1
+    k = draw(st.integers(1, v.shape[axis]))
+    shape = list(v.shape[:-1]) + [k]
+    b.node("TopK", [x.name, b.ints([k])], shape, v.dtype, n_outputs=2, axis=axis)
+    indices = b.nodes[-1].output[1]
+    return b.node("GatherElements", [v.name, indices], shape, v.dtype, axis=axis)
+
+
+def op_norm_eps(draw, st, b, v):
+    """LayerNormalization or InstanceNormalization with a negative epsilon (ggml's norms assert
+    epsilon >= 0; onnxruntime takes it). Not 0 or tiny: the normalized value of a row of equal
+    values is then 0 / 0, or rounding noise over nothing, which correct kernels disagree on."""
+    if v.dtype != F32 or len(v.shape) < 2 or b.opset < 17:
+        return None
+    eps = draw(st.sampled_from([-1e-5, -1e-3, 1e-5]))
+    if draw(st.booleans()) and len(v.shape) >= 3:
+        c = v.shape[1]
+        return b.node("InstanceNormalization", [v.name, b.floats([c], v.dtype), b.floats([c], v.dtype)], v.shape,
+                      v.dtype, epsilon=eps)
+    return b.node("LayerNormalization", [v.name, b.floats(v.shape[-1:], v.dtype)], v.shape, v.dtype, axis=-1,
+                  epsilon=eps)
+
+
+# Ops the GGML target draws besides :data:`OPS`: the shapes and values ggml's assertions are about.
+GGML_OPS = {
+    "conv_wide": op_conv_wide, "pool_wide": op_pool_wide, "recurrent": op_recurrent,
+    "arg_gather": op_arg_gather, "nan_topk": op_nan_topk, "norm_eps": op_norm_eps,
+}
+BACKENDS = ("numpy", "ggml")
+
+
+def _strategies(ops: dict | None = None):
+    """The hypothesis strategies, built on first use (hypothesis is a test-only dependency);
+    ``ops``: the op table valid graphs draw from (default :data:`OPS`)."""
     from hypothesis import strategies as st
+
+    ops = OPS if ops is None else ops
 
     @st.composite
     def valid_models(draw):
@@ -609,8 +762,8 @@ def _strategies():
         for _ in range(int(b.rng.integers(1, 7))):
             if not v.shape:  # a scalar ends the chain: most ops in the table want an axis
                 break
-            op = str(b.rng.choice(sorted(OPS)))
-            produced = OPS[op](draw, st, b, v)
+            op = str(b.rng.choice(sorted(ops)))
+            produced = ops[op](draw, st, b, v)
             if produced is not None and math.prod(produced.shape) <= 4096 and len(produced.shape) <= 4:
                 v = produced
             elif produced is not None:
@@ -859,20 +1012,20 @@ MUTATIONS = {
 GENERATION_ERRORS: list[str] = []
 
 
-def generate_cases(n: int, seed: int, kinds=KINDS, batch: int = 50) -> list[tuple[str, bytes]]:
+def generate_cases(n: int, seed: int, kinds=KINDS, batch: int = 50, backend: str = "numpy") -> list[tuple[str, bytes]]:
     """``n`` cases (kind, serialized model), drawn deterministically from ``seed``, the kinds
-    interleaved (valid, field, bytes, valid, ...)."""
-    return list(iter_cases(n, seed, kinds, batch))
+    interleaved (valid, field, bytes, valid, ...); ``backend="ggml"`` adds :data:`GGML_OPS`."""
+    return list(iter_cases(n, seed, kinds, batch, backend))
 
 
-def iter_cases(n: int, seed: int, kinds=KINDS, batch: int = 50):
+def iter_cases(n: int, seed: int, kinds=KINDS, batch: int = 50, backend: str = "numpy"):
     """The same cases as :func:`generate_cases`, drawn batch by batch (no list of them all)."""
     import warnings
 
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    strategies = _strategies()
+    strategies = _strategies({**OPS, **GGML_OPS} if backend == "ggml" else OPS)
     made = 0
     round_ = 0
     while made < n:
@@ -916,10 +1069,24 @@ def _signature(exc: BaseException) -> str:
     return f"{type(exc).__name__} at {where}"
 
 
-def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
-    """Load, compile and evaluate one model on NumpyBackend; compare with onnxruntime when both
-    run it. ``phase``, a shared int, says whether Mithril (1) or onnxruntime (2) is running, so a
-    crash or hang can be blamed on the right one."""
+def _backend(name: str):
+    import mithril as ml
+
+    if name == "ggml":
+        return ml.GGMLBackend(num_threads=1)  # one thread per worker: the pool's workers are the parallelism
+    return ml.NumpyBackend()
+
+
+# A GGML fallback warning's reason when the backstop (mithril.backends.ggml.guard), not a rule's
+# check, moved a node to NumPy: the check it reveals missing.
+BACKSTOP = "ggml would abort on"
+
+
+def run_case(data: bytes, phase=None, compare: bool = True, backend: str = "numpy") -> dict:
+    """Load, compile and evaluate one model on ``backend`` (``"numpy"``, ``"ggml"``); compare with
+    onnxruntime when both run it. ``phase``, a shared int, says whether Mithril (1) or
+    onnxruntime (2) is running, so a crash or hang can be blamed on the right one. On GGML a node
+    the backstop moved to NumPy is reported as ``backstop`` (the warning's text)."""
     import warnings
 
     import mithril as ml
@@ -928,17 +1095,19 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
     if phase is not None:
         phase.value = 1
     inputs = None
+    backstop = None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             model = ml.load_onnx(data)
             shapes = _drawn_shapes(model)
             _check_input_sizes(model, shapes)
             inputs = random_inputs(model, shapes, seed=0)
-            backend = ml.NumpyBackend()
-            pm = ml.compile(model, backend, shapes={k: v.shape for k, v in inputs.items()})
+            runner = _backend(backend)
+            pm = ml.compile(model, runner, shapes={k: v.shape for k, v in inputs.items()})
             out = pm.evaluate(None, inputs)
-            got = {k: np.asarray(backend.to_numpy(v)) for k, v in out.items()}
+            got = {k: np.asarray(runner.to_numpy(v)) for k, v in out.items()}
+        backstop = next((str(w.message) for w in caught if BACKSTOP in str(w.message)), None)
     except MithrilError as exc:
         cause = _internal_cause(exc)
         if cause is not None:  # an internal failure the public boundary wrapped: still a bug
@@ -958,6 +1127,8 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
         return {"outcome": "exception", "signature": _signature(exc), "message": f"{type(exc).__name__}: {exc}"[:500],
                 "traceback": traceback.format_exc()[-3000:]}
     result = {"outcome": "ok", "compared": False}
+    if backstop is not None:
+        result["backstop"] = backstop[:500]
     if not compare:
         return result
     if _has_nonfinite_constants(model):
@@ -999,7 +1170,7 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
         # near-tie, Floor): not a kernel bug.
         if phase is not None:
             phase.value = 2  # the per-node check runs onnxruntime too
-        where = _first_divergence(model, inputs)
+        where = _first_divergence(model, inputs, backend)
         if phase is not None:
             phase.value = 1
         if where is not None and not where.local_error:
@@ -1012,16 +1183,15 @@ def run_case(data: bytes, phase=None, compare: bool = True) -> dict:
     return result
 
 
-def _first_divergence(model, inputs):
+def _first_divergence(model, inputs, backend: str = "numpy"):
     import warnings
 
-    import mithril as ml
     from mithril.validate import first_divergent_node
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return first_divergent_node(model, ml.NumpyBackend(), inputs)
+            return first_divergent_node(model, _backend(backend), inputs)
     except Exception:  # noqa: BLE001 - the per-node check is best effort
         return None
 
@@ -1156,7 +1326,7 @@ def _worker_main(conn, phase, log_path: str, memory_limit: int | None):
             return
         if msg is None:
             return
-        index, data, compare = msg
+        index, data, compare, backend = msg
         print(f"case {index}", file=log)
         if data == SELF_TEST_HANG:
             phase.value = 1
@@ -1166,7 +1336,7 @@ def _worker_main(conn, phase, log_path: str, memory_limit: int | None):
             phase.value = 1
             os.abort()
         try:
-            result = run_case(data, phase, compare)
+            result = run_case(data, phase, compare, backend)
         except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError inside the comparison
             result = {"outcome": "exception", "signature": _signature(exc), "message": repr(exc)[:500]}
         conn.send((index, result))
@@ -1186,6 +1356,7 @@ class BugRecord:
 class FuzzStats:
     seed: int
     workers: int
+    backend: str = "numpy"
     started: float = field(default_factory=time.time)
     elapsed: float = 0.0
     cases: int = 0
@@ -1201,6 +1372,10 @@ class FuzzStats:
     not_compared: Counter = field(default_factory=Counter)
     # Refusals of models onnxruntime ran, by error class and op: gaps to look at.
     refused_reference_ran: Counter = field(default_factory=Counter)
+    # GGML: nodes the backstop moved to NumPy (a rule's check let them through), by reason, and
+    # for each reason the first case's warning and model file.
+    backstops: Counter = field(default_factory=Counter)
+    backstop_examples: dict = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -1208,6 +1383,11 @@ class FuzzStats:
 
     def bug_count(self) -> int:
         return sum(self.outcomes[o] for o in BUG_OUTCOMES)
+
+    @property
+    def aborts(self) -> int:
+        """Cases whose worker died (a signal: ggml's GGML_ASSERT is SIGABRT) while Mithril ran."""
+        return self.outcomes["crash"]
 
 
 class _Worker:
@@ -1237,8 +1417,10 @@ class _Worker:
 
 def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10.0, kinds=KINDS,
              failure_dir: str | os.PathLike | None = None, progress=None, progress_every: float = 30.0,
-             compare: bool = True, memory_limit: int | None = 3 << 30, source=None) -> FuzzStats:
+             compare: bool = True, memory_limit: int | None = 3 << 30, source=None,
+             backend: str = "numpy") -> FuzzStats:
     """Run ``cases`` generated cases on a pool of ``workers`` processes; return the counts.
+    ``backend``: ``"numpy"`` or ``"ggml"`` (see the module docstring).
 
     A case running longer than ``time_limit`` seconds is a hang: its worker is killed and
     replaced. A worker that dies is a crash, and is replaced. ``failure_dir`` receives the model
@@ -1249,11 +1431,13 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
     failure_dir = Path(failure_dir or f"/tmp/mithril-fuzz-{seed}")
     failure_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    stats = FuzzStats(seed=seed, workers=workers)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    stats = FuzzStats(seed=seed, workers=workers, backend=backend)
     for kind in KINDS:
         stats.by_kind[kind] = Counter()
     pool = [_Worker(ctx, failure_dir, i, memory_limit) for i in range(workers)]
-    source = iter(source) if source is not None else iter_cases(cases, seed, kinds)
+    source = iter(source) if source is not None else iter_cases(cases, seed, kinds, backend=backend)
     exhausted = False
     last_progress = time.time()
     index = 0
@@ -1269,6 +1453,13 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
             stats.reference_refused += 1
         if "not_compared" in result:
             stats.not_compared[result["not_compared"]] += 1
+        if "backstop" in result:
+            reason = _backstop_reason(result["backstop"])
+            stats.backstops[reason] += 1
+            if reason not in stats.backstop_examples:
+                example = failure_dir / f"backstop-{hashlib.sha1(reason.encode()).hexdigest()[:10]}.onnx"
+                example.write_bytes(data)
+                stats.backstop_examples[reason] = (result["backstop"], str(example))
         if outcome == "refused":
             stats.refusals[result["error"]] += 1
             if "reference_ran" in result:
@@ -1295,7 +1486,7 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
                         break
                     kind, data = nxt
                     w.case = (index, kind, data, time.time())
-                    w.conn.send((index, data, compare))
+                    w.conn.send((index, data, compare, backend))
                     index += 1
             busy = [w for w in pool if w.case is not None]
             if not busy:
@@ -1348,6 +1539,14 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
     if progress is not None:
         progress(stats)
     return stats
+
+
+def _backstop_reason(text: str) -> str:
+    """The op and ggml function of a backstop's fallback warning (its shapes and names dropped)."""
+    import re
+
+    found = re.findall(r"\((\w+): ggml would abort on (ggml_\w+|[^:]+)", text)
+    return ", ".join(sorted({f"{op}: {fn}" for op, fn in found})) or text[:120]
 
 
 def _reference_failed(phase: int, how: str) -> dict:

@@ -8,6 +8,7 @@ import numpy as np
 from ...errors import BackendOptionError, BackendUnavailableError, MithrilError
 from ..segmented import SegmentedBackend
 from ..segmented.policy import check_fixed_shapes
+from .guard import GGMLPreconditionError
 from .program import (DeferredGGMLProgram, GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram,
                       Segment, pending_values, why_not_ggml)
 
@@ -77,8 +78,29 @@ class GGMLBackend(SegmentedBackend):
         pending = pending_values(plan)
         if pending:  # built at the first evaluate, for the values of the inputs read at build time
             self.apply_fallback(self.capability(plan.nodes, pending))
-            return DeferredGGMLProgram(plan, pending, lambda fixed: self.compile_segments(self.partition(fixed)))
-        return self.compile_segments(self.partition(plan), file_path=file_path)
+            return DeferredGGMLProgram(plan, pending, self.build_program)
+        return self.build_program(plan, file_path=file_path)
+
+    def build_program(self, plan, *, file_path: str | None = None):
+        """The plan partitioned and built (:meth:`compile_segments`). A node whose build makes a
+        ggml call ggml would abort on (:class:`~.guard.GGMLPreconditionError`: its rule's
+        ``check`` let through a case ggml refuses) runs on NumPy instead, and the program is
+        built again; the fallback warning (or, with ``fallback=None``, the refusal) then lists
+        it with the others, once."""
+        refused: dict[str, str] = {}
+        while True:
+            part = self.partition(plan, refused, warn=False)
+            if self.fallback is None:
+                self.apply_fallback(part.capability)  # refused before anything is built
+            try:
+                program = self.compile_segments(part, file_path=file_path)
+            except GGMLPreconditionError as exc:
+                if exc.node is None or exc.node in refused:
+                    raise
+                refused[exc.node] = exc.reason
+                continue
+            self.apply_fallback(part.capability)
+            return program
 
     def native_passes(self):
         """GELU chains as one ggml op, where ggml runs it (:func:`.fusion.ggml_gelu_pass`)."""

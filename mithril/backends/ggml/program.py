@@ -1,10 +1,14 @@
 """A compiled GGML program: the plan partitioned into ggml segments (one ggml compute graph
 each, built once) and the nodes NumPy runs between them.
 
-Every segment lives in one ggml context created with ``no_alloc``: the context holds only
-tensor headers. Weights point at NumPy buffers the program keeps (float32 parameters without a
-copy; transposed, half-precision or quantized ones converted once per parameter array), segment
-inputs at the caller's arrays (swapped per call, views re-pointed), and the intermediates at one
+Every segment lives in its own ggml context created with ``no_alloc``: the context holds only
+tensor headers and the graph, and is sized to exactly what they take (the segment is first built
+in scratch contexts to count them; :meth:`GGMLProgram._build`). Each ggml call is checked in
+Python first (:mod:`.guard`): a node whose build makes one ggml would assert on runs on NumPy
+instead (GGMLBackend.build_program). Weights
+point at NumPy buffers the program keeps (float32 parameters without a copy; transposed,
+half-precision or quantized ones converted once per parameter array), segment inputs at the
+caller's arrays (swapped per call, views re-pointed), and the intermediates at one
 buffer per segment placed by ``ggml_gallocr`` from the graph's lifetimes. ``evaluate`` sets the
 input pointers and runs ``ggml_graph_compute`` with the segment's plan (its work buffer made once)
 on the program's thread pool (started once: ggml's per-call threads cost milliseconds); outputs are copied out
@@ -24,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import CompileError, FallbackWarning, KernelMissingError, MithrilError, NodeError
+from ...errors import CompileError, FallbackWarning, KernelError, KernelMissingError, MithrilError, NodeError
 from ..plan import Plan, PlanNode, PlanValue
 from ..segmented import SegmentedProgram, later_reads, segment_io, why_not
 from ..segmented import Segment as NativeSegment
+from .guard import MAX_GRAPH_DEPTH, MAX_LIVE_ALLOCATIONS, Calls, graph_size, peak_allocations
 from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 # The families register their rules when imported.
 from .ops import attention, elementwise, image, movement, nn, quantize_linear, recurrent  # noqa: F401
@@ -154,7 +159,15 @@ class DeferredGGMLProgram:
         with np.errstate(all="ignore"):  # NumPy reads the shapes here; ggml computes the values
             for pn in plan.nodes:
                 args = [None if v is None else (v.value if v.kind == "constant" else env[v]) for v in pn.inputs]
-                env.update(zip(pn.outputs, interpreter.run_node(pn, args, env)))
+                try:
+                    env.update(zip(pn.outputs, interpreter.run_node(pn, args, env)))
+                except MithrilError:
+                    raise
+                except Exception as exc:  # a kernel refusing these values: named as NumpyBackend names it
+                    raise KernelError(f"the NumPy kernel failed: {type(exc).__name__}: {exc}", node=pn.label,
+                                      op_type=pn.op_type, opset=pn.opset,
+                                      shapes=[list(np.shape(a)) if hasattr(a, "shape") else None for a in args],
+                                      dtypes=[str(getattr(a, "dtype", type(a).__name__)) for a in args]) from exc
         copies: dict[PlanValue, PlanValue] = {}
 
         def copy(v):
@@ -259,14 +272,10 @@ class GGMLProgram(SegmentedProgram):
         self._weights: dict[tuple[PlanValue, str], _Weight] = {}
         self._constants: list[np.ndarray] = []
         self._find_io()
-        budgets = [sum(_op_budget(pn) for pn in s.nodes) for s in self.segments]
-        n_tensors = sum(b + len(s.inputs) + len(s.weights) for b, s in zip(budgets, self.segments)) + 64
-        graph_size = max(budgets + [ggml.GGML_DEFAULT_GRAPH_SIZE])
-        mem = n_tensors * ggml.ggml_tensor_overhead() + len(self.segments) * ggml.ggml_graph_overhead_custom(
-            graph_size, False) + 1024 * 1024
-        self._ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
-        if not self._ctx:
-            raise MithrilError(f"GGMLBackend: ggml_init could not allocate a {mem:,}-byte context")
+        # One ggml context per segment, each of exactly the bytes its tensors and graph take
+        # (:meth:`_build`); ``_ctx`` is the one a build is writing to.
+        self._contexts: list = []
+        self._ctx = None
         self._cpu = ggml.ggml_backend_cpu_init()
         if not self._cpu:
             raise MithrilError("GGMLBackend: ggml's CPU backend did not start")
@@ -278,15 +287,14 @@ class GGMLProgram(SegmentedProgram):
         self._pool = ggml.ggml_threadpool_new(ctypes.byref(pool_params))
         if not self._pool:
             ggml.ggml_backend_free(self._cpu)
-            ggml.ggml_free(self._ctx)
             raise MithrilError(f"GGMLBackend: ggml could not start {self._threads} threads")
-        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, self._pool, [], self._repack_buffers)
-        for seg in self.segments:
-            self._build(seg, graph_size)
+        self._allocators: list = []
+        self._finalizer = weakref.finalize(self, _free, self._contexts, self._cpu, self._pool, self._allocators,
+                                           self._repack_buffers)
+        with _Scratch() as scratch:
+            for seg in self.segments:
+                self._build(seg, scratch)
         self._drop_unread_weights()
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _free, self._ctx, self._cpu, self._pool,
-                                           [s.allocator for s in self.segments], self._repack_buffers)
         if mem_size is not None and self.total_bytes() > mem_size:
             raise GGMLMemoryError(
                 f"GGMLBackend(mem_size={mem_size:,}): the model needs {self.total_bytes():,} bytes "
@@ -314,71 +322,57 @@ class GGMLProgram(SegmentedProgram):
             seg.inputs = [v for v in read if v in as_input]
             seg.weights = [v for v in read if v in as_weight]
 
-    def _build(self, seg: Segment, graph_size: int) -> None:
+    def _build(self, seg: Segment, scratch: _Scratch) -> None:
+        """Builds ``seg``'s ggml graph in a context of exactly the bytes it takes: the nodes are
+        built once in scratch contexts, which counts the bytes each ggml call takes and the
+        graph's nodes and leafs (and checks every call, :mod:`.guard`), then again in the
+        segment's own context of that size, call by call as the first time."""
         ggml = _ggml()
-        seg_start = _count_tensors(ggml, self._ctx)
-        tensors: dict[PlanValue, Any] = {}
-        half = {dtype: name for name, dtype in HALF.items()}
-        for v in seg.inputs:
-            # Indices as int32; a float16 or bfloat16 input as it is (a Cast converts it); else float32.
-            if v.dtype in half:
-                dtype, type_ = v.dtype, getattr(ggml, half[v.dtype])
-            elif v.dtype in INDEX_DTYPES:
-                dtype, type_ = np.dtype(np.int32), ggml.GGML_TYPE_I32
-            else:
-                dtype, type_ = F32, ggml.GGML_TYPE_F32
-            t = self._new_tensor(v.static_shape, type_)
-            stage = np.zeros(v.static_shape, dtype)
-            t.contents.data = stage.ctypes.data
-            ggml.ggml_set_input(t)
-            seg.leaves[v] = (t, stage)
-            tensors[v] = t
-
-        def weight(v, layout="plain", matmul=False):
-            return self._weight_tensor(v, layout, matmul)
-
-        g = Builder(ggml, self._ctx, tensors, weight, self._constant_tensor, seg.bounds)
-        g.producers = {v: pn for pn in seg.nodes for v in pn.outputs}
-        for pn in seg.nodes:
-            rule = OPS.rule_for(pn)
-            try:
-                out = rule.build(pn, g)
-            except MithrilError:
-                raise
-            except Exception as exc:  # a rule's own mistake: name the node, never crash later in ggml
-                ins = [v for v in pn.inputs if v is not None]
-                raise NodeError(f"GGMLBackend could not build this node: {type(exc).__name__}: {exc}",
-                                node=pn.label, op_type=pn.op_type, opset=pn.opset,
-                                shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins]) from exc
-            outs = out if isinstance(out, (list, tuple)) else [out]
-            for v, t in zip(pn.outputs, outs):
-                if not v.name:  # an omitted optional output: nothing reads it
-                    continue
-                want = ne(v.static_shape)
-                got = list(t.contents.ne[:MAX_DIMS])
-                if got != want:  # the rule's result has the right elements in another shape
-                    if prod(got) != prod(want):
-                        raise NodeError(f"GGMLBackend built {got[::-1]} for an output of shape {list(v.static_shape)}",
-                                        node=pn.label, op_type=pn.op_type, opset=pn.opset)
-                    t = g.reshape(t, v.static_shape)
-                tensors[v] = t
-        # A graph holds at most graph_size nodes (ggml asserts past it, killing the process): the
-        # tensors this segment made (and the copies below) bound its nodes.
-        made = _count_tensors(ggml, self._ctx) - seg_start
-        if made + len(seg.outputs) >= graph_size:
-            raise MithrilError(f"GGMLBackend: a graph of {made} ggml tensors is larger than the {graph_size} planned "
-                               f"(nodes {seg.nodes[0].label!r} to {seg.nodes[-1].label!r}); this is a bug in the "
-                               "op budget (program._op_budget)")
-        gf = ggml.ggml_new_graph_custom(self._ctx, graph_size, False)
-        for v in seg.outputs:
-            t = tensors[v]
-            if t.contents.view_src or v in seg.inputs or v.kind in ("param", "constant"):
-                t = ggml.ggml_cont(self._ctx, t)  # its own buffer, not a view into one gallocr reuses
+        calls = Calls(ggml)
+        weights = {key: len(w.tensors) for key, w in self._weights.items()}
+        constants = len(self._constants)
+        scratch.reset()
+        calls.counting(scratch.next)
+        try:
+            nodes, leafs = self._graph_shape(seg, calls, self._make(seg, calls, {}, {}))
+        finally:  # the scratch tensors are dropped: no weight or constant keeps one
+            for key, w in self._weights.items():
+                del w.tensors[weights.get(key, 0):]
+            del self._constants[constants:]
+        size = max(nodes, leafs, 1)  # ggml asserts n_nodes < size before each node it adds: size >= the count
+        record = calls.record
+        mem = sum(taken for _, taken in record) + int(ggml.ggml_graph_overhead_custom(size, False))
+        ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+        if not ctx:
+            raise MithrilError(f"GGMLBackend: ggml_init could not allocate a {mem:,}-byte context")
+        self._contexts.append(ctx)
+        self._ctx = ctx
+        calls.replaying(ctx, record)
+        results = self._make(seg, calls, seg.leaves, seg.bounds)
+        gf = ggml.ggml_new_graph_custom(ctx, size, False)
+        # The graph's order is the order the rules made its tensors (each tensor the outputs need,
+        # expanded in turn), not ggml's depth-first walk from the outputs, which would schedule a
+        # recurrence's input projections for every step before the first step runs: all alive at
+        # once (see peak_allocations).
+        _, _, needed = graph_size(list(results.values()))
+        for t, _ in calls.made:
+            if ctypes.addressof(t.contents) in needed:
+                ggml.ggml_build_forward_expand(gf, t)
+        for v, t in results.items():
             ggml.ggml_set_output(t)
             ggml.ggml_build_forward_expand(gf, t)
             seg.results[v] = t
+        if int(ggml.ggml_used_mem(ctx)) != mem or ggml.ggml_graph_n_nodes(gf) != nodes:
+            raise MithrilError(f"GGMLBackend: segment {seg.index}'s graph took {ggml.ggml_used_mem(ctx)} bytes and "
+                               f"{ggml.ggml_graph_n_nodes(gf)} nodes, counted {mem} and {nodes}: a bug")
+        peak, at = peak_allocations(gf)
+        if peak > MAX_LIVE_ALLOCATIONS:  # ggml-alloc could run out of free blocks (an assertion)
+            calls.node = next((pn for t, pn in calls.made if ctypes.addressof(t.contents) == at), None)
+            calls.fail(f"ggml_gallocr_alloc_graph: {peak} intermediates allocated at once (ggml-alloc keeps at "
+                       f"most 256 free blocks between them; at most {MAX_LIVE_ALLOCATIONS} here)")
         seg.graph = gf
         seg.allocator = ggml.ggml_gallocr_new(self._buffer_type)
+        self._allocators.append(seg.allocator)
         if not ggml.ggml_gallocr_alloc_graph(seg.allocator, gf):
             raise MithrilError(f"GGMLBackend: ggml could not allocate segment {seg.index}'s intermediates")
         seg.buffer_bytes = ggml.ggml_gallocr_get_buffer_size(seg.allocator, 0)
@@ -398,6 +392,89 @@ class GGMLProgram(SegmentedProgram):
             src = t.contents.view_src
             if src and ctypes.addressof(src.contents) in external:
                 seg.views.append((t, external[ctypes.addressof(src.contents)], int(t.contents.view_offs)))
+
+    def _make(self, seg: Segment, calls: Calls, leaves: dict, bounds: dict) -> dict:
+        """Makes ``seg``'s tensors through ``calls``: its inputs (into ``leaves``: tensor and
+        staging array), each node's by its rule, and the outputs (a copy where the value is a
+        view or not the segment's own); returns the output tensors by value. Index inputs'
+        row bounds go to ``bounds``."""
+        ggml = _ggml()
+        tensors: dict[PlanValue, Any] = {}
+        half = {dtype: name for name, dtype in HALF.items()}
+        for v in seg.inputs:
+            # Indices as int32; a float16 or bfloat16 input as it is (a Cast converts it); else float32.
+            if v.dtype in half:
+                dtype, type_ = v.dtype, getattr(ggml, half[v.dtype])
+            elif v.dtype in INDEX_DTYPES:
+                dtype, type_ = np.dtype(np.int32), ggml.GGML_TYPE_I32
+            else:
+                dtype, type_ = F32, ggml.GGML_TYPE_F32
+            t = calls.ggml_new_tensor_4d(self._ctx, type_, *ne(v.static_shape))
+            stage = np.zeros(v.static_shape, dtype)
+            t.contents.data = stage.ctypes.data
+            ggml.ggml_set_input(t)
+            leaves[v] = (t, stage)
+            tensors[v] = t
+
+        def in_context(make):  # the program's own tensor makers write to self._ctx
+            def made():
+                self._ctx = calls.ctx
+                return make()
+            return made
+
+        def weight(v, layout="plain", matmul=False):
+            return calls.around("weight", in_context(lambda: self._weight_tensor(v, layout, matmul)))
+
+        def constant(array):
+            return calls.around("constant", in_context(lambda: self._constant_tensor(array)))
+
+        g = Builder(calls, self._ctx, tensors, weight, constant, bounds)
+        g.producers = {v: pn for pn in seg.nodes for v in pn.outputs}
+        for pn in seg.nodes:
+            calls.node = pn
+            rule = OPS.rule_for(pn)
+            try:
+                out = rule.build(pn, g)
+            except MithrilError:
+                raise
+            except Exception as exc:  # a rule's own mistake: name the node, never crash later in ggml
+                ins = [v for v in pn.inputs if v is not None]
+                raise NodeError(f"GGMLBackend could not build this node: {type(exc).__name__}: {exc}",
+                                node=pn.label, op_type=pn.op_type, opset=pn.opset,
+                                shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins]) from exc
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            for v, t in zip(pn.outputs, outs):
+                if not v.name:  # an omitted optional output: nothing reads it
+                    continue
+                want = ne(v.static_shape)
+                got = list(t.contents.ne[:MAX_DIMS])
+                if got != want:  # the rule's result has the right elements in another shape
+                    if prod(got) != prod(want):
+                        calls.fail(f"a {got[::-1]} result for an output of shape {list(v.static_shape)}")
+                    t = g.reshape(t, v.static_shape)
+                tensors[v] = t
+            calls.node = None
+        results = {}
+        for v in seg.outputs:
+            t = tensors[v]
+            if t.contents.view_src or v in seg.inputs or v.kind in ("param", "constant"):
+                t = calls.ggml_cont(self._ctx, t)  # its own buffer, not a view into one gallocr reuses
+            results[v] = t
+        return results
+
+    def _graph_shape(self, seg: Segment, calls: Calls, results: dict) -> tuple[int, int]:
+        """(nodes, leafs) of ``seg``'s graph as its counting build made it; a graph deeper than
+        ggml's recursive visit may go (:data:`.guard.MAX_GRAPH_DEPTH`) is refused at the first
+        node whose outputs reach that depth."""
+        nodes, leafs, depths = graph_size(list(results.values()))
+        if max(depths.values(), default=0) > MAX_GRAPH_DEPTH:
+            for t, pn in calls.made:
+                deep = depths.get(ctypes.addressof(t.contents), 0)
+                if pn is not None and deep > MAX_GRAPH_DEPTH:
+                    calls.node = pn
+                    calls.fail(f"a graph {deep} tensors deep (ggml_build_forward_expand recurses once per tensor; "
+                               f"at most {MAX_GRAPH_DEPTH} here)")
+        return nodes, leafs
 
     def _repack(self, gf) -> None:
         """Moves the quantized matmul weights of graph ``gf`` that ggml's CPU_REPACK or AMX buffer
@@ -862,7 +939,7 @@ def _repack_refusal(ggml, t, uses, amx: bool = False) -> str | None:
     return None
 
 
-def _free(ctx, cpu, pool, allocators, buffers=()) -> None:
+def _free(contexts, cpu, pool, allocators, buffers=()) -> None:
     ggml = _ggml()
     for a in allocators:
         ggml.ggml_gallocr_free(a)
@@ -870,31 +947,45 @@ def _free(ctx, cpu, pool, allocators, buffers=()) -> None:
         ggml.ggml_backend_buffer_free(b)
     ggml.ggml_threadpool_free(pool)
     ggml.ggml_backend_free(cpu)
-    ggml.ggml_free(ctx)
+    for ctx in contexts:
+        ggml.ggml_free(ctx)
+
+
+class _Scratch:
+    """The ggml contexts a segment is first built in, to count what it makes (tensor headers
+    only: no_alloc): :meth:`next` hands out one after another, made as needed and kept for the
+    next segment (:meth:`reset`); all freed at the end."""
+
+    OBJECTS = 4096  # tensor headers per context
+
+    def __init__(self):
+        self.contexts: list = []
+        self.used = 0
+
+    def reset(self) -> None:
+        self.used = 0
+
+    def next(self):
+        ggml = _ggml()
+        if self.used == len(self.contexts):
+            mem = self.OBJECTS * int(ggml.ggml_tensor_overhead())
+            ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+            if not ctx:
+                raise MithrilError(f"GGMLBackend: ggml_init could not allocate a {mem:,}-byte context")
+            self.contexts.append(ctx)
+        ctx = self.contexts[self.used]
+        ggml.ggml_reset(ctx)
+        self.used += 1
+        return ctx
+
+    def __enter__(self) -> _Scratch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for ctx in self.contexts:
+            _ggml().ggml_free(ctx)
+        self.contexts = []
 
 
 __all__ = ["DeferredGGMLProgram", "GGMLFallbackWarning", "GGMLKernelMissingError", "GGMLMemoryError", "GGMLProgram",
            "Segment", "pending_values", "why_not_ggml"]
-
-
-# ggml tensors a rule may make per ONNX node: most make a handful; the recurrent ones (RNN, GRU,
-# LSTM) unroll their sequence, some dozens of ops per step. The context and each graph are sized
-# from these sums (an exhausted context or graph is a GGML_ASSERT, which aborts).
-_PER_NODE, _PER_STEP = 48, 96
-
-
-def _op_budget(pn) -> int:
-    if pn.op_type in ("RNN", "GRU", "LSTM") and pn.inputs and pn.inputs[0] is not None and \
-            pn.inputs[0].static_shape:
-        directions = 2 if pn.kwargs.get("direction") == "bidirectional" else 1
-        steps = max(int(d) for d in pn.inputs[0].static_shape[:2])  # the sequence: dim 0, or 1 with layout=1
-        return _PER_NODE + _PER_STEP * steps * directions
-    return _PER_NODE
-
-
-def _count_tensors(ggml, ctx) -> int:
-    n, t = 0, ggml.ggml_get_first_tensor(ctx)
-    while t:
-        n += 1
-        t = ggml.ggml_get_next_tensor(ctx, t)
-    return n

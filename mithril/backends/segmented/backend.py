@@ -109,11 +109,17 @@ class SegmentedBackend(NumpyBackend):
         apply_fallback(type(self).__name__, self.native_rules().noun, self.fallback,
                        [(pn, why) for pn, why in found if why is not None], self.fallback_warning, self.missing_error)
 
-    def partition(self, plan: Plan) -> Partition:
-        """:meth:`rewrite`, capability, the fallback policy, and the steps."""
+    def partition(self, plan: Plan, refused: dict[str, str] | None = None, *, warn: bool = True) -> Partition:
+        """:meth:`rewrite`, capability, the fallback policy, and the steps. ``refused``: by node
+        label, why a node the rules take cannot be built after all (the client found out while
+        building it); those nodes run on NumPy too. ``warn=False`` leaves the fallback policy
+        (the warning, or the refusal with ``fallback=None``) to the caller."""
         nodes, origin = self.rewrite(plan)
         found = self.capability(nodes)
-        self.apply_fallback(found)
+        if refused:
+            found = [(pn, refused.get(pn.label) if why is None else why) for pn, why in found]
+        if warn:
+            self.apply_fallback(found)
         native = {id(pn) for pn, why in found if why is None}
         return Partition(plan, nodes, found, partition(nodes, lambda pn: id(pn) in native, self.segment_type), origin)
 

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
+from ...errors import KernelError, MithrilError
 from .partition import Segment
 
 
@@ -84,8 +87,16 @@ class SegmentedProgram:
                     hook(step, self.run_segment, step, env)
                 continue
             args = [None if v is None else self.read(v, env) for v in step.inputs]
-            results = (self.interpreter.run_node(step, args, env) if hook is None
-                       else hook(step, self.interpreter.run_node, step, args, env))
+            try:
+                results = (self.interpreter.run_node(step, args, env) if hook is None
+                           else hook(step, self.interpreter.run_node, step, args, env))
+            except MithrilError:
+                raise
+            except Exception as exc:  # the NumPy kernel refusing its inputs: named as NumpyBackend names it
+                raise KernelError(f"the NumPy kernel failed: {type(exc).__name__}: {exc}", node=step.label,
+                                  op_type=step.op_type, opset=step.opset,
+                                  shapes=[list(np.shape(a)) if hasattr(a, "shape") else None for a in args],
+                                  dtypes=[str(getattr(a, "dtype", type(a).__name__)) for a in args]) from exc
             for o, r in zip(step.outputs, results):
                 env[o] = r
         return {v.name: self.read(v, env) for v in self.plan.outputs}

@@ -200,14 +200,43 @@ class Builder:
 
     def index(self, v: PlanValue, rows: int, pn: PlanNode):
         """The int32 tensor of the row indices ``v``, which ``pn`` reads from a ``rows``-row table:
-        each call wraps negative indices and refuses out-of-range ones before ggml reads them."""
+        each call wraps negative indices and refuses out-of-range ones before ggml reads them.
+        Indices computed in this graph (ArgMax, TopK, a constant fill) must be in range by
+        construction: ggml asserts on a row outside the table while it computes, which no
+        check can catch then."""
         t = self._tensors[v]
-        if t.contents.type != self.ggml.GGML_TYPE_I32:  # computed in this graph (ArgMax): in range
+        if t.contents.type != self.ggml.GGML_TYPE_I32:
+            bound = self.computed_bound(v)
+            if bound is None or not 0 <= bound[0] <= bound[1] < rows:
+                from ..guard import GGMLPreconditionError
+
+                found = "not known when the graph is built" if bound is None else f"in [{bound[0]}, {bound[1]}]"
+                raise GGMLPreconditionError(
+                    f"ggml would abort on ggml_get_rows: indices {v.name!r} computed in the graph, {found}, for a "
+                    f"table of {rows} rows", node=pn.label, op_type=pn.op_type, opset=pn.opset)
             return self.ggml.ggml_cast(self.ctx, self.contiguous(t), self.ggml.GGML_TYPE_I32)
         bound = self._bounds.get(v)
         if bound is None or bound[0] > rows:
             self._bounds[v] = (rows, pn)
         return t
+
+    def computed_bound(self, v: PlanValue) -> tuple[int, int] | None:
+        """(least, greatest) of the integer values ``v`` computed in this graph takes, where its
+        producer fixes them: ArgMax/ArgMin and TopK's indices (positions along their axis), a
+        ConstantOfShape or EyeLike fill (its values); None otherwise."""
+        pn = self.producers.get(v)
+        if pn is None or pn.domain != "":
+            return None
+        if pn.op_type in ("ArgMax", "ArgMin") or (pn.op_type == "TopK" and v is pn.outputs[1]):
+            shape = pn.inputs[0].static_shape
+            axis = int(pn.kwargs.get("axis", -1 if pn.op_type == "TopK" else 0)) % len(shape)
+            return 0, int(shape[axis]) - 1
+        if pn.op_type in ("ConstantOfShape", "EyeLike"):
+            from .movement import _fill_value
+
+            values = np.asarray(_fill_value(pn))
+            return (int(values.min()), int(values.max())) if values.size else None
+        return None
 
     def is_weight(self, v: PlanValue | None) -> bool:
         return v is not None and v.kind in ("param", "constant")
@@ -237,5 +266,36 @@ class Builder:
         return self.ggml.ggml_repeat_4d(self.ctx, x, *n)
 
 
-__all__ = ["BOOL", "Builder", "EXACT", "GGMLOp", "HALF", "INDEX_DTYPES", "MAX_DIMS", "OPS", "SMALL_INTS", "const_value",
-           "ggml_axis", "ggml_op", "ne"]
+class Stack:
+    """Tensors concatenated along ggml dim ``dim`` as they are made, merged pairwise like a binary
+    counter (two blocks of the same count become one): at most log2(n) + 1 blocks are alive at
+    once, not n (ggml-alloc runs out of free blocks past about 256 tensors alive; see
+    :func:`mithril.backends.ggml.guard.peak_allocations`), and each element is copied log2(n)
+    times. ``reverse``: the tensors come last to first (a reverse recurrence)."""
+
+    def __init__(self, g: Builder, dim: int, reverse: bool = False):
+        self.g, self.dim, self.reverse = g, dim, reverse
+        self.blocks: list[tuple[int, object]] = []
+
+    def _cat(self, earlier, later):
+        return self.g.ggml.ggml_concat(self.g.ctx, earlier, later, self.dim)
+
+    def _merge(self, first, second):  # ``first`` made before ``second``
+        return self._cat(second, first) if self.reverse else self._cat(first, second)
+
+    def add(self, t) -> None:
+        self.blocks.append((1, t))
+        while len(self.blocks) > 1 and self.blocks[-1][0] == self.blocks[-2][0]:
+            (n, a), (_, b) = self.blocks[-2], self.blocks[-1]
+            self.blocks[-2:] = [(2 * n, self._merge(a, b))]
+
+    def result(self):
+        """Every tensor added, in order along ``dim``."""
+        _, out = self.blocks[-1]
+        for _, t in reversed(self.blocks[:-1]):
+            out = self._merge(t, out)
+        return out
+
+
+__all__ = ["BOOL", "Builder", "EXACT", "GGMLOp", "HALF", "INDEX_DTYPES", "MAX_DIMS", "OPS", "SMALL_INTS", "Stack",
+           "const_value", "ggml_axis", "ggml_op", "ne"]

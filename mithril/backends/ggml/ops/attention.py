@@ -8,7 +8,7 @@ from math import prod
 
 import numpy as np
 
-from . import BOOL, F32, Builder, ggml_op
+from . import BOOL, F32, Builder, Stack, ggml_op
 from .elementwise import operand
 from .movement import permute
 from .nn import row_max, as_text
@@ -278,7 +278,7 @@ def linear_attention(pn, g: Builder):
         state = g.constant(np.zeros((b, hk, dv, dk), np.float32))
     decay = g.contiguous(operand(pn, 4, g)) if "gated" in rule else None
     beta = g.contiguous(operand(pn, 5, g)) if "delta" in rule else None
-    outs = []
+    outs = Stack(g, 1)  # ne (dv, T, Hq, B), stacked as the tokens are made (a few blocks alive, not T)
     for t in range(steps):
         kt = step(k, t, hk, dk, (dk, 1, hk, b))
         vt = step(v, t, hk, dv, (1, dv, hk, b))
@@ -295,10 +295,8 @@ def linear_attention(pn, g: Builder):
             update = vt
         state = gg.ggml_add(ctx, state, gg.ggml_mul(ctx, gg.ggml_repeat(ctx, kt, state), update))
         qt = step(q, t, hq, dk, (dk, 1, hq, b))
-        outs.append(gg.ggml_scale(ctx, gg.ggml_mul_mat(ctx, state, qt), scale))  # (dv, 1, Hq, B)
-    y = outs[0]
-    for o in outs[1:]:
-        y = gg.ggml_concat(ctx, y, o, 1)  # ne (dv, T, Hq, B)
+        outs.add(gg.ggml_scale(ctx, gg.ggml_mul_mat(ctx, state, qt), scale))  # (dv, 1, Hq, B)
+    y = outs.result()
     y = permute(g, g.reshape(y, (b, hq, steps, dv)), [0, 2, 1, 3])
     result = [y]
     if len(pn.outputs) > 1:

@@ -370,7 +370,8 @@ def gather_elements(pn, g: Builder):
     axis = int(pn.kwargs.get("axis", 0)) % len(shape)
     strides = [prod(shape[a + 1:]) for a in range(len(shape))]
     coords = np.indices(out)
-    base = sum(coords[a] * strides[a] for a in range(len(shape)) if a != axis).astype(np.float32)
+    base = sum((coords[a] * strides[a] for a in range(len(shape)) if a != axis),
+               np.zeros(out, np.int64)).astype(np.float32)  # 1-D data: no other axis, a base of 0
     if idx.kind == "constant":
         values = np.asarray(idx.value).astype(np.int64)
         values = np.where(values < 0, values + shape[axis], values)

@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from ...kernels.geometry import window
-from . import F32, SMALL_INTS, Builder, const_value, ggml_op, ne
+from . import F32, SMALL_INTS, Builder, Stack, const_value, ggml_op, ne
 from .elementwise import check_broadcast, operand
 from .movement import permute
 
@@ -89,8 +89,8 @@ def gemm(pn, g: Builder):
         w = g.contiguous(w if k.get("transB") else g.ggml.ggml_transpose(g.ctx, w))
         y = g.ggml.ggml_mul_mat(g.ctx, w, x)
     alpha, beta = float(k.get("alpha", 1.0)), float(k.get("beta", 1.0))
-    if alpha != 1.0:
-        y = g.ggml.ggml_scale(g.ctx, y, alpha)
+    if alpha != 1.0:  # ggml_scale computes only a contiguous tensor (linear's result may be a view)
+        y = g.ggml.ggml_scale(g.ctx, g.contiguous(y), alpha)
     if c is not None and beta != 0.0:
         bias = operand(pn, 2, g)
         if beta != 1.0:
@@ -163,9 +163,16 @@ def _norm_axis(pn) -> int:
     return int(pn.kwargs.get("axis", -1)) % rank
 
 
+def _check_epsilon(pn) -> str | None:
+    eps = float(pn.kwargs.get("epsilon", 1e-5))
+    return None if np.float32(eps) >= 0 else f"epsilon={eps} (ggml's norms assert epsilon >= 0)"
+
+
 def _check_layernorm(pn) -> str | None:
     if pn.op_type == "RMSNormalization" and len(pn.outputs) > 1:
         return "more than one output"
+    if _check_epsilon(pn):
+        return _check_epsilon(pn)
     if tuple(pn.outputs[0].static_shape) != tuple(pn.inputs[0].static_shape):
         return "a scale or bias larger than the input"
     return check_broadcast(pn)
@@ -197,8 +204,11 @@ def layer_norm(pn, g: Builder):
 def _check_batchnorm(pn) -> str | None:
     if pn.kwargs.get("training_mode") or len(pn.outputs) > 1:
         return "training mode (batch statistics)"
-    if len(pn.inputs[0].static_shape) < 2:
+    x = pn.inputs[0].static_shape
+    if len(x) < 2:
         return "an input without channels"
+    if any(v is None or prod(v.static_shape) != x[1] for v in pn.inputs[1:5]):
+        return f"scale, bias, mean or variance not one value per channel ({x[1]})"
     return None
 
 
@@ -250,16 +260,36 @@ def _conv_pads(pn, win, size):
     return pads
 
 
+def _window_problem(pn, win, size) -> str | None:
+    """Why ggml cannot slide ``win`` over ``size``: strides or dilations below 1 (ggml divides by
+    them), padding it cannot express, or a kernel larger than the padded input (ggml_im2col and
+    the pools assert an output of at least one pixel; onnxruntime refuses such a node too)."""
+    if min(win.strides) < 1 or min(win.dilations) < 1 or min(win.kernel) < 1 or min(win.begin + win.end) < 0:
+        return f"strides {list(win.strides)}, dilations {list(win.dilations)}, kernel {list(win.kernel)}, pads"
+    pads = _conv_pads(pn, win, size)
+    if pads is None:
+        return "padding ggml cannot express"
+    for n, k, d, (b, e) in zip(size, win.kernel, win.dilations, pads):
+        if n + b + e < d * (k - 1) + 1:
+            return f"a kernel of {list(win.kernel)} larger than the padded input {list(size)}"
+    return None
+
+
 def _check_conv(pn) -> str | None:
     x, w = pn.inputs[0].static_shape, pn.inputs[1].static_shape
     if len(x) not in (3, 4):
         return f"{len(x) - 2}-D convolution (ggml here: 1-D and 2-D)"
+    if len(w) != len(x):
+        return f"a {len(w)}-D kernel for a {len(x)}-D input"
     group = int(pn.kwargs.get("group") or 1)
-    if x[1] % group or w[0] % group or w[1] * group != x[1]:
+    if group < 1 or x[1] % group or w[0] % group or w[1] * group != x[1]:
         return f"group={group} does not divide the channels"
-    if _conv_pads(pn, _conv_window(pn), x[2:]) is None:
-        return "padding ggml cannot express"
-    return None
+    if len(pn.inputs) > 2 and pn.inputs[2] is not None and tuple(pn.inputs[2].static_shape) != (w[0],):
+        return f"a bias of shape {list(pn.inputs[2].static_shape)} for {w[0]} output channels"
+    win = _conv_window(pn)
+    if tuple(win.kernel) != tuple(w[2:]):
+        return f"kernel_shape {list(win.kernel)} for a kernel of {list(w[2:])}"
+    return _window_problem(pn, win, x[2:])
 
 
 @ggml_op("Conv", check=_check_conv)
@@ -289,18 +319,16 @@ def conv(pn, g: Builder):
         y = gg.ggml_conv_2d(ctx, w, x, sw, sh, 0, 0, dw, dh)
     elif group == c == m and ws[1] == 1:
         y = gg.ggml_conv_2d_dw_direct(ctx, w, x, sw, sh, 0, 0, dw, dh)
-    else:
-        parts = []
+    else:  # one convolution per group, stacked along the channels as they are made (Stack)
+        parts = Stack(g, 2)
         ci, mi = c // group, m // group
         for i in range(group):
             xn, wn = x.contents.ne, w.contents.ne
             xb, wb = x.contents.nb, w.contents.nb
             xg = gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2])
             wg = gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], mi, wb[1], wb[2], wb[3], i * mi * wb[3])
-            parts.append(gg.ggml_conv_2d(ctx, g.contiguous(wg), gg.ggml_cont(ctx, xg), sw, sh, 0, 0, dw, dh))
-        y = parts[0]
-        for t in parts[1:]:
-            y = gg.ggml_concat(ctx, y, t, 2)
+            parts.add(gg.ggml_conv_2d(ctx, g.contiguous(wg), gg.ggml_cont(ctx, xg), sw, sh, 0, 0, dw, dh))
+        y = parts.result()
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
         y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, m, 1, 1)))
     return y
@@ -315,9 +343,7 @@ def _check_pool(pn) -> str | None:
     win = _conv_window(pn)
     if any(d != 1 for d in win.dilations):
         return "dilations"
-    if _conv_pads(pn, win, x[2:]) is None:
-        return "padding ggml cannot express"
-    return None
+    return _window_problem(pn, win, x[2:])
 
 
 def _pool_divisor(pn, win, size):
@@ -536,7 +562,9 @@ def top_k(pn, g: Builder):
     off = gg.ggml_sub(ctx, g.broadcast(slots, (r, k, n)), g.constant(np.arange(k, dtype=np.float32).reshape(k, 1)))
     onehot = gg.ggml_step(ctx, gg.ggml_scale_bias(ctx, gg.ggml_abs(ctx, off), -1.0, 0.5))  # rank == slot
     index = gg.ggml_sum_rows(ctx, gg.ggml_mul(ctx, onehot, g.constant(np.arange(n, dtype=np.float32))))  # [row, k, 1]
-    index = g.reshape(index, (r, k))
+    # In [0, n) by construction, but for NaN keys (every comparison false: ranks may repeat, a
+    # slot sum several positions): kept in range, as ggml_get_rows asserts while it computes.
+    index = g.clamp(g.reshape(index, (r, k)), 0.0, float(n - 1))
     flat = gg.ggml_add(ctx, index, g.constant((np.arange(r, dtype=np.float32) * n).reshape(r, 1)))
     values = gg.ggml_get_rows(ctx, g.reshape(rows, (r * n, 1)),
                               gg.ggml_cast(ctx, g.reshape(flat, (r * k,)), gg.GGML_TYPE_I32))
@@ -743,15 +771,15 @@ def conv_transpose(pn, g: Builder):
     if group == 1:
         y = one_group(x, w)
     else:
-        y = None
+        parts = Stack(g, 2)
         for i in range(group):
             xn, xb = x.contents.ne, x.contents.nb
             wn, wb = w.contents.ne, w.contents.nb
             xg = gg.ggml_view_4d(ctx, x, xn[0], xn[1], ci, xn[3], xb[1], xb[2], xb[3], i * ci * xb[2])
             wg = gg.ggml_view_4d(ctx, w, wn[0], wn[1], wn[2], ci, wb[1], wb[2], wb[3], i * ci * wb[3])
             xg, wg = gg.ggml_cont(ctx, xg), gg.ggml_cont(ctx, wg)
-            part = one_group(xg, wg)
-            y = part if y is None else gg.ggml_concat(ctx, y, part, 2)
+            parts.add(one_group(xg, wg))
+        y = parts.result()
     if len(pn.inputs) > 2 and pn.inputs[2] is not None:
         y = gg.ggml_add(ctx, g.contiguous(y), g.reshape(operand(pn, 2, g), (1, co * group, 1, 1)))
     return y
@@ -823,6 +851,8 @@ def _check_channel_norm(pn) -> str | None:
     x = pn.inputs[0].static_shape
     if len(x) < 2:
         return "an input without channels"
+    if _check_epsilon(pn):
+        return _check_epsilon(pn)
     c = x[1]
     if pn.op_type == "GroupNormalization":
         groups = int(pn.kwargs.get("num_groups") or 0)

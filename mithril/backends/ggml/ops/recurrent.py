@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Builder, ggml_op
+from . import Builder, Stack, ggml_op
 from .elementwise import operand
 from .nn import as_text
 
@@ -77,6 +77,9 @@ def recurrent(pn, g: Builder):
     def vec(t, j, offset):  # a 1-D slice of H values at (offset + j) * H
         return gg.ggml_view_1d(ctx, t, h, (offset + j) * h * f)
 
+    # Y, each direction's steps stacked along time as they are made (Stack: a few blocks alive,
+    # not every step): (H, B, 1, S) with layout 0, (H, 1, S, B) with layout 1.
+    step_ne, time_dim = ((h, 1, 1, b), 2) if layout else ((h, b, 1, 1), 3)
     ys, finals, cells = [], [], []
     for d in range(dirs):
         w = gg.ggml_view_2d(ctx, w_all, i_size, n_gates * h, i_size * f, d * n_gates * h * i_size * f)
@@ -88,7 +91,7 @@ def recurrent(pn, g: Builder):
         hs = state(5, d)
         cs = state(6, d) if op == "LSTM" else None
         reverse = direction == "reverse" or d == 1
-        steps = [None] * s
+        steps = Stack(g, time_dim, reverse)
         for t in (range(s - 1, -1, -1) if reverse else range(s)):
             if layout:
                 xt = gg.ggml_cont(ctx, gg.ggml_view_2d(ctx, x, i_size, b, s * i_size * f, t * i_size * f))
@@ -124,8 +127,8 @@ def recurrent(pn, g: Builder):
                 if peep is not None:
                     pre[1] = gg.ggml_add(ctx, pre[1], gg.ggml_mul(ctx, cs, vec(peep, 1, 3 * d)))
                 hs = gg.ggml_mul(ctx, gg.ggml_sigmoid(ctx, pre[1]), gg.ggml_tanh(ctx, cs))
-            steps[t] = hs
-        ys.append(steps)
+            steps.add(gg.ggml_reshape_4d(ctx, hs, *step_ne))
+        ys.append(steps.result())
         finals.append(hs)
         cells.append(cs)
 
@@ -136,11 +139,10 @@ def recurrent(pn, g: Builder):
             out = p if out is None else gg.ggml_concat(ctx, out, p, dim)
         return out
 
+    y = ys[0] if dirs == 1 else gg.ggml_concat(ctx, ys[0], ys[1], 1 if layout else 2)
     if layout:  # Y (B, S, D, H) = ne (H, D, S, B); Y_h (B, D, H) = ne (H, D, B)
-        y = stack([stack([ys[d][t] for d in range(dirs)], 1, (h, 1, 1, b)) for t in range(s)], 2, (h, dirs, 1, b))
         last = [stack(v, 1, (h, 1, b, 1)) for v in ((finals, cells) if op == "LSTM" else (finals,))]
     else:  # Y (S, D, B, H) = ne (H, B, D, S); Y_h (D, B, H) = ne (H, B, D)
-        y = stack([stack([ys[d][t] for d in range(dirs)], 2, (h, b, 1, 1)) for t in range(s)], 3, (h, b, dirs, 1))
         last = [stack(v, 2, (h, b, 1, 1)) for v in ((finals, cells) if op == "LSTM" else (finals,))]
     return [y, *last][:len(pn.outputs)]
 
