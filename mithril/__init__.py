@@ -29,9 +29,9 @@ from .backends.jax.backend import JaxBackend  # noqa: F401  (imports jax only wh
 from .backends.torch.backend import TorchBackend  # noqa: F401  (imports torch only when created)
 from .compile import compile  # noqa: F401
 from .physical_model import PhysicalModel  # noqa: F401
-from .export import export_onnx  # noqa: F401
+from .export import export_onnx, save_gguf  # noqa: F401
 from .params_io import load_params, save_params  # noqa: F401
-from .backends.ggml.gguf_io import load_gguf, save_gguf  # noqa: F401  (imports gguf only when called)
+from .backends.ggml.gguf_io import load_gguf  # noqa: F401  (imports gguf only when called)
 from .backends.ggml.llama_gguf import gguf_decoder  # noqa: F401  (a llama.cpp GGUF file as a decode step)
 from .backends.custom_ops import register_op, scoped_ops, unregister_op  # noqa: F401  (custom ops)
 from . import optimizers  # noqa: F401,E402

@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx
 
-from .errors import ExportError, public_api
+from .errors import BackendOptionError, ExportError, MithrilError, public_api
 
 
 @public_api(ExportError, "export_onnx")
@@ -73,4 +73,31 @@ def _params_float_dtype(params: Mapping[str, Any]):
     return kinds.pop() if len(kinds) == 1 else None
 
 
-__all__ = ["export_onnx"]
+@public_api(MithrilError, "save_gguf")  # each writer raises its own GGUFFileError
+def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, name: str | None = None,
+              params: Mapping | None = None, arch: str | None = None, tokenizer=None, config=None) -> None:
+    """Write a GGUF file: a model's parameters, or with ``arch`` a decoder LLM llama.cpp runs.
+
+    Without ``arch``: the parameters of a compiled model or a parameter dict, as GGMLBackend
+    stores them (:func:`mithril.backends.ggml.gguf_io.save_gguf`: ``params``, ``quantize``,
+    ``name``). ``arch`` (``"auto"``, ``"gpt2"``, ``"llama"``, ``"qwen2"``, ``"phi3"``): the ONNX
+    decoder ``source`` (exported with its key/value cache: a path, a loaded or compiled model),
+    its ``tokenizer`` and ``config``, as a llama.cpp model file
+    (:func:`mithril.backends.ggml.llama_gguf.save_llama_gguf`; docs/gguf.md).
+    """
+    from .backends.ggml.gguf_io import save_gguf as save_params_gguf
+    from .backends.ggml.llama_gguf import save_llama_gguf
+
+    if arch is None:
+        if tokenizer is not None or config is not None:
+            raise BackendOptionError("save_gguf: tokenizer= and config= describe a llama.cpp model file: give arch= "
+                                     "(\"auto\", \"gpt2\", \"llama\", \"qwen2\" or \"phi3\") too")
+        save_params_gguf(source, path, quantize, name=name, params=params)
+        return
+    if params is not None:
+        raise BackendOptionError("save_gguf(arch=...): the decoder's weights come from its ONNX file; params= is "
+                                 "for a compiled model's parameters (without arch)")
+    save_llama_gguf(source, path, arch, quantize, tokenizer=tokenizer, config=config, name=name)
+
+
+__all__ = ["export_onnx", "save_gguf"]

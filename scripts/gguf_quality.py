@@ -189,7 +189,7 @@ def main(argv=None) -> int:
         path = work / f"llama-{kind}.gguf"
         ml.save_gguf(str(onnx_path), path, arch="llama", quantize=None if kind == "f32" else kind)
         dec = ml.gguf_decoder(path, context=args.context)
-        step = dec.compile(dec.backend(num_threads=args.threads))
+        step = ml.compile(dec.model, dec.backend(num_threads=args.threads), shapes={"input": (1, 1)}, inference=True)
         logits = mithril_logits(step, dec.params, tokens, args.context)
         ref = logits if ref is None else ref
         ppl, kld, same = scores(logits, ref, target)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendOptionError, MithrilError, ParamsFileError, public_api
+from .gguf_metadata import read_metadata
 from .quantize import QUANT_TYPES, QuantizedTensor, quant_name, restore
 
 ARCH = "mithril"  # general.architecture: these files hold a Mithril model's parameters, not a llama.cpp one
@@ -133,7 +134,7 @@ def _io_metadata(pm) -> tuple[list, list]:
 
 @public_api(GGUFFileError, "save_gguf")  # any other failure (a value gguf cannot store...) is a GGUFFileError
 def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, name: str | None = None,
-              params: Mapping | None = None, arch: str | None = None, tokenizer=None, config=None) -> None:
+              params: Mapping | None = None) -> None:
     """Write a model's parameters to the GGUF file ``path``.
 
     ``source`` is a compiled model or a parameter dict (name -> array of any backend, or
@@ -146,10 +147,7 @@ def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, n
     as ``quantize`` by rows (None: float32 as given); other tensors keep their dtype.
     ``name`` sets ``general.name`` (default: the model's graph name).
 
-    ``arch`` (``"auto"``, ``"gpt2"``, ``"llama"``, ``"qwen2"``, ``"phi3"``) writes instead a file
-    llama.cpp runs, of an ONNX decoder exported with its key/value cache (a path, a loaded or
-    compiled model), with ``tokenizer`` and ``config`` (:func:`~.llama_gguf.save_llama_gguf`;
-    docs/gguf.md).
+    ``ml.save_gguf`` (:func:`mithril.export.save_gguf`) calls this without ``arch``.
 
     >>> import mithril as ml, models_zoo, numpy as np, tempfile, os
     >>> pm = ml.compile(models_zoo.mlp(), ml.GGMLBackend(quantize="q8_0"), shapes={"input": [1, 16]},
@@ -162,11 +160,6 @@ def save_gguf(source, path: str | os.PathLike, quantize: str | None = None, *, n
     >>> bool((again == out).all())
     True
     """
-    if arch is not None:  # a llama.cpp model file, not Mithril's parameters
-        from .llama_gguf import save_llama_gguf
-
-        save_llama_gguf(source, path, arch, quantize, tokenizer=tokenizer, config=config, name=name)
-        return
     path = os.fspath(path)
     quantize = quant_name(quantize)
     inputs: list = []
@@ -266,22 +259,6 @@ def load_gguf(path: str | os.PathLike, *, dequantize: bool = False) -> GGUFParam
         raise GGUFFileError(f"load_gguf: {path!r} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
 
 
-def _field_value(field) -> Any:
-    import gguf
-
-    types = field.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY:
-        if len(types) > 1 and types[1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    part = field.parts[field.data[0]]
-    if types[0] == gguf.GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", "replace")
-    return part.tolist()[0]
-
-
 def _read(path: str, dequantize: bool) -> GGUFParams:
     import gguf
     import ml_dtypes  # noqa: F401 - registers bfloat16 and the float8 dtypes a tensor may be cast back to
@@ -289,7 +266,7 @@ def _read(path: str, dequantize: bool) -> GGUFParams:
     if not os.path.isfile(path):
         raise GGUFFileError(f"load_gguf: no file {path!r}")
     reader = gguf.GGUFReader(path, "r")
-    metadata = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    metadata = read_metadata(reader)
     described = json.loads(metadata.get("mithril.tensors") or "{}")
     out = GGUFParams()
     for t in reader.tensors:

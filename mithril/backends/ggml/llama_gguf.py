@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendOptionError, MithrilError
+from .gguf_metadata import read_metadata
 
 ARCHS = ("gpt2", "llama", "qwen2", "phi3")
 # ggml types a file's matrices may be stored in (1-D tensors stay float32)
@@ -579,19 +580,6 @@ class GGUFDecoder:
             options.setdefault("dtype", "float16")
         return GGMLBackend(quantize=self.quantize, **options)
 
-    def compile(self, backend=None):
-        """The step model compiled for :func:`mithril.generate` (default: on :meth:`backend`)."""
-        from ...compile import compile as ml_compile
-
-        return ml_compile(self.model, backend if backend is not None else self.backend(),
-                          shapes={"input": (1, 1)}, inference=True)
-
-
-def _metadata(reader) -> dict:
-    from .gguf_io import _field_value
-
-    return {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-
 
 def gguf_decoder(path, context: int | None = None) -> GGUFDecoder:
     """The GGUF file ``path`` (architecture gpt2, llama, qwen2 or phi3, as :func:`save_llama_gguf`
@@ -608,7 +596,7 @@ def gguf_decoder(path, context: int | None = None) -> GGUFDecoder:
 
     path = os.fspath(path)
     reader = gguf.GGUFReader(path, "r")
-    meta = _metadata(reader)
+    meta = read_metadata(reader)
     arch = meta.get("general.architecture")
     if arch not in ARCHS:
         raise MithrilError(f"gguf_decoder: {path!r} is a {arch!r} model; the architectures read are {', '.join(ARCHS)}")

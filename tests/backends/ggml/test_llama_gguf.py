@@ -116,7 +116,7 @@ def onnxruntime_greedy(model_path, prompt, new) -> tuple[list[int], np.ndarray]:
 def compiled(dec):
     # one thread: a 64-wide model gains nothing from more, and ggml's spinning thread barriers
     # cost milliseconds per op on a busy machine (two pytest workers on two cores)
-    return dec.compile(dec.backend(num_threads=1))
+    return ml.compile(dec.model, dec.backend(num_threads=1), shapes={"input": (1, 1)}, inference=True)
 
 
 def mithril_greedy(path, prompt, new) -> list[int]:
@@ -131,7 +131,7 @@ def _reader(path):
 
 
 def _field(reader, key):
-    from mithril.backends.ggml.gguf_io import _field_value
+    from mithril.backends.ggml.gguf_metadata import field_value as _field_value
 
     return _field_value(reader.fields[key])
 

@@ -136,6 +136,16 @@ def const_value(pn: PlanNode, i: int, default=None):
     return np.asarray(v.value)
 
 
+def fill_value(pn: PlanNode) -> np.ndarray:
+    """The values a ConstantOfShape or EyeLike node ``pn`` fills its output with, in its shape."""
+    if pn.op_type == "EyeLike":
+        k = int(pn.kwargs.get("k", 0))
+        return np.eye(*pn.outputs[0].static_shape, k=k)
+    value = pn.kwargs.get("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    return np.broadcast_to(value.reshape(()) if value.size == 1 else value, pn.outputs[0].static_shape)
+
+
 class Builder:
     """What a rule builds with: ``ggml`` (the bindings), ``ctx`` (the segment's ggml context),
     ``t(v)`` (the tensor of a plan value), ``weight(v, layout)`` (a parameter or constant held
@@ -232,9 +242,7 @@ class Builder:
             axis = int(pn.kwargs.get("axis", -1 if pn.op_type == "TopK" else 0)) % len(shape)
             return 0, int(shape[axis]) - 1
         if pn.op_type in ("ConstantOfShape", "EyeLike"):
-            from .movement import _fill_value
-
-            values = np.asarray(_fill_value(pn))
+            values = np.asarray(fill_value(pn))
             return (int(values.min()), int(values.max())) if values.size else None
         return None
 

@@ -8,7 +8,7 @@ from math import prod
 import numpy as np
 
 from ...plan import squeeze_output_problem
-from . import EXACT, F32, MAX_DIMS, SMALL_INTS, Builder, ggml_axis, ggml_op, ne
+from . import EXACT, F32, MAX_DIMS, SMALL_INTS, Builder, fill_value, ggml_axis, ggml_op, ne
 from .elementwise import operand
 
 
@@ -322,19 +322,10 @@ def pad(pn, g: Builder):
 _FILLED = (*EXACT, np.dtype(np.int32), np.dtype(np.int64))
 
 
-def _fill_value(pn) -> np.ndarray:
-    if pn.op_type == "EyeLike":
-        k = int(pn.kwargs.get("k", 0))
-        return np.eye(*pn.outputs[0].static_shape, k=k)
-    value = pn.kwargs.get("value")
-    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
-    return np.broadcast_to(value.reshape(()) if value.size == 1 else value, pn.outputs[0].static_shape)
-
-
 def _check_filled(pn) -> str | None:
     if pn.op_type == "EyeLike" and len(pn.outputs[0].static_shape) != 2:
         return "an input that is not a matrix"
-    value = np.asarray(_fill_value(pn))
+    value = np.asarray(fill_value(pn))
     if value.dtype.kind == "O" or not np.array_equal(value.astype(np.float32).astype(value.dtype), value):
         return "values float32 does not hold exactly"
     return None
@@ -345,7 +336,7 @@ def _check_filled(pn) -> str | None:
 def filled(pn, g: Builder):
     """A tensor of values known when the graph is built (a fill, or the identity), copied out of
     a constant: every value float32 holds exactly, read back as the output's dtype."""
-    return g.ggml.ggml_cont(g.ctx, g.constant(np.asarray(_fill_value(pn), dtype=np.float32)))
+    return g.ggml.ggml_cont(g.ctx, g.constant(np.asarray(fill_value(pn), dtype=np.float32)))
 
 
 def _check_gather_elements(pn) -> str | None:
