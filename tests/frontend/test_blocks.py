@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -117,13 +119,20 @@ def check_against_ort(model, inputs: dict, opset=None, rtol=1e-5, atol=1e-6):
     return got
 
 
+# C builds a shared library per model (2-3 s of gcc on 2 cores, ~60% of these files' time): the
+# long tier runs every block on C too; the fast tier checks C's kernels op by op in tests/kernels
+# and tests/backends/c, and composed models in tests/models.
+_SKIP_IN_FAST_TIER = () if os.environ.get("MITHRIL_LONG_TESTS") == "1" else ("c",)
+
+
 def _check_other_backends(model, inputs, shapes, params, want, rtol, atol):
-    """Every other installed backend, fed the same parameters, matches onnxruntime too."""
+    """Every other installed backend (C in the long tier), fed the same parameters, matches
+    onnxruntime too."""
     from mithril.cli import available_backends
     from mithril.errors import BackendUnavailableError, UnsupportedDTypeError
 
     for name, cls in available_backends().items():
-        if name == "numpy":
+        if name == "numpy" or name in _SKIP_IN_FAST_TIER:
             continue
         try:
             backend = cls()
