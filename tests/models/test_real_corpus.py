@@ -34,11 +34,26 @@ XFAIL: dict[tuple[str, str], str] = {
 }
 
 
+# The files whose C libraries take longest to build (8-25 s each on 2 cores): the long tier runs them
+# on C (and `mithril conformance --real --backend c` does); the fast tier runs the other files on C,
+# CNNs, recurrent, quantized, half-precision, signal and scikit-learn models among them.
+SLOW_ON_C = {
+    "wheel_rapidocr_ppocr_mobile_cls.onnx", "paddle_transformer.onnx", "paddle_upsample.onnx", "paddle_cnn.onnx",
+    "keras_cnn.onnx", "wheel_silero_vad_16k_op15.onnx", "wheel_magika_standard_v1.onnx",
+    "wheel_openwakeword_melspectrogram.onnx", "wheel_openwakeword_embedding.onnx", "onnxscript_local_functions.onnx",
+    "tf_math_ops.onnx", "skl_pca_kmeans.onnx", "wheel_faster_whisper_silero_vad_v6.onnx", "keras_attention.onnx",
+}
+_SLOW_ON_C = pytest.mark.long(reason="C builds this file's library for 8-25 s; the fast tier runs the corpus's other "
+                                     "files on C")
+
+
 def _cases():
     for file in ENTRIES:
         for backend in BACKENDS:
             reason = XFAIL.get((file, backend)) or XFAIL.get((file, "*"))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            if backend == "c" and file in SLOW_ON_C:
+                marks.append(_SLOW_ON_C)
             yield pytest.param(file, backend, marks=marks, id=f"{file.removesuffix('.onnx')}-{backend}")
 
 
