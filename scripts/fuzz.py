@@ -84,11 +84,15 @@ FOUND_AND_FIXED = [
 # The GGML target's finds (--backend ggml): what aborted the process (GGML_ASSERT) or ran wrong.
 GGML_FOUND_AND_FIXED = [
     ("crash", "Gemm with alpha != 1 over a weight whose columns are not a multiple of 4 (stored padded, read "
-     "back as a view): ggml_scale asserts a contiguous input while computing (SIGABRT)", "issue 57"),
+     "back as a view): ggml_scale asserts a contiguous input while computing (SIGABRT)", "126d2db"),
     ("exception", "GatherElements on 1-D data: the rule's base offsets summed nothing into an int, not an "
-     "array (AttributeError), refused the node", "issue 57"),
+     "array (AttributeError), refused the node", "126d2db"),
     ("exception", "a NumPy kernel failing on a node GGML leaves to NumPy (a mutated model) raised its bare "
-     "exception; now a KernelError naming the node, as on NumpyBackend", "issue 57"),
+     "exception; now a KernelError naming the node, as on NumpyBackend", "126d2db"),
+    ("crash", "a grouped Conv with many groups (FastViT-T8) ran the per-node budget's ggml context out of "
+     "memory, SIGABRT; RegNetX-002 outgrew the planned graph (issue 57's models, not the fuzzer)", "126d2db"),
+    ("crash", "an RNN/GRU/LSTM of about 300 steps held every step alive: ggml-alloc ran out of free blocks, "
+     "SIGABRT (found reading ggml-alloc.c, not by the fuzzer)", "126d2db"),
 ]
 
 OUTCOME_MEANING = {
@@ -169,8 +173,13 @@ def render(stats: FuzzStats, args, partial: bool, commit: str) -> str:
         total = sum(stats.backstops.values())
         lines += [f"Nodes the backstop moved to NumPy (mithril/backends/ggml/guard.py: a ggml call or tensor a "
                   f"rule's check let through that ggml would abort on): {total} case(s)"
-                  + (", by node and reason: " + "; ".join(f"{k} x{v}" for k, v in stats.backstops.most_common(30))
-                     if total else "") + ".", ""]
+                  + (", by op and ggml function: " + "; ".join(f"{k} x{v}" for k, v in stats.backstops.most_common(30))
+                     if total else "") + ". `result shape` (and a reshape or view of another size): the rule built "
+                  "another shape than the plan's, which takes shapes the file declares (value_info, outputs) where "
+                  "they do not contradict its own inference: a mutated file declaring shapes its nodes do not make. "
+                  "`Gather: ggml_get_rows`: "
+                  "indices computed in the graph (ArgMax over an axis longer than the table) that could reach "
+                  "past the table, refused by design (ggml checks rows only while computing).", ""]
     lines += ["## Open bugs found by this run", ""]
     bugs = sorted(stats.bugs.values(), key=lambda b: -b.count)
     if not bugs:

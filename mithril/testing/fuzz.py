@@ -1127,8 +1127,10 @@ def run_case(data: bytes, phase=None, compare: bool = True, backend: str = "nump
         return {"outcome": "exception", "signature": _signature(exc), "message": f"{type(exc).__name__}: {exc}"[:500],
                 "traceback": traceback.format_exc()[-3000:]}
     result = {"outcome": "ok", "compared": False}
-    if backstop is not None:
-        result["backstop"] = backstop[:500]
+    if backstop is not None:  # the reason (op and ggml function), and the warning from its first such node on
+        start = backstop.rfind("), ", 0, backstop.index(BACKSTOP)) + 1
+        result["backstop"] = _backstop_reason(backstop)
+        result["backstop_text"] = backstop[start:start + 500].lstrip(", ")
     if not compare:
         return result
     if _has_nonfinite_constants(model):
@@ -1454,12 +1456,12 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
         if "not_compared" in result:
             stats.not_compared[result["not_compared"]] += 1
         if "backstop" in result:
-            reason = _backstop_reason(result["backstop"])
+            reason = result["backstop"]
             stats.backstops[reason] += 1
             if reason not in stats.backstop_examples:
                 example = failure_dir / f"backstop-{hashlib.sha1(reason.encode()).hexdigest()[:10]}.onnx"
                 example.write_bytes(data)
-                stats.backstop_examples[reason] = (result["backstop"], str(example))
+                stats.backstop_examples[reason] = (result.get("backstop_text", ""), str(example))
         if outcome == "refused":
             stats.refusals[result["error"]] += 1
             if "reference_ran" in result:
@@ -1542,11 +1544,16 @@ def run_fuzz(cases: int, seed: int = 0, workers: int = 1, time_limit: float = 10
 
 
 def _backstop_reason(text: str) -> str:
-    """The op and ggml function of a backstop's fallback warning (its shapes and names dropped)."""
+    """A backstop's fallback warning as ``op: what`` (the ggml function, or ``result shape`` where
+    the rule built another shape than the plan's: a file declaring shapes its nodes do not make),
+    shapes and names dropped; several nodes joined."""
     import re
 
-    found = re.findall(r"\((\w+): ggml would abort on (ggml_\w+|[^:]+)", text)
-    return ", ".join(sorted({f"{op}: {fn}" for op, fn in found})) or text[:120]
+    found = set()
+    pattern = r"\((\w+): ggml would abort on (ggml_\w+|a \[[^\]]*\] result|[A-Za-z_ ]+ \(\w+\)|[^:,)]+)"
+    for op, what in re.findall(pattern, text):
+        found.add(f"{op}: {'result shape' if what.endswith('] result') else what}")
+    return ", ".join(sorted(found)) or text[:120]
 
 
 def _reference_failed(phase: int, how: str) -> dict:
