@@ -5,7 +5,6 @@ backend raises. Kept apart from :mod:`.backend` so :mod:`.grad` builds on it wit
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 
 from ...errors import FallbackWarning, KernelMissingError, MithrilError
 from ..segmented import SegmentedProgram
+from ..segmented.threads import ThreadGovernor
 
 
 class CFallbackWarning(FallbackWarning):
@@ -22,80 +22,6 @@ class CFallbackWarning(FallbackWarning):
 
 class CKernelMissingError(KernelMissingError):
     """``CBackend(fallback=None)`` and nodes without a C kernel: all of them listed, with why."""
-
-
-def default_threads() -> int:
-    """The threads an OpenMP region gets by default: ``OMP_NUM_THREADS`` (its first level), else
-    the CPUs this process may run on."""
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-class ThreadGovernor:
-    """The threads each call of a C program runs on: all it was given, or one while other
-    processes hold the CPUs.
-
-    Every OpenMP region ends at a barrier that waits for each thread of its team; with another
-    process busy on one of the CPUs, a team of two waits for a scheduler time slice at each of a
-    model's dozens of regions (MobileNetV2 on 2 threads beside one busy process: 22.6 ms median,
-    8.0 ms on one thread, onnxruntime 7.5 ms on two). onnxruntime's own pool does not wait: its
-    calling thread runs the work a descheduled worker has not claimed. Here the calls are watched
-    instead: STRIKES calls in a row slower than SLOW times the fastest seen on all threads (and
-    than the fastest on one, once known) move the calls of the next HOLD_S seconds (two at least)
-    to one thread; then one call tries all threads again, and a try slower than the recent
-    one-thread calls goes back for twice the hold (up to HOLD_MAX_S). A short hold lets a passing
-    neighbour (another runtime's pool spinning for tens of milliseconds after its own calls) cost
-    little; a lasting one costs one slow try per HOLD_MAX_S.
-    ``MITHRIL_C_ADAPTIVE_THREADS=0`` keeps every call on all threads."""
-
-    SLOW = 2.0
-    STRIKES = 2
-    HOLD_S, HOLD_MAX_S = 0.02, 0.5
-
-    def __init__(self, num_threads: int | None):
-        self.configured = num_threads
-        self.want = num_threads if num_threads is not None else default_threads()
-        off = os.environ.get("MITHRIL_C_ADAPTIVE_THREADS", "").strip().lower() in ("0", "off", "false", "no")
-        self.enabled = self.want > 1 and not off
-        self.threads = self.want
-        self.best: dict[int, float] = {}
-        self.recent_one: float | None = None  # moving average of the one-thread calls
-        self.strikes = 0
-        self.held = (0, 0.0)  # calls and seconds on one thread since the last move there
-        self.backoff = self.HOLD_S
-        self.probing = False
-
-    def begin(self) -> int | None:
-        """The thread count to set for the next call (None: leave OpenMP's default)."""
-        return self.threads if self.enabled else self.configured
-
-    def end(self, seconds: float) -> None:
-        """Account the call just made, which took ``seconds``."""
-        if not self.enabled:
-            return
-        n = self.threads
-        self.best[n] = min(self.best.get(n, seconds), seconds)
-        if n == 1:
-            self.recent_one = seconds if self.recent_one is None else 0.75 * self.recent_one + 0.25 * seconds
-            calls, spent = self.held[0] + 1, self.held[1] + seconds
-            self.held = (calls, spent)
-            if calls >= 2 and spent >= self.backoff:
-                self.threads, self.probing, self.strikes = self.want, True, 0
-            return
-        limit = max(self.SLOW * self.best[n], self.best.get(1, 0.0))
-        if self.probing and self.recent_one is not None:
-            limit = min(limit, self.recent_one)  # worth it only if it beats one thread now
-        self.strikes = self.strikes + 1 if seconds > limit else 0
-        if self.strikes >= (1 if self.probing else self.STRIKES):
-            self.backoff = min(2 * self.backoff, self.HOLD_MAX_S) if self.probing else self.HOLD_S
-            self.threads, self.held, self.strikes, self.probing = 1, (0, 0.0), 0, False
-        elif self.probing and self.strikes == 0:
-            self.probing, self.backoff = False, self.HOLD_S
 
 
 @dataclass
@@ -238,4 +164,4 @@ class CProgram(SegmentedProgram):
                             shapes=[v.static_shape for v in ins], dtypes=[str(v.dtype) for v in ins])
 
 
-__all__ = ["CFallbackWarning", "CKernelMissingError", "CProgram", "ThreadGovernor", "default_threads"]
+__all__ = ["CFallbackWarning", "CKernelMissingError", "CProgram"]

@@ -1,4 +1,4 @@
-"""The C backend's thread governor (program.ThreadGovernor): each call runs on all the threads it
+"""The C backend's thread governor (segmented.threads.ThreadGovernor): each call runs on all the threads it
 was given until calls slow down as other processes take the CPUs (OpenMP's barriers then wait for
 a descheduled thread at every region), then on one thread for a while, trying all again after.
 Driven here with made-up call times, so the decisions are exact."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mithril.backends.c.program import ThreadGovernor, default_threads
+from mithril.backends.segmented.threads import ThreadGovernor, default_threads
 
 
 def _run(gov: ThreadGovernor, seconds: float, calls: int = 1) -> list[int]:
