@@ -369,6 +369,27 @@ def gpt2_124m(seed: int = 0) -> nn.Module:
     return GPT2LMHeadModel(config).eval()
 
 
+def bert_mini(seed: int = 0) -> nn.Module:
+    """BERT-Mini's shape (Turc et al. 2019, google/bert_uncased_L-4_H-256_A-4): 4 layers, hidden 256,
+    4 heads, BERT's vocabulary; seeded random weights."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                        vocab_size=30522, max_position_embeddings=512, attn_implementation="eager")
+    return BertModel(config, add_pooling_layer=True).eval()
+
+
+def gpt2_mini(seed: int = 0) -> nn.Module:
+    """GPT-2 with BERT-Mini's shape (4 layers, hidden 256, 4 heads) and GPT-2's 50,257-token
+    vocabulary, the embedding tied to the LM head; seeded random weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, use_cache=False, attn_implementation="eager")
+    return GPT2LMHeadModel(config).eval()
+
+
 class _TupleOutput(nn.Module):
     """transformers models return ModelOutput dicts; exporters want tensors with fixed names."""
 
@@ -428,7 +449,8 @@ def _text_spec(name: str, module: nn.Module, keys: tuple[str, ...], seq: int) ->
 
 def build(name: str, image_size: int = 64, seq: int = 16, seed: int = 0) -> ModelSpec:
     """One of ``resnet18``, ``mobilenet_v2``, ``bert``, ``gpt2`` (small configurations, for tests) or
-    ``bert_small``, ``gpt2_124m`` (the published sizes, for benchmarks) with seeded random weights."""
+    ``bert_small``, ``gpt2_124m`` (the published sizes, for benchmarks), ``bert_mini``, ``gpt2_mini``
+    (hidden 256, 4 layers: scripts/bench.py --ggml-load) with seeded random weights."""
     torch.manual_seed(seed)
     if name == "resnet18":
         return _image_spec(name, resnet18(), image_size, seed)
@@ -442,11 +464,16 @@ def build(name: str, image_size: int = 64, seq: int = 16, seed: int = 0) -> Mode
         return _text_spec(name, bert_small(seed), ("last_hidden_state", "pooler_output"), seq)
     if name == "gpt2_124m":
         return _text_spec(name, gpt2_124m(seed), ("logits",), seq)
-    raise KeyError(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES + LARGE_MODEL_NAMES)}")
+    if name == "bert_mini":
+        return _text_spec(name, bert_mini(seed), ("last_hidden_state", "pooler_output"), seq)
+    if name == "gpt2_mini":
+        return _text_spec(name, gpt2_mini(seed), ("logits",), seq)
+    raise KeyError(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES + LARGE_MODEL_NAMES + MINI_MODEL_NAMES)}")
 
 
 MODEL_NAMES = ("resnet18", "mobilenet_v2", "bert", "gpt2")
 LARGE_MODEL_NAMES = ("bert_small", "gpt2_124m")  # the C backend's benchmark models (scripts/bench.py)
+MINI_MODEL_NAMES = ("bert_mini", "gpt2_mini")  # GGML under load (scripts/bench.py --ggml-load)
 
 
 # -- export ----------------------------------------------------------------------------------

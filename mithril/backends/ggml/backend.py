@@ -11,6 +11,7 @@ from ..segmented.policy import check_fixed_shapes
 from .guard import GGMLPreconditionError
 from .program import (DeferredGGMLProgram, GGMLFallbackWarning, GGMLKernelMissingError, GGMLMemoryError, GGMLProgram,
                       Segment, pending_values, why_not_ggml)
+from .threads import import_ggml
 
 _WEIGHT_TYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
@@ -69,7 +70,7 @@ class GGMLBackend(SegmentedBackend):
         When a rule reads a graph input at build time, the graphs are built at the first
         evaluate, for its value (:class:`.program.DeferredGGMLProgram`)."""
         try:
-            import ggml  # noqa: F401
+            import_ggml()  # with libgomp's passive waiting, where it can (.threads)
         except ImportError as exc:
             raise BackendUnavailableError(
                 "GGMLBackend needs ggml-python: pip install 'ggml-python==0.0.45' "

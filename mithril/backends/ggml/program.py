@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,11 +33,13 @@ from ...errors import CompileError, FallbackWarning, KernelError, KernelMissingE
 from ..plan import Plan, PlanNode, PlanValue
 from ..segmented import SegmentedProgram, later_reads, segment_io, why_not
 from ..segmented import Segment as NativeSegment
+from ..segmented.threads import ThreadGovernor
 from .guard import MAX_GRAPH_DEPTH, MAX_LIVE_ALLOCATIONS, Calls, graph_size, peak_allocations
 from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 # The families register their rules when imported.
 from .ops import attention, elementwise, image, movement, nn, quantize_linear, recurrent  # noqa: F401
 from .quantize import QuantizedTensor
+from .threads import waits_passively
 
 
 class GGMLFallbackWarning(FallbackWarning):
@@ -52,9 +55,9 @@ class GGMLMemoryError(CompileError):
 
 
 def _ggml():
-    import ggml
+    from .threads import import_ggml
 
-    return ggml
+    return import_ggml()
 
 
 def why_not_ggml(pn: PlanNode, pending: frozenset | set = frozenset()) -> str | None:
@@ -283,6 +286,12 @@ class GGMLProgram(SegmentedProgram):
         self._repack_type = _repack_buffer_type(self.format.quantize) if self.format.quantize in REPACKED else None
         self._repack_buffers: list = []  # ggml backend buffers the finalizer frees
         self._threads = num_threads or _default_threads()
+        # Where ggml's threads spin at barriers (.threads: libgomp loaded before ggml), calls
+        # move to one thread while other processes hold the CPUs; where they sleep at once, every
+        # call runs on every thread (2 threads beside a busy process beat one, as onnxruntime's do).
+        self._governor = ThreadGovernor(self._threads, switch="MITHRIL_GGML_ADAPTIVE_THREADS", probe_one=True,
+                                        enabled=not waits_passively())
+        self._running_threads = self._threads
         pool_params = ggml.ggml_threadpool_params_default(self._threads)
         self._pool = ggml.ggml_threadpool_new(ctypes.byref(pool_params))
         if not self._pool:
@@ -723,6 +732,24 @@ class GGMLProgram(SegmentedProgram):
             raise MithrilError(f"GGMLBackend: {v.name!r} must be a {v.dtype} array of shape {tuple(shape)} "
                                f"(the shape it was compiled for), got {got}")
         return arr
+
+    @property
+    def adaptive_threads(self) -> bool:
+        """Whether calls move to one thread while other processes hold the CPUs: where ggml's
+        OpenMP threads spin at barriers (docs/backends.md, threads on a busy machine)."""
+        return self._governor.enabled
+
+    def run(self, params: dict, data: dict, *, hook=None) -> dict:
+        """The segmented run loop, every ggml graph on the threads the governor picks for the call."""
+        threads = self._governor.begin()
+        if threads != self._running_threads:
+            for seg in self.segments:  # a plan made for more threads has work memory for fewer
+                seg.plan.n_threads = threads
+            self._running_threads = threads
+        started = time.perf_counter()
+        out = super().run(params, data, hook=hook)
+        self._governor.end(time.perf_counter() - started)
+        return out
 
     def run_segment(self, seg: Segment, env: dict) -> None:
         """Points the graph's input tensors at the inputs' buffers, computes, copies the outputs out."""
