@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import BackendOptionError
 from ..host_memory import page_buffer, release_mapped_pages
+from .threads import import_ggml
 
 # Quantized types: name -> (ggml type constant name, values per block).
 QUANT_TYPES = {
@@ -76,7 +77,7 @@ class WeightFormat:
 
     @staticmethod
     def ggml_type(name: str) -> int:
-        import ggml
+        ggml = import_ggml()
 
         return getattr(ggml, QUANT_TYPES[name][0] if name in QUANT_TYPES else FLOAT_TYPES[name])
 
@@ -230,7 +231,7 @@ def parallel_map(fn, items, threads: int = 1) -> list:
 
 def row_bytes(type_name: str, n: int) -> int:
     """Bytes of one row of ``n`` values in ``type_name``."""
-    import ggml
+    ggml = import_ggml()
 
     return int(ggml.ggml_row_size(WeightFormat.ggml_type(type_name), n))
 
@@ -238,7 +239,7 @@ def row_bytes(type_name: str, n: int) -> int:
 def quantize_rows(rows: np.ndarray, type_name: str, out: np.ndarray | None = None) -> np.ndarray:
     """``rows`` (float32, [nrows, n]) quantized by ggml into a byte buffer (``out``: a contiguous
     uint8 array of exactly their bytes, written in place)."""
-    import ggml
+    ggml = import_ggml()
 
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     nrows, n = rows.shape
@@ -257,7 +258,7 @@ def quantize_rows(rows: np.ndarray, type_name: str, out: np.ndarray | None = Non
 
 def dequantize_rows(buffer: np.ndarray, type_name: str, nrows: int, n: int) -> np.ndarray:
     """The float32 values of ``nrows`` rows of ``n`` values stored as ``type_name``."""
-    import ggml
+    ggml = import_ggml()
 
     if type_name == "f32":
         return np.frombuffer(buffer, np.float32).reshape(nrows, n).copy()
@@ -276,10 +277,12 @@ def dequantize_rows(buffer: np.ndarray, type_name: str, nrows: int, n: int) -> n
 
 
 # A matrix a matmul reads ("t", "rows") is stored with a multiple of ROW_MULTIPLE rows: ggml's
-# fast matmul (llamafile's sgemm) takes only such operands, and otherwise falls back to a kernel
-# 3-4x slower (GPT-2's 50,257-row LM head: 21 GFLOP/s instead of 67 at one thread). The matmul
-# rules drop the padded rows' results (Builder.linear).
-ROW_MULTIPLE = 4
+# fast matmul (llamafile's sgemm) takes only multiples of 4, and otherwise falls back to a kernel
+# 3-4x slower (GPT-2's 50,257-row LM head: 21 GFLOP/s instead of 67 at one thread); its repacked
+# q4_0 and q4_K kernels (CPU_REPACK, AVX2) only multiples of 8 (that LM head at q4_K on one Zen 3
+# thread: 126 ms on the plain kernel, 52 repacked; float32 82). The matmul rules drop the padded
+# rows' results (Builder.linear).
+ROW_MULTIPLE = 8
 
 
 def stored_shape(layout: str, type_name: str, shape: tuple) -> tuple:
@@ -320,8 +323,8 @@ class QuantizedTensor:
 
     >>> import numpy as np
     >>> q = QuantizedTensor.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32), "q8_0")
-    >>> q.type_name, q.shape, q.stored_shape, q.data.nbytes  # 2 zero rows: a multiple of ROW_MULTIPLE
-    ('q8_0', (2, 32), (4, 32), 136)
+    >>> q.type_name, q.shape, q.stored_shape, q.data.nbytes  # 6 zero rows: a multiple of ROW_MULTIPLE
+    ('q8_0', (2, 32), (8, 32), 272)
     >>> bool(np.abs(q.dequantize() - np.linspace(-1, 1, 64).reshape(2, 32)).max() < 0.01)
     True
     """
@@ -336,7 +339,15 @@ class QuantizedTensor:
         self.shape = tuple(int(d) for d in self.shape)
         self.data = np.ascontiguousarray(self.data).reshape(-1).view(np.uint8)
         stored = self.stored_shape
-        want = row_bytes(self.type_name, stored[-1]) * int(np.prod(stored[:-1], dtype=np.int64))
+        per_row = row_bytes(self.type_name, stored[-1])
+        want = per_row * int(np.prod(stored[:-1], dtype=np.int64))
+        rows = self.data.nbytes // per_row if per_row else 0
+        logical = self.shape[1] if self.layout == "t" else (self.shape or (1,))[0]
+        if self.data.nbytes != want and len(stored) == 2 and self.data.nbytes == rows * per_row \
+                and logical <= rows < stored[0]:
+            # fewer zero rows than stored_shape pads to (a file written with ROW_MULTIPLE 4, or
+            # another writer's exact rows): padded here
+            self.data = np.concatenate([self.data, np.zeros(want - self.data.nbytes, np.uint8)])
         if self.data.nbytes != want:
             raise ValueError(f"a {self.type_name} tensor of shape {self.shape} in layout {self.layout!r} takes "
                              f"{want} bytes, not {self.data.nbytes}")

@@ -183,7 +183,8 @@ def test_report_lists_weights_and_kept_float_matrices():
 
 def _two_matmuls(rng):
     """x [1, 8, 64] @ W1 [64, 40] @ W2 [40, 36]: W1's 40 rows (stored transposed) are whole 8-row
-    groups, W2's 36 are not."""
+    groups; W2's 36 are stored as 40 (quantize.ROW_MULTIPLE: zero rows whose results are dropped),
+    not whole 32-row tiles."""
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -201,7 +202,8 @@ def _two_matmuls(rng):
 def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, monkeypatch):
     """q4_0 and q4_K matmul weights go to ggml's CPU_REPACK buffer (interleaved for its gemm) where
     the CPU has that kernel: same results as the plain layout, reloaded arrays re-repacked, bytes
-    reported; a weight whose rows are not whole 8-row groups stays plain."""
+    reported; a weight whose rows are not whole 8-row groups is stored with zero rows up to them
+    (their results dropped) and repacked too."""
     import ggml
 
     from mithril.backends.ggml import program as ggml_program
@@ -217,9 +219,10 @@ def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, m
         assert not any(w.repacked for w in weights.values())  # no kernel: everything stays plain
         return
     assert len(weights["w1"].repacked) == 1 and weights["w1"].buffer is None  # the repacked copy only
-    assert not weights["w2"].repacked  # 36 rows
+    assert len(weights["w2"].repacked) == 1 and weights["w2"].buffer is None  # 36 rows stored as 40
+    assert got.shape == (1, 8, 36)
     assert pm.memory_report().weights_by_dtype[quantize] == \
-        weights["w1"].repacked[0][2] + weights["w2"].buffer.nbytes
+        weights["w1"].repacked[0][2] + weights["w2"].repacked[0][2]
     monkeypatch.setattr(ggml_program, "REPACKED", {})
     plain = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 8, 64]})
     want = plain.evaluate(params, x)["y"]
