@@ -3,6 +3,7 @@ per-node time of a run on every backend, shares that add up, the un-instrumented
 them, and the command's exit statuses and JSON."""
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -410,7 +411,10 @@ def test_an_xla_instruction_is_done_by_its_end_mark_or_its_readers_launch():
 def test_jax_rows_cover_work_xla_hands_to_its_threads():
     """XLA:CPU launches a library convolution (XNNPACK's) on its thread pool and goes on: the
     instruction's own event is its launch, and its time runs until XLA's "end: <name>" event. The
-    rows must cover that time, not the launches (5.8 of a 27.6 ms ResNet-18 run at 2 threads)."""
+    rows must cover that time, not the launches (5.8 of a 27.6 ms ResNet-18 run at 2 threads).
+    The row is set beside the fastest of ten plain calls: the profiled run's own time grows with
+    the profiler's work and with other processes on the CPUs, the fastest plain call does not."""
+    jax = pytest.importorskip("jax")
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
     graph = helper.make_graph(
@@ -420,7 +424,13 @@ def test_jax_rows_cover_work_xla_hands_to_its_threads():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     backend = make_backend("jax")
     pm = ml.compile(ml.load_onnx(model), backend, inference=True)
-    report = profile(pm, None, {"x": backend.from_numpy(np.ones((1, 64, 56, 56), np.float32))}, runs=5)
+    data = {"x": backend.from_numpy(np.ones((1, 64, 56, 56), np.float32))}
+    report = profile(pm, None, data, runs=5)
     assert report.method == "XLA op"
     row = {r.name: r for r in report.nodes}["conv"]  # beside it, a copy XLA may add (a row "XLA copy")
-    assert row.calls >= 1 and row.ms >= 0.5 * report.instrumented_ms, [report.summary(), report.nodes]
+    fastest = float("inf")
+    for _ in range(10):
+        started = time.perf_counter()
+        jax.block_until_ready(pm.evaluate(None, data)["y"])
+        fastest = min(fastest, (time.perf_counter() - started) * 1e3)
+    assert row.calls >= 1 and row.ms >= 0.5 * fastest, [fastest, report.summary(), report.nodes]
