@@ -215,6 +215,10 @@ def compile(
         _check_static_inputs(inputs)
     _check_backend_dtypes(graph, backend, set(param_names))
     plan = build_plan(graph, opsets, backend.name, param_names=set(param_names))
+    # What gradients or buffer updates change, and (inference) what the caller keeps changeable.
+    moving = buffers | (set(trainable_keys or ()) if inference else trainable)
+    for pv in plan.params:
+        pv.frozen = pv.name not in moving
     if static_shapes:
         _check_static_plan(plan)
     stages.done(f"plan ({len(plan.nodes)} nodes)")

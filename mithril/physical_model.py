@@ -177,12 +177,14 @@ class PhysicalModel:
 
         Floating tensors get a fan-in-scaled normal; integer and boolean ones keep their values
         (they are indices or masks, not weights), and so do buffers (``buffer_keys``: running
-        statistics, whose variance must stay positive).
+        statistics, whose variance must stay positive) and :attr:`baked_params` (constants a
+        fusion built in).
         """
         rng = self.backend.rng
         out = {}
+        baked = self.baked_params
         for k, v in self._params_numpy.items():
-            if is_floating_np(v.dtype) and k not in self.buffer_keys:
+            if is_floating_np(v.dtype) and k not in self.buffer_keys and k not in baked:
                 fan_in = int(np.prod(v.shape[1:])) if v.ndim >= 2 else max(v.size, 1)
                 arr = rng.standard_normal(v.shape) / np.sqrt(max(fan_in, 1))
                 out[k] = arr.astype(v.dtype)
@@ -269,6 +271,7 @@ class PhysicalModel:
         # passes the same dict every step; BERT on C spent 0.1 ms a call here). Only a NumPy array
         # reshaped in place (``a.shape = ...``) slips through; the kernels still see its shape.
         seen = self.__dict__.setdefault("_params_checked", {})
+        baked = self.baked_params
         for name, value in params.items():
             ref = seen.get(name)
             if ref is not None and ref() is value:
@@ -278,10 +281,32 @@ class PhysicalModel:
                 local = self.backend.local_shape(name, tuple(declared.shape), self.sharding)
                 local = None if local == tuple(declared.shape) else local
             self._check_declared(f"parameter {name!r}", "parameters", declared, value, local)
+            if name in baked:
+                self._check_baked(baked[name], value)
             try:
                 seen[name] = weakref.ref(value)
             except TypeError:  # an array type without weak references: checked every call
                 seen.pop(name, None)
+
+    @property
+    def baked_params(self) -> dict[str, Any]:
+        """The frozen one-element parameters (an inference compile's, or those ``trainable_keys``
+        leaves out) whose values a plan pass built into the program, by name, with the plan value
+        holding the file's value: an exporter's constants written as initializers (torch.onnx's
+        dynamo exporter writes the sqrt(2), 1 and 0.5 of a Gelu so), which a fusion reads as
+        constants. ``evaluate`` refuses another value for them."""
+        plan = self.__dict__.get("plan")
+        return {pv.name: pv for pv in plan.params if pv.baked} if plan is not None else {}
+
+    def _check_baked(self, pv, value) -> None:
+        want = tensor_array(pv.tensor)
+        got = np.asarray(value if isinstance(value, np.ndarray) else self.backend.to_numpy(value))
+        if got.shape != want.shape or not np.array_equal(got, want, equal_nan=True):
+            raise InputError(
+                f"parameter {pv.name!r} is {got.reshape(-1)[:1].tolist()}, but the program was compiled with the file's "
+                f"{want.reshape(-1).tolist()} built in (a fusion read it as a constant: a one-element initializer "
+                f"nothing trains in this compile); compile with trainable_keys naming {pv.name!r} to keep it "
+                f"a parameter")
 
     def _check_output_gradients(self, output_gradients: Mapping[str, Any], data: Mapping[str, Any]):
         """The cotangents keyed by output name, checked like inputs (a None entry is left out: a

@@ -88,9 +88,25 @@ class PlanValue:
     shape: tuple[int | str | None, ...] | None
     dtype: np.dtype | None
     kind: str  # "input" | "param" | "constant" | "node"
-    # A constant's tensor (kind == "constant"), read as an array on first use.
+    # A constant's tensor (kind == "constant"), read as an array on first use; a parameter's
+    # value in the file (kind == "param", an initializer), which only :meth:`frozen_scalar` reads.
     tensor: Any = field(default=None, repr=False)
     _array: np.ndarray | None = field(default=None, repr=False)
+    # A parameter nothing differentiates or updates (compile sets it: an inference compile's, or one
+    # trainable_keys leaves out). A pass may build a one-element one's file value into a fused
+    # node; ``baked`` then says so, and evaluate refuses another value for it.
+    frozen: bool = field(default=False, repr=False)
+    baked: bool = field(default=False, repr=False)
+
+    def frozen_scalar(self) -> float | None:
+        """The file value of a frozen one-element float parameter (an exporter's constant such as
+        the sqrt(2) of a Gelu, which torch.onnx's dynamo exporter writes as an initializer);
+        None for anything else."""
+        if self.kind != "param" or not self.frozen or self.tensor is None or self.static_shape is None:
+            return None
+        if int(np.prod(self.static_shape)) != 1 or self.dtype is None or self.dtype.kind != "f":
+            return None
+        return float(tensor_array(self.tensor).reshape(()))
 
     @property
     def value(self) -> np.ndarray | None:
@@ -513,7 +529,9 @@ class _Builder:
             if v in self.values:  # also a graph input: read from params or data like one
                 continue
             if top and name in self.param_names:
-                params.append(self.value(v, "param"))
+                pv = self.value(v, "param")
+                pv.tensor = v.const_value
+                params.append(pv)
             else:
                 pv = self.value(v, "constant")
                 pv.tensor = v.const_value

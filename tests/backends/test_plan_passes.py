@@ -373,3 +373,67 @@ def test_nchwc_blocking_rewrites_a_segment_through_the_index():
     depthwise, pointwise = plan.nodes
     assert [result.origins[id(pn)] for pn in result.plan.nodes] == [depthwise, depthwise, pointwise, pointwise]
     _assert_fresh(result.plan)
+
+
+# -- an exporter's constants written as initializers --------------------------------------------
+
+def _dynamo_gelu_model():
+    """``Gelu(x @ w)`` as torch.onnx's dynamo exporter writes it: the chain's sqrt(2), 1 and 0.5 are
+    initializers (val_0, val_1, val_2), like the weight."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Div", ["h", "val_0"], ["z"]),
+             helper.make_node("Erf", ["z"], ["f"]), helper.make_node("Add", ["f", "val_1"], ["a"]),
+             helper.make_node("Mul", ["val_2", "a"], ["m"]), helper.make_node("Mul", ["h", "m"], ["y"])]
+    inits = {"w": rng.standard_normal((8, 16)).astype(np.float32), "val_0": np.float32(np.sqrt(2.0)),
+             "val_1": np.float32(1.0), "val_2": np.float32(0.5)}
+    return make_model(nodes, [("x", F, [4, 8])], [("y", F, [4, 16])], inits, opset=18), inits
+
+
+def _gelu_reference(x, inits, sqrt2=None):
+    from math import erf
+
+    h = x.astype(np.float64) @ inits["w"]
+    z = h / (inits["val_0"] if sqrt2 is None else sqrt2)
+    return h * 0.5 * (1 + np.vectorize(erf)(z))
+
+
+@pytest.mark.parametrize("name", ["torch", "ggml"])
+def test_an_exporters_constants_in_initializers_fuse_when_nothing_trains_them(name):
+    """An inference compile fuses the chain (its constants read from the file), and evaluate refuses
+    another value for them; a compile that trains them, or keeps one changeable through
+    ``trainable_keys``, leaves the chain as it is."""
+    import mithril as ml
+    from mithril.errors import InputError
+
+    if name == "ggml":
+        pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
+    else:
+        pytest.importorskip("torch")
+    backend = ml.GGMLBackend(num_threads=1) if name == "ggml" else ml.TorchBackend()
+    model, inits = _dynamo_gelu_model()
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    pm = ml.compile(ml.load_onnx(model), backend, shapes={"x": [4, 8]}, inference=True)
+    assert set(pm.baked_params) == {"val_0", "val_1", "val_2"}
+    if name == "ggml":
+        ran = [pn.op_type for seg in pm.program.segments for pn in seg.nodes]
+        assert "Gelu" in ran and "Erf" not in ran, ran
+    params = pm.get_parameters()
+    assert set(params) == set(inits)  # still parameters, as the file has them
+    got = pm.backend.to_numpy(pm.evaluate(params, {"x": x})["y"])
+    np.testing.assert_allclose(got, _gelu_reference(x, inits), rtol=1e-4, atol=1e-5)
+    changed = {**{k: pm.backend.to_numpy(v) for k, v in params.items()}, "val_0": np.array(2.0, np.float32)}
+    with pytest.raises(InputError, match=r"parameter 'val_0' is \[2.0\].*trainable_keys naming 'val_0'"):
+        pm.evaluate(changed, {"x": x})
+    fresh = pm.randomize_params()  # a new weight; the built-in constants keep their values
+    assert float(pm.backend.to_numpy(fresh["val_0"])) == inits["val_0"]
+    pm.evaluate(fresh, {"x": x})
+
+    kept = ml.compile(ml.load_onnx(model), backend, shapes={"x": [4, 8]}, inference=True, trainable_keys=["val_0"])
+    assert kept.baked_params == {}
+    got = kept.backend.to_numpy(kept.evaluate(changed, {"x": x})["y"])
+    np.testing.assert_allclose(got, _gelu_reference(x, inits, sqrt2=2.0), rtol=1e-4, atol=1e-5)
+    if name == "torch":  # a training compile differentiates them: the chain stays, their gradients are real
+        train = ml.compile(ml.load_onnx(model), backend, shapes={"x": [4, 8]})
+        assert train.baked_params == {}
+        _, grads = train.evaluate(params, {"x": x}, output_gradients={"y": np.ones((4, 16), np.float32)})
+        assert float(np.abs(train.backend.to_numpy(grads["val_0"]))) > 0

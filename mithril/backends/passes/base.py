@@ -60,7 +60,19 @@ class PassManager:
         changed_by = [(p.name or type(p).__name__, bool(p.run(index))) for p in self.passes]
         if not any(changed for _, changed in changed_by):
             return PassResult(plan, False, changed_by)
+        _mark_baked(plan.nodes, work.nodes)
         return PassResult(work, True, changed_by, dict(index.origins))
+
+
+def _mark_baked(before: list, after: list) -> None:
+    """Frozen parameters the given nodes read and the rewritten ones no longer do: a pass built
+    their values into a node (a Gelu made of a chain whose sqrt(2) was an initializer), so
+    evaluate must refuse another value for them (``PlanValue.baked``)."""
+    read_after = {id(v) for pn in after for v in pn.inputs if v is not None}
+    for pn in before:
+        for v in pn.inputs:
+            if v is not None and v.kind == "param" and v.frozen and id(v) not in read_after:
+                v.baked = True
 
 
 def run_passes(plan: Plan, passes: Iterable[PlanPass]) -> Plan:

@@ -11,8 +11,12 @@ from ..plan import PlanIndex, PlanNode, PlanValue
 
 
 def constant_scalar(v: PlanValue | None) -> float | None:
-    """A float constant's one value (any shape of one element); None for anything else. Only
-    constants the program embeds count: an initializer given at run time may change."""
+    """A float constant's one value (any shape of one element); None for anything else. Constants
+    the program embeds count, and frozen one-element parameters (:meth:`PlanValue.frozen_scalar`:
+    an exporter's constants written as initializers), which the pass that builds one into a node
+    marks ``baked`` (:class:`~.base.PassManager`); other parameters may change at run time."""
+    if v is not None and v.kind == "param":
+        return v.frozen_scalar()
     if v is None or v.kind != "constant":
         return None
     a = np.asarray(v.value)
