@@ -124,14 +124,22 @@ def test_chains_that_are_not_gelu_keep_their_nodes():
 
 
 def test_a_constant_given_at_run_time_is_not_folded_into_the_kernel():
-    """An initializer is a parameter (its value may change at each call): the chain stays."""
+    """An initializer the caller keeps changeable (``trainable_keys``) is a parameter whose value
+    may change at each call: the chain stays. One nothing trains is read from the file, and
+    evaluate refuses another value for it."""
+    from mithril.errors import InputError
+
     nodes = [n for n in _erf_gelu() if n.output[0] != "half"]
     model = ml.load_onnx(_model(nodes, initializers={"half": np.float32(0.5)}))
     backend = ml.TorchBackend()
-    pm = ml.compile(model, backend, inference=True)
-    assert _gelus(pm, backend)[0] == []
-    params = pm.get_parameters()
+    fixed = ml.compile(model, backend, inference=True)
+    assert _gelus(fixed, backend)[0] != [] and set(fixed.baked_params) == {"half"}
+    params = fixed.get_parameters()
     params["half"] = torch.tensor(0.25)
+    with pytest.raises(InputError, match="'half'"):
+        fixed.evaluate(params, DATA)
+    pm = ml.compile(model, backend, inference=True, trainable_keys=["half"])
+    assert _gelus(pm, backend)[0] == []
     x = DATA["input"] @ params["W"].numpy()
     want = x * 0.25 * (1 + torch.erf(torch.tensor(x / np.sqrt(2))).numpy())
     np.testing.assert_allclose(pm.evaluate(params, DATA)["y"].numpy(), want, rtol=1e-5, atol=1e-6)

@@ -165,6 +165,25 @@ def test_two_way_broadcast_and_a_smaller_first_operand_compute_right():
         np.testing.assert_allclose(pm.evaluate({}, {"x0": x0, "x1": x1})["y"], fn(x0, x1), rtol=1e-6)
 
 
+@pytest.mark.parametrize("a, b", [([8, 1], [1, 1]), ([9, 7], [7, 5]), ([17, 33], [33, 13]), ([128, 96], [96, 70]),
+                                  ([7, 64], [64, 16]), ([3, 20, 24], [3, 24, 11]), ([2, 1, 40, 16], [1, 3, 16, 8])])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_matmul_of_any_shape_equals_numpys(a, b, threads):
+    """ggml's float32 matmul on the shapes its kernels tile unevenly: activation rows from 8 on
+    (scripts/patches' packed AVX2 kernel: panels of 16 rows, tiles of 6 weight rows) and under 8
+    (tinyBLAS), odd inner lengths, batches and broadcast batches; against float64 NumPy."""
+    from onnx import TensorProto
+
+    f = TensorProto.FLOAT
+    out = [*np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])), a[-2], b[-1]]
+    pm = ml.compile(_one_node("MatMul", [(f, a), (f, b)], out), ml.GGMLBackend(fallback=None, num_threads=threads),
+                    inference=True)
+    rng = np.random.default_rng(2)
+    x0, x1 = rng.standard_normal(a, dtype=np.float32), rng.standard_normal(b, dtype=np.float32)
+    want = np.matmul(x0.astype(np.float64), x1.astype(np.float64))
+    np.testing.assert_allclose(pm.evaluate({}, {"x0": x0, "x1": x1})["y"], want, rtol=1e-5, atol=1e-5 * np.sqrt(a[-1]))
+
+
 def test_out_of_range_row_index_is_an_error_naming_the_node():
     from onnx import TensorProto
 
@@ -242,7 +261,7 @@ def _gelu_chain(scalars_as_initializers: bool):
     return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_constants():
+def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_fixed():
     from scipy.special import erf
 
     x = np.linspace(-4, 4, 32, dtype=np.float32).reshape(4, 8)
@@ -250,9 +269,15 @@ def test_erf_gelu_chain_runs_as_one_ggml_op_when_its_scalars_are_constants():
     pm = ml.compile(_gelu_chain(False), ml.GGMLBackend(fallback=None), inference=True)
     assert [pn.op_type for seg in pm.program.segments for pn in seg.nodes] == ["Gelu"]
     np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
-    # Scalars that are parameters may change at run time: the chain stays as written (Erf's own rule).
+    # Scalars written as initializers (torch.onnx's dynamo exporter) that nothing trains in this
+    # compile are read from the file too, and evaluate holds them to it (pm.baked_params).
     pm = ml.compile(_gelu_chain(True), ml.GGMLBackend(fallback=None), inference=True)
-    assert "Erf" in [pn.op_type for seg in pm.program.segments for pn in seg.nodes]
+    assert [pn.op_type for seg in pm.program.segments for pn in seg.nodes] == ["Gelu"]
+    assert set(pm.baked_params) == {"sqrt2", "one", "half"}
+    np.testing.assert_allclose(pm.evaluate(pm.get_parameters(), {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
+    # One kept changeable: the chain stays as written (Erf's own rule).
+    pm = ml.compile(_gelu_chain(True), ml.GGMLBackend(fallback=None), inference=True, trainable_keys=["sqrt2"])
+    assert "Erf" in [pn.op_type for seg in pm.program.segments for pn in seg.nodes] and pm.baked_params == {}
     np.testing.assert_allclose(pm.evaluate(pm.get_parameters(), {"x": x})["y"], want, rtol=1e-6, atol=1e-6)
 
 
