@@ -93,10 +93,12 @@ class PlanValue:
     tensor: Any = field(default=None, repr=False)
     _array: np.ndarray | None = field(default=None, repr=False)
     # A parameter nothing differentiates or updates (compile sets it: an inference compile's, or one
-    # trainable_keys leaves out). A pass may build a one-element one's file value into a fused
-    # node; ``baked`` then says so, and evaluate refuses another value for it.
-    frozen: bool = field(default=False, repr=False)
-    baked: bool = field(default=False, repr=False)
+    # trainable_keys leaves out). A pass may read a one-element one's file value (``read_as_constant``
+    # records it) and build it into a fused node; ``baked`` then says so, and evaluate refuses
+    # another value for it.
+    frozen: bool = field(default=False, repr=False, kw_only=True)
+    read_as_constant: bool = field(default=False, repr=False, kw_only=True)
+    baked: bool = field(default=False, repr=False, kw_only=True)
 
     def frozen_scalar(self) -> float | None:
         """The file value of a frozen one-element float parameter (an exporter's constant such as
@@ -106,6 +108,7 @@ class PlanValue:
             return None
         if int(np.prod(self.static_shape)) != 1 or self.dtype is None or self.dtype.kind != "f":
             return None
+        self.read_as_constant = True
         return float(tensor_array(self.tensor).reshape(()))
 
     @property

@@ -65,13 +65,14 @@ class PassManager:
 
 
 def _mark_baked(before: list, after: list) -> None:
-    """Frozen parameters the given nodes read and the rewritten ones no longer do: a pass built
-    their values into a node (a Gelu made of a chain whose sqrt(2) was an initializer), so
-    evaluate must refuse another value for them (``PlanValue.baked``)."""
+    """Frozen parameters a pass read as constants (``PlanValue.frozen_scalar``) that the given nodes
+    read and the rewritten ones no longer do: the pass built their values into a node (a Gelu made
+    of a chain whose sqrt(2) was an initializer), so evaluate must refuse another value for them
+    (``PlanValue.baked``). Parameters a pass only repacks (C's NCHWc blocking) stay parameters."""
     read_after = {id(v) for pn in after for v in pn.inputs if v is not None}
     for pn in before:
         for v in pn.inputs:
-            if v is not None and v.kind == "param" and v.frozen and id(v) not in read_after:
+            if v is not None and v.kind == "param" and v.read_as_constant and id(v) not in read_after:
                 v.baked = True
 
 
