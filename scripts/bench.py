@@ -1104,11 +1104,6 @@ def _render_ggml(rows: list[dict], targets, notes: list[str], started: str, load
 
 
 def _ggml_backend_main(args, model_names: list[str]) -> int:
-    # ggml before the exporter's PyTorch, as a script that compiles on GGML first gets it: libgomp
-    # loaded with passive waiting (docs/backends.md, GGML's threads on a busy machine)
-    from mithril.backends.ggml.threads import import_ggml
-
-    import_ggml()
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     load = _load_average()
     notes: list[str] = []

@@ -43,11 +43,13 @@ MODELS = ("bert_mini", "gpt2_mini", "bert_small", "gpt2_124m")  # models_zoo.tor
 DEFAULT_MODELS = ("bert_mini", "gpt2_mini")
 RUNTIMES = ("onnxruntime", "ggml", "ggml-1-thread")
 DEFAULT_RUNTIMES = ("onnxruntime", "ggml")
-# How libgomp's threads wait, one process each (libgomp reads it once): "passive" is what
-# GGMLBackend loads ggml with (ggml/threads.py); "spinning" libgomp's default (300,000 rounds),
-# which it keeps when a libgomp was loaded first (PyTorch imported before Mithril's ggml): calls
-# then watched by the thread governor.
-POLICIES = {"passive": {}, "spinning": {"GOMP_SPINCOUNT": "300000"}}
+# How libgomp's threads wait, one process each (libgomp reads it once): "spinning" is libgomp's
+# default (300,000 rounds before a thread sleeps), what GGMLBackend runs with unless told: calls
+# then watched by the thread governor; "passive" (OMP_WAIT_POLICY=PASSIVE) sleeps at once, every
+# call on every thread; "spin-N" spins N rounds.
+POLICIES = {"spinning": {"GOMP_SPINCOUNT": "300000"}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+            "spin-3000": {"GOMP_SPINCOUNT": "3000"}, "spin-30000": {"GOMP_SPINCOUNT": "30000"}}
+DEFAULT_POLICIES = ("spinning", "passive")
 LOADED_TARGET = 2.0  # GGML's loaded median / its quiet median, issue 57 (Must 3)
 SEQ = 128
 
@@ -146,9 +148,8 @@ def measure(model: str, exporter: str, runtimes: list[str], seconds: float, bloc
 
 def _policy() -> str:
     """How ggml's libgomp waits in this process (after :func:`import_ggml`)."""
-    from mithril.backends.ggml.threads import waits_passively
-
-    return "passive" if waits_passively() else "spinning"
+    return next((name for name, env in POLICIES.items() if env and all(os.environ.get(k) == v for k, v in env.items())),
+                "default")
 
 
 def bars(rows: list[dict]) -> list[tuple[str, str, str, str]]:
@@ -177,9 +178,9 @@ def render(rows: list[dict], started: str, args) -> str:
              f"{args.cycles} times, then quiet again ({args.seconds:g} s a phase), the runtimes taking turns in each phase;",
              "quiet and loaded are the medians of all the calls in those phases. ggml:",
              "`GGMLBackend()` in float32 on every usable CPU; onnxruntime at its default threads. libgomp: how",
-             "ggml's OpenMP threads wait, one process each: passive (what GGMLBackend loads ggml with) or spinning",
-             "(libgomp's default, kept when a libgomp was loaded before ggml, e.g. PyTorch imported first; a call's",
-             "graphs then move to one thread while other processes hold the CPUs; docs/backends.md).",
+             "ggml's OpenMP threads wait, one process each: spinning (libgomp's default and GGMLBackend's: a call's",
+             "graphs move to one thread while other processes hold the CPUs), passive (`OMP_WAIT_POLICY=PASSIVE`:",
+             "asleep at once at each barrier, every call on every thread) or spin-N (`GOMP_SPINCOUNT=N`); docs/backends.md.",
              "bert_mini / gpt2_mini: hidden 256, 4 layers, 4 heads (GPT-2's 50,257-token embedding",
              f"tied to its LM head), random weights, exported by torch.onnx; sequence {SEQ}, batch 1.", "",
              "| Model | Exporter | libgomp | Runtime | Quiet (ms) | Loaded (ms) | Loaded / quiet | Calls (quiet, loaded) |",
@@ -197,7 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma list from {', '.join(MODELS)}")
     ap.add_argument("--exporters", default="torchscript", help="comma list from torchscript, dynamo")
     ap.add_argument("--runtimes", default=",".join(DEFAULT_RUNTIMES), help=f"comma list from {', '.join(RUNTIMES)}")
-    ap.add_argument("--libgomp", default=",".join(POLICIES), help=f"comma list from {', '.join(POLICIES)}: a process each")
+    ap.add_argument("--libgomp", default=",".join(DEFAULT_POLICIES),
+                    help=f"comma list from {', '.join(POLICIES)}: a process each")
     ap.add_argument("--json", help=argparse.SUPPRESS)  # a child's rows (one libgomp policy), for the parent
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per phase (all runtimes)")
     ap.add_argument("--cycles", type=int, default=3, help="quiet-then-loaded cycles (then a last quiet phase)")
@@ -218,10 +220,7 @@ def main(argv=None) -> int:
     for p in policies:
         if p not in POLICIES:
             ap.error(f"unknown libgomp policy {p!r}; choose from {', '.join(POLICIES)}")
-    if args.json:  # a child: ggml first, as `import mithril` then compile would (PyTorch, imported
-        from mithril.backends.ggml.threads import import_ggml  # after, shares its libgomp)
-
-        import_ggml()
+    if args.json:  # a child, under one policy
         rows = []
         with tempfile.TemporaryDirectory(prefix="mithril-ggml-load-") as workdir:
             for model in models:

@@ -70,7 +70,7 @@ class GGMLBackend(SegmentedBackend):
         When a rule reads a graph input at build time, the graphs are built at the first
         evaluate, for its value (:class:`.program.DeferredGGMLProgram`)."""
         try:
-            import_ggml()  # with libgomp's passive waiting, where it can (.threads)
+            import_ggml()  # noting libgomp's wait policy (.threads)
         except ImportError as exc:
             raise BackendUnavailableError(
                 "GGMLBackend needs ggml-python: pip install 'ggml-python==0.0.45' "

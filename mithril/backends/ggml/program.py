@@ -286,9 +286,9 @@ class GGMLProgram(SegmentedProgram):
         self._repack_type = _repack_buffer_type(self.format.quantize) if self.format.quantize in REPACKED else None
         self._repack_buffers: list = []  # ggml backend buffers the finalizer frees
         self._threads = num_threads or _default_threads()
-        # Where ggml's threads spin at barriers (.threads: libgomp loaded before ggml), calls
-        # move to one thread while other processes hold the CPUs; where they sleep at once, every
-        # call runs on every thread (2 threads beside a busy process beat one, as onnxruntime's do).
+        # Where ggml's threads spin at barriers (libgomp's default: .threads), calls move to one
+        # thread while other processes hold the CPUs; where they sleep at once, every call runs on
+        # every thread.
         self._governor = ThreadGovernor(self._threads, switch="MITHRIL_GGML_ADAPTIVE_THREADS", probe_one=True,
                                         enabled=not waits_passively())
         self._running_threads = self._threads

@@ -2,15 +2,14 @@
 
 ggml (as scripts/dev.sh builds it) runs each graph in one OpenMP parallel region with a barrier
 after every node. libgomp's threads spin at a barrier (300,000 rounds by default) before they
-sleep, so with another process busy on the CPUs a spinning thread holds the CPU its descheduled
-partner needs, and a call on 2 threads of a 2-CPU machine runs many times slower than on one;
-with passive waiting a thread sleeps at once and its CPU runs the partner
-(docs/performance.md, GGML under load: ``scripts/bench.py --ggml-load``). So the first
-import of ggml loads libgomp with ``OMP_WAIT_POLICY=PASSIVE`` (libgomp reads it once, when it is
-loaded; the variable is set only for that import) unless the user set ``OMP_WAIT_POLICY`` or
-``GOMP_SPINCOUNT``, or a libgomp is loaded already (PyTorch's, the C backend's): then the
-program's :class:`~mithril.backends.segmented.threads.ThreadGovernor` moves calls to one thread
-while other processes hold the CPUs.
+sleep. With the CPUs free that is what a graph of hundreds of small nodes needs (a decode step);
+with another process busy on them, a spinning thread holds the CPU its descheduled partner needs,
+and the program's :class:`~mithril.backends.segmented.threads.ThreadGovernor` moves calls to one
+thread. Passive waiting (``OMP_WAIT_POLICY=PASSIVE``, each thread asleep at once) costs a wake-up
+at every node instead: GPT decode steps ran several times slower on 2 threads than on one
+(docs/performance.md, GGML under load and GGML backend). So Mithril leaves libgomp's policy as
+the user sets it (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) and watches calls only where the
+threads spin.
 """
 
 from __future__ import annotations
@@ -23,20 +22,11 @@ _STATE: dict = {}  # "passive": what libgomp said, once ggml is imported
 
 
 def import_ggml():
-    """The ``ggml`` module (ggml-python), imported the first time with libgomp's passive wait
-    policy where the user chose none and no libgomp is loaded yet (see the module docstring)."""
-    if "ggml" in sys.modules and "passive" in _STATE:
-        return sys.modules["ggml"]
-    chosen = any(os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))
-    if "ggml" in sys.modules or chosen or _libgomp() is not None:
-        import ggml
-    else:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        try:
-            import ggml
-        finally:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-    _STATE["passive"] = _libgomp_waits_passively()
+    """The ``ggml`` module (ggml-python), with what its libgomp says of its wait policy noted."""
+    import ggml
+
+    if "passive" not in _STATE:
+        _STATE["passive"] = _libgomp_waits_passively()
     return ggml
 
 

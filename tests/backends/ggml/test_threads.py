@@ -1,8 +1,8 @@
-"""How GGML's threads wait and how many a call uses: ggml loaded with libgomp's passive waiting
-(ggml/threads.py; each policy asked of libgomp in a fresh process), every call on every thread;
-where libgomp spins (loaded before ggml), the calls watched by segmented.threads.ThreadGovernor
-(probe_one): every thread while calls are fast, one while other processes hold the CPUs, each
-ggml graph's plan following the choice.
+"""How GGML's threads wait and how many a call uses: libgomp's wait policy as the user leaves it
+(ggml/threads.py; each policy asked of libgomp in a fresh process); where its threads spin (the
+default), the calls watched by segmented.threads.ThreadGovernor (probe_one): every thread while
+calls are fast, one while other processes hold the CPUs, each ggml graph's plan following the
+choice; where they sleep at once, every call on every thread.
 The governor is driven with made-up call times, so the decisions are exact; nothing is timed."""
 
 from __future__ import annotations
@@ -125,12 +125,12 @@ print(waits_passively(), pm.program._governor.enabled, os.environ.get("OMP_WAIT_
 
 
 @pytest.mark.parametrize("env, before, want", [
-    ({}, "", "True False None"),  # passive, set for the import only; every call on every thread
-    ({"OMP_WAIT_POLICY": "active"}, "", "False True active"),  # the user's choice stands
+    ({}, "", "False True None"),  # libgomp's default: its threads spin; calls watched
+    ({}, "import torch", "False True None"),  # PyTorch's libgomp loaded first: the same
+    ({"OMP_WAIT_POLICY": "passive"}, "", "True False passive"),  # the user's choice stands: every call on every thread
     ({"GOMP_SPINCOUNT": "0"}, "", "True False None"),
-    ({}, "import torch", "False True None"),  # PyTorch's libgomp loaded first: it spins
 ])
-def test_ggml_loads_libgomp_with_passive_waiting_unless_told(env, before, want):
+def test_ggml_keeps_libgomps_wait_policy_and_watches_calls_where_it_spins(env, before, want):
     pytest.importorskip("ggml", reason="GGMLBackend needs ggml-python (installed by scripts/dev.sh)")
     if before:
         pytest.importorskip("torch")
