@@ -242,6 +242,7 @@ def compile(
     pm.sharding = sharding_plan
     pm.buffer_keys = buffers & set(param_names)
     pm.plan = plan
+    pm.baked_params = {pv.name: pv for pv in plan.params if pv.baked}  # the passes ran in lower
     pm.auto_scalar_promotion = auto_scalar_promotion
     pm.gradient_checkpointing = checkpointing
     if not inference:

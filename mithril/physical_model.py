@@ -54,6 +54,12 @@ class PhysicalModel:
         self.trainable_keys = trainable_keys
         self.data_keys = data_keys
         self.inference = inference
+        # The frozen one-element parameters (an inference compile's, or those trainable_keys leaves
+        # out) whose file values a plan pass built into the program, by name, each with its plan
+        # value: an exporter's constants written as initializers (torch.onnx's dynamo exporter
+        # writes a Gelu's sqrt(2), 1 and 0.5 so). Set by compile once lowered; evaluate refuses
+        # another value for them.
+        self.baked_params: dict[str, Any] = {}
         # compile(gradient_checkpointing=True) applied: the backward pass recomputes activations.
         self.gradient_checkpointing = False
         graph = graph_model.graph
@@ -287,16 +293,6 @@ class PhysicalModel:
                 seen[name] = weakref.ref(value)
             except TypeError:  # an array type without weak references: checked every call
                 seen.pop(name, None)
-
-    @property
-    def baked_params(self) -> dict[str, Any]:
-        """The frozen one-element parameters (an inference compile's, or those ``trainable_keys``
-        leaves out) whose values a plan pass built into the program, by name, with the plan value
-        holding the file's value: an exporter's constants written as initializers (torch.onnx's
-        dynamo exporter writes the sqrt(2), 1 and 0.5 of a Gelu so), which a fusion reads as
-        constants. ``evaluate`` refuses another value for them."""
-        plan = self.__dict__.get("plan")
-        return {pv.name: pv for pv in plan.params if pv.baked} if plan is not None else {}
 
     def _check_baked(self, pv, value) -> None:
         want = tensor_array(pv.tensor)

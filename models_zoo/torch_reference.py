@@ -339,55 +339,52 @@ def small_bert(seed: int = 0) -> nn.Module:
     return BertModel(config, add_pooling_layer=True).eval()
 
 
-def small_gpt2(seed: int = 0) -> nn.Module:
+def _bert(seed: int, hidden: int, heads: int) -> nn.Module:
+    """A 4-layer BertModel of ``hidden`` (feed-forward 4x) and BERT's vocabulary; seeded random weights."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=heads,
+                        intermediate_size=4 * hidden, vocab_size=30522, max_position_embeddings=512,
+                        attn_implementation="eager")
+    return BertModel(config, add_pooling_layer=True).eval()
+
+
+def _gpt2(seed: int, **sizes) -> nn.Module:
+    """A GPT2LMHeadModel of ``sizes`` (GPT2Config's; GPT-2 124M's where left out), its embedding
+    tied to the LM head; seeded random weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=256,
-                        use_cache=False, attn_implementation="eager")
-    return GPT2LMHeadModel(config).eval()
+    return GPT2LMHeadModel(GPT2Config(**sizes, use_cache=False, attn_implementation="eager")).eval()
+
+
+def small_gpt2(seed: int = 0) -> nn.Module:
+    return _gpt2(seed, n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=256)
 
 
 def bert_small(seed: int = 0) -> nn.Module:
     """BERT-Small's shape (Turc et al. 2019, google/bert_uncased_L-4_H-512_A-8): 4 layers, hidden 512,
     8 heads, BERT's vocabulary; seeded random weights."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    config = BertConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
-                        vocab_size=30522, max_position_embeddings=512, attn_implementation="eager")
-    return BertModel(config, add_pooling_layer=True).eval()
+    return _bert(seed, 512, 8)
 
 
 def gpt2_124m(seed: int = 0) -> nn.Module:
     """GPT-2 at its released smallest size (124M parameters: 12 layers, hidden 768, 12 heads, the
     50,257-token vocabulary, the tied LM head); seeded random weights."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(use_cache=False, attn_implementation="eager")
-    return GPT2LMHeadModel(config).eval()
+    return _gpt2(seed)
 
 
 def bert_mini(seed: int = 0) -> nn.Module:
     """BERT-Mini's shape (Turc et al. 2019, google/bert_uncased_L-4_H-256_A-4): 4 layers, hidden 256,
     4 heads, BERT's vocabulary; seeded random weights."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    config = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                        vocab_size=30522, max_position_embeddings=512, attn_implementation="eager")
-    return BertModel(config, add_pooling_layer=True).eval()
+    return _bert(seed, 256, 4)
 
 
 def gpt2_mini(seed: int = 0) -> nn.Module:
     """GPT-2 with BERT-Mini's shape (4 layers, hidden 256, 4 heads) and GPT-2's 50,257-token
     vocabulary, the embedding tied to the LM head; seeded random weights."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(n_embd=256, n_layer=4, n_head=4, use_cache=False, attn_implementation="eager")
-    return GPT2LMHeadModel(config).eval()
+    return _gpt2(seed, n_embd=256, n_layer=4, n_head=4)
 
 
 class _TupleOutput(nn.Module):
