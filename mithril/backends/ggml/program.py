@@ -283,7 +283,8 @@ class GGMLProgram(SegmentedProgram):
         if not self._cpu:
             raise MithrilError("GGMLBackend: ggml's CPU backend did not start")
         self._buffer_type = ggml.ggml_backend_get_default_buffer_type(self._cpu)
-        self._repack_type = _repack_buffer_type(self.format.quantize) if self.format.quantize in REPACKED else None
+        repack = _repack_buffer_type(self.format.quantize) if self.format.quantize in REPACKED else None
+        self._repack_name, self._repack_type = repack or (None, None)
         self._repack_buffers: list = []  # ggml backend buffers the finalizer frees
         self._threads = num_threads or _default_threads()
         # Where ggml's threads spin at barriers (libgomp's default: .threads), calls move to one
@@ -505,12 +506,13 @@ class GGMLProgram(SegmentedProgram):
             if node.view_src:
                 uses.setdefault(ctypes.addressof(node.view_src.contents), []).append((node, -1))
         for w in self._weights.values():
-            if REPACKED.get(w.type_name) != REPACKED[self.format.quantize]:  # another buffer's type
+            if self._repack_name not in REPACKED.get(w.type_name, ()):  # another buffer's type
                 continue
+            rows = REPACK_ROWS.get((self._repack_name, w.type_name))
             for t in w.tensors:
                 addr = ctypes.addressof(t.contents)
-                if t.contents.buffer or _repack_refusal(ggml, t.contents, uses.get(addr, []),
-                                                        REPACKED[w.type_name] == b"AMX"):
+                if t.contents.buffer or _repack_refusal(ggml, t.contents, uses.get(addr, []), rows,
+                                                        self._repack_name == b"AMX"):
                     continue
                 size = int(ggml.ggml_backend_buft_get_alloc_size(self._repack_type, t))
                 buf = ggml.ggml_backend_buft_alloc_buffer(self._repack_type, size)
@@ -828,17 +830,21 @@ def _stored_bytes(w: _Weight) -> int:
 
 
 # Quantized types whose matmul weights go to one of ggml's extra CPU buffers, which lay them out once
-# for a faster kernel, where this CPU has one: q4_0 and q4_K to CPU_REPACK (x86 with AVX2: 8x8
-# interleaved blocks), q8_0 to AMX (Intel AMX-INT8 tiles). On a 128x512x2048 matmul, one Sapphire
-# Rapids thread: q4_0 3.2 ms repacked vs 5.7 on llamafile's kernel, q4_K 2.1 vs 9.2, float32 3.9;
-# BERT-Small's forward at q8_0 went from 1.2x slower than float32 to 1.9x faster with AMX.
-REPACKED = {"q4_0": b"CPU_REPACK", "q4_K": b"CPU_REPACK", "q8_0": b"AMX"}
+# for a faster kernel, in order of preference where this CPU has one: q4_0 and q4_K to CPU_REPACK
+# (x86 with AVX2: 8x8 interleaved blocks), q8_0 to AMX (Intel AMX-INT8 tiles) or else CPU_REPACK
+# (x86 with AVX2: 4 rows interleaved by 8 bytes, scripts/patches/ggml-q8_0-x86-repack.patch). On a
+# 128x512x2048 matmul, one Sapphire Rapids thread: q4_0 3.2 ms repacked vs 5.7 on llamafile's
+# kernel, q4_K 2.1 vs 9.2, float32 3.9; BERT-Small's forward at q8_0 went from 1.2x slower than
+# float32 to 1.9x faster with AMX.
+REPACKED = {"q4_0": (b"CPU_REPACK",), "q4_K": (b"CPU_REPACK",), "q8_0": (b"AMX", b"CPU_REPACK")}
+# Weight rows a repacked kernel takes at a time (a 2-D weight of whole groups moves).
+REPACK_ROWS = {(b"AMX", "q8_0"): 32, (b"CPU_REPACK", "q8_0"): 4}
 
 
 def _repack_buffer_type(quantize: str):
-    """The ggml extra buffer type (one of the CPU device's) that ``quantize``'s matmul weights go
-    to (:data:`REPACKED`), or None: this CPU or this ggml build has none, or it is AMX and
-    :func:`amx_works` says no."""
+    """(name, buffer type): the first ggml extra buffer type (one of the CPU device's) of
+    :data:`REPACKED`'s choices for ``quantize`` that this CPU and ggml build have (AMX only where
+    :func:`amx_works` says yes), or None."""
     ggml = _ggml()
     reg = ggml.ggml_backend_cpu_reg()
     dev = ggml.ggml_backend_reg_dev_get(reg, 0) if reg else None
@@ -846,12 +852,13 @@ def _repack_buffer_type(quantize: str):
     if not addr:
         return None
     bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)(dev)
-    i = 0
+    found, i = {}, 0
     while bufts and bufts[i]:
-        name = ggml.ggml_backend_buft_name(bufts[i])
-        if name == REPACKED[quantize] and (name != b"AMX" or amx_works()):
-            return bufts[i]
+        found.setdefault(ggml.ggml_backend_buft_name(bufts[i]), bufts[i])
         i += 1
+    for name in REPACKED[quantize]:
+        if name in found and (name != b"AMX" or amx_works()):
+            return name, found[name]
     return None
 
 
@@ -943,16 +950,16 @@ def _ggml_log_muted():
         ggml.ggml_log_set(callback, data)
 
 
-def _repack_refusal(ggml, t, uses, amx: bool = False) -> str | None:
+def _repack_refusal(ggml, t, uses, rows: int | None = None, amx: bool = False) -> str | None:
     """Why weight tensor ``t`` (read by ``uses``: (node, source index), -1 for a view) may not
-    move to the CPU_REPACK buffer (``amx``: the AMX one); None when it may. ggml runs the buffer's
-    kernel for every MUL_MAT whose weight lives there without asking whether it can: what that
-    kernel asserts on or cannot compute is refused here (an abort takes the process). AMX's
-    (ggml's own test, which it does not apply at compute time): whole 32-row and 32-value tiles,
-    both operands contiguous."""
+    move to the CPU_REPACK buffer (``amx``: the AMX one), whose kernel takes ``rows`` weight rows
+    at a time (default 8; AMX's 32); None when it may. ggml runs the buffer's kernel for every
+    MUL_MAT whose weight lives there without asking whether it can: what that kernel asserts on
+    or cannot compute is refused here (an abort takes the process). AMX's (ggml's own test, which
+    it does not apply at compute time): whole 32-row and 32-value tiles, both operands contiguous."""
     if not uses:
         return "read by no node"
-    rows = 32 if amx else 8
+    rows = rows or (32 if amx else 8)
     if t.ne[2] != 1 or t.ne[3] != 1 or t.ne[1] % rows or t.ne[0] % 32:
         return f"shape {list(t.ne)} (a matrix of whole {rows}-row groups and 32-value blocks)"
     for node, k in uses:

@@ -182,7 +182,7 @@ def test_report_lists_weights_and_kept_float_matrices():
 
 
 def _two_matmuls(rng):
-    """x [1, 8, 64] @ W1 [64, 40] @ W2 [40, 36]: W1's 40 rows (stored transposed) are whole 8-row
+    """x [1, tokens, 64] @ W1 [64, 40] @ W2 [40, 36]: W1's 40 rows (stored transposed) are whole 8-row
     groups; W2's 36 are stored as 40 (quantize.ROW_MULTIPLE: zero rows whose results are dropped),
     not whole 32-row tiles."""
     onnx = pytest.importorskip("onnx")
@@ -192,22 +192,24 @@ def _two_matmuls(rng):
     w2 = rng.standard_normal((40, 36)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 36])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "tokens", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "tokens", 36])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
     return ml.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])), w1, w2
 
 
-@pytest.mark.parametrize("quantize", ["q4_0", "q4_K"])
+@pytest.mark.parametrize("quantize", ["q4_0", "q4_K", "q8_0"])
 def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, monkeypatch):
-    """q4_0 and q4_K matmul weights go to ggml's CPU_REPACK buffer (interleaved for its gemm) where
-    the CPU has that kernel: same results as the plain layout, reloaded arrays re-repacked, bytes
-    reported; a weight whose rows are not whole 8-row groups is stored with zero rows up to them
-    (their results dropped) and repacked too."""
+    """q4_0, q4_K and (without AMX) q8_0 matmul weights go to ggml's CPU_REPACK buffer (interleaved
+    for its gemm; q8_0's x86 kernel is scripts/patches/ggml-q8_0-x86-repack.patch) where the CPU
+    has that kernel: same results as the plain layout, reloaded arrays re-repacked, bytes reported;
+    a weight whose rows are not whole 8-row groups is stored with zero rows up to them (their
+    results dropped) and repacked too. Eight activation rows run the gemm twice; one, the gemv."""
     import ggml
 
     from mithril.backends.ggml import program as ggml_program
 
+    monkeypatch.setenv("MITHRIL_GGML_AMX", "0")
     rng = np.random.default_rng(0)
     model, w1, w2 = _two_matmuls(rng)
     x = {"x": rng.standard_normal((1, 8, 64)).astype(np.float32)}
@@ -233,6 +235,17 @@ def test_repacked_matmul_weights_compute_what_llamafiles_kernel_does(quantize, m
     again, want = pm.evaluate(new, x)["y"], plain.evaluate(new, x)["y"]
     assert np.abs(again - got).max() > 0.1 * np.abs(got).max()
     np.testing.assert_allclose(again, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # One activation row (a decode step): the repacked gemv.
+    monkeypatch.undo()
+    monkeypatch.setenv("MITHRIL_GGML_AMX", "0")
+    one = {"x": x["x"][:, :1]}
+    step = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 1, 64]})
+    assert all(len(w.repacked) == 1 for w in step.program._weights.values())
+    got = step.evaluate(params, one)["y"]
+    monkeypatch.setattr(ggml_program, "REPACKED", {})
+    plain = _compile(model, ml.GGMLBackend(quantize=quantize, num_threads=1), {"x": [1, 1, 64]})
+    want = plain.evaluate(params, one)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 def test_q8_0_matmul_weights_run_on_amx_where_it_works(monkeypatch):
@@ -242,7 +255,7 @@ def test_q8_0_matmul_weights_run_on_amx_where_it_works(monkeypatch):
     llamafile's q8_0 kernel; a weight whose rows are not whole 32-row tiles stays plain."""
     from mithril.backends.ggml import program as ggml_program
 
-    if ggml_program._repack_buffer_type("q8_0") is None:
+    if (ggml_program._repack_buffer_type("q8_0") or (None,))[0] != b"AMX":
         pytest.skip("no working AMX here: this CPU has no AMX-INT8, or this ggml-python build's AMX "
                     "matmul faults (not built by scripts/dev.sh), or MITHRIL_GGML_AMX=0")
     rng = np.random.default_rng(3)
@@ -278,7 +291,8 @@ def test_amx_can_be_turned_off(monkeypatch):
     from mithril.backends.ggml import program as ggml_program
 
     monkeypatch.setenv("MITHRIL_GGML_AMX", "0")
-    assert ggml_program.amx_works() is False and ggml_program._repack_buffer_type("q8_0") is None
+    assert ggml_program.amx_works() is False
+    assert (ggml_program._repack_buffer_type("q8_0") or (None,))[0] in (None, b"CPU_REPACK")
 
 
 def test_repack_refuses_what_ggmls_repacked_matmul_would_assert_on():
