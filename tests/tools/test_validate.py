@@ -131,3 +131,19 @@ def test_validate_holds_a_converted_model_to_its_compute_dtype(backend, compute,
     assert report.first_divergence[b.name] is None
     if compute != "float64":
         assert out.max_abs_err > 1e-5  # it did compute in the half type
+
+
+def test_relative_error_is_against_the_outputs_scale():
+    """An output with zeros in it (a ReLU's, a detector's score map) gets a relative error against
+    its largest magnitude, not a division by each zero: 1e-6 off on values up to 2 is 5e-7."""
+    from mithril.validate import compare
+
+    ref = np.array([0.0, 0.0, 1.0, -2.0], np.float32)
+    got = ref + np.array([1e-6, 0.0, 0.0, 0.0], np.float32)
+    row = compare("y", "numpy", got, ref)
+    assert row.passed and row.max_abs_err == pytest.approx(1e-6, rel=1e-3)
+    assert row.max_rel_err == pytest.approx(5e-7, rel=1e-3)
+    assert compare("y", "numpy", ref, ref).max_rel_err == 0.0
+    zeros = np.zeros(3, np.float32)
+    assert compare("y", "numpy", zeros, zeros).max_rel_err == 0.0
+    assert compare("y", "numpy", zeros + 1, zeros).max_rel_err == float("inf")
