@@ -245,8 +245,9 @@ def _train(pm, backend, init, batches):
     # SGD, not Adam: Adam divides each gradient by its own scale, so a gradient that is zero in exact
     # arithmetic (attention's key bias: softmax ignores a shift) becomes steps of float noise.
     # ResNet's pretrained-like start takes a small rate: at 0.01 its loss leapt to 11 by step 2, and
-    # that chaos grew float32's summation-order noise (1e-6) to 1.4% by step 8 on an AVX2 EPYC.
-    lr = 0.003 if any(k.startswith("resnet.") for k in params) else 0.1
+    # that chaos grew float32's summation-order noise (1e-6) to 1.4% by step 8 on an AVX2 EPYC; at
+    # 0.003 it still grew to 7e-5 by step 18 on an AVX-512 Xeon.
+    lr = 0.001 if any(k.startswith("resnet.") for k in params) else 0.1
     params, _, losses = fit(pm, params, lambda epoch: batches, SGD(lr, momentum=0.9), 1, progress=False)
     return {k: backend.to_numpy(v) for k, v in params.items()}, np.array(losses)
 
