@@ -452,7 +452,7 @@ def test_center_crop_pad_matches_numpy(sizes, axes):
 def test_gelu_keeps_its_accuracy_in_the_negative_tail():
     """GELU (erf form) within 4e-7 of float64 on [-14, 10], and relative to its value where that is
     tiny: 0.5 x (1 + erff(x / sqrt 2)) rounds 1 + erf to 0 from about x = -5.5 down, so ggml's
-    kernel computes Phi from erfc (scripts/patches/ggml-gelu-erf.patch)."""
+    kernel computes Phi from erfc (scripts/patches/ggml-f32-elementwise.patch)."""
     from scipy.special import erfc
 
     x = np.concatenate([np.linspace(-14, 10, 24001), [0.0, -0.0, np.inf, np.nan]]).astype(np.float32)

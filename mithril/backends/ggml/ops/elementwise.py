@@ -94,7 +94,7 @@ def _gelu_check(pn) -> str | None:
 
 @ggml_op("Gelu", check=_gelu_check)
 def gelu(pn, g: Builder):
-    """``ggml_gelu_erf`` is within 3.8e-7 of float64 (scripts/patches/ggml-gelu-erf.patch: a
+    """``ggml_gelu_erf`` is within 3.8e-7 of float64 (scripts/patches/ggml-f32-elementwise.patch: a
     fitted erfc, vectorized, relative accuracy kept in the negative tail); ``ggml_gelu`` (the tanh
     form) reads a float16 table (errors up to 2e-3), so the tanh form is composed. 0.5 (1 + tanh u) is sigmoid(2u), and with
     d = 2 sqrt(2/pi) (1 + 0.044715 x^2) >= 1.59, 2u = x d: GELU = x sigmoid(x d) = silu(x d) / d.
