@@ -94,13 +94,14 @@ def _gelu_check(pn) -> str | None:
 
 @ggml_op("Gelu", check=_gelu_check)
 def gelu(pn, g: Builder):
-    """``ggml_gelu_erf`` is within 3.8e-7 of float64 (scripts/patches/ggml-f32-elementwise.patch: a
-    fitted erfc, vectorized, relative accuracy kept in the negative tail); ``ggml_gelu`` (the tanh
-    form) reads a float16 table (errors up to 2e-3), so the tanh form is composed. 0.5 (1 + tanh u) is sigmoid(2u), and with
-    d = 2 sqrt(2/pi) (1 + 0.044715 x^2) >= 1.59, 2u = x d: GELU = x sigmoid(x d) = silu(x d) / d.
-    ggml's silu is vectorized (its tanh calls libm per element): 0.8 ms instead of 14 for one of
-    GPT-2's [128, 3072] activations on one thread, relative error 1e-6 against float64 (the
-    tanh composition: 8e-5). ±inf give NaN (inf / inf), not ±inf or 0."""
+    """``ggml_gelu_erf`` is within 3.8e-7 of float64 (scripts/patches/ggml-f32-elementwise.patch:
+    a fitted erfc, vectorized, relative accuracy kept in the negative tail); ``ggml_gelu`` (the
+    tanh form) reads a float16 table (errors up to 2e-3), so the tanh form is composed.
+    0.5 (1 + tanh u) is sigmoid(2u), and with d = 2 sqrt(2/pi) (1 + 0.044715 x^2) >= 1.59,
+    2u = x d: GELU = x sigmoid(x d) = silu(x d) / d. ggml's silu is vectorized (its tanh calls
+    libm per element): 0.8 ms instead of 14 for one of GPT-2's [128, 3072] activations on one
+    thread, relative error 1e-6 against float64 (the tanh composition: 8e-5). ±inf give NaN
+    (inf / inf), not ±inf or 0."""
     approximate = pn.kwargs.get("approximate", "none")
     approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
     x = g.contiguous(operand(pn, 0, g))
