@@ -68,8 +68,8 @@ def exports(tmp_path_factory, tokenizer):
     text_file.write_text((TEXT + " ") * 20)
     # trained a little on the text (200 steps): the prompt, from the text, is continued with clear
     # margins between the two best logits, as a real model's greedy decoding is, so q8_0's rounding
-    # does not decide a near tie. At a learning rate of 0.01 GPT-2's training diverged on an
-    # AVX-512 host (torch's kernels differ by CPU): its continuation became one token repeated.
+    # does not decide a near tie. At a rate of 0.01 GPT-2's training diverges on some CPUs (torch's
+    # kernels differ by CPU) and its continuation is one token repeated.
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "optimum_export.py"), "--arch", ",".join(ARCHS),
                            "--out", str(out), "--tokenizer", str(tok_file), "--train", str(text_file),
                            "--steps", "200", "--lr", "0.005"], capture_output=True, text=True, timeout=900)
