@@ -379,7 +379,8 @@ def test_each_xla_instruction_goes_to_the_node_with_the_most_arithmetic_in_it():
 
 def test_an_xla_instruction_is_done_by_its_end_mark_or_its_readers_launch():
     """XLA's "end: <name>" mark can come late (recorded once the launching thread is free again:
-    GPT-2's last GELU fusion after the 27 ms LM head), or in another run; a reader's launch bounds
+    GPT-2's last GELU fusion after the 27 ms LM head), or in another run (a loaded machine's XNNPACK
+    convolution, marked 0.03 ms after its run returned); a reader's launch bounds
     an instruction's time, through instructions with no events of their own (a bitcast)."""
     pytest.importorskip("jax")
     from mithril.backends.jax.xla_profile import Instruction, timed
@@ -391,21 +392,25 @@ def test_an_xla_instruction_is_done_by_its_end_mark_or_its_readers_launch():
         ins("gelu"), ins("down", "gelu", opcode="dot"), ins("head", "down", opcode="dot"),
         ins("conv", opcode="convolution"), ins("relu", "conv"),
         ins("alone"), ins("early"),
-        ins("pad"), ins("view", "pad", opcode="bitcast"), ins("use", "view")]}
+        ins("pad"), ins("view", "pad", opcode="bitcast"), ins("use", "view"),
+        ins("xnn", opcode="convolution"), ins("layout", "xnn")]}
     spans = [(0, 1000), (2000, 3000)]
     starts = {
         "gelu": [(0, 5)], "down": [(10, 20)], "head": [(20, 90)],  # gelu's mark lands after head
         "conv": [(200, 202), (2200, 2202)], "relu": [(251, 260), (2251, 2260)],  # a pool's work
         "alone": [(300, 310)],  # no end mark
         "early": [(400, 405)],  # its mark is in the next run
-        "pad": [(500, 505)], "use": [(530, 540)]}
-    ends = {"gelu": [95], "conv": [250, 2250], "early": [2100], "pad": [900]}
+        "pad": [(500, 505)], "use": [(530, 540)],
+        "xnn": [(600, 601), (2400, 2401)], "layout": [(990, 995), (2800, 2805)]}  # marked a run late
+    ends = {"gelu": [95], "conv": [250, 2250], "early": [2100], "pad": [900], "xnn": [2410, 2900]}
     got = {(name, a): d for a, d, name in timed(starts, ends, instructions, spans)}
     assert got[("gelu", 0)] == 10  # its reader launched at 10, not its mark at 95
     assert got[("conv", 200)] == 50 and got[("conv", 2200)] == 50  # up to each run's own mark
     assert got[("alone", 300)] == 10 and got[("early", 400)] == 5  # the launch's span
     assert got[("pad", 500)] == 30  # through the bitcast, to its reader's launch
     assert got[("head", 20)] == 70
+    assert got[("xnn", 600)] == 390  # its mark in the next run: done by its reader's launch
+    assert got[("xnn", 2400)] == 400  # the next mark is its own, not the first one after its launch
 
 
 def test_jax_rows_cover_work_xla_hands_to_its_threads():

@@ -172,9 +172,12 @@ def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans:
     work it hands to its thread pool (an XNNPACK convolution): the span up to it is the time. But
     XLA records that mark when the launching thread gets back to it: after a long instruction
     run in between (GPT-2's last GELU fusion was marked done once its 27 ms LM head had run, 13-20
-    ms late). So an end event counts only inside its launch's run and before the next launch of
-    the same instruction, and an instruction is done by the time an instruction reading its result
-    is launched; without an end event, the launch's own span."""
+    ms late), and on a loaded machine after its run has returned, even after the instruction's
+    next launch (a loaded machine's XNNPACK convolution, marked one run late). So the marks go to
+    the launches in order (each launch takes the first mark after it that no earlier launch took),
+    a mark counts only inside its launch's run, and an instruction is done by the time an
+    instruction reading its result is launched: that launch is its end where its mark came after
+    the run; without an end event, the launch's own span."""
     launched = {name: sorted(a for a, _ in launches) for name, launches in starts.items()}
     readers = defaultdict(list)
     for ins in instructions.values():
@@ -202,12 +205,20 @@ def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans:
     for name, launches in starts.items():
         launches = sorted(launches)
         done = sorted(ends.get(name, ()))
-        for i, (a, b) in enumerate(launches):
-            limit = launches[i + 1][0] if i + 1 < len(launches) else float("inf")
-            limit = min(limit, next((hi for lo, hi in spans if lo <= a <= hi), float("inf")))
-            j = bisect.bisect_left(done, a)
-            finish = max(b, done[j]) if j < len(done) and done[j] < limit else b
-            finish = max(b, min(finish, first_reader(name, a, set())))
+        j = 0
+        for a, b in launches:
+            run_end = next((hi for lo, hi in spans if lo <= a <= hi), float("inf"))
+            j = max(j, bisect.bisect_left(done, a))
+            mark = done[j] if j < len(done) else None
+            j += 1
+            reader = first_reader(name, a, set())
+            if mark is not None and mark <= run_end:
+                finish = mark
+            elif mark is not None and reader <= run_end:  # marked after its run returned
+                finish = reader
+            else:
+                finish = b
+            finish = max(b, min(finish, reader))
             out.append((a, finish - a, name))
     return out
 
