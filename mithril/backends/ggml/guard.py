@@ -245,14 +245,26 @@ def _concat(ctx, a, b, dim):  # ggml_concat
                     f"concat of {na} and {nb_} along dim {dim}")
 
 
-def _mul_mat(ctx, a, b):  # ggml_mul_mat: ggml_can_mul_mat(a, b), !ggml_is_transposed(a)
+def _mul_mat(ctx, a, b):  # ggml_mul_mat: ggml_can_mul_mat(a, b), !ggml_is_transposed(a) or a read in place
     problem = _tensors(a, b)
     if problem:
         return problem
     na, nb_ = ne(a), ne(b)
     if na[0] != nb_[0] or nb_[2] % na[2] or nb_[3] % na[3]:
         return f"mul_mat of {na} and {nb_} (ggml_can_mul_mat)"
+    if nb(a)[0] > nb(a)[1] and _in_place(a, b):
+        return None
     return _require(nb(a)[0] <= nb(a)[1], "a transposed first operand (ggml_is_transposed)")
+
+
+def _in_place(a, b) -> bool:
+    """ggml_mul_mat's transposed first operand as the patched ggml takes it (threads.reads_f32_in_place):
+    float32 elements a row apart, its rows contiguous; the second operand float32, its rows contiguous."""
+    from .threads import reads_f32_in_place
+
+    f32 = _types()[0]
+    return (reads_f32_in_place() and _type(a) == f32 and _type(b) == f32 and nb(a)[1] == 4
+            and nb(b)[0] == 4)
 
 
 def _get_rows(ctx, a, b):  # ggml_get_rows
@@ -496,6 +508,8 @@ def _k_mul_mat(t):
     a, b = _src(t, 0), _src(t, 1)
     if not (_type(a) in (f32, f16, bf16) or _quantized(_type(a))) or _type(b) != f32:
         return f"mul_mat of {_type_name(_type(a))} by {_type_name(_type(b))}"
+    if nb(a)[0] != _type_size(g, _type(a)) and _in_place(a, b):
+        return None
     if nb(a)[0] != _type_size(g, _type(a)) or nb(b)[0] != _type_size(g, _type(b)):
         return "mul_mat of an operand with strided elements"
     return None

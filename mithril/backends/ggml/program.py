@@ -39,7 +39,7 @@ from .ops import BOOL, F32, HALF, INDEX_DTYPES, MAX_DIMS, OPS, Builder, ne
 # The families register their rules when imported.
 from .ops import attention, elementwise, image, movement, nn, quantize_linear, recurrent  # noqa: F401
 from .quantize import QuantizedTensor
-from .threads import waits_passively
+from .threads import reads_f32_in_place, waits_passively
 
 
 class GGMLFallbackWarning(FallbackWarning):
@@ -273,6 +273,9 @@ class GGMLProgram(SegmentedProgram):
         self._result_types = {int(ggml.GGML_TYPE_I32): np.dtype(np.int32),
                               **{int(getattr(ggml, name)): dtype for name, dtype in HALF.items()}}
         self._weights: dict[tuple[PlanValue, str], _Weight] = {}
+        # MatMul weights stay float32 [K, N] and are read in place where ggml can (threads.py).
+        self._f32_in_place = (self.format.quantize is None and self.format.weight_type == "f32"
+                              and reads_f32_in_place())
         self._constants: list[np.ndarray] = []
         self._find_io()
         # One ggml context per segment, each of exactly the bytes its tensors and graph take
@@ -440,6 +443,7 @@ class GGMLProgram(SegmentedProgram):
 
         g = Builder(calls, self._ctx, tensors, weight, constant, bounds)
         g.producers = {v: pn for pn in seg.nodes for v in pn.outputs}
+        g.f32_in_place = self._f32_in_place
         for pn in seg.nodes:
             calls.node = pn
             rule = OPS.rule_for(pn)

@@ -30,6 +30,25 @@ def import_ggml():
     return ggml
 
 
+def reads_f32_in_place() -> bool:
+    """Whether this ggml build multiplies by a float32 matrix read in place in its ``[K, N]``
+    layout (ggml_transpose's view of it as ``mul_mat``'s first operand; the kernel
+    scripts/patches/ggml-f32-packed.patch adds). Published ggml asserts on such an operand, so
+    without it a MatMul's weight is transposed into a copy when it loads."""
+    if "in_place" not in _STATE:
+        import pathlib
+
+        ggml = import_ggml()
+        found = False
+        for lib in sorted((pathlib.Path(ggml.__file__).parent / "lib").glob("libggml-cpu*")):
+            try:
+                found = found or hasattr(ctypes.CDLL(str(lib)), "mithril_mul_mat_f32_kn")
+            except OSError:
+                pass
+        _STATE["in_place"] = found
+    return _STATE["in_place"]
+
+
 def waits_passively() -> bool:
     """Whether ggml's OpenMP threads sleep at once at a barrier (``OMP_WAIT_POLICY=PASSIVE`` or
     ``GOMP_SPINCOUNT=0`` when libgomp was loaded), as libgomp itself reports; False where ggml

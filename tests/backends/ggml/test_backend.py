@@ -184,6 +184,35 @@ def test_float32_matmul_of_any_shape_equals_numpys(a, b, threads):
     np.testing.assert_allclose(pm.evaluate({}, {"x0": x0, "x1": x1})["y"], want, rtol=1e-5, atol=1e-5 * np.sqrt(a[-1]))
 
 
+@pytest.mark.parametrize("x, k, n", [((1, 5), 5, 1), ((3, 7), 7, 40), ((8, 300), 300, 33), ((9, 64), 64, 70),
+                                     ((2, 20, 24), 24, 11), ((128, 600), 600, 100), ((1, 513), 513, 1030)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_matmul_reads_its_weight_in_place(x, k, n, threads):
+    """A MatMul's float32 [K, N] weight is read where it lies (its transposed view, the kernel
+    scripts/patches/ggml-f32-packed.patch adds): up to 8 activation rows by rows of the weight
+    streamed into sums, more by panels of its columns in blocks of 256 rows; panels narrower
+    than a full one, inner lengths not a multiple of 4, batches; against float64 NumPy."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mithril.backends.ggml.threads import reads_f32_in_place
+
+    if not reads_f32_in_place():
+        pytest.skip("this ggml-python build has no in-place float32 matmul (scripts/dev.sh builds it patched)")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    f = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", f, list(x))],
+                              [helper.make_tensor_value_info("y", f, [*x[:-1], n])], [numpy_helper.from_array(w, "w")])
+    pm = ml.compile(ml.load_onnx(helper.make_model(graph)), ml.GGMLBackend(fallback=None, num_threads=threads),
+                    inference=True)
+    a = rng.standard_normal(x, dtype=np.float32)
+    y = pm.evaluate(None, {"x": a})["y"]
+    np.testing.assert_allclose(y, a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    (stored,) = pm.program._weights.values()
+    assert stored.layout == "plain" and stored.buffer.shape == (k, n)  # as given, not transposed
+
+
 def test_out_of_range_row_index_is_an_error_naming_the_node():
     from onnx import TensorProto
 

@@ -159,6 +159,8 @@ class Builder:
         self._constant = constant
         self._bounds = bounds
         self.producers: dict[PlanValue, PlanNode] = {}  # set by the program: who made each value
+        # Set by the program: float32 matrix weights are read in place by matmuls (``linear``).
+        self.f32_in_place = False
 
     def transposed_weight(self, v: PlanValue | None) -> PlanValue | None:
         """The weight ``W`` when ``v`` is ``Transpose(W)`` of a matrix weight (a Linear layer's
@@ -188,7 +190,12 @@ class Builder:
         """``x @ W`` for the matrix weight ``v`` read in ``layout`` (``"t"``: ``v`` is ``[K, N]``;
         ``"rows"``: ``v`` is ``[N, K]``), through ``ggml_mul_mat``: ``x`` is zero-padded to the
         stored rows' length (quantized rows are whole blocks), and the results of the zero rows
-        the stored matrix may have (quantize.ROW_MULTIPLE) are dropped: ``[.., M, N]``."""
+        the stored matrix may have (quantize.ROW_MULTIPLE) are dropped: ``[.., M, N]``. A float32
+        ``[K, N]`` weight is read in place where ggml can (``f32_in_place``): ``mul_mat`` of its
+        transposed view, no transposed copy made when it loads."""
+        if layout == "t" and self.f32_in_place:
+            w = self._weight(v, "plain")
+            return self.ggml.ggml_mul_mat(self.ctx, self.ggml.ggml_transpose(self.ctx, w), self.contiguous(x))
         w = self._weight(v, layout, True)
         extra = int(w.contents.ne[0]) - int(x.contents.ne[0])
         if extra:
