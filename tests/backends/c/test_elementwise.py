@@ -11,7 +11,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mithril as ml
 from mithril.backends.c import build
@@ -179,6 +179,37 @@ def test_float_mod_pow_and_mixed_type_pow():
     feeds = {"a": a, "b": b, "i": i, "e": e}
     got = _c_equals_numpy(_model(nodes, feeds, outs, opset=15), feeds)
     assert got["pow_ii"].tolist() == [8, 9, 1, 1, 5, 1]  # (-1) ** -2 = 1
+
+
+def test_square_and_cube_are_products_as_in_onnxruntime():
+    """Pow(x, 2) and Pow(x, 3) run as x * x and x * x * x, bit for bit as onnxruntime computes them,
+    whether the exponent is a constant (compiled so) or a parameter (found at run time, by rows
+    whose exponent is one value); another exponent, and one that varies along a row, stay pow()."""
+    ort = pytest.importorskip("onnxruntime")
+    x = np.concatenate([np.random.default_rng(4).standard_normal(1000).astype(np.float32) * 30, EDGE.astype(np.float32)])
+    consts = {"two": np.float32(2), "three": np.float32(3), "half": np.float32(0.5),
+              "threes": np.full((2, 1), 3, np.float32)}
+    nodes = [helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.asarray(v), k))
+             for k, v in consts.items()]
+    nodes += [helper.make_node("Pow", ["x", k], [f"pow_{k}"]) for k in [*consts, "param_three", "mixed"]]
+    params = {"param_three": np.float32(3).reshape(()), "mixed": np.tile(np.float32([3, 2.5]), x.size // 2 + 1)[:x.size]}
+    outs = {f"pow_{k}": (np.float32, np.broadcast_shapes(x.shape, np.shape(v))) for k, v in consts.items()}
+    outs |= {"pow_param_three": (np.float32, x.shape), "pow_mixed": (np.float32, x.shape)}
+    model = _model(nodes, {"x": x}, outs, initializers=params)
+    pm, got = _run(model, {"x": x}, ml.CBackend(fallback=None))
+    assert "param_three" in pm.parameter_keys  # read at run time, not compiled in
+    mixed = params["mixed"]
+    with np.errstate(all="ignore"):
+        for name in ("pow_three", "pow_param_three"):
+            np.testing.assert_array_equal(got[name], x * x * x, err_msg=name)
+        np.testing.assert_array_equal(got["pow_two"], x * x)
+        np.testing.assert_allclose(got["pow_half"], np.sqrt(x), rtol=1e-6)
+        np.testing.assert_allclose(got["pow_threes"], np.broadcast_to(x ** 3, (2, x.size)), rtol=1e-6)
+        np.testing.assert_allclose(got["pow_mixed"], (x.astype(np.float64) ** mixed).astype(np.float32), rtol=1e-6)
+    names = ["pow_two", "pow_three", "pow_param_three"]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(names, {"x": x})
+    for name, want in zip(names, ref):
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
 def test_logic_bitshift_and_where_broadcast_three_ways():

