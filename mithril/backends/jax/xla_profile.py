@@ -173,8 +173,8 @@ def timed(starts: dict, ends: dict, instructions: dict[str, Instruction], spans:
     XLA records that mark when the launching thread gets back to it: after a long instruction
     run in between (GPT-2's last GELU fusion was marked done once its 27 ms LM head had run, 13-20
     ms late), and on a loaded machine after its run has returned, even after the instruction's
-    next launch (a loaded machine's XNNPACK convolution, marked one run late). So the marks go to
-    the launches in order (each launch takes the first mark after it that no earlier launch took),
+    next launch (an XNNPACK convolution's, one run late). So the marks go to the launches in
+    order (each launch takes the first mark after it that no earlier launch took),
     a mark counts only inside its launch's run, and an instruction is done by the time an
     instruction reading its result is launched: that launch is its end where its mark came after
     the run; without an end event, the launch's own span."""

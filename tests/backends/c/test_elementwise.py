@@ -183,8 +183,8 @@ def test_float_mod_pow_and_mixed_type_pow():
 
 def test_square_and_cube_are_products_as_in_onnxruntime():
     """Pow(x, 2) and Pow(x, 3) run as x * x and x * x * x, bit for bit as onnxruntime computes them,
-    whether the exponent is a constant (compiled so) or a parameter (found at run time, by rows
-    whose exponent is one value); another exponent, and one that varies along a row, stay pow()."""
+    whether the exponent is a constant or a parameter (mt_pow checks each row's exponent); another
+    exponent, and one that varies along a row, stay pow()."""
     ort = pytest.importorskip("onnxruntime")
     x = np.concatenate([np.random.default_rng(4).standard_normal(1000).astype(np.float32) * 30, EDGE.astype(np.float32)])
     consts = {"two": np.float32(2), "three": np.float32(3), "half": np.float32(0.5),

@@ -250,17 +250,8 @@ def _check_pow(pn):
 
 
 @c_kernel("Pow", check=_check_pow)
-def power(pn, c):
+def power(pn, c):  # mt_pow computes a row whose exponent is 2 or 3 as products (lib/mt_elementwise.h)
     x, e, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
-    if x.dtype in FLOATS and e.dtype == x.dtype and e.kind == "constant" and x.static_shape == y.static_shape:
-        # x ** 2 (LayerNorm's variance) as x * x, x ** 3 (the tanh GELU's cube) as x * x * x, as
-        # onnxruntime computes them; pow() per element took 3.2 ms for GPT-2's 131k-element cubes
-        exponent = c.const(e)
-        if np.all(exponent == 2) or np.all(exponent == 3):
-            _emit_binary(c, f"mt_mul_{c.sfx(x)}", x, x, y)
-            if np.all(exponent == 3):
-                _emit_binary(c, f"mt_mul_{c.sfx(x)}", y, x, y)
-            return
     _emit_binary(c, f"mt_pow_{c.sfx(x)}_{c.sfx(e)}", x, e, y, _b_shape(pn))
 
 
