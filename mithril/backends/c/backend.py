@@ -50,10 +50,11 @@ class CBackend(SegmentedBackend):
         return KERNELS
 
     def native_passes(self):
-        """The Conv epilogue fusions (:class:`.render.FuseConvEpilogues`)."""
-        from .render import FuseConvEpilogues
+        """Weight transposes folded into their MatMuls (:class:`.render.FoldWeightTranspose`) and
+        the Conv epilogue fusions (:class:`.render.FuseConvEpilogues`)."""
+        from .render import FoldWeightTranspose, FuseConvEpilogues
 
-        return [FuseConvEpilogues()]
+        return [FoldWeightTranspose(), FuseConvEpilogues()]
 
     def compile_segments(self, part, *, file_path: str | None = None):
         """The segments as one C file, built (or found in the cache) and loaded."""

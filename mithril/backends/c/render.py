@@ -20,10 +20,10 @@ from math import prod
 
 import numpy as np
 
-from ..passes import ConvChain, FuseConvChains, PassManager
-from ..plan import Plan, PlanNode, PlanValue
+from ..passes import ConvChain, FuseConvChains, PassManager, PlanPass
+from ..plan import Plan, PlanIndex, PlanNode, PlanValue
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
-from .ops import C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
+from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
 from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
@@ -256,10 +256,45 @@ class FuseConvEpilogues(FuseConvChains):
         return replace(conv, inputs=inputs, outputs=chain.last.outputs, kwargs=kwargs)
 
 
+_MATMULS = {("", "MatMul"), ("ai.mithril", "MatMulAdd")}
+
+
+class FoldWeightTranspose(PlanPass):
+    """A Transpose of a weight matrix (a parameter or a constant, ``[N, K]``) that only MatMuls
+    read as their second operand, folded into them (:data:`~.ops.B_TRANSPOSED`): the GEMM reads
+    the ``[N, K]`` rows with their strides, as onnxruntime's MatMul of a transposed initializer
+    does, instead of a ``[K, N]`` copy made on every call. Exporters write this for a tied
+    embedding read by the LM head (GPT-2's ``wte``: ``Transpose`` then ``MatMul``)."""
+
+    name = "c-fold-weight-transpose"
+
+    def run(self, index: PlanIndex) -> bool:
+        changed = False
+        for tr in [pn for pn in index.plan.nodes if pn.op_type == "Transpose" and pn.domain == ""]:
+            w, wt = tr.inputs[0], tr.outputs[0]
+            if (w is None or w.kind not in ("param", "constant") or len(w.static_shape) != 2
+                    or list(tr.kwargs.get("perm") or (1, 0)) != [1, 0] or index.is_output(wt)):
+                continue
+            uses = index.uses(wt)
+            if not uses or any(pos != 1 or (pn.domain, pn.op_type) not in _MATMULS or pn.kwargs.get(B_TRANSPOSED)
+                               for pn, pos in uses):
+                continue
+            folded = {mm: replace(mm, inputs=(mm.inputs[0], w, *mm.inputs[2:]),
+                                  kwargs={**mm.kwargs, B_TRANSPOSED: True},
+                                  frees=tuple(v for v in mm.frees if v is not wt)) for mm in index.users(wt)}
+            if any(why_not_c(pn) is not None for pn in folded.values()):  # NumPy would run it: left as it is
+                continue
+            for mm, pn in folded.items():
+                index.replace(mm, pn)
+            index.remove([tr])
+            changed = True
+        return changed
+
+
 def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The plan's nodes after :class:`FuseConvEpilogues`, and by id of each fused node the plan
-    node it replaces (profile slots)."""
-    result = PassManager([FuseConvEpilogues()])(plan)
+    """The plan's nodes after :class:`FoldWeightTranspose` and :class:`FuseConvEpilogues`, and by
+    id of each fused node the plan node it replaces (profile slots)."""
+    result = PassManager([FoldWeightTranspose(), FuseConvEpilogues()])(plan)
     return list(result.plan.nodes), result.origins
 
 

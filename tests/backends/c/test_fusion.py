@@ -7,12 +7,14 @@ MITHRIL_C_PROFILE=1 keeps."""
 from __future__ import annotations
 
 import shutil
+import warnings
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
 import mithril as ml
+from mithril.backends.c.backend import CFallbackWarning
 from mithril.errors import MithrilError
 from tests.conftest import make_model
 
@@ -177,3 +179,73 @@ def test_add_after_relu_or_depthwise_conv_or_with_broadcast_is_not_fused():
     program = _compare(_conv_model([helper.make_node("Add", ["c", "s"], ["y"])], extra_inputs=[("s", F, [1, 4, 1, 1])]),
                        {**X, "s": s["s"][:, :, :1, :1]})
     assert _adds(program) == 1
+
+
+# -- a weight's Transpose read by MatMuls: folded into them -------------------------------------------
+
+
+def _tied_model(also_output: bool = False):
+    """GPT-2's tied embedding as exporters write it: ``wte`` [V, H] is both the Gather's table and,
+    through ``Transpose``, the second operand of the LM head's MatMul (two MatMuls here, one with a
+    bias through the fused MatMulAdd)."""
+    rng = np.random.default_rng(4)
+    V, H = 37, 12
+    inits = {"wte": rng.standard_normal((V, H)).astype(np.float32), "bias": rng.standard_normal(V).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["h"]),
+             helper.make_node("Transpose", ["wte"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "wt"], ["logits"]),
+             helper.make_node("MatMul", ["h", "wt"], ["m"]), helper.make_node("Add", ["m", "bias"], ["biased"])]
+    outputs = [("logits", F, None), ("biased", F, None)] + ([("wt", F, None)] if also_output else [])
+    return make_model(nodes, [("ids", TensorProto.INT64, [2, 5])], outputs, inits, opset=17), inits
+
+
+def _transposes(program) -> int:
+    return sum(pn.op_type == "Transpose" for step in program.steps for pn in getattr(step, "nodes", [step]))
+
+
+IDS = {"ids": np.array([[0, 3, 36, 7, 7], [1, 2, 30, 11, 5]], np.int64)}
+
+
+def test_weight_transpose_read_by_matmuls_is_folded_into_them():
+    """No transposed copy of the weight on each call: the GEMM reads the [V, H] rows with strides."""
+    model, inits = _tied_model()
+    program = _compare(model, IDS)
+    assert _transposes(program) == 0
+    assert sum(pn.kwargs.get("_c_b_transposed", False) for step in program.steps for pn in step.nodes) == 2
+
+
+def test_folded_weight_follows_the_parameter_given_at_evaluate():
+    """The weight stays a parameter: a new value given at evaluate is the one multiplied by."""
+    model, inits = _tied_model()
+    pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None), inference=True)
+    ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
+    params = {**pm.get_parameters(), "wte": (inits["wte"] * -2 + 1).astype(np.float32)}
+    got, want = pm.evaluate(params, IDS), ref.evaluate(params, IDS)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_weight_transpose_also_read_as_an_output_stays():
+    model, _ = _tied_model(also_output=True)
+    assert _transposes(_compare(model, IDS)) == 1
+
+
+def test_gradients_through_a_folded_weight_transpose_equal_numpy():
+    """Training compiles the backward from the plan as written: the fold is the forward's alone."""
+    model, _ = _tied_model()
+    m = ml.load_onnx(model)
+    ref = ml.compile(m, ml.NumpyBackend(), data_keys={"ids"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CFallbackWarning)  # Gather's backward (the embedding) runs on NumPy
+        pm = ml.compile(m, ml.CBackend(), data_keys={"ids"})
+    assert not any(pn.op_type == "Transpose" for step in pm.program.steps for pn in getattr(step, "nodes", [step]))
+    rng = np.random.default_rng(5)
+    cot = {k: rng.standard_normal((2, 5, 37)).astype(np.float32) for k in ("logits", "biased")}
+    params = ref.get_parameters()
+    want_out, want = ref.evaluate(params, IDS, output_gradients=cot)
+    got_out, got = pm.evaluate(params, IDS, output_gradients=cot)
+    assert want.keys() == got.keys() and "wte" in got
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    for k in want_out:
+        np.testing.assert_allclose(got_out[k], want_out[k], rtol=1e-5, atol=1e-5, err_msg=k)

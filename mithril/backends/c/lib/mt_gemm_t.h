@@ -116,6 +116,14 @@ MT_INNER void MT_FN(mt_gemm_pack_b)(const T *B, T *restrict pb, mt_i kc, mt_i nc
             for (mt_i q = 0; q < whole; q++) /* a constant size: inlined as vector moves, not a call */
                 memcpy(pb + (q * kc + k) * MT_GEMM_NR, b + q * MT_GEMM_NR, sizeof(T) * MT_GEMM_NR);
         }
+    } else if (br == 1) { /* a transposed B: column by column, each read contiguously along K */
+        for (mt_i q = 0; q < whole; q++)
+            for (mt_i c = 0; c < MT_GEMM_NR; c++) {
+                const T *b = B + (q * MT_GEMM_NR + c) * bc;
+                T *p = pb + q * kc * MT_GEMM_NR + c;
+                for (mt_i k = 0; k < kc; k++)
+                    p[k * MT_GEMM_NR] = b[k];
+            }
     } else {
         for (mt_i q = 0; q < whole; q++)
             for (mt_i k = 0; k < kc; k++)

@@ -94,6 +94,10 @@ FUSES_ACTIVATION = {("", "Conv")}
 # (render.fuse): the Add's other operand is the Conv's fourth input, added before the
 # clamp, as onnxruntime's Conv+Add(+Relu) fusion does.
 RESIDUAL = "_c_residual"
+# The kwarg set (True) on a MatMul or MatMulAdd whose second input the renderer took from before a
+# weight-only Transpose (render.FoldWeightTranspose): that input is the [N, K] matrix whose
+# transpose the MatMul multiplies by, read with its strides, never copied.
+B_TRANSPOSED = "_c_b_transposed"
 
 
 def c_kernel(*op_types: str, domain: str = "", since: int = 1, dtypes: Iterable[np.dtype] | None = None,

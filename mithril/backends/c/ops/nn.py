@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from ...kernels.geometry import transposed_window, window
-from . import CLAMP, FLOATS, RESIDUAL, broadcast_strides, c_kernel, ints, same_types, text
+from . import B_TRANSPOSED, CLAMP, FLOATS, RESIDUAL, broadcast_strides, c_kernel, ints, same_types, text
 
 MAX_SPATIAL = 3  # the window kernels take up to three spatial axes
 
@@ -53,9 +53,16 @@ def _same_shape(pn) -> str | None:
 # MatMul / Gemm
 
 
+def _operand_shapes(pn):
+    """The static shapes of A and B (B as the product reads it: the transpose of the [N, K] input
+    a folded weight Transpose left, :data:`B_TRANSPOSED`)."""
+    sa, sb = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    return sa, (tuple(sb[::-1]) if pn.kwargs.get(B_TRANSPOSED) else sb)
+
+
 def _matmul_shapes(pn):
     """(A as [..., M, K], B as [..., K, N], broadcast batch shape) with 1-D operands promoted."""
-    sa, sb = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    sa, sb = _operand_shapes(pn)
     a = (1, sa[0]) if len(sa) == 1 else tuple(sa)
     b = (sb[0], 1) if len(sb) == 1 else tuple(sb)
     batch = tuple(np.broadcast_shapes(a[:-2], b[:-2]))
@@ -63,7 +70,9 @@ def _matmul_shapes(pn):
 
 
 def _check_matmul(pn):
-    sa, sb = pn.inputs[0].static_shape, pn.inputs[1].static_shape
+    sa, sb = _operand_shapes(pn)
+    if pn.kwargs.get(B_TRANSPOSED) and len(sb) != 2:
+        return "a transposed B that is not a matrix"
     if not sa or not sb:
         return "0-d MatMul operand"
     try:
@@ -87,8 +96,10 @@ def matmul(pn, c):
     M, K, N = sa[-2], sa[-1], sb[-1]
     bias = _bias(pn, c) if pn.op_type == "MatMulAdd" else "0"
     one, sfx = c.literal(1, y.dtype), c.sfx(y)
-    # A 1-D B is a [K, 1] column: its rows are one element apart either way.
-    tail = f"{K}, 1, {N}, 1, 0, 1, {one}, {one});"
+    # A 1-D B is a [K, 1] column: its rows are one element apart either way. A transposed B
+    # (B_TRANSPOSED) is the [N, K] matrix as stored: its rows along K are one element apart.
+    br, bc = (1, K) if pn.kwargs.get(B_TRANSPOSED) else (N, 1)
+    tail = f"{K}, 1, {br}, {bc}, 0, 1, {one}, {one});"
     if prod(sb[:-2]) == 1:  # B is one matrix: every row of A in one GEMM
         c.line(f"mt_gemm_{sfx}({c.buf(a)}, {c.buf(b)}, {bias}, {c.buf(y)}, {prod(sa[:-1])}, {N}, {K}, " + tail)
         return
