@@ -331,7 +331,7 @@ MT_INNER void MT_FN(mt_gemm_dot)(mt_i kc, const T *a, mt_i rs, mt_i ks, const T 
  * one GEMM and GEMMs running in different threads never share it. */
 static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, const T *R, T *restrict Y, mt_i N, mt_i K,
                                        mt_i ar, mt_i ac, mt_i br, mt_i bc, mt_i cr, mt_i cc, T alpha, T beta,
-                                       T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc) {
+                                       T lo, T hi, mt_i i0, mt_i mc, mt_i j0, mt_i nc, mt_i jn, mt_i ncn) {
     static _Thread_local _Alignas(64) T pa[MT_GEMM_MC * MT_GEMM_KC];
     static _Thread_local _Alignas(64) T pb[MT_GEMM_KC * MT_GEMM_NR * MT_GEMM_NBLK];
     static _Thread_local _Alignas(64) T bt[MT_GEMM_KC * MT_GEMM_NBLK * MT_GEMM_DOT / 2];
@@ -373,7 +373,22 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, const
         /* ... and with the rows big enough to have left the cache since they were last read (the
          * weights of a model's layer; a few percent slower where they are still in L1 or L2) */
         const int prefetch = rows_outer && mc * K >= 65536;
+        /* The B block packed next (this tile's next K block, else the first of the tile after it,
+         * columns jn.. when ncn > 0), a share of its lines before each register tile: packed from
+         * the cache, not from memory a line at a time (a layer's weights, rows far apart). */
+        const int more = k0 + kc < K;
+        const mt_i k1 = more ? k0 + kc : 0, j1 = more ? j0 : jn, nc1 = more ? nc : ncn;
+        const mt_i kc1 = K - k1 < kstep ? K - k1 : kstep, per = (mt_i)(64 / sizeof(T));
+        const int by_rows = bc == 1, by_cols = br == 1 && bc != 1; /* B's rows, or a transposed B's columns */
+        const mt_i run = by_rows ? (nc1 + per - 1) / per : (kc1 + per - 1) / per; /* lines per row or column */
+        const mt_i lines = nc1 <= 0 ? 0 : by_rows ? kc1 * run : by_cols ? nc1 * run : 0;
+        const mt_i share = (lines + np * nq - 1) / (np * nq);
+        mt_i fetched = 0;
         for (mt_i it = 0; it < np * nq; it++) {
+            for (mt_i f = 0; f < share && fetched < lines; f++, fetched++) {
+                const mt_i outer = fetched / run, inner = fetched % run * per;
+                __builtin_prefetch(by_rows ? B + (k1 + outer) * br + j1 + inner : B + (j1 + outer) * bc + k1 + inner, 0, 2);
+            }
             const mt_i q = rows_outer ? it % nq : it / np, p = rows_outer ? it / nq : it % np;
             mt_i nr = q < qlast ? MT_GEMM_NR : head;
             const T *pq = pb + q * kc * MT_GEMM_NR;
@@ -484,9 +499,11 @@ static inline void MT_FN(mt_gemm_clamp)(const T *A, const T *B, const T *C, cons
     _Pragma(PRAGMA)                                                                                    \
     for (mt_i ib = 0; ib < mt; ib++)                                                                   \
         for (mt_i jb = 0; jb < nt; jb++) {                                                             \
-            mt_i i0 = ib * mc, j0 = jb * nc;                                                           \
+            mt_i i0 = ib * mc, j0 = jb * nc, jn = jb + 1 < nt ? j0 + nc : 0;                          \
+            /* the tile after this one in the order the static schedule hands them out */              \
+            mt_i ncn = jb + 1 < nt || ib + 1 < mt ? (N - jn < nc ? N - jn : nc) : 0;                   \
             MT_FN(mt_gemm_tile)(A, B, C, R, Y, N, K, ar, ac, br, bc, cr, cc, alpha, beta, lo, hi, i0,  \
-                                M - i0 < mc ? M - i0 : mc, j0, N - j0 < nc ? N - j0 : nc);             \
+                                M - i0 < mc ? M - i0 : mc, j0, N - j0 < nc ? N - j0 : nc, jn, ncn);    \
         }
     /* Tiles in whole rounds: each thread the same contiguous run of them on every call (static), so
      * that a thread finds in its own cache the rows of Y it wrote last time and the next kernel's
