@@ -383,11 +383,12 @@ static inline void MT_FN(mt_gemm_tile)(const T *A, const T *B, const T *C, const
         const mt_i run = by_rows ? (nc1 + per - 1) / per : (kc1 + per - 1) / per; /* lines per row or column */
         const mt_i lines = nc1 <= 0 ? 0 : by_rows ? kc1 * run : by_cols ? nc1 * run : 0;
         const mt_i share = (lines + np * nq - 1) / (np * nq);
-        mt_i fetched = 0;
+        mt_i fetched = 0, outer = 0, inner = 0; /* the next line: row or column `outer`, `inner` lines in */
         for (mt_i it = 0; it < np * nq; it++) {
             for (mt_i f = 0; f < share && fetched < lines; f++, fetched++) {
-                const mt_i outer = fetched / run, inner = fetched % run * per;
-                __builtin_prefetch(by_rows ? B + (k1 + outer) * br + j1 + inner : B + (j1 + outer) * bc + k1 + inner, 0, 2);
+                __builtin_prefetch(by_rows ? B + (k1 + outer) * br + j1 + inner * per
+                                           : B + (j1 + outer) * bc + k1 + inner * per, 0, 2);
+                if (++inner == run) inner = 0, outer++;
             }
             const mt_i q = rows_outer ? it % nq : it / np, p = rows_outer ? it / nq : it % np;
             mt_i nr = q < qlast ? MT_GEMM_NR : head;
