@@ -24,7 +24,8 @@ from ..passes import ConvChain, FuseConvChains, PassManager, PlanPass
 from ..plan import Plan, PlanIndex, PlanNode, PlanValue
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
 from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
-from .ops import autodiff, elementwise, movement, nn  # noqa: F401 - the families register their rules
+# the families register their rules as they are imported
+from .ops import attention, autodiff, elementwise, movement, nn, quantize, rowwise  # noqa: F401
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 

@@ -8,5 +8,8 @@
 #include "mt_movement.h"
 #include "mt_nn.h"
 #include "mt_nchwc.h"
+#include "mt_attention.h"
+#include "mt_quantize.h"
+#include "mt_rowwise.h"
 
 #endif /* MITHRIL_KERNELS_H */
