@@ -15,6 +15,7 @@
                                                    # GGML, NumPy and onnxruntime (scripts/bench_load.py)
     python scripts/bench.py --ggml-load [...]      # GGML and onnxruntime quiet and beside one busy process;
                                                    # writes its section (scripts/bench_ggml_load.py)
+    python scripts/bench.py --c-load [...]         # the same for C, 1 and every thread: its own section
 
 Models are exported in-process with the TorchScript exporter (random weights, seeded): ResNet-18 at
 224x224 batch 1 and 8, MobileNetV2 at 224x224 batch 1, a small BERT (hidden 64, 2 layers) and a small
@@ -1586,6 +1587,10 @@ def main(argv=None) -> int:
         import bench_ggml_load
 
         return bench_ggml_load.main(argv[1:])
+    if argv[:1] == ["--c-load"]:  # the same script's C section
+        import bench_ggml_load
+
+        return bench_ggml_load.main(["--backend", "c", *argv[1:]])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma list from {', '.join(BACKENDS)}")
     ap.add_argument("--models", default=",".join(m for m, c in MODELS.items() if c.exporter == "torchscript"),
@@ -1724,12 +1729,13 @@ def main(argv=None) -> int:
 PEERS_HEADING = "## Peers"  # scripts/bench_peers.py's section
 WHY_HEADING = "## Why a backend is slower than its peer"  # written by hand from the Peers profiles
 GGML_LOAD_HEADING = "## GGML under load"  # scripts/bench_ggml_load.py's section
+C_LOAD_HEADING = "## C under load"  # scripts/bench_ggml_load.py --backend c
 # The report's sections in order: a section written on its own goes to its place among these.
 SECTION_ORDER = ("## Machine", PEERS_HEADING, WHY_HEADING, "## Bars", "## Results",
-                 "## JAX on CPU with and without XLA flags", C_HEADING, GGML_HEADING, GGML_LOAD_HEADING,
-                 TRAIN_MEMORY_HEADING, PRECISION_HEADING, MESH_HEADING, "## Threads", "## Notes")
-KEPT_SECTIONS = (PEERS_HEADING, WHY_HEADING, C_HEADING, GGML_HEADING, GGML_LOAD_HEADING, TRAIN_MEMORY_HEADING,
-                 PRECISION_HEADING, MESH_HEADING)
+                 "## JAX on CPU with and without XLA flags", C_HEADING, C_LOAD_HEADING, GGML_HEADING,
+                 GGML_LOAD_HEADING, TRAIN_MEMORY_HEADING, PRECISION_HEADING, MESH_HEADING, "## Threads", "## Notes")
+KEPT_SECTIONS = (PEERS_HEADING, WHY_HEADING, C_HEADING, C_LOAD_HEADING, GGML_HEADING, GGML_LOAD_HEADING,
+                 TRAIN_MEMORY_HEADING, PRECISION_HEADING, MESH_HEADING)
 
 
 def _training_memory_main(args, backend_names: list[str]) -> int:
