@@ -54,7 +54,7 @@ class CProgram(SegmentedProgram):
         from ..interpret import Interpreter
 
         self.interpreter = Interpreter(self.plan)
-        self._governor = ThreadGovernor(self.num_threads)
+        self._governor = ThreadGovernor(self.num_threads, probe_one=True, watch_load=True)
         self._arena = np.empty(max(self.arena_bytes, 1) + 64, dtype=np.uint8)
         base = self._arena.ctypes.data
         self._arena_ptr = ctypes.c_void_p(base + (-base) % 64)  # 64-byte aligned, as offsets are

@@ -4,6 +4,7 @@ the CPUs are free, one while other processes hold them (:class:`ThreadGovernor`)
 from __future__ import annotations
 
 import os
+import time
 
 
 def default_threads() -> int:
@@ -16,6 +17,49 @@ def default_threads() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+class OtherLoad:
+    """How many CPUs other processes kept busy lately: the machine's busy time (``/proc/stat``'s
+    first line: user, nice, system, irq, softirq and steal, which a hypervisor's neighbours take)
+    less this process's own CPU time (``time.process_time``, every thread of it), over at least
+    ``WINDOW`` seconds. ``busy()`` answers from the last full window (None before the first, and
+    on a system without ``/proc/stat``). ``read``: a callable giving (busy CPU seconds, own CPU
+    seconds, wall seconds), for tests."""
+
+    WINDOW = 0.1
+    BUSY = 0.5  # other processes' CPUs from which a call runs on one thread
+
+    def __init__(self, read=None):
+        self._read = read or _cpu_times
+        self._start = self._read()
+        self.others: float | None = None  # CPUs the others kept busy over the last full window
+
+    def busy(self) -> bool | None:
+        now = self._read()
+        if now is None or self._start is None:
+            return None
+        wall = now[2] - self._start[2]
+        if wall >= self.WINDOW:
+            self.others = max(0.0, (now[0] - self._start[0]) - (now[1] - self._start[1])) / wall
+            self._start = now
+        return None if self.others is None else self.others >= self.BUSY
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(CPU seconds the machine has been busy, this process's CPU seconds, monotonic seconds)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(v) < 8:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / _TICK, time.process_time(), time.monotonic()
 
 
 class ThreadGovernor:
@@ -38,8 +82,11 @@ class ThreadGovernor:
     ``probe_one``: the third call runs on one thread, so one thread's time is known from the
     start, and a call on all threads slower than the recent one-thread calls strikes too: without
     it a machine already busy when the calls begin (every call on all threads equally slow) goes
-    unnoticed. ``switch``: the environment variable whose ``0`` keeps every call on all threads;
-    ``enabled=False`` does too."""
+    unnoticed. ``watch_load``: besides the timings, other processes' use of the CPUs is read
+    (:class:`OtherLoad`, on Linux): while they keep half a CPU busy every call runs on one thread,
+    and no call tries all threads (a try beside two busy processes cost C's GPT-2 Mini 1.3 s
+    where one thread takes 0.25). ``switch``: the environment variable whose ``0`` keeps every call
+    on all threads; ``enabled=False`` does too."""
 
     SLOW = 2.0
     STRIKES = 2
@@ -48,7 +95,7 @@ class ThreadGovernor:
     PROBE_AT = 3  # the call that runs on one thread when probe_one
 
     def __init__(self, num_threads: int | None, *, switch: str = "MITHRIL_C_ADAPTIVE_THREADS",
-                 probe_one: bool = False, enabled: bool = True):
+                 probe_one: bool = False, watch_load: bool = False, enabled: bool = True):
         self.configured = num_threads
         self.want = num_threads if num_threads is not None else default_threads()
         off = os.environ.get(switch, "").strip().lower() in ("0", "off", "false", "no")
@@ -62,12 +109,17 @@ class ThreadGovernor:
         self.probing = False
         self.calls = 0
         self.probe_one = probe_one
+        self.load = OtherLoad() if watch_load and self.enabled else None
+        self.forced = False  # this call runs on one thread because other processes hold the CPUs
 
     def begin(self) -> int | None:
         """The thread count to set for the next call (None: leave OpenMP's default)."""
         if not self.enabled:
             return self.configured
         self.calls += 1
+        self.forced = self.load is not None and bool(self.load.busy())
+        if self.forced:
+            return 1
         if self.probe_one and self.calls == self.PROBE_AT and self.threads == self.want:
             return 1
         return self.threads
@@ -75,6 +127,9 @@ class ThreadGovernor:
     def end(self, seconds: float) -> None:
         """Account the call just made, which took ``seconds``."""
         if not self.enabled:
+            return
+        if self.forced:  # one thread's time, beside the others' load: nothing else moves
+            self.best[1] = min(self.best.get(1, seconds), seconds)
             return
         if self.probe_one and self.calls == self.PROBE_AT and self.threads == self.want:
             self.best[1] = min(self.best.get(1, seconds), seconds)  # the probe: nothing else moves
