@@ -140,7 +140,7 @@ def gradient_items(gp) -> tuple[list[Item], dict[PlanValue, PlanValue], dict[Pla
         if step.kind == "forward":
             pn = step.node
             reads = tensor_inputs(pn) if why_not_c(pn) is None else [v for v in pn.inputs if v is not None]
-            items.append(Item("forward", node=pn, reads=reads, writes=list(pn.outputs)))
+            items.append(Item("forward", node=pn, reads=reads, writes=[o for o in pn.outputs if o.name]))
         elif step.kind == "cotangents":
             for v in gp.plan.outputs:
                 if v in gp.useful and v not in grad_of:

@@ -25,7 +25,7 @@ from ..plan import Plan, PlanIndex, PlanNode, PlanValue
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
 from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
 # the families register their rules as they are imported
-from .ops import attention, autodiff, elementwise, movement, nn, quantize, rowwise  # noqa: F401
+from .ops import attention, autodiff, elementwise, movement, nn, quantize, recurrent, rowwise  # noqa: F401
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 
@@ -170,6 +170,12 @@ def profile_preamble(plan: Plan) -> list[str]:
             "return t.tv_sec + 1e-9 * t.tv_nsec; }",
             "#define MT_PROF_BEGIN(i) double mt_t##i = mt_now()",
             "#define MT_PROF_END(i, slot) mt_prof[slot] += mt_now() - mt_t##i", "#endif", ""]
+
+
+def _written(pn: PlanNode) -> list[PlanValue]:
+    """The outputs a node writes: an omitted optional one (an empty name: RNN's Y when only Y_h is
+    asked for) has no buffer, and its kernel is given a null pointer."""
+    return [o for o in pn.outputs if o.name]
 
 
 def scratch_bytes(pn: PlanNode) -> int:
@@ -331,7 +337,7 @@ def render_steps(plan: Plan, steps: list, fused: dict[int, PlanNode] | None = No
     for si, step in enumerate(steps):
         if not isinstance(step, Segment):
             continue
-        lay = layout_segment(step, lambda v, si=si: needed(si, v), tensor_inputs, lambda pn: pn.outputs,
+        lay = layout_segment(step, lambda v, si=si: needed(si, v), tensor_inputs, _written,
                              scratch_bytes, lambda pn: kernel_of(pn).alias)
         arena_bytes = max(arena_bytes, lay.arena_bytes)
         naive += lay.naive_bytes

@@ -11,5 +11,6 @@
 #include "mt_attention.h"
 #include "mt_quantize.h"
 #include "mt_rowwise.h"
+#include "mt_recurrent.h"
 
 #endif /* MITHRIL_KERNELS_H */

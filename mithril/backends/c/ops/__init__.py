@@ -71,6 +71,14 @@ class CKernel(NativeRule):
     def function(self):
         return self.emit
 
+    def buffers(self, pn: PlanNode):
+        """The node's buffers, less the optional outputs it omits (an empty name: RNN's Y when
+        only Y_h is asked for, Attention's present keys beside its scores): the renderer gives
+        those no buffer, and the kernel a null pointer."""
+        for position, v in super().buffers(pn):
+            if position is not None or v.name:
+                yield position, v
+
     def value_problem(self, pn: PlanNode, position: int | None, v: PlanValue) -> str | None:
         if v.dtype not in C_TYPES:
             return f"dtype {v.dtype} of {v.name!r} (C has {', '.join(str(d) for d in C_TYPES)})"
