@@ -127,13 +127,12 @@ static inline void MT_FN(mt_attention)(const T *Q, const T *K, const T *V, const
     }
     const mt_i R = g[28], nblk = (Sq + R - 1) / R, items = B * Hq * nblk;
     const mt_i s_bytes = MT_ATT_A64(R * Tn * sizeof(T)), o_bytes = MT_ATT_A64(R * Dv * sizeof(T));
-    const mt_i slot_bytes = MT_ATT_SLOT(T, R, Tn, Dv);
     mt_i threads = mt_threads();
     if (threads > g[29]) threads = g[29];
     _Pragma("omp parallel num_threads(threads) if(threads > 1 && B * Hq * Sq * Tn * (D + Dv) > MT_PAR_MIN)")
     {
 #ifdef _OPENMP
-        char *slot = scratch + omp_get_thread_num() * slot_bytes;
+        char *slot = scratch + omp_get_thread_num() * MT_ATT_SLOT(T, R, Tn, Dv);
 #else
         char *slot = scratch;
 #endif

@@ -107,13 +107,13 @@ def matmul(pn, c):
     if tuple(sa[:-2]) == batch and tuple(sb[:-2]) == batch:
         qa, qb = "q", "q"
     else:  # broadcast batch dims: each product's matrix index in A and in B
-        qa = f"{c.arr(_batch_index(sa[:-2], batch))}[q]"
-        qb = f"{c.arr(_batch_index(sb[:-2], batch))}[q]"
+        qa = f"{c.arr(batch_index(sa[:-2], batch))}[q]"
+        qb = f"{c.arr(batch_index(sb[:-2], batch))}[q]"
     c.line(f"for (mt_i q = 0; q < {Q}; q++) mt_gemm_{sfx}({c.buf(a)} + {qa} * {M * K}, {c.buf(b)} + {qb} * {K * N}, "
            f"{bias}, {c.buf(y)} + q * {M * N}, {M}, {N}, {K}, " + tail)
 
 
-def _batch_index(shape, batch) -> list[int]:
+def batch_index(shape, batch) -> list[int]:
     """For each position of ``batch`` (row-major), the matrix it reads in an operand of batch ``shape``."""
     if not batch:
         return [0]

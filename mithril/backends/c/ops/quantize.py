@@ -15,7 +15,7 @@ import numpy as np
 
 from ....dtypes import np_dtype_of_onnx
 from . import FLOATS, c_kernel
-from .nn import MAX_SPATIAL, _batch_index, node_window, window_geometry
+from .nn import MAX_SPATIAL, batch_index, node_window, window_geometry
 
 I8 = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 INT32 = np.dtype(np.int32)
@@ -208,7 +208,7 @@ def _calls(c, dims, rows_shared: bool):
     if tuple(sa[:-2]) == batch and tuple(sb[:-2]) == batch:
         qa, qb = "q", "q"
     else:  # broadcast batch dims: each product's matrix in A and in B
-        qa, qb = (f"{c.arr(_batch_index(s[:-2], batch))}[q]" for s in (sa, sb))
+        qa, qb = (f"{c.arr(batch_index(s[:-2], batch))}[q]" for s in (sa, sb))
     return f"for (mt_i q = 0; q < {Q}; q++) ", f"{qa} * {M * K}", f"{qb} * {K * N}", f"q * {M * N}", M
 
 
