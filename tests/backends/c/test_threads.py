@@ -93,7 +93,7 @@ class _Machine:
 
 def test_other_load_counts_only_other_processes():
     m = _Machine()
-    load = OtherLoad(m.read)
+    load = OtherLoad(m.read, lambda: m.now)
     m.run(0.05, own_cpus=2.0, other_cpus=0.0)
     assert load.busy() is None  # no full window yet
     m.run(0.05, own_cpus=2.0, other_cpus=0.0)
@@ -113,7 +113,7 @@ def test_calls_run_on_one_thread_while_others_hold_the_cpus(monkeypatch):
     monkeypatch.delenv("MITHRIL_C_ADAPTIVE_THREADS", raising=False)
     m = _Machine()
     gov = ThreadGovernor(2, probe_one=True, watch_load=True)
-    gov.load = OtherLoad(m.read)
+    gov.load = OtherLoad(m.read, lambda: m.now)
     used = []
     for _ in range(40):  # another process holds a whole CPU throughout
         n = gov.begin()
@@ -129,7 +129,7 @@ def test_calls_run_on_one_thread_while_others_hold_the_cpus(monkeypatch):
         gov.end(0.02)
     assert used[-6:] == [2] * 6
     gov = ThreadGovernor(2, watch_load=True)  # on a quiet machine nothing changes
-    gov.load = OtherLoad(m.read)
+    gov.load = OtherLoad(m.read, lambda: m.now)
     for _ in range(20):
         assert gov.begin() == 2
         m.run(0.01, own_cpus=2.0, other_cpus=0.05)
