@@ -389,20 +389,21 @@ MT_EW_ARG(argmax, >)
 MT_EW_ARG(argmin, <)
 
 #if MT_EW_K != 3
-/* ---- CumSum over the middle dim of (outer, n, inner) ---------------------------------------- */
-MT_EW_NOINLINE void MT_FN(mt_cumsum)(const T *X, T *restrict Y, mt_i outer, mt_i n, mt_i inner, int exclusive,
-                                    int reverse) {
+/* ---- CumSum (product 0) and CumProd (product 1) over the middle dim of (outer, n, inner) ------ */
+MT_EW_NOINLINE void MT_FN(mt_cumulate)(const T *X, T *restrict Y, mt_i outer, mt_i n, mt_i inner, int exclusive,
+                                      int reverse, int product) {
     _Pragma("omp parallel for if(outer * n * inner > MT_PAR_MIN)")
     for (mt_i o = 0; o < outer; o++)
         for (mt_i i = 0; i < inner; i++) {
             const T *p = X + o * n * inner + i;
             T *q = Y + o * n * inner + i;
-            T acc = 0;
+            T acc = product ? (T)1 : (T)0;
             for (mt_i t = 0; t < n; t++) {
                 mt_i j = reverse ? n - 1 - t : t;
                 T v = p[j * inner];
-                if (exclusive) { q[j * inner] = acc; acc = MT_EW_ADD(acc, v); }
-                else { acc = MT_EW_ADD(acc, v); q[j * inner] = acc; }
+                if (exclusive) q[j * inner] = acc;
+                acc = product ? MT_EW_MUL(acc, v) : MT_EW_ADD(acc, v);
+                if (!exclusive) q[j * inner] = acc;
             }
         }
 }

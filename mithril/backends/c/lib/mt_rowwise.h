@@ -1,20 +1,19 @@
-/* Kernels that work along one axis of their input: RMSNormalization, LpNormalization, CumProd and
- * TopK (see mithril/backends/c/ops/rowwise.py).
+/* Kernels that work along one axis of their input: RMSNormalization, LpNormalization and TopK
+ * (see mithril/backends/c/ops/rowwise.py).
  *
  * The input is seen as (outer, n, inner): the axis has n elements, `inner` apart. The second half of
  * this file is the template over one element type T: the first half includes the file again once
  * per type, with T, MT_SFX and MT_RW_K (0 float, 1 signed, 2 unsigned) defined, as mt_nn.h does
- * with mt_nn_t.h. The normalizations exist for float types only; CumProd and TopK for every number.
+ * with mt_nn_t.h. The normalizations exist for float types only; TopK for every number.
  *
- * Integer CumProd wraps (it multiplies in uint64_t). TopK orders NaN above every number and equal
- * values by their lower index, largest and smallest alike, as NumPy's stable argsort does.
+ * TopK orders NaN above every number and equal values by their lower index, largest and smallest
+ * alike, as NumPy's stable argsort does.
  */
 #ifndef MT_ROWWISE_T
 #ifndef MT_ROWWISE_H
 #define MT_ROWWISE_H
 
 #include "mt_base.h"
-#include "mt_elementwise.h" /* mt_axis_split */
 
 #define MT_ROWWISE_T
 
@@ -149,30 +148,6 @@ static inline void MT_FN(mt_lpnorm)(const T *X, T *restrict Y, mt_i outer, mt_i 
     }
 }
 #endif
-
-/* ---- CumProd over the middle dim of (outer, n, inner) --------------------------------------- */
-#if MT_RW_K == 0
-#define MT_RW_MUL(p, q) ((p) * (q))
-#else
-#define MT_RW_MUL(p, q) ((T)((uint64_t)(p) * (uint64_t)(q))) /* wraps, as NumPy's */
-#endif
-static inline void MT_FN(mt_cumprod)(const T *X, T *restrict Y, mt_i outer, mt_i n, mt_i inner, int exclusive,
-                                     int reverse) {
-    _Pragma("omp parallel for if(outer * n * inner > MT_PAR_MIN)")
-    for (mt_i o = 0; o < outer; o++)
-        for (mt_i i = 0; i < inner; i++) {
-            const T *p = X + o * n * inner + i;
-            T *q = Y + o * n * inner + i;
-            T acc = 1;
-            for (mt_i t = 0; t < n; t++) {
-                mt_i j = reverse ? n - 1 - t : t;
-                T v = p[j * inner];
-                if (exclusive) { q[j * inner] = acc; acc = MT_RW_MUL(acc, v); }
-                else { acc = MT_RW_MUL(acc, v); q[j * inner] = acc; }
-            }
-        }
-}
-#undef MT_RW_MUL
 
 /* ---- TopK along the middle dim of (outer, n, inner): the k first elements of each row in TopK's
  * order, values Val and int64 indices Idx (both (outer, k, inner)). A heap of k indices kept in

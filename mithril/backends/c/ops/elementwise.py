@@ -497,10 +497,11 @@ def _check_cumsum(pn):
     if axis.dtype not in (np.dtype(np.int32), INT64) or prod(axis.static_shape) != 1:
         return f"axis is {axis.dtype} {list(axis.static_shape)}"
     if not x.static_shape:
-        return "CumSum of a scalar"
+        return f"{pn.op_type} of a scalar"
     return None
 
 
+@c_kernel("CumProd", since=26, check=_check_cumsum)
 @c_kernel("CumSum", check=_check_cumsum)
 def cumsum(pn, c):
     x, axis, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
@@ -512,5 +513,6 @@ def cumsum(pn, c):
     c.line("    mt_i outer, n, inner;")
     c.checked(f"mt_axis_split({len(shape)}, {c.arr(shape)}, (mt_i){c.buf(axis)}[0], &outer, &n, &inner)",
               "the axis is out of range")
-    c.line(f"    mt_cumsum_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, outer, n, inner, {flags});")
+    c.line(f"    mt_cumulate_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, outer, n, inner, {flags}, "
+           f"{int(pn.op_type == 'CumProd')});")
     c.line("}")

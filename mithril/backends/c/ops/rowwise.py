@@ -1,8 +1,8 @@
 """C rules for ops that work along one axis of their input (kernels: ``lib/mt_rowwise.h``):
-RMSNormalization, LpNormalization, CumProd and TopK.
+RMSNormalization, LpNormalization and TopK (CumProd shares CumSum's rule in :mod:`.elementwise`).
 
-CumProd's axis and TopK's K may be constants or come at run time: they are read in C, and a K
-other than the one the output shapes were compiled for stops the segment with a NodeError.
+TopK's K may be a constant or come at run time: it is read in C, and a K other than the one the
+output shapes were compiled for stops the segment with a NodeError.
 """
 
 from __future__ import annotations
@@ -105,34 +105,6 @@ def lpnorm(pn, c):
         return
     outer, n, inner = _split(c.shape(x), _axis(pn, -1))
     c.line(f"mt_lpnorm_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {outer}, {n}, {inner}, {int(pn.kwargs.get('p', 2))});")
-
-
-# ---------------------------------------------------------------------------------------------
-# CumProd
-
-
-def _check_cumprod(pn):
-    x, axis = pn.inputs[0], pn.inputs[1]
-    if axis.dtype not in (np.dtype(np.int32), INT64) or prod(axis.static_shape) != 1:
-        return f"axis is {axis.dtype} {list(axis.static_shape)}"
-    if not x.static_shape:
-        return "CumProd of a scalar"
-    return _like_x(pn)
-
-
-@c_kernel("CumProd", since=26, dtypes=NUMBERS, check=_check_cumprod)
-def cumprod(pn, c):
-    x, axis, y = pn.inputs[0], pn.inputs[1], pn.outputs[0]
-    if c.numel(y) == 0:
-        return
-    shape = c.shape(x)
-    flags = f"{int(bool(pn.kwargs.get('exclusive', 0)))}, {int(bool(pn.kwargs.get('reverse', 0)))}"
-    c.line("{")
-    c.line("    mt_i outer, n, inner;")
-    c.checked(f"mt_axis_split({len(shape)}, {c.arr(shape)}, (mt_i){c.buf(axis)}[0], &outer, &n, &inner)",
-              "the axis is out of range")
-    c.line(f"    mt_cumprod_{c.sfx(x)}({c.buf(x)}, {c.buf(y)}, outer, n, inner, {flags});")
-    c.line("}")
 
 
 # ---------------------------------------------------------------------------------------------
