@@ -4,6 +4,7 @@
 
 #include "mt_base.h"
 #include "mt_elementwise.h"
+#include "mt_convert.h"
 #include "mt_gemm.h"
 #include "mt_movement.h"
 #include "mt_nn.h"

@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from math import prod
 
+import ml_dtypes
 import numpy as np
 
 from ...plan import PlanNode, PlanValue
 from ...segmented.rules import NativeRule, RuleTable
 
-# Element types the C library knows: NumPy dtype -> (C type, kernel-name suffix).
-C_TYPES: dict[np.dtype, tuple[str, str]] = {
+# Element types the C kernels compute in: NumPy dtype -> (C type, kernel-name suffix).
+COMPUTE_TYPES: dict[np.dtype, tuple[str, str]] = {
     np.dtype(np.float32): ("float", "f32"),
     np.dtype(np.float64): ("double", "f64"),
     np.dtype(np.int8): ("int8_t", "i8"),
@@ -49,13 +50,33 @@ C_TYPES: dict[np.dtype, tuple[str, str]] = {
     np.dtype(np.uint64): ("uint64_t", "u64"),
     np.dtype(np.bool_): ("mt_bool", "b8"),
 }
+# Storage-only element types (lib/mt_convert.h): held as their bits, converted by Cast and CastLike,
+# moved by the ops that only move bytes (``storage=True``); no kernel computes in them.
+STORAGE: dict[np.dtype, tuple[str, str]] = {
+    np.dtype(np.float16): ("uint16_t", "f16"),
+    np.dtype(ml_dtypes.bfloat16): ("uint16_t", "bf16"),
+    np.dtype(ml_dtypes.float8_e4m3fn): ("uint8_t", "f8e4m3fn"),
+    np.dtype(ml_dtypes.float8_e4m3fnuz): ("uint8_t", "f8e4m3fnuz"),
+    np.dtype(ml_dtypes.float8_e5m2): ("uint8_t", "f8e5m2"),
+    np.dtype(ml_dtypes.float8_e5m2fnuz): ("uint8_t", "f8e5m2fnuz"),
+    np.dtype(ml_dtypes.float8_e8m0fnu): ("uint8_t", "f8e8m0"),
+    np.dtype(ml_dtypes.float4_e2m1fn): ("uint8_t", "f4e2m1"),
+    np.dtype(ml_dtypes.int4): ("uint8_t", "i4"),
+    np.dtype(ml_dtypes.uint4): ("uint8_t", "u4"),
+    np.dtype(ml_dtypes.int2): ("uint8_t", "i2"),
+    np.dtype(ml_dtypes.uint2): ("uint8_t", "u2"),
+}
+ALL = frozenset(COMPUTE_TYPES)
+# Every element type a C buffer can hold.
+C_TYPES: dict[np.dtype, tuple[str, str]] = {**COMPUTE_TYPES, **STORAGE}
+# Each C type's code in lib/mt_convert.h (MT_T_*): the numeric types, then the storage-only ones.
+TYPE_CODE = {dt: i for i, dt in enumerate(C_TYPES)}
 SUFFIX = {dt: s for dt, (_, s) in C_TYPES.items()}
 FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 SIGNED = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 UNSIGNED = frozenset(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
 INTS = SIGNED | UNSIGNED
 NUMBERS = FLOATS | INTS
-ALL = frozenset(C_TYPES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +87,7 @@ class CKernel(NativeRule):
     dtypes: frozenset | None = None  # element types of the node's first input (None: any C type)
     alias: bool = False
     scratch: Callable[[PlanNode], int] | None = None
+    storage: bool = False  # takes the storage-only types (STORAGE): Cast, and ops that only move bytes
 
     @property
     def function(self):
@@ -82,6 +104,9 @@ class CKernel(NativeRule):
     def value_problem(self, pn: PlanNode, position: int | None, v: PlanValue) -> str | None:
         if v.dtype not in C_TYPES:
             return f"dtype {v.dtype} of {v.name!r} (C has {', '.join(str(d) for d in C_TYPES)})"
+        if v.dtype in STORAGE and not self.storage:
+            return (f"dtype {v.dtype} of {v.name!r}: C stores it but computes in "
+                    f"{', '.join(str(d) for d in ALL)}; only Cast, CastLike and ops that move bytes take it")
         return None
 
     def node_problem(self, pn: PlanNode) -> str | None:
@@ -110,7 +135,7 @@ B_TRANSPOSED = "_c_b_transposed"
 
 def c_kernel(*op_types: str, domain: str = "", since: int = 1, dtypes: Iterable[np.dtype] | None = None,
              check: Callable[[PlanNode], str | None] | None = None, folded: Iterable[int] = (),
-             alias: bool = False, scratch: Callable[[PlanNode], int] | None = None):
+             alias: bool = False, scratch: Callable[[PlanNode], int] | None = None, storage: bool = False):
     """Register ``emit`` as the C rule of each of ``op_types`` from opset ``since`` on (see the
     module docstring)."""
 
@@ -118,7 +143,7 @@ def c_kernel(*op_types: str, domain: str = "", since: int = 1, dtypes: Iterable[
         for op in op_types:
             KERNELS.add(CKernel(op_type=op, domain=domain, since=since, emit=emit, check=check,
                                 dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
-                                folded=tuple(folded), alias=alias, scratch=scratch))
+                                folded=tuple(folded), alias=alias, scratch=scratch, storage=storage))
         return emit
 
     return register

@@ -14,7 +14,7 @@ from math import prod
 
 import numpy as np
 
-from . import ALL, FLOATS, INTS, NUMBERS, SIGNED, broadcast_strides, c_kernel, ints, strides, text
+from . import ALL, FLOATS, INTS, NUMBERS, SIGNED, STORAGE, TYPE_CODE, broadcast_strides, c_kernel, ints, strides, text
 
 BOOL = frozenset({np.dtype(np.bool_)})
 INT64 = np.dtype(np.int64)
@@ -316,14 +316,24 @@ def where(pn, c):
 def _check_cast(pn):
     if pn.op_type == "Cast" and "to" not in pn.kwargs:
         return "no 'to'"
+    if pn.kwargs.get("round_mode", "up") not in ROUND_MODES:
+        return f"round_mode {pn.kwargs['round_mode']!r}"
     return None
 
 
-@c_kernel("Cast", "CastLike", check=_check_cast)
+ROUND_MODES = {"up": 0, "down": 1, "nearest": 2}
+
+
+@c_kernel("Cast", "CastLike", check=_check_cast, storage=True)
 def cast(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     if x.dtype == y.dtype:
         c.line(f"mt_copy_bytes({c.buf(x)}, {c.buf(y)}, {c.numel(y) * y.dtype.itemsize});")
+    elif x.dtype in STORAGE or y.dtype in STORAGE:
+        saturate = int(pn.kwargs.get("saturate", 1))
+        mode = ROUND_MODES[pn.kwargs.get("round_mode", "up")]
+        c.line(f"mt_cast_any({c.buf(x)}, {TYPE_CODE[x.dtype]}, {c.buf(y)}, {TYPE_CODE[y.dtype]}, {c.numel(y)}, "
+               f"{saturate}, {mode});")
     else:
         c.line(f"mt_cast_{c.sfx(x)}_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {c.numel(y)});")
 

@@ -155,7 +155,7 @@ def _check_view(pn):
 
 
 # Squeeze/Unsqueeze's axes are not read: the output's static shape says them.
-@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True, check=_check_view)
+@c_kernel("Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze", alias=True, check=_check_view, storage=True)
 def view(pn, c):
     x, y = pn.inputs[0], pn.outputs[0]
     _emit_shape_check(pn, c)
