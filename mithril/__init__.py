@@ -75,6 +75,7 @@ bool = bool_  # noqa: A001  (ml.bool, as the issue's API names it)
 
 __version__ = "0.1.0"
 from .validate import ValidationReport, validate  # noqa: F401,E402
+from .reduce import ReduceResult, reduce  # noqa: F401,E402  (a failing model shrunk to a few nodes)
 from .profile import ProfileReport, profile  # noqa: F401,E402
 from .c_export import export_c  # noqa: F401,E402  (a model as a standalone C source tree)
 from .generation import generate  # noqa: F401,E402  (greedy decoding with a key/value cache, any backend)

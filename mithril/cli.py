@@ -1,9 +1,10 @@
 """The ``mithril`` command line (also ``python -m mithril``): ``inspect``, ``validate``,
-``conformance``, ``ops``, ``export-c``, ``export-gguf``, ``launch``, ``profile``.
+``reduce``, ``conformance``, ``ops``, ``export-c``, ``export-gguf``, ``launch``, ``profile``.
 
     mithril inspect model.onnx
     mithril validate model.onnx --backend numpy --shape input=1,3,224,224 --per-node
     mithril profile model.onnx --backend torch --shape input=1,3,224,224 --top 10
+    mithril reduce model.onnx --backend numpy -o small.onnx
     mithril conformance --backend numpy
     mithril ops Conv
     mithril export-c model.onnx out_dir --shape input=1,3,32,32
@@ -48,11 +49,17 @@ def available_backends() -> dict[str, type]:
 
 
 def make_backends(spec: str, dtype: str | None = None) -> tuple[list, dict[str, str]]:
-    """The backends ``--backend`` names, and (for ``all``) backend -> why it cannot run here.
+    """The backends ``--backend`` names, as runners, and (for ``all``) backend -> why it cannot run
+    here.
 
+    ``spec`` is ``all`` or comma-separated backend specs with options (``numpy``,
+    ``ggml:quantize=q8_0``, ``torch:dtype=bfloat16``: :func:`mithril.runners.parse_backend_spec`).
     A name that is unknown, not installed or fails to start is an error when named; under ``all``
     every backend of the table is tried and those that cannot start are listed with the reason.
-    ``dtype`` (``--dtype``) is each backend's ``dtype=``: a float32 file then computes in it."""
+    ``dtype`` (``--dtype``) is each backend's ``dtype=`` where its spec sets none: a float32 file
+    then computes in it."""
+    from .runners import BackendRunner, parse_backend_spec
+
     options = {} if dtype is None else {"dtype": _parse_dtype(dtype)}
     if spec.strip() == "all":
         backends, skipped = [], {}
@@ -61,21 +68,24 @@ def make_backends(spec: str, dtype: str | None = None) -> tuple[list, dict[str, 
                 skipped[name] = f"not installed (no {entry.array_modules[0]} package)"
                 continue
             try:
-                backends.append(entry.load()(**options))
+                backends.append(BackendRunner(entry.load()(**options)))
             except MithrilError as exc:
                 skipped[name] = str(exc).splitlines()[0]
         return backends, skipped
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
+    pieces = [s.strip() for s in spec.split(",") if s.strip()]
+    if not pieces:
         raise MithrilError(f"--backend names no backend; choose from {', '.join(BACKENDS)} or 'all'")
     backends = []
-    for n in names:
+    for piece in pieces:
+        n = piece.split(":")[0].strip()
         if n not in BACKENDS:
             raise MithrilError(f"unknown backend {n!r}; choose from {', '.join(BACKENDS)} or 'all'")
         if not BACKENDS[n].installed():
             raise MithrilError(f"backend {n!r} is not available: its framework "
                                f"({BACKENDS[n].array_modules[0]}) is not installed")
-        backends.append(BACKENDS[n].load()(**options))
+        if dtype is not None and not any(o.strip().startswith("dtype=") for o in piece.split(":")[1:]):
+            piece = f"{piece}:dtype={dtype}"
+        backends.append(BackendRunner(parse_backend_spec(piece), name=piece))
     return backends, {}
 
 
@@ -211,6 +221,22 @@ def _parse_shape(name: str, text: str) -> list[int]:
     return dims
 
 
+def _parse_tolerance(items: list[str] | None, flag: str):
+    """``--atol 1e-3`` (every output) and ``--atol logits=1e-3`` (one output), repeatable: None,
+    a figure, or output name -> figure with ``"*"`` for the bare one."""
+    per_output: dict[str, float] = {}
+    for item in items or []:
+        name, _, text = item.rpartition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            raise MithrilError(f"{flag} {item}: expected a number or NAME=NUMBER") from None
+        per_output[name or "*"] = value
+    if not per_output:
+        return None
+    return per_output["*"] if list(per_output) == ["*"] else per_output
+
+
 def cmd_validate(args) -> int:
     """Exit 0 when every output of every backend that ran is within tolerance, 1 when one is not
     (or a backend raised while running under ``--backend all``), 2 for bad arguments or when no
@@ -222,6 +248,14 @@ def cmd_validate(args) -> int:
 
     shapes = {k: _parse_shape(k, v) for k, v in _parse_kv(args.shape, "--shape").items()} or None
     input_files = _parse_kv(args.input, "--input")
+    rtol = _parse_tolerance(args.rtol, "--rtol")
+    atol = _parse_tolerance(args.atol, "--atol")
+    if args.per_node_memory <= 0:
+        raise MithrilError(f"--per-node-memory {args.per_node_memory:g}: a number of MiB above 0")
+    if args.load_outputs is not None and args.reference is not None:
+        raise MithrilError("--reference and --load-outputs: the saved outputs are the reference; give one")
+    if args.load_outputs is not None and args.per_node:
+        raise MithrilError("--per-node needs a reference that runs: --load-outputs holds only the model's outputs")
     model = ml.load_onnx(args.model)
     check_input_names(model, input_files, "--input")  # a misspelt name before its file
     inputs = {k: _load_array(k, v) for k, v in input_files.items()} or None
@@ -229,24 +263,57 @@ def cmd_validate(args) -> int:
     backends, skipped = make_backends(args.backend, args.dtype)
     say = _progress_printer() if not args.no_progress else None
     report = ml.validate(model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
-                         rtol=args.rtol, atol=args.atol, seed=args.seed,
-                         skip_unsupported=args.backend.strip() == "all", progress=say)
+                         rtol=rtol, atol=atol, seed=args.seed,
+                         skip_unsupported=args.backend.strip() == "all", progress=say,
+                         reference=args.reference, load_inputs=args.load_inputs, save_inputs=args.save_inputs,
+                         load_outputs=args.load_outputs, save_outputs=args.save_outputs,
+                         memory_budget=args.per_node_memory * 2**20)
     report.skipped = {**skipped, **report.skipped}
     out = console()
     if report.outputs:
         out.print(report.table())
     for b, d in report.first_divergence.items():
-        out.print(f"{b}: " + (d.describe() if d else "every node within tolerance"))
+        out.print(f"{b}: " + (d.describe() if d else "every node within tolerance"), markup=False)
     for b, reason in report.errors.items():
         out.print(f"{b}: [red]FAILED[/red]: {reason}")
     for b, reason in report.skipped.items():
         out.print(f"{b}: not run: {reason}")
+    if args.json:
+        report.to_json(args.json)
+        out.print(f"report written to {args.json}", markup=False)
+    if args.report:
+        report.to_html(args.report)
+        out.print(f"report written to {args.report}", markup=False)
     ran = {o.backend for o in report.outputs} | set(report.errors)
     if not ran:
         raise ValidationError("no backend could run the model: "
                               + "; ".join(f"{b}: {r}" for b, r in report.skipped.items()))
     out.print("[green]all outputs pass[/green]" if report.passed else "[red]validation failed[/red]")
     return 0 if report.passed else 1
+
+
+def cmd_reduce(args) -> int:
+    """Shrink a failing model to a few nodes that fail the same way (:func:`mithril.reduce`) and
+    write them with their inputs; exit 0 when reduced, 1 when the model does not fail at all, 2 for
+    bad arguments."""
+    import mithril as ml
+
+    from .runners import parse_runner
+    from .validate import check_input_names, check_inputs
+
+    shapes = {k: _parse_shape(k, v) for k, v in _parse_kv(args.shape, "--shape").items()} or None
+    input_files = _parse_kv(args.input, "--input")
+    model = ml.load_onnx(args.model)
+    check_input_names(model, input_files, "--input")  # a misspelt name before its file
+    inputs = {k: _load_array(k, v) for k, v in input_files.items()} or None
+    check_inputs(model, inputs, shapes, flags=("--input", "--shape"))
+    backend, reference = parse_runner(args.backend), parse_runner(args.reference)
+    out = args.out or os.path.splitext(args.model)[0] + ".reduced.onnx"
+    say = _progress_printer() if not args.no_progress else None
+    result = ml.reduce(model, backend, reference, inputs=inputs, shapes=shapes, rtol=args.rtol, atol=args.atol,
+                       out=out, seed=args.seed, progress=say)
+    print(result)
+    return 0 if result.failed else 1
 
 
 def cmd_export_c(args) -> int:
@@ -449,22 +516,59 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="inputs, outputs, opsets, op counts and backend support of an ONNX file",
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     i.add_argument("model")
-    v = sub.add_parser("validate", help="run a model on backends and on onnxruntime and compare outputs",
+    v = sub.add_parser("validate", help="run a model on backends and on a reference (onnxruntime, another backend, "
+                       "or saved outputs) and compare outputs",
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("model")
     v.add_argument("--backend", default="numpy",
-                   help=f"comma-separated backends from {', '.join(BACKENDS)}, or 'all' (default: numpy)")
+                   help=f"comma-separated backends from {', '.join(BACKENDS)}, each with options "
+                        "(ggml:quantize=q8_0,torch:dtype=bfloat16), or 'all' (default: numpy)")
+    v.add_argument("--reference", default=None, metavar="SPEC",
+                   help="what to compare with: onnxruntime (default) or a backend with options (torch:dtype=float64)")
     v.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="input data (repeatable); inputs not given get random data")
     v.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="input shape for random data (repeatable)")
     v.add_argument("--dtype", default=None, metavar="DTYPE",
                    help=f"the backends' dtype ({', '.join(_DTYPES)}): a float32 file computes in it, its inputs "
                         "and outputs kept float32, held to that dtype's tolerance (default: each backend's own)")
+    v.add_argument("--load-inputs", default=None, metavar="PATH",
+                   help="every input from PATH: a .npz file or a folder of NAME.npy files (--input overrides one)")
+    v.add_argument("--save-inputs", default=None, metavar="PATH", help="write the inputs used to PATH (.npz or a folder)")
+    v.add_argument("--load-outputs", default=None, metavar="PATH",
+                   help="compare with these saved outputs instead of running a reference (.npz or a folder)")
+    v.add_argument("--save-outputs", default=None, metavar="PATH",
+                   help="write the reference's outputs to PATH (.npz or a folder)")
     v.add_argument("--per-node", action="store_true", help="find the first node whose output leaves tolerance")
+    v.add_argument("--per-node-memory", type=float, default=512, metavar="MiB",
+                   help="--per-node compares at most this many MiB of values at once (default 512)")
     v.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
-    v.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")
-    v.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
+    v.add_argument("--rtol", action="append", default=None, metavar="[NAME=]RTOL",
+                   help="relative tolerance for every output, or NAME=RTOL for one (repeatable; default: per dtype)")
+    v.add_argument("--atol", action="append", default=None, metavar="[NAME=]ATOL",
+                   help="absolute tolerance for every output, or NAME=ATOL for one (repeatable; default: per dtype)")
     v.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    v.add_argument("--json", default=None, metavar="FILE", help="also write the whole report as JSON")
+    v.add_argument("--report", default=None, metavar="FILE.html",
+                   help="also write an HTML page: the table and, with --per-node, a plot of error per node")
+    rd = sub.add_parser("reduce", help="shrink a model that fails on a backend to a few nodes that fail the same way",
+                        epilog="exit status: 0 reduced (the files written), 1 the model does not fail at all, "
+                               "2 a usage or input error, 3 an internal error",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rd.add_argument("model")
+    rd.add_argument("--backend", required=True, metavar="SPEC",
+                    help="the backend that fails, with its options: numpy, torch:dtype=bfloat16, ggml:quantize=q8_0")
+    rd.add_argument("--reference", default=None, metavar="SPEC",
+                    help="what it is compared with: onnxruntime (default) or a backend spec")
+    rd.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                    help="input data (repeatable); inputs not given get random data")
+    rd.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                    help="input shape for random data (repeatable)")
+    rd.add_argument("--rtol", type=float, default=None, help="override the per-dtype relative tolerance")
+    rd.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
+    rd.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+    rd.add_argument("-o", "--out", default=None, metavar="OUT.onnx",
+                    help="the reduced model (default: MODEL.reduced.onnx beside MODEL); its inputs go to OUT.npz")
+    rd.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     e = sub.add_parser("export-c", help="write a model as a standalone C source tree (model.h/.c, main.c, Makefile)",
                        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("model")
@@ -588,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "reduce":
+            return cmd_reduce(args)
         if args.command == "export-c":
             return cmd_export_c(args)
         if args.command == "export-gguf":

@@ -16,22 +16,25 @@ they name one (``float16``, ``bfloat16``, ``float32``, ``float64``), and as text
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 import numpy as np
+import onnx
 
 from .backends.backend import Backend
 from .errors import BackendOptionError, MithrilError, ValidationError
 
 ORT_NAMES = ("onnxruntime", "ort")
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _option_value(text: str) -> Any:
-    import mithril as ml
+    from . import dtypes
 
     if text in _DTYPES:
-        return getattr(ml, text)
+        return getattr(dtypes, text)
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -63,6 +66,54 @@ def parse_backend_spec(spec: str) -> Backend:
         raise BackendOptionError(f"{spec!r}: {exc}") from exc
 
 
+def _drop_trailing_empty_inputs(graph: onnx.GraphProto) -> None:
+    # onnxruntime 1.31 aborts the process on e.g. LayerNormalization(x, scale, ""); "" at the end
+    # of a node's inputs means the same as leaving the input out.
+    for node in graph.node:
+        while node.input and node.input[-1] == "":
+            node.input.pop()
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _drop_trailing_empty_inputs(attr.g)
+            for g in attr.graphs:
+                _drop_trailing_empty_inputs(g)
+
+
+def ort_session(proto: onnx.ModelProto):
+    """An onnxruntime CPU session of ``proto`` with graph optimisations off (the graph as written)."""
+    import onnxruntime as ort
+
+    if any(n.input and n.input[-1] == "" for n in proto.graph.node):
+        cleaned = onnx.ModelProto()
+        cleaned.CopyFrom(proto)
+        _drop_trailing_empty_inputs(cleaned.graph)
+        proto = cleaned
+
+    opts = ort.SessionOptions()
+    # The reference runs the graph as written: no fusions that change rounding.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        # onnx can write a newer IR version than onnxruntime reads; the IR version only gates
+        # proto features, so the reference runs the same graph at the newest version it knows.
+        m = re.search(r"max supported IR version: (\d+)", str(exc))
+        if not m or proto.ir_version <= int(m.group(1)):
+            raise
+        older = onnx.ModelProto()
+        older.CopyFrom(proto)
+        older.ir_version = int(m.group(1))
+        return ort.InferenceSession(older.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def compute_dtype(backend) -> np.dtype | None:
+    """The float dtype ``backend`` computes in (the tolerance follows it); None when it has none."""
+    dtype = getattr(backend, "dtype", None)
+    numpy = getattr(dtype, "numpy", None)
+    return np.dtype(numpy) if numpy is not None and np.dtype(numpy).name in _FLOAT_NAMES else None
+
+
 class Runner:
     """Runs an ONNX model on given inputs and returns every requested output as a NumPy array.
     ``name`` is how reports label it; ``compute`` the float dtype it computes in when that is
@@ -82,14 +133,12 @@ class OnnxruntimeRunner(Runner):
 
     def run(self, model, inputs, outputs=None):
         from .onnx_bridge.load import load_onnx
-        from .validate import _ort_session
-
         proto = model if hasattr(model, "SerializeToString") else load_onnx(model).to_proto()
-        sess = _ort_session(proto)
-        names = outputs or [o.name for o in sess.get_outputs()]
         try:
+            sess = ort_session(proto)
+            names = outputs or [o.name for o in sess.get_outputs()]
             return dict(zip(names, sess.run(names, inputs)))
-        except Exception as exc:
+        except Exception as exc:  # onnxruntime's own exceptions, at load or at run
             raise ValidationError(f"onnxruntime could not run the model: {exc}") from exc
 
 
@@ -98,11 +147,9 @@ class BackendRunner(Runner):
     the file's dtypes (``keep_io_types``), so they meet the other runner's."""
 
     def __init__(self, backend: Backend, name: str | None = None):
-        from .validate import _compute_dtype
-
         self.backend = backend
         self.name = name or backend.name
-        self.compute = _compute_dtype(backend)
+        self.compute = compute_dtype(backend)
 
     def run(self, model, inputs, outputs=None):
         from .compile import compile as ml_compile
@@ -129,6 +176,12 @@ def parse_runner(spec: str | Backend | Runner | None) -> Runner:
     if isinstance(spec, str):
         if spec.strip().lower() in ORT_NAMES:
             return OnnxruntimeRunner()
+        from .backends.table import BACKENDS
+
+        name = spec.split(":")[0].strip()
+        if name not in BACKENDS:
+            raise MithrilError(f"unknown backend {name!r} in {spec!r}; choose onnxruntime or one of "
+                               f"{', '.join(BACKENDS)}")
         return BackendRunner(parse_backend_spec(spec), name=spec.strip())
     raise MithrilError(f"a reference is 'onnxruntime', a backend name such as 'torch:dtype=bfloat16', or a "
                        f"Backend; got {type(spec).__name__}")

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 import mithril as ml
 import models_zoo
-from mithril.cli import available_backends
+from mithril.cli import available_backends, console as make_console
 from models_zoo.torch_reference import build, export_onnx
 from models_zoo.weights import resnet18_params
 
@@ -31,7 +30,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--out", default="out", help="folder for the exported .onnx files and generated code")
     args = p.parse_args()
-    console = Console()
+    console = make_console()  # a log or a pipe keeps every figure: lines as long as their content
     out = Path(args.out)
     out.mkdir(exist_ok=True)
 

@@ -168,6 +168,16 @@ def relu_file(tmp_path):
     (["--input", "input=missing.npy"], "--input input=missing.npy: cannot read a .npy array: no such file"),
     (["--backend", "bogus"], "unknown backend 'bogus'; choose from " + ", ".join(BACKENDS) + " or 'all'"),
     (["--dtype", "half"], "--dtype half: choose from float16, bfloat16, float32, float64"),
+    (["--backend", "numpy:bogus=1"], "'numpy:bogus=1': NumpyBackend has no option 'bogus'; valid options: dtype, "
+                                     "device, num_threads, device_mesh"),
+    (["--reference", "bogus:x=1"], "unknown backend 'bogus' in 'bogus:x=1'; choose onnxruntime or one of "
+                                   + ", ".join(BACKENDS)),
+    (["--atol", "y=abc"], "--atol y=abc: expected a number or NAME=NUMBER"),
+    (["--rtol", "yy=1e-3"], "rtol: the model has no output or value 'yy'; its outputs: y (did you mean 'y'?)"),
+    (["--load-outputs", "o.npz", "--per-node"],
+     "--per-node needs a reference that runs: --load-outputs holds only the model's outputs"),
+    (["--load-inputs", "saved"], "inputs file saved: no such folder"),
+    (["--per-node-memory", "0"], "--per-node-memory 0: a number of MiB above 0"),
 ])
 def test_validate_bad_arguments_are_one_line(relu_file, args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -254,8 +264,8 @@ def test_validate_per_node_shows_progress_and_exits_1(tmp_path, conv_model, wron
     assert main(["validate", str(path), "--shape", "x=2,4,8,8", "--per-node"]) == 1
     out, err = capsys.readouterr()
     assert "numpy: first divergent node 'sig' (Sigmoid)" in out and "validation failed" in out
-    assert "numpy per-node: compiling 4 nodes with every value as an output" in err
-    assert "numpy per-node: comparing value 2/4, node 'sig' (Sigmoid)" in err
+    assert "numpy per-node: 4 values in 1 chunk(s) of at most 512 MiB, against onnxruntime" in err
+    assert "numpy per-node: chunk 1/1: values 1-4 of 4 (0.0 MiB), up to node 'gap' (ReduceMean)" in err
     assert "numpy per-node: node 'sig' (Sigmoid) leaves tolerance; running it alone" in err
 
 
@@ -273,9 +283,15 @@ def test_validate_table_keeps_every_figure_in_a_pipe(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (row,) = ml.validate(str(path), ml.NumpyBackend(), seed=3).outputs
     for figure in (name, str(path), "[16, 64]", "float32", f"{row.max_abs_err:.3g}", f"{row.max_rel_err:.3g}",
-                   "0.001 / 0.0001", "tolerance (rtol/atol)"):
+                   "0.001 / 0.0001", "tolerance (rtol/atol)", "worst element (got / ref)", "p99 ulp"):
         assert figure in proc.stdout, (figure, proc.stdout)
-    assert "…" not in proc.stdout
+    # the row is one line, every figure of it whole: nothing folded onto a next line
+    (line,) = [line for line in proc.stdout.splitlines() if name in line]
+    for figure in ("numpy", "[16, 64]", f"{row.max_abs_err:.3g}", f"{row.max_ulp:.4g}", f"{row.p99_ulp:.4g}",
+                   f"{row.mismatches}/{row.elements}", f"{list(row.worst_index)}: {row.worst_got:.6g} / "
+                   f"{row.worst_ref:.6g}", "0.001 / 0.0001", "pass"):
+        assert figure in line, (figure, line)
+    assert len(line) > 200 and "…" not in proc.stdout
     assert "numpy: compiling and running" in proc.stderr
 
 
@@ -299,3 +315,55 @@ def test_validate_all_a_backend_that_raises_fails_and_the_others_still_report(tm
     (failed,) = [line for line in out.splitlines() if line.startswith("numpy: FAILED: ")]
     assert "node 'r', op Relu" in failed and "broken on purpose" in failed
     assert "validation failed" in out
+
+
+# -- validate: any two runtimes, saved arrays, reports -------------------------------------------
+def test_validate_backend_specs_with_options_against_another_backend(relu_file, capsys):
+    assert main(["validate", relu_file, "--shape", "input=2,3,4", "--backend", "numpy:dtype=float64,numpy",
+                 "--reference", "numpy:dtype=float64", "--atol", "1e-6", "--atol", "y=0.5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "Validation against numpy:dtype=float64: " in out
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.count("│") > 2]
+    assert [r[0] for r in rows] == ["numpy:dtype=float64", "numpy"]
+    assert all(r[-2] == "0.001 / 0.5" for r in rows)  # the output's own atol over the bare one
+
+
+def test_validate_saves_then_loads_inputs_and_outputs(relu_file, tmp_path, capsys, monkeypatch):
+    """A first run saves its inputs and onnxruntime's outputs to folders; a second, on another
+    seed, compares with them and runs no reference at all."""
+    saved_in, saved_out = tmp_path / "inputs", tmp_path / "outputs"
+    assert main(["validate", relu_file, "--shape", "input=2,3,4", "--seed", "5", "--save-inputs", str(saved_in),
+                 "--save-outputs", str(saved_out), "--no-progress"]) == 0
+    assert sorted(p.name for p in saved_in.iterdir()) == ["input.npy"]
+    assert sorted(p.name for p in saved_out.iterdir()) == ["y.npy"]
+    capsys.readouterr()
+
+    import mithril.runners
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("a reference ran")
+
+    monkeypatch.setattr(mithril.runners.OnnxruntimeRunner, "run", no_reference)
+    assert main(["validate", relu_file, "--seed", "6", "--load-inputs", str(saved_in), "--load-outputs",
+                 str(saved_out), "--no-progress"]) == 0
+    assert f"Validation against outputs saved in {saved_out}: " in capsys.readouterr().out
+    np.save(saved_out / "y.npy", np.load(saved_out / "y.npy") + 1)
+    assert main(["validate", relu_file, "--load-inputs", str(saved_in), "--load-outputs", str(saved_out),
+                 "--no-progress"]) == 1
+    assert "24/24" in capsys.readouterr().out  # every element out of tolerance
+
+
+def test_validate_writes_json_and_html_reports(tmp_path, conv_model, wrong_sigmoid, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model, path)
+    report_json, report_html = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["validate", str(path), "--shape", "x=2,4,8,8", "--per-node", "--per-node-memory", "0.001",
+                 "--json", str(report_json), "--report", str(report_html)]) == 1
+    out, err = capsys.readouterr()
+    assert f"report written to {report_json}" in out and f"report written to {report_html}" in out
+    assert "numpy per-node: 4 values in 4 chunk(s) of at most 0.001 MiB" in err
+    data = json.loads(report_json.read_text())
+    assert data["passed"] is False and data["first_divergence"]["numpy"]["node"] == "sig"
+    assert [c["value"] for c in data["node_errors"]["numpy"]] == ["c", "s"]  # the search stopped at the Sigmoid
+    page = report_html.read_text()
+    assert page.count("data:image/png;base64,") == 1 and "first divergent node &#x27;sig&#x27;" in page
