@@ -50,11 +50,12 @@ class CBackend(SegmentedBackend):
         return KERNELS
 
     def native_passes(self):
-        """Weight transposes folded into their MatMuls (:class:`.render.FoldWeightTranspose`) and
-        the Conv epilogue fusions (:class:`.render.FuseConvEpilogues`)."""
-        from .render import FoldWeightTranspose, FuseConvEpilogues
+        """Half-float nodes run in float32 between Casts (:class:`.render.WidenHalfFloats`), weight
+        transposes folded into their MatMuls (:class:`.render.FoldWeightTranspose`) and the Conv
+        epilogue fusions (:class:`.render.FuseConvEpilogues`)."""
+        from .render import FoldWeightTranspose, FuseConvEpilogues, WidenHalfFloats
 
-        return [FoldWeightTranspose(), FuseConvEpilogues()]
+        return [WidenHalfFloats(), FoldWeightTranspose(), FuseConvEpilogues()]
 
     def compile_segments(self, part, *, file_path: str | None = None):
         """The segments as one C file, built (or found in the cache) and loaded."""

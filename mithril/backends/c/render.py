@@ -16,16 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+import itertools
 from math import prod
 
+import ml_dtypes
 import numpy as np
+from onnx import helper
 
 from ..passes import ConvChain, FuseConvChains, PassManager, PlanPass
 from ..plan import Plan, PlanIndex, PlanNode, PlanValue
+from ..registry import REGISTRY
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
-from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, CKernel, Emitter
+from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, STORAGE, CKernel, Emitter
 # the families register their rules as they are imported
-from .ops import attention, autodiff, elementwise, movement, nn, quantize, recurrent, rowwise  # noqa: F401
+from .ops import attention, autodiff, elementwise, linear_attention, movement, nn, quantize, recurrent, rowwise  # noqa: F401
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 
@@ -298,10 +302,68 @@ class FoldWeightTranspose(PlanPass):
         return changed
 
 
+_HALF = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+_F32 = np.dtype(np.float32)
+_widened_ids = itertools.count(-1_000_000, -1)  # ids of the float32 values made here, apart from the plan's
+
+
+class WidenHalfFloats(PlanPass):
+    """A node computing in float16 or bfloat16, which C only stores (:data:`~.ops.STORAGE`), runs
+    its float32 kernel between Casts: its half inputs widened (exactly), its half outputs rounded
+    once, as onnxruntime's CPU kernels for those types compute. Constants are widened at compile.
+    A node whose float32 form has no C kernel either is left as it is."""
+
+    name = "c-widen-half-floats"
+
+    def run(self, index: PlanIndex) -> bool:
+        changed = False
+        for pn in list(index.plan.nodes):
+            rule = kernel_of(pn)
+            values = [v for v in (*pn.inputs, *pn.outputs) if v is not None]
+            if (rule is None or rule.storage or pn.subgraphs or not any(v.dtype in _HALF for v in values)
+                    or any(v.dtype in STORAGE and v.dtype not in _HALF for v in values)
+                    or why_not_c(pn) is None):
+                continue
+            wide = {v: self._wide(v) for v in values if v.dtype in _HALF}
+            widened = replace(pn, inputs=tuple(wide.get(v, v) if v is not None else None for v in pn.inputs),
+                              outputs=tuple(wide.get(v, v) for v in pn.outputs),
+                              frees=tuple(v for v in pn.frees if v not in wide)
+                              + tuple(wide[v] for v in pn.inputs if v in wide and wide[v].kind == "node"))
+            if why_not_c(widened) is not None:
+                continue
+            cast = REGISTRY.resolve("Cast", index.plan.opsets.get("", 21), "", index.plan.backend)
+            for v in dict.fromkeys(v for v in pn.inputs if v in wide and wide[v].kind == "node"):
+                index.insert(self._cast(pn, cast, v, wide[v], v in pn.frees), before=pn, origin=pn)
+            index.replace(pn, widened)
+            after = index.plan.nodes[index.position(widened) + 1] if index.position(widened) + 1 < len(
+                index.plan.nodes) else None
+            for v in pn.outputs:
+                if v in wide:
+                    index.insert(self._cast(pn, cast, wide[v], v, v in pn.frees), before=after, origin=pn)
+            changed = True
+        return changed
+
+    @staticmethod
+    def _wide(v: PlanValue) -> PlanValue:
+        if v.kind == "constant":
+            return PlanValue(next(_widened_ids), f"{v.name}@float32", v.shape, _F32, "constant",
+                             _array=np.asarray(v.value).astype(_F32))
+        return PlanValue(next(_widened_ids), f"{v.name}@float32", v.shape, _F32, "node")
+
+    @staticmethod
+    def _cast(pn: PlanNode, spec, src: PlanValue, dst: PlanValue, frees_src: bool) -> PlanNode:
+        to = helper.np_dtype_to_tensor_dtype(dst.dtype)
+        return replace(pn, label=f"{pn.label} ({src.dtype} to {dst.dtype})", op_type="Cast", domain="",
+                       spec=spec, inputs=(src,), outputs=(dst,), attributes={"to": to}, defaults={},
+                       kwargs={"to": to, "saturate": 1, "round_mode": "up"}, runtime=("xp",), subgraphs={},
+                       multi_output=False, frees=(src, ) if frees_src and src.kind == "node" else ())
+
+
 def fuse(plan: Plan) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-    """The plan's nodes after :class:`FoldWeightTranspose` and :class:`FuseConvEpilogues`, and by
-    id of each fused node the plan node it replaces (profile slots)."""
-    result = PassManager([FoldWeightTranspose(), FuseConvEpilogues()])(plan)
+    """The plan's nodes after :class:`WidenHalfFloats`, :class:`FoldWeightTranspose` and
+    :class:`FuseConvEpilogues`, and by id of each fused node the plan node it replaces (profile
+    slots)."""
+    result = PassManager([WidenHalfFloats(), FoldWeightTranspose(), FuseConvEpilogues()])(plan)
     return list(result.plan.nodes), result.origins
 
 

@@ -152,3 +152,27 @@ def test_a_computing_kernel_refuses_a_storage_type_naming_it():
                               opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ml.errors.KernelMissingError, match="float16.*C stores it but computes in"):
         ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None))
+
+
+@pytest.mark.parametrize("half", [np.float16, mld.bfloat16])
+def test_half_float_nodes_compute_in_float32_between_casts(half):
+    """Relu, Add of a constant, MatMul of a weight and Softmax in float16 / bfloat16 run on
+    CBackend(fallback=None): each in float32, its half inputs widened and its outputs rounded once,
+    as NumPy's float16 kernels round each op's result."""
+    rng = np.random.default_rng(1)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(half))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "c"], ["a"]),
+             helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(4).astype(half), "c"),
+             onnx.numpy_helper.from_array(rng.standard_normal((4, 5)).astype(half), "w")]
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", elem, [3, 4])],
+                              [helper.make_tensor_value_info("a", elem, [3, 4]), helper.make_tensor_value_info("y", elem, [3, 5])],
+                              initializer=inits)
+    model = ml.load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = rng.standard_normal((3, 4)).astype(half)
+    got = ml.compile(model, ml.CBackend(fallback=None), inference=True).evaluate(None, {"x": x})
+    want = ml.compile(model, ml.NumpyBackend(), inference=True).evaluate(None, {"x": x})
+    assert got["a"].dtype == got["y"].dtype == np.dtype(half)
+    np.testing.assert_array_equal(got["a"].astype(np.float32), want["a"].astype(np.float32))  # one rounding each
+    tol = 1e-2 if half is mld.bfloat16 else 2e-3
+    np.testing.assert_allclose(got["y"].astype(np.float32), want["y"].astype(np.float32), rtol=tol, atol=tol)

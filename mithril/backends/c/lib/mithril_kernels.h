@@ -10,6 +10,7 @@
 #include "mt_nn.h"
 #include "mt_nchwc.h"
 #include "mt_attention.h"
+#include "mt_linear_attention.h"
 #include "mt_quantize.h"
 #include "mt_rowwise.h"
 #include "mt_recurrent.h"

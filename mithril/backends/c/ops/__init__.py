@@ -106,7 +106,7 @@ class CKernel(NativeRule):
             return f"dtype {v.dtype} of {v.name!r} (C has {', '.join(str(d) for d in C_TYPES)})"
         if v.dtype in STORAGE and not self.storage:
             return (f"dtype {v.dtype} of {v.name!r}: C stores it but computes in "
-                    f"{', '.join(str(d) for d in ALL)}; only Cast, CastLike and ops that move bytes take it")
+                    f"{', '.join(sorted(map(str, ALL)))}; only Cast, CastLike and ops that move bytes take it")
         return None
 
     def node_problem(self, pn: PlanNode) -> str | None:
