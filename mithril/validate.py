@@ -499,10 +499,11 @@ def random_inputs(model: OnnxModel, shapes: dict[str, Any] | None = None, seed: 
 
 
 def as_runner(backend) -> Runner:
-    """A Runner as given; a Backend (or anything else: compile refuses it clearly) behind a
-    :class:`~mithril.runners.BackendRunner`."""
-    if isinstance(backend, Runner):
-        return backend
+    """A Runner as given, a spec such as ``"torch:dtype=bfloat16"`` parsed
+    (:func:`~mithril.runners.parse_runner`); a Backend (or anything else: compile refuses it
+    clearly) behind a :class:`~mithril.runners.BackendRunner`."""
+    if isinstance(backend, (Runner, str)):
+        return parse_runner(backend)
     if isinstance(backend, Backend):
         return BackendRunner(backend)
     return BackendRunner(backend, name=repr(backend))
@@ -627,9 +628,12 @@ def _chunks(values: list[_Value], needs: dict[str, list[str]], sizes: dict[str, 
 
 
 def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_values: dict, runner: Runner,
-                         reference: Runner) -> float | None:
-    """Run one node alone on the reference and on ``runner``, fed the reference's inputs; the
-    largest error of its outputs, None when the node cannot run alone."""
+                         reference: Runner, tolerance=lambda name: (None, None),
+                         compute=None) -> tuple[float, bool] | None:
+    """Run one node alone on the reference and on ``runner``, fed the reference's inputs: the
+    largest error of its outputs, and whether every output stays within tolerance element by
+    element (``tolerance(name)`` gives its rtol, atol; None: the dtype's), as the search judged
+    them; None when the node cannot run alone."""
     inputs = [n for n in node.input if n]
     init_map = {t.name: t for t in proto.graph.initializer}
     if any(n not in ref_values and n not in init_map for n in inputs):
@@ -654,8 +658,9 @@ def _isolated_node_error(proto: onnx.ModelProto, node: onnx.NodeProto, ref_value
         got = runner.run(single, feeds)
     except Exception:  # noqa: BLE001 - a node that cannot run alone (outer-scope reads): no verdict
         return None
-    errs = [compare(name, runner.name, got[name], want[name]).max_abs_err for name in want if name in got]
-    return max(errs) if errs else None
+    rows = [compare(name, runner.name, got[name], want[name], *tolerance(name), compute, ulp=False)
+            for name in want if name in got]
+    return (max(r.max_abs_err for r in rows), all(r.passed for r in rows)) if rows else None
 
 
 def first_divergent_node(model, backend, inputs: dict[str, np.ndarray], rtol: Tolerance = None,
@@ -722,16 +727,11 @@ def first_divergent_node(model, backend, inputs: dict[str, np.ndarray], rtol: To
             i, v, row = failed
             say(f"{tag}: node {v.label!r} ({v.op_type}) leaves tolerance; running it alone on {ref.name}'s inputs")
             node = proto.graph.node[v.node]
-            iso = _isolated_node_error(proto, node, {**inputs, **want}, runner, ref)
-            ref_arr = np.asarray(want[v.name])
-            d_rtol, d_atol = tolerance_for(ref_arr.dtype, compute)
-            r_tol, a_tol = tolerance_of(rtol, v.name), tolerance_of(atol, v.name)
-            with np.errstate(all="ignore"):
-                finite = np.abs(ref_arr[np.isfinite(ref_arr)]) if ref_arr.dtype.kind == "f" else np.abs(ref_arr)
-            scale = float(np.max(finite)) if finite.size and ref_arr.dtype.kind in "fiub" else 0.0
-            bound = (d_atol if a_tol is None else a_tol) + (d_rtol if r_tol is None else r_tol) * scale
-            local = iso is None or iso > bound
-            return NodeReport(v.label, v.op_type, v.name, row.max_abs_err, row.max_rel_err, iso, local, ref.name, i)
+            iso = _isolated_node_error(proto, node, {**inputs, **want}, runner, ref,
+                                       lambda name: (tolerance_of(rtol, name), tolerance_of(atol, name)), compute)
+            local = iso is None or not iso[1]
+            return NodeReport(v.label, v.op_type, v.name, row.max_abs_err, row.max_rel_err,
+                              None if iso is None else iso[0], local, ref.name, i)
         del want
         done += len(chunk)
     return None

@@ -63,6 +63,10 @@ COMMANDS = {
                needs=("jax",), slow=True),
     "python examples/train_lenet_digits.py --backend jax --epochs 15":
         Expect([r"jax: 345 steps", r"onnxruntime agrees: True"], needs=("jax", "sklearn"), slow=True),
+    "python examples/validate_walkthrough.py --out block.onnx":
+        Expect([r"wrote block\.onnx: 13 nodes, opset 18"], keeps={"block.onnx"}),
+    "python examples/validate_walkthrough.py --norm fused --out fused.onnx":
+        Expect([r"wrote fused\.onnx: 7 nodes, opset 23"], keeps={"fused.onnx"}),
     "python examples/train_lenet_digits.py --backend torch --epochs 2 --out lenet":
         Expect([r"torch: 46 steps", r"onnxruntime agrees: True"], keeps={"lenet/lenet.safetensors", "lenet/lenet.onnx"},
                needs=("torch", "sklearn")),
