@@ -2,42 +2,46 @@
 
 Arrays of any backend are saved as their NumPy values, keyed by parameter name; loading gives
 arrays of the backend asked for, so parameters trained on one backend run on another.
-The safetensors file is written and read here (the format is a JSON header and raw bytes), so
-it needs no extra package; files from the ``safetensors`` library load and vice versa.
+safetensors files go through the ``safetensors`` library: ``safetensors.numpy.save_file`` writes
+them (bfloat16 and float8 included: it names an ml_dtypes array's dtype in the header), and
+``safe_open(path, framework="numpy")`` reads them from a memory map, copying out only the tensors
+asked for (``keys=``). Files of ``safetensors.torch``, ``safetensors.flax`` and the others load,
+and Mithril's load in them.
 
 >>> import mithril as ml, numpy as np, tempfile, os
 >>> path = os.path.join(tempfile.mkdtemp(), "params.safetensors")
->>> ml.save_params({"fc.weight": np.ones((2, 3), np.float32)}, path)
+>>> ml.save_params({"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}, path)
 >>> {k: v.shape for k, v in ml.load_params(path, ml.NumpyBackend()).items()}
-{'fc.weight': (2, 3)}
+{'fc.bias': (2,), 'fc.weight': (2, 3)}
+>>> list(ml.load_params(path, keys=["fc.bias"]))  # only this tensor is read
+['fc.bias']
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
-import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-import ml_dtypes
+import ml_dtypes  # registers bfloat16 with NumPy, which safetensors' NumPy reader asks for by name
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from .backends.backend import check_backend
 from .backends.table import array_backend
 from .errors import ParamsFileError, public_api
 
-_SAFETENSORS = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-_CODES = {v: k for k, v in _SAFETENSORS.items()}
+_METADATA = {"format": "np"}  # the header's __metadata__, as safetensors.numpy's own files carry none
 _NPZ_DTYPES = "__mithril_dtypes__"  # npz keeps ml_dtypes (bfloat16...) as raw bits plus this note
+# safetensors' NumPy reader looks float8 up as numpy.float8_*, which NumPy lacks
+# (safetensors/safetensors#682): these come through safetensors.deserialize as bytes instead.
+_FLOAT8 = {
+    "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+    "F8_E4M3FNUZ": ml_dtypes.float8_e4m3fnuz, "F8_E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
+    "F8_E8M0": ml_dtypes.float8_e8m0fnu,
+}
 
 
 def to_numpy(value) -> np.ndarray:
@@ -47,7 +51,14 @@ def to_numpy(value) -> np.ndarray:
 
 @public_api(ParamsFileError, "save_params")
 def save_params(params: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Write ``params`` (name -> array of any backend) to ``path``: ``.safetensors`` or ``.npz``."""
+    """Write ``params`` (name -> array of any backend) to ``path``: ``.safetensors`` or ``.npz``.
+
+    >>> import mithril as ml, numpy as np, ml_dtypes, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.safetensors")
+    >>> ml.save_params({"w": np.ones(3, ml_dtypes.bfloat16)}, path)
+    >>> ml.load_params(path)["w"].dtype
+    dtype(bfloat16)
+    """
     arrays = {str(k): np.asarray(to_numpy(v), order="C") for k, v in params.items()}  # 0-d stays 0-d
     path = os.fspath(path)
     if path.endswith(".safetensors"):
@@ -63,18 +74,31 @@ def save_params(params: Mapping[str, Any], path: str | os.PathLike) -> None:
 
 
 @public_api(ParamsFileError, "load_params")
-def load_params(path: str | os.PathLike, backend=None) -> dict[str, Any]:
+def load_params(path: str | os.PathLike, backend=None, *, keys: Iterable[str] | None = None) -> dict[str, Any]:
     """Read parameters saved by :func:`save_params` (or any safetensors/npz file) as arrays of
-    ``backend`` (NumPy arrays when None), keyed by name."""
+    ``backend`` (NumPy arrays when None), keyed by name.
+
+    ``keys`` reads only those tensors, in that order; the others are never copied out of the file.
+    Without it a safetensors file gives every tensor sorted by name (the file keeps no order of
+    its own), an npz file in the order saved.
+
+    >>> import mithril as ml, numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.npz")
+    >>> ml.save_params({"a": np.ones(2), "b": np.zeros(3)}, path)
+    >>> ml.load_params(path, keys=["b"])["b"].shape
+    (3,)
+    """
     path = os.fspath(path)
+    wanted = None if keys is None else [keys] if isinstance(keys, str) else list(keys)
     if path.endswith(".safetensors"):
-        arrays = _read_safetensors(path)
+        arrays = _read_safetensors(path, wanted)
     elif path.endswith(".npz"):
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-        special = json.loads(str(arrays.pop(_NPZ_DTYPES))) if _NPZ_DTYPES in arrays else {}
-        for k, name in special.items():
-            arrays[k] = arrays[k].view(np.dtype(getattr(ml_dtypes, name)))
+        with np.load(path, allow_pickle=False) as f:  # an NpzFile reads a member when asked for it
+            names = [k for k in f.files if k != _NPZ_DTYPES]
+            special = json.loads(str(f[_NPZ_DTYPES])) if _NPZ_DTYPES in f.files else {}
+            arrays = {k: f[k] for k in _chosen(path, names, wanted)}
+        for k in arrays.keys() & special.keys():
+            arrays[k] = arrays[k].view(np.dtype(getattr(ml_dtypes, special[k])))
     else:
         raise ParamsFileError(f"load_params reads .safetensors or .npz files, not {path!r}")
     if backend is None:
@@ -87,52 +111,54 @@ _NATIVE = {np.dtype(t) for t in (np.float64, np.float32, np.float16, np.int64, n
                                  np.uint64, np.uint32, np.uint16, np.uint8, np.bool_)}
 
 
-def _check_host() -> None:
-    if sys.byteorder != "little":
-        raise ParamsFileError("safetensors files are little-endian; this big-endian host cannot write them as is")
+def _chosen(path: str, names: list[str], wanted: list[str] | None) -> list[str]:
+    if wanted is None:
+        return names
+    held = set(names)
+    missing = [k for k in wanted if k not in held]
+    if missing:
+        raise ParamsFileError(f"{path} has no tensor {missing[0]!r} (it holds {len(names)}: {', '.join(names[:8])}"
+                              f"{', ...' if len(names) > 8 else ''})")
+    return wanted
 
 
 def _write_safetensors(arrays: dict[str, np.ndarray], path: str) -> None:
-    _check_host()
-    header: dict[str, Any] = {"__metadata__": {"format": "np"}}
-    offset = 0
-    for name, arr in arrays.items():
-        code = _CODES.get(arr.dtype)
-        if code is None:
-            raise ParamsFileError(f"safetensors has no dtype for {name!r} ({arr.dtype})")
-        header[name] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the reference writer does
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for arr in arrays.values():
-            f.write(arr.tobytes())  # little-endian, as safetensors wants: see _check_host
-
-
-def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-    _check_host()
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ParamsFileError(f"{path} is not a safetensors file (too short)")
-    (n,) = struct.unpack("<Q", data[:8])
     try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as exc:
+        safetensors.numpy.save_file(arrays, path, metadata=_METADATA)
+    except Exception as exc:  # name the tensor: try each alone, empty, so nothing is copied
+        for name, arr in arrays.items():
+            try:
+                safetensors.numpy.save({name: np.empty((0,), arr.dtype)})
+            except Exception:
+                raise ParamsFileError(f"safetensors has no dtype for {name!r} ({arr.dtype}): {exc}") from exc
+        raise ParamsFileError(f"cannot write {path}: {exc}") from exc
+
+
+def _read_safetensors(path: str, wanted: list[str] | None) -> dict[str, np.ndarray]:
+    try:
+        handle = safetensors.safe_open(path, framework="numpy")
+    except safetensors.SafetensorError as exc:
         raise ParamsFileError(f"{path} is not a safetensors file: {exc}") from None
-    body = memoryview(data)[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS.get(info["dtype"])
-        if dtype is None:
-            raise ParamsFileError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which NumPy cannot hold")
-        begin, end = info["data_offsets"]
-        arr = np.frombuffer(body[begin:end], dtype=dtype).copy()
-        out[name] = arr.reshape(info["shape"])
+    out: dict[str, np.ndarray | None] = {}
+    float8 = []
+    with handle as f:
+        for name in _chosen(path, f.keys(), wanted):
+            code = f.get_slice(name).get_dtype()  # from the header: nothing read yet
+            if code in _FLOAT8:
+                out[name] = None  # read below; the entry keeps the order
+                float8.append(name)
+                continue
+            try:
+                out[name] = f.get_tensor(name)
+            except (safetensors.SafetensorError, AttributeError, TypeError) as exc:
+                raise ParamsFileError(f"{path}: tensor {name!r} has dtype {code}, which NumPy cannot hold "
+                                      f"({exc})") from None
+    if float8:  # deserialize reads the whole file: only files with float8 tensors come this way
+        with open(path, "rb") as fh:
+            raw = dict(safetensors.deserialize(fh.read()))
+        for name in float8:
+            info = raw[name]
+            out[name] = np.frombuffer(info["data"], dtype=_FLOAT8[info["dtype"]]).reshape(info["shape"])
     return out
 
 
