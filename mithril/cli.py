@@ -383,7 +383,8 @@ def cmd_profile(args) -> int:
     shapes = {k: _parse_shape(k, v.replace("x", ",")) for k, v in _parse_kv(args.shape, "--shape").items()} or None
     model = ml.load_onnx(args.model)
     check_inputs(model, None, shapes, flags=("--input", "--shape"))
-    (backend,), _ = make_backends(names[0])
+    (runner,), _ = make_backends(names[0])
+    backend = runner.backend
     if args.threads is not None:
         if not backend.set_num_threads(args.threads):
             print(f"mithril: note: --threads does not apply to {backend.name}: its thread pool is fixed when it "

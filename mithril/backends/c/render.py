@@ -29,7 +29,8 @@ from ..registry import REGISTRY
 from ..segmented import Segment, later_reads, partition, segment_io, why_not
 from .ops import B_TRANSPOSED, C_TYPES, CLAMP, FUSES_ACTIVATION, KERNELS, RESIDUAL, STORAGE, CKernel, Emitter
 # the families register their rules as they are imported
-from .ops import attention, autodiff, elementwise, linear_attention, movement, nn, quantize, recurrent, rowwise  # noqa: F401
+from .ops import (attention, autodiff, elementwise, linear_attention, misc, movement, nn,  # noqa: F401
+                  quantize, recurrent, rowwise, signal)  # noqa: F401
 from .ops.nn import fuses_residual
 from . import nchwc  # noqa: E402 - after the op families: it registers its kernels beside them
 

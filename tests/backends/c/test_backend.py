@@ -74,35 +74,44 @@ def test_float64_runs_in_double():
     np.testing.assert_allclose(got, ref.evaluate(params, {"input": x})["output"], rtol=1e-10, atol=1e-12)
 
 
+@pytest.fixture
+def twice():
+    """A custom op (a registered NumPy kernel): C has no kernel for it, whatever C gains."""
+    with ml.scoped_ops():
+        ml.register_op("Twice", lambda x: 2 * x, output_shapes=lambda inputs, attributes: [inputs[0]])
+        yield
+
+
 def _graph_with_unsupported_op():
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Einsum", ["r"], ["c"], name="einsum", equation="ij->ij"),
+             helper.make_node("Twice", ["r"], ["c"], name="twice", domain="mithril.custom"),
              helper.make_node("Add", ["c", "x"], ["y"], name="add")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
-    return ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return ml.load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("mithril.custom", 1)]))
 
 
-def test_fallback_runs_numpy_between_c_segments_with_one_warning():
+def test_fallback_runs_numpy_between_c_segments_with_one_warning(twice):
     model = _graph_with_unsupported_op()
     with pytest.warns(CFallbackWarning) as record:
         pm = ml.compile(model, ml.CBackend(), inference=True)
     assert len(record) == 1
     assert str(record[0].message) == ("CBackend: 1 node(s) run on NumPy (no C kernel): "
-                                      "einsum (Einsum: no C kernel)")
+                                      "twice (Twice: no C kernel)")
     x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
     r = np.maximum(x, 0)
-    np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], r + x, rtol=1e-6)
-    assert pm.program.source.count("int seg") == 2  # Relu, then Add: two C segments around NumPy's Einsum
+    np.testing.assert_allclose(pm.evaluate({}, {"x": x})["y"], 2 * r + x, rtol=1e-6)
+    assert pm.program.source.count("int seg") == 2  # Relu, then Add: two C segments around NumPy's Twice
 
 
-def test_fallback_none_refuses_naming_each_node():
+def test_fallback_none_refuses_naming_each_node(twice):
     with pytest.raises(CompileError, match=r"CBackend\(fallback=None\): 1 node\(s\) have no C kernel: "
-                                           r"einsum \(Einsum: no C kernel\)"):
+                                           r"twice \(Twice: no C kernel\)"):
         ml.compile(_graph_with_unsupported_op(), ml.CBackend(fallback=None), inference=True)
 
 
-def test_missing_compiler_is_one_clear_error(monkeypatch):
+def test_missing_compiler_is_one_clear_error(monkeypatch, twice):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setenv("MITHRIL_CACHE_DIR", "/nonexistent-cache-never-created")
     with pytest.raises(MithrilError, match=r"CBackend needs a C compiler and found none: CC='/nonexistent/cc'"):

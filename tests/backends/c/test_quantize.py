@@ -1,18 +1,22 @@
 """The C backend's quantization kernels (lib/mt_quantize.h): QuantizeLinear, DequantizeLinear,
 DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv on
 CBackend(fallback=None) equal NumPy's kernels exactly (per tensor, per axis and blocked; ties
-rounding to even; saturation), and a fixed list of ONNX node-suite cases passes strictly."""
+rounding to even; saturation; int4/int2, float8 and float4 values, half scales), and a fixed list
+of ONNX node-suite cases passes strictly."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx import helper
 
 import mithril as ml
 from mithril import conformance
+from mithril.backends.c import build
 from mithril.errors import MithrilError
 from tests.conftest import make_model
 
@@ -27,13 +31,20 @@ def _onnx_type(dt) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
 
 
-def _run(nodes, feeds: dict, outputs: dict, opset=21, initializers=()):
+def _run(nodes, feeds: dict, outputs: dict, opset=21, initializers=(), warnings_as_errors=False):
     """The graph of ``nodes`` on CBackend(fallback=None) and on NumPy: both results per output.
-    ``outputs`` maps names to their dtypes."""
+    ``outputs`` maps names to their dtypes. ``warnings_as_errors``: its C source must also compile
+    under -Wall -Wextra -Werror."""
     model = make_model(nodes, [(k, _onnx_type(v.dtype), list(v.shape)) for k, v in feeds.items()],
                        [(k, _onnx_type(dt), None) for k, dt in outputs.items()], initializers, opset=opset)
     pm = ml.compile(ml.load_onnx(model), ml.CBackend(fallback=None), inference=True)
     assert not pm.program.fallback
+    if warnings_as_errors:
+        cc = shutil.which("cc") or shutil.which("gcc")
+        done = subprocess.run([cc, "-fsyntax-only", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror",
+                               f"-I{build.LIB_DIR}", "-x", "c", "-"], input=pm.program.source, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr
     ref = ml.compile(ml.load_onnx(model), ml.NumpyBackend(), inference=True)
     return pm.evaluate({}, feeds), ref.evaluate({}, feeds)
 
@@ -43,6 +54,17 @@ def _assert_equal(got, want):
     for k in want:
         assert got[k].dtype == want[k].dtype, k
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _assert_same(got, want):
+    """Equal values of each output's dtype, signs of zeros included and NaN equal to NaN (the
+    narrow types compared through float64, which holds each of them exactly)."""
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        g, w = got[k].astype(np.float64), want[k].astype(np.float64)
+        np.testing.assert_array_equal(g, w, err_msg=k)
+        assert (np.signbit(g) == np.signbit(w))[~np.isnan(w)].all(), k
 
 
 def _ints(dtype, *shape):
@@ -200,15 +222,82 @@ def test_integer_convolutions():
     _assert_equal(got, want)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy's inf * 0
+def test_narrow_types():
+    """int4/uint4/int2/uint2, the four float8 kinds and float4 through (De)QuantizeLinear: per
+    tensor, per axis and blocked; zero points (float8 ones added, as NumPy's kernel does); float16,
+    bfloat16 and float8e8m0 scales; half x and outputs; saturate=0 (inf and NaN kept, out of range
+    to inf or NaN) and 1; float64 division and precision=float32."""
+    f8, t = ml_dtypes, _onnx_type
+    x = np.array([[0.5, 1.5, 2.5, -0.5, -1.5, 7.4, -9.0, 0.0],
+                  [3.0, -3.0, 1e3, -1e3, 0.26, -0.74, 2.25, 6.5],
+                  [-2.5, 0.75, 1.25, 13.0, -13.0, 4.5, -4.5, 0.125]], np.float32)
+    xf = np.array([[0.3, -1e6, 500.0, np.inf, -np.inf, np.nan, 1e-4, -0.0],
+                   [448.0, 464.0, -480.0, 57344.0, 61440.0, 2.0 ** -10, -3.3, 7.0],
+                   [1.0 + 2.0 ** -4, -(1.0 + 2.0 ** -4), 0.0625, 100.0, -0.3, 6.0, 5.0, -7.0]], np.float32)
+    x64 = RNG.standard_normal((3, 8)) * 300
+    x64[0, 0] = 1 + 2.0 ** -4 + 2.0 ** -30  # float8 1.125 from the double, 1.0 through float32 (as ml_dtypes)
+    nodes = [
+        mk("QuantizeLinear", ["x", "s3", "z_i4"], ["q_i4"], axis=0),
+        mk("QuantizeLinear", ["x", "s", "z_u4"], ["q_u4"]),
+        mk("QuantizeLinear", ["x", "sb", "z_i2"], ["q_i2"], axis=1, block_size=3),  # blocks 3, 3, 2
+        mk("QuantizeLinear", ["x", "s"], ["q_u2"], output_dtype=t(f8.uint2)),
+        mk("QuantizeLinear", ["xf", "s", "z_e4"], ["q_e4"]),
+        mk("QuantizeLinear", ["xf", "s"], ["q_e4_ns"], output_dtype=t(f8.float8_e4m3fn), saturate=0),
+        mk("QuantizeLinear", ["xf", "s16", "z_e5"], ["q_e5_ns"], saturate=0),
+        mk("QuantizeLinear", ["xf", "sbf", "z_e5uz"], ["q_e5uz"], axis=0),
+        mk("QuantizeLinear", ["x16", "s"], ["q_e4uz"], output_dtype=t(f8.float8_e4m3fnuz)),
+        mk("QuantizeLinear", ["xf", "s", "z_f4"], ["q_f4"]),
+        mk("QuantizeLinear", ["x64", "s64", "z_i4"], ["q64_i4"], axis=0),
+        mk("QuantizeLinear", ["x64", "s64"], ["q64_e4"], axis=0, output_dtype=t(f8.float8_e4m3fn)),
+        mk("QuantizeLinear", ["x", "s64"], ["qp_u4"], axis=0, precision=t(np.float32), output_dtype=t(f8.uint4)),
+        mk("QuantizeLinear", ["xbf", "s"], ["qbf_i8"], output_dtype=t(np.int8)),
+        mk("DequantizeLinear", ["q_i4", "s3", "z_i4"], ["d_i4"], axis=0),
+        mk("DequantizeLinear", ["q_e4", "s16"], ["d_e4_f16"]),
+        mk("DequantizeLinear", ["q_e5uz", "sbf", "z_e5uz"], ["d_e5uz_bf16"], axis=0),
+        mk("DequantizeLinear", ["q_i2", "sb", "z_i2"], ["d_i2"], axis=1, block_size=3),
+        mk("DequantizeLinear", ["q_f4", "sr", "z_f4"], ["d_f4_f16"], output_dtype=t(np.float16)),  # sr rounded first
+        mk("DequantizeLinear", ["q_u4", "se8"], ["d_u4_e8"], output_dtype=t(np.float32)),
+        mk("DequantizeLinear", ["xi8", "s16"], ["d_i8_f16"]),
+        mk("DequantizeLinear", ["q_u2", "sr"], ["d_u2_bf16"], output_dtype=t(ml_dtypes.bfloat16)),
+        mk("DequantizeLinear", ["q_e5_ns", "s64"], ["d_e5_f64"], axis=0),
+    ]
+    feeds = {"x": x, "xf": xf, "x16": (x * 37).astype(np.float16), "xbf": (x * 41).astype(ml_dtypes.bfloat16),
+             "x64": x64, "xi8": _ints(np.int8, 3, 8),
+             "s": np.float32(0.5), "sr": np.float32(0.3001), "s3": np.array([1.0, 0.5, 0.25], np.float32), "sb": _scales(3, 3) * 10,
+             "s16": np.float16(0.3), "sbf": np.array([0.5, 3.0, 0.1], ml_dtypes.bfloat16),
+             "s64": np.array([1.0, 1.3, 2.9]), "se8": np.array(2.0 ** -3, ml_dtypes.float8_e8m0fnu),
+             "z_i4": np.array([-1, 0, 3], ml_dtypes.int4), "z_u4": np.array(2, ml_dtypes.uint4),
+             "z_i2": np.array([[1, -2, 0]] * 3, ml_dtypes.int2), "z_e4": np.array(1.5, ml_dtypes.float8_e4m3fn),
+             "z_e5": np.array(-2.0, ml_dtypes.float8_e5m2), "z_f4": np.array(0.5, ml_dtypes.float4_e2m1fn),
+             "z_e5uz": np.array([0.0, 1.0, -0.5], ml_dtypes.float8_e5m2fnuz)}
+    outputs = {"q_i4": f8.int4, "q_u4": f8.uint4, "q_i2": f8.int2, "q_u2": f8.uint2, "q_e4": f8.float8_e4m3fn,
+               "q_e4_ns": f8.float8_e4m3fn, "q_e5_ns": f8.float8_e5m2, "q_e5uz": f8.float8_e5m2fnuz,
+               "q_e4uz": f8.float8_e4m3fnuz, "q_f4": f8.float4_e2m1fn, "q64_i4": f8.int4, "q64_e4": f8.float8_e4m3fn,
+               "qp_u4": f8.uint4, "qbf_i8": np.int8, "d_i4": np.float32, "d_e4_f16": np.float16,
+               "d_e5uz_bf16": f8.bfloat16, "d_i2": np.float32, "d_f4_f16": np.float16, "d_u4_e8": np.float32,
+               "d_i8_f16": np.float16, "d_u2_bf16": f8.bfloat16, "d_e5_f64": np.float64}
+    got, want = _run(nodes, feeds, outputs, opset=25, warnings_as_errors=True)
+    _assert_same(got, want)
+    q = {k: got[k].astype(np.float64) for k in got}
+    assert q["q_i4"][0].tolist() == [-1, 1, 1, -1, -3, 6, -8, -1]  # ties to even, then the zero point, saturated
+    assert np.isnan(q["q_e4_ns"][0, 3:6]).all() and q["q_e4"][0, 3:5].tolist() == [448.0, -448.0]
+    assert q["q_e5_ns"][0, 3:5].tolist() == [np.inf, -np.inf]
+    assert q["q_f4"][0, :3].tolist() == [1.0, -6.0, 6.0]  # float4 always saturates
+
+
 def test_refusals_name_the_reason():
     """What the kernels do not take is refused at compile (strict), with the reason."""
     cases = [
-        (mk("QuantizeLinear", ["x", "s"], ["y"], precision=11), {"x": np.ones(4, np.float32), "s": np.float32(1)},
-         {"y": np.uint8}, 25, "precision"),
+        (mk("QuantizeLinear", ["x", "s"], ["y"], precision=10), {"x": np.ones(4, np.float32), "s": np.float32(1)},
+         {"y": np.uint8}, 25, "precision float16"),
         (mk("QuantizeLinear", ["x", "s"], ["y"], axis=0, block_size=2),
          {"x": np.ones((4, 3), np.float32), "s": np.ones((3, 3), np.float32)}, {"y": np.uint8}, 21, "blocks of 2"),
+        (mk("QuantizeLinear", ["x", "s"], ["y"], output_dtype=_onnx_type(ml_dtypes.float6_e2m3fn)),
+         {"x": np.ones(4, np.float32), "s": np.float32(1)}, {"y": ml_dtypes.float6_e2m3fn}, 25,
+         "dtype float6_e2m3fn"),
         (mk("DequantizeLinear", ["x", "s"], ["y"]), {"x": np.ones(4, np.int8), "s": np.ones(4, np.float16)},
-         {"y": np.float16}, 21, "float16"),
+         {"y": np.float16}, 21, r"\(4,\)"),
     ]
     for node, feeds, outputs, opset, reason in cases:
         with pytest.raises(MithrilError, match=reason):
@@ -219,7 +308,8 @@ NODE_CASES = [
     "test_quantizelinear_axis", "test_quantizelinear_blocked_symmetric",
     "test_dequantizelinear_blocked", "test_dynamicquantizelinear_min_adjusted",
     "test_dynamicquantizelinear_expanded", "test_qlinearmatmul_3D_int8_float32", "test_matmulinteger",
-    "test_convinteger_with_padding", "test_qlinearconv",
+    "test_convinteger_with_padding", "test_qlinearconv", "test_quantizelinear_e4m3fn", "test_quantizelinear_int4",
+    "test_dequantizelinear_e4m3fn_float16", "test_dequantizelinear_uint4",
 ]
 
 
@@ -228,10 +318,3 @@ def test_node_suite_cases_pass_strictly():
     bad = {n: (r.status, r.reason[:200]) for n, r in results.items() if r.status != "pass"}
     assert not bad
 
-
-def test_narrow_types_are_refused_by_the_dtype_check():
-    """float8 and int4 have no C element type: the shared check says so (no kernel runs)."""
-    for name, dtype in (("test_quantizelinear_e4m3fn", "float8_e4m3fn"), ("test_dequantizelinear_int4", "int4"),
-                        ("test_qlinearmatmul_2D_uint8_float16", "float16")):
-        r = conformance.run_case(name, "c")
-        assert r.status == "unsupported" and f"dtype {dtype}" in r.reason, (name, r.reason)

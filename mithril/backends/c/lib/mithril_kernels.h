@@ -11,8 +11,10 @@
 #include "mt_nchwc.h"
 #include "mt_attention.h"
 #include "mt_linear_attention.h"
+#include "mt_misc.h"
 #include "mt_quantize.h"
 #include "mt_rowwise.h"
 #include "mt_recurrent.h"
+#include "mt_signal.h"
 
 #endif /* MITHRIL_KERNELS_H */

@@ -203,6 +203,8 @@ static inline void mt_cast_any(const void *restrict x, int xc, void *restrict y,
             continue;
         }
         double v = xc == MT_T_U64 ? (double)((const uint64_t *)x)[i] : xi ? (double)mt_load_i(x, xc, i) : mt_load_f(x, xc, i);
+        /* ml_dtypes rounds a double to float32 first (NumPy's float16 and Mithril's e8m0 do not) */
+        if ((xc == MT_T_F64 || xi) && yc != MT_T_F16 && yc != MT_T_F8E8M0 && yc > MT_T_B8) v = (double)(float)v;
         switch (yc) {
         case MT_T_F32: ((float *)y)[i] = (float)v; break;
         case MT_T_F64: ((double *)y)[i] = v; break;

@@ -12,11 +12,16 @@
  * (o, a, i) at o * so + (a / bs) * sa + i * si, from `const mt_i *w` = {outer, n, inner, bs, so,
  * sa, si} with si 0 or 1 (per tensor: {1, 1, numel, 1, 0, 0, 0}; per axis: sa = 1; blocked by bs
  * along the axis: so = ceil(n / bs) * inner, sa = inner, si = 1). A zero point is optional (0).
+ *
+ * With a storage-only type (mt_convert.h: int4/uint4/int2/uint2 or float8/float4 values, float16,
+ * bfloat16 or float8e8m0 scales, half x or outputs) they run as mt_(de)quantize_linear_any, one
+ * element at a time through mt_convert.h's loads, stores and encoder, the buffers typed by codes.
  */
 #ifndef MT_QUANTIZE_H
 #define MT_QUANTIZE_H
 
 #include "mt_base.h"
+#include "mt_convert.h"
 #include "mt_nn.h" /* mt_window_range */
 
 /* The saturating selects and rint vectorize once GCC may treat float compares as non-trapping. */
@@ -110,6 +115,99 @@ MT_Q_DEQUANTIZE_X(uint16_t, u16)
 MT_Q_DEQUANTIZE_X(int32_t, i32)
 #undef MT_Q_DEQUANTIZE_X
 #undef MT_Q_DEQUANTIZE
+
+/* ---- (De)QuantizeLinear through type codes (mt_convert.h), as the NumPy kernel computes ----------
+ * QuantizeLinear in TW (float32, or float64 for a float64 scale or precision): v = x / scale; to an
+ * integer type rint(v) + zero point saturated to its range (NaN -> 0); to a float type v + zero
+ * point rounded to nearest even, out of range (and infinities) to the largest finite value when
+ * saturate is set (float4 always), else to inf or NaN. ml_dtypes narrows a double through float32,
+ * so a float64 v is rounded to float first. */
+MT_INNER int64_t mt_q_int_min(int c) {
+    switch (c) {
+    case MT_T_I8: return INT8_MIN;
+    case MT_T_I16: return INT16_MIN;
+    case MT_T_I4: return -8;
+    case MT_T_I2: return -2;
+    default: return 0;
+    }
+}
+
+MT_INNER int64_t mt_q_int_max(int c) {
+    switch (c) {
+    case MT_T_I8: return INT8_MAX;
+    case MT_T_U8: return UINT8_MAX;
+    case MT_T_I16: return INT16_MAX;
+    case MT_T_U16: return UINT16_MAX;
+    case MT_T_I4: return 7;
+    case MT_T_U4: return 15;
+    case MT_T_I2: return 1;
+    default: return 3;
+    }
+}
+
+#define MT_Q_QUANTIZE_ANY(TW, SW)                                                                            \
+    static inline void mt_quantize_linear_any_##SW(const void *restrict x, int xc, const void *restrict s,    \
+                                                   int sc, const void *restrict zp, void *restrict y, int yc, \
+                                                   const mt_i *w, int saturate) {                             \
+        const int yint = mt_t_is_int(yc);                                                                     \
+        const TW lo = (TW)mt_q_int_min(yc), hi = (TW)mt_q_int_max(yc);                                        \
+        const mt_nf f = MT_NF_FORMATS[yint ? MT_T_F16 : yc]; /* the output's format (unused for ints) */      \
+        MT_Q_RUNS(w, {                                                                                        \
+            for (mt_i j = 0; j < len; j++) {                                                                  \
+                const mt_i q = p + j * w[6];                                                                  \
+                const TW xv = xc == MT_T_I32 ? (TW)((const int32_t *)x)[e + j] : (TW)mt_load_f(x, xc, e + j); \
+                TW v = xv / (TW)mt_load_f(s, sc, q);                                                          \
+                if (yint) {                                                                                   \
+                    v = rint(v) + (zp ? (TW)mt_load_i(zp, yc, q) : (TW)0);                                    \
+                    mt_store_i(y, yc, e + j, (int64_t)(v < lo ? lo : v > hi ? hi : v == v ? v : (TW)0));     \
+                } else {                                                                                      \
+                    if (zp) v += (TW)mt_load_f(zp, yc, q);                                                    \
+                    ((uint8_t *)y)[e + j] = (uint8_t)mt_nf_encode((double)(float)v, f, saturate, 0);          \
+                }                                                                                             \
+            }                                                                                                 \
+        })                                                                                                    \
+    }
+MT_Q_QUANTIZE_ANY(float, f32)
+MT_Q_QUANTIZE_ANY(double, f64)
+#undef MT_Q_QUANTIZE_ANY
+
+/* v rounded to output type c (float32, float64, float16 or bfloat16, through float32 as ml_dtypes). */
+MT_INNER double mt_q_round(double v, int c) {
+    switch (c) {
+    case MT_T_F32: return (float)v;
+    case MT_T_F64: return v;
+    case MT_T_F16: return mt_nf_decode(mt_nf_encode(v, MT_NF_FORMATS[c], 0, 0), MT_NF_FORMATS[c]);
+    default: return mt_nf_decode(mt_nf_encode((float)v, MT_NF_FORMATS[c], 0, 0), MT_NF_FORMATS[c]);
+    }
+}
+
+MT_INNER void mt_q_store(void *y, int c, mt_i i, double v) {
+    switch (c) {
+    case MT_T_F32: ((float *)y)[i] = (float)v; break;
+    case MT_T_F64: ((double *)y)[i] = v; break;
+    case MT_T_F16: ((uint16_t *)y)[i] = (uint16_t)mt_nf_encode(v, MT_NF_FORMATS[c], 0, 0); break;
+    default: ((uint16_t *)y)[i] = (uint16_t)mt_nf_encode((float)v, MT_NF_FORMATS[c], 0, 0); break;
+    }
+}
+
+/* DequantizeLinear: y = (x - zero point) * scale, the difference in int32 (wrapping) for integer x
+ * and in float32 for float x; both factors rounded to the output type and multiplied in it (their
+ * product is exact in double, so one rounding of it is the output type's product). */
+static inline void mt_dequantize_linear_any(const void *restrict x, int xc, const void *restrict s, int sc,
+                                            const void *restrict zp, void *restrict y, int yc, const mt_i *w) {
+    const int xint = mt_t_is_int(xc);
+    MT_Q_RUNS(w, {
+        for (mt_i j = 0; j < len; j++) {
+            const mt_i q = p + j * w[6];
+            double d;
+            if (xint)
+                d = (double)(int32_t)((uint32_t)mt_load_i(x, xc, e + j) - (zp ? (uint32_t)mt_load_i(zp, xc, q) : 0u));
+            else
+                d = (double)((float)mt_load_f(x, xc, e + j) - (zp ? (float)mt_load_f(zp, xc, q) : 0.0f));
+            mt_q_store(y, yc, e + j, mt_q_round(d, yc) * mt_q_round(mt_load_f(s, sc, q), yc));
+        }
+    })
+}
 
 /* ---- DynamicQuantizeLinear: uint8 over [min(x, 0), max(x, 0)]; the scale 1 where the range is 0 -- */
 static inline MT_Q_NO_TRAPS void mt_dynamic_quantize_linear_f32(const float *restrict x, uint8_t *restrict y,

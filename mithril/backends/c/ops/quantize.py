@@ -3,25 +3,39 @@ DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv
 
 They compute what :mod:`mithril.backends.kernels.quantize` does, bit for bit (round half to even,
 saturation to the output's range). Scales and zero points are read at run time; their layout
-(per tensor, per axis, blocked) is fixed at render time from the static shapes. Types C lacks
-(float8, int4, float16 scales) never reach a rule: the shared dtype check refuses them.
+(per tensor, per axis, blocked) is fixed at render time from the static shapes.
+
+(De)QuantizeLinear also take the storage-only types (:data:`~.STORAGE`): int4/uint4/int2/uint2 and
+float8/float4 quantized values, float16/bfloat16/float8e8m0 scales, float16/bfloat16 x and outputs.
+Those run through one kernel over ``lib/mt_convert.h``'s type codes, element by element; the
+8- and 16-bit integers with float32/float64 scales keep their typed, vectorized kernels.
 """
 
 from __future__ import annotations
 
 from math import prod
 
+import ml_dtypes
 import numpy as np
 
 from ....dtypes import np_dtype_of_onnx
-from . import FLOATS, c_kernel
+from . import FLOATS, TYPE_CODE, c_kernel
 from .nn import MAX_SPATIAL, batch_index, node_window, window_geometry
 
 I8 = frozenset({np.dtype(np.int8), np.dtype(np.uint8)})
 INT32 = np.dtype(np.int32)
-QUANTIZE_IN = FLOATS | {INT32}  # x of QuantizeLinear
-QUANTIZED = I8 | {np.dtype(np.int16), np.dtype(np.uint16)}  # QuantizeLinear's outputs
+F64 = np.dtype(np.float64)
+HALVES = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+# The quantized types C only stores: through the kernels over type codes (mt_quantize_linear_any_*).
+NARROW = frozenset(np.dtype(t) for t in (
+    ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn))
+TYPED = I8 | {np.dtype(np.int16), np.dtype(np.uint16)}  # the quantized types of the typed kernels
+QUANTIZE_IN = FLOATS | HALVES | {INT32}  # x of QuantizeLinear
+SCALES = FLOATS | HALVES | {np.dtype(ml_dtypes.float8_e8m0fnu)}
+QUANTIZED = TYPED | NARROW  # QuantizeLinear's outputs
 DEQUANTIZE_IN = QUANTIZED | {INT32}
+DEQUANTIZED = FLOATS | HALVES  # DequantizeLinear's outputs
 
 
 def _input(pn, i: int):
@@ -78,31 +92,44 @@ def _param_walk(pn, x, scale, zero_point) -> list[int] | str:
     return walk
 
 
+def _division_type(pn, scale) -> np.dtype:
+    """The type x / scale is computed in, as the NumPy kernel's: the precision attribute, else
+    float64 for a float64 scale and float32 for the others."""
+    precision = int(pn.kwargs.get("precision") or 0)
+    return np_dtype_of_onnx(precision) if precision else F64 if scale.dtype == F64 else np.dtype(np.float32)
+
+
 def _check_quantize(pn):
     x, scale, zp, y = pn.inputs[0], pn.inputs[1], _input(pn, 2), pn.outputs[0]
     if x.dtype not in QUANTIZE_IN:
         return f"x of dtype {x.dtype} (the C kernel quantizes {_names(QUANTIZE_IN)})"
-    if scale.dtype not in FLOATS:
-        return f"scale of dtype {scale.dtype} (the C kernel divides by {_names(FLOATS)})"
+    if scale.dtype not in SCALES:
+        return f"scale of dtype {scale.dtype} (the C kernel divides by {_names(SCALES)})"
     if y.dtype not in QUANTIZED:
         return f"output of dtype {y.dtype} (the C kernel writes {_names(QUANTIZED)})"
     if zp is not None and zp.dtype != y.dtype:
         return f"zero point of dtype {zp.dtype}, the output {y.dtype}"
-    precision = int(pn.kwargs.get("precision") or 0)
-    if precision and np_dtype_of_onnx(precision) != scale.dtype:
-        return f"precision {np_dtype_of_onnx(precision)} (the C kernel divides in the scale's {scale.dtype})"
+    if _division_type(pn, scale) not in FLOATS:
+        return f"precision {_division_type(pn, scale)} (the C kernel divides in {_names(FLOATS)})"
     if tuple(y.static_shape) != tuple(x.static_shape):
         return f"output is typed {y.static_shape}, the kernel writes {x.static_shape}"
     walk = _param_walk(pn, x, scale, zp)
     return walk if isinstance(walk, str) else None
 
 
-@c_kernel("QuantizeLinear", since=10, check=_check_quantize)
+@c_kernel("QuantizeLinear", since=10, check=_check_quantize, storage=True)
 def quantize_linear(pn, c):
     x, scale, zp, y = pn.inputs[0], pn.inputs[1], _input(pn, 2), pn.outputs[0]
     walk = c.arr(_param_walk(pn, x, scale, zp))
-    c.line(f"mt_quantize_linear_{c.sfx(x)}_{c.sfx(scale)}_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, "
-           f"{c.buf(zp) if zp is not None else '0'}, {c.buf(y)}, {walk});")
+    work = _division_type(pn, scale)
+    zpb = c.buf(zp) if zp is not None else "0"
+    if x.dtype in FLOATS | {INT32} and scale.dtype == work and y.dtype in TYPED:
+        c.line(f"mt_quantize_linear_{c.sfx(x)}_{c.sfx(scale)}_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, {zpb}, "
+               f"{c.buf(y)}, {walk});")
+        return
+    c.line(f"mt_quantize_linear_any_{c.sfx(work)}({c.buf(x)}, {TYPE_CODE[x.dtype]}, {c.buf(scale)}, "
+           f"{TYPE_CODE[scale.dtype]}, {zpb}, {c.buf(y)}, {TYPE_CODE[y.dtype]}, {walk}, "
+           f"{int(pn.kwargs.get('saturate', 1))});")
 
 
 def _check_dequantize(pn):
@@ -111,22 +138,27 @@ def _check_dequantize(pn):
         return f"x of dtype {x.dtype} (the C kernel dequantizes {_names(DEQUANTIZE_IN)})"
     if zp is not None and zp.dtype != x.dtype:
         return f"zero point of dtype {zp.dtype}, x {x.dtype}"
-    if scale.dtype not in FLOATS:
-        return f"scale of dtype {scale.dtype} (the C kernel multiplies by {_names(FLOATS)})"
-    if y.dtype not in FLOATS:
-        return f"output of dtype {y.dtype} (the C kernel writes {_names(FLOATS)})"
+    if scale.dtype not in SCALES:
+        return f"scale of dtype {scale.dtype} (the C kernel multiplies by {_names(SCALES)})"
+    if y.dtype not in DEQUANTIZED:
+        return f"output of dtype {y.dtype} (the C kernel writes {_names(DEQUANTIZED)})"
     if tuple(y.static_shape) != tuple(x.static_shape):
         return f"output is typed {y.static_shape}, the kernel writes {x.static_shape}"
     walk = _param_walk(pn, x, scale, zp)
     return walk if isinstance(walk, str) else None
 
 
-@c_kernel("DequantizeLinear", since=10, check=_check_dequantize)
+@c_kernel("DequantizeLinear", since=10, check=_check_dequantize, storage=True)
 def dequantize_linear(pn, c):
     x, scale, zp, y = pn.inputs[0], pn.inputs[1], _input(pn, 2), pn.outputs[0]
     walk = c.arr(_param_walk(pn, x, scale, zp))
-    c.line(f"mt_dequantize_linear_{c.sfx(x)}_{c.sfx(scale)}_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, "
-           f"{c.buf(zp) if zp is not None else '0'}, {c.buf(y)}, {walk});")
+    zpb = c.buf(zp) if zp is not None else "0"
+    if x.dtype in TYPED | {INT32} and scale.dtype in FLOATS and y.dtype in FLOATS:
+        c.line(f"mt_dequantize_linear_{c.sfx(x)}_{c.sfx(scale)}_{c.sfx(y)}({c.buf(x)}, {c.buf(scale)}, {zpb}, "
+               f"{c.buf(y)}, {walk});")
+        return
+    c.line(f"mt_dequantize_linear_any({c.buf(x)}, {TYPE_CODE[x.dtype]}, {c.buf(scale)}, {TYPE_CODE[scale.dtype]}, "
+           f"{zpb}, {c.buf(y)}, {TYPE_CODE[y.dtype]}, {walk});")
 
 
 def _check_dynamic(pn):
