@@ -5,12 +5,16 @@ compares with the expected outputs at each case's own rtol/atol, prints a summar
 case not in the expected-failure lists (``mithril/expected_failures``), and exits 1 when there is one.
 It writes nothing unless asked: ``--output FILE`` (this run as JSON), ``--write-docs`` (merge into
 ``reports/conformance.json``, per-case results for each backend, and ``docs/conformance.md``).
+``--scoreboard`` counts ``onnx.backend.test.BackendTest`` instead, run through
+:mod:`mithril.onnx_backend` as the ONNX Backend Scoreboard runs a runtime (see its section below).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import io
 import json
 import os
 import re
@@ -18,6 +22,7 @@ import signal
 import sys
 import time
 import traceback
+import unittest
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
@@ -176,7 +181,6 @@ def _timeout_handler(signum, frame):
 
 def run_case(name: str, backend_name: str) -> CaseResult:
     """Run one node case or model test (``kind/dir``) through load -> compile -> evaluate."""
-    import mithril as ml
     from mithril.errors import (KernelMissingError, UnsupportedAttributeError, UnsupportedDomainError,
                                 UnsupportedDTypeError, UnsupportedOpsError)
 
@@ -197,29 +201,15 @@ def run_case(name: str, backend_name: str) -> CaseResult:
         old = signal.signal(signal.SIGALRM, _timeout_handler)
         signal.alarm(CASE_TIMEOUT_S)
     try:
-        backend = make_backend(backend_name)
+        from mithril.onnx_backend import MithrilRep
+
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            loaded = ml.load_onnx(model)
-            # C and GGML compile fixed shapes only: they are given each data set's input shapes, as
-            # a user compiling for the arrays at hand would (the suite declares some dims 0 or leaves
-            # them open, which the loader reads as unknown).
-            fixed = backend.needs_static_shapes
-            pm = None if fixed else ml.compile(loaded, backend)
-            graph_inputs = _graph_inputs(model)
+            # The path of ONNX's backend API (mithril.onnx_backend), so BackendTest's count and this
+            # runner's run the same programs. C and GGML compile fixed shapes: each data set's.
+            rep = MithrilRep(model, make_backend(backend_name))
             for inputs, expected in data_sets:
-                if fixed:
-                    shapes = {n: list(np.shape(v)) for n, v in zip(graph_inputs, inputs) if isinstance(v, np.ndarray)}
-                    pm = ml.compile(loaded, backend, shapes=shapes)
-                names = pm.input_keys
-                if len(inputs) > len(names):
-                    raise AssertionError(f"{len(inputs)} inputs given but the model takes {names}")
-                data = {n: backend.from_numpy(v) if isinstance(v, np.ndarray) else v for n, v in zip(names, inputs)}
-                out = pm.evaluate(None, data)
-                for oname, exp in zip(pm.output_keys, expected):
-                    got = out[oname]
-                    got = [backend.to_numpy(x) for x in got] if isinstance(got, list) else (
-                        backend.to_numpy(got) if got is not None else None)
+                for oname, exp, got in zip(rep.output_names, expected, rep.run(inputs)):
                     compare_outputs(oname, exp, got, rtol, atol)
         status, reason = "pass", ""
     except (UnsupportedOpsError, UnsupportedDomainError, UnsupportedAttributeError, UnsupportedDTypeError,
@@ -236,31 +226,17 @@ def run_case(name: str, backend_name: str) -> CaseResult:
     return CaseResult(name, kind, status, reason, ops, round(time.perf_counter() - start, 4))
 
 
-def _graph_inputs(model: onnx.ModelProto) -> list[str]:
-    """The graph's inputs that are not initializers, in order (the data sets' order)."""
-    initializers = {t.name for t in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in initializers]
-
-
 def _one_line(exc: Exception, limit: int = 300) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_backend(name: str):
-    entry = BACKENDS.get(name)
-    if entry is None:
-        from mithril.errors import BackendUnavailableError
+    """Backend ``name`` as this runner counts it: C and GGML strictly (``fallback=None``), a node
+    without the backend's own rule failing the case instead of running on NumPy."""
+    from mithril.onnx_backend import make_backend as build
 
-        raise BackendUnavailableError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
-    from mithril.backends.segmented import SegmentedBackend
-
-    cls = entry.load()
-    if issubclass(cls, SegmentedBackend):
-        # Counted strictly: a node without the backend's own rule (a C kernel, a ggml rule) fails
-        # the case instead of running on NumPy.
-        return cls(fallback=None)
-    return cls()
+    return build(name)
 
 
 # -- expected failures -----------------------------------------------------------------
@@ -480,6 +456,139 @@ def run_real(backend_name: str, root: Path, progress: bool = False) -> dict[str,
     return results
 
 
+# -- BackendTest, counted the scoreboard's way ------------------------------------------------
+# The ONNX Backend Scoreboard (onnx.ai/backend-scoreboard, github.com/onnx/backend-scoreboard) runs
+# onnx.backend.test.BackendTest through a runtime's onnx.backend module under pytest with
+# -k 'not _cuda' and no exclusion; its score is passed / (passed + failed + skipped) over every CPU
+# test: the node cases, the model tests of onnx/backend/test/data and nine model-zoo networks
+# ("real"; onnx ships them light, with generated inputs and the reference evaluator's outputs).
+# --scoreboard runs the same tests through mithril.onnx_backend, one per worker task (a native abort
+# fails its test, not the run); --write-docs records each outcome under the running onnx's version.
+
+# What the published scoreboard ran and scored (results/*/stable/{pip-list,trend}.json on its
+# benchmark-results branch, the run of 2026-07-02): all on onnx 1.22.0, 1,914 CPU tests.
+SCOREBOARD_ONNX = "1.22.0"
+PUBLISHED_ON = "2026-07-02"
+PUBLISHED = (("ONNX Reference", 1882, 1914), ("emx-onnx-cgen 1.3.5", 1873, 1914), ("onnxruntime 1.27.0", 1571, 1914))
+
+# BackendTest's test-case classes and the name of their suite here (a result's "kind").
+BACKEND_TEST_KINDS = {"OnnxBackendNodeModelTest": "node", "OnnxBackendSimpleModelTest": "simple",
+                      "OnnxBackendPyTorchConvertedModelTest": "pytorch-converted",
+                      "OnnxBackendPyTorchOperatorModelTest": "pytorch-operator",
+                      "OnnxBackendRealModelTest": "real"}
+
+# The scoreboard sets no time limit; one guards against a hang, long enough for JAX to compile the
+# model-zoo networks on a busy machine (minutes each), where CASE_TIMEOUT_S would fail them.
+BACKEND_TEST_TIMEOUT_S = 900
+
+_BACKEND_TESTS: dict[str, dict[str, type[unittest.TestCase]]] = {}  # backend -> its test cases, once per process
+
+
+def backend_test_cases(backend: str) -> dict[str, type[unittest.TestCase]]:
+    """``BackendTest(mithril.onnx_backend.backend(backend)).test_cases``, built once per process
+    (onnx 1.23 generates its ~1,900 node cases in Python when they are loaded: seconds)."""
+    if backend not in _BACKEND_TESTS:
+        import onnx.backend.test
+
+        from mithril.onnx_backend import backend as onnx_backend
+
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            _BACKEND_TESTS[backend] = onnx.backend.test.BackendTest(onnx_backend(backend), __name__).test_cases
+    return _BACKEND_TESTS[backend]
+
+
+def backend_test_names(backend: str, pattern: str | None = None) -> list[str]:
+    """``Class::test_x_cpu`` for every CPU test (the scoreboard's ``-k 'not _cuda'``), matching
+    ``pattern`` (a regex searched in that name) when given."""
+    rx = re.compile(pattern) if pattern else None
+    names = [f"{cls}::{name}" for cls, case in backend_test_cases(backend).items()
+             for name in sorted(vars(case)) if name.startswith("test_") and name.endswith("_cpu")]
+    return [n for n in names if rx is None or rx.search(n)]
+
+
+def runner_case(test: str) -> str | None:
+    """This runner's case for BackendTest's ``test`` (``Class::test_x_cpu`` -> ``test_x`` or
+    ``simple/test_x``); None for the model-zoo networks, which this runner leaves out."""
+    cls, _, name = test.partition("::")
+    kind = BACKEND_TEST_KINDS.get(cls)
+    if kind in (None, "real"):
+        return None
+    case = name.removesuffix("_cpu")
+    return case if kind == "node" else f"{kind}/{case}"
+
+
+def _backend_test_timeout(signum, frame):
+    raise TimeoutError(f"test exceeded {BACKEND_TEST_TIMEOUT_S} s")
+
+
+class _Outcome(unittest.TestResult):
+    status, reason = "fail", "the test reported nothing"
+
+    def addSuccess(self, test):
+        self.status, self.reason = "pass", ""
+
+    def addSkip(self, test, reason):
+        self.status, self.reason = "skip", reason
+
+    def addError(self, test, err):
+        self.status, self.reason = "fail", f"{err[0].__name__}: {_one_line(err[1])}"
+
+    addFailure = addError
+
+
+def run_backend_test(task: tuple[str, str]) -> CaseResult:
+    """One BackendTest test (``Class::test_x_cpu``) on a backend: pass, fail (with the error) or skip."""
+    name, backend = task
+    cls, _, method = name.partition("::")
+    start = time.perf_counter()
+    outcome = _Outcome()
+    use_alarm = hasattr(signal, "SIGALRM")
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _backend_test_timeout)
+        signal.alarm(BACKEND_TEST_TIMEOUT_S)
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            backend_test_cases(backend)[cls](method).run(outcome)
+    finally:
+        if use_alarm:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return CaseResult(name, BACKEND_TEST_KINDS.get(cls, cls), outcome.status, outcome.reason, [],
+                      round(time.perf_counter() - start, 4))
+
+
+def run_scoreboard(backend: str, pattern: str | None = None, jobs: int = 1, progress: bool = False) -> list[CaseResult]:
+    """Every CPU test of BackendTest on ``backend`` (those matching ``pattern``), in name order.
+    ``progress``: a line on stderr per tenth of the run."""
+    tasks = [(n, backend) for n in backend_test_names(backend, pattern)]
+    if jobs > 1:
+        import multiprocessing as mp
+
+        os.environ.setdefault("GGML_NO_BACKTRACE", "1")  # as run_suite: an abort is a dead worker, not gdb
+        ctx = mp.get_context("forkserver")  # as run_suite: no framework threads forked
+        ctx.set_forkserver_preload(["mithril.conformance"])
+        outcomes = _run_in_workers(ctx, jobs, tasks, worker=run_backend_test)
+    else:
+        outcomes = map(run_backend_test, tasks)
+    results, every = [], max(len(tasks) // 10, 1)
+    for r in outcomes:
+        r.kind = BACKEND_TEST_KINDS.get(r.name.partition("::")[0], r.kind)  # a dead worker's result names none
+        results.append(r)
+        if progress and (len(results) % every == 0 or len(results) == len(tasks)):
+            passed = sum(x.status == "pass" for x in results)
+            print(f"{backend} BackendTest: {len(results)}/{len(tasks)} tests, {passed} passed", file=sys.stderr,
+                  flush=True)
+    return sorted(results, key=lambda r: r.name)
+
+
+def _scoreboard_entry(results: list[CaseResult]) -> dict:
+    """What reports/conformance.json keeps of a run: each test's status, and the reason when not passed."""
+    return {"tests": {r.name: {"status": r.status, "reason": r.reason} if r.status != "pass" else {"status": "pass"}
+                      for r in results}}
+
+
 # -- reports -------------------------------------------------------------------------------
 def load_record() -> dict:
     path = REPORTS / "conformance.json"
@@ -504,6 +613,11 @@ def save_record(record: dict, backend: str, results: list[CaseResult] | None,
         record["backends"][backend] = {"cases": cases}
     if real is not None:
         record.setdefault("real", {})[backend] = real
+    write_record(record, corpus)
+
+
+def write_record(record: dict, corpus: Path | None = None) -> None:
+    """``record`` into reports/conformance.json and, rendered, docs/conformance.md."""
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "conformance.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     (DOCS / "conformance.md").write_text(render_markdown(record, corpus))
@@ -557,6 +671,7 @@ def render_markdown(record: dict, corpus: Path | None = None) -> str:
             cells.append(f"{c[True]} / {c[True] + c[False]}")
         out.append(f"| {op} | " + " | ".join(cells) + " |")
     out += render_real(record, corpus)
+    out += render_scoreboard(record)
     for b in backends:
         fails = {n: c for n, c in record["backends"][b]["cases"].items() if c["status"] != "pass"}
         documented = expected_failures(b)
@@ -602,6 +717,71 @@ def render_real(record: dict, corpus: Path | None) -> list[str]:
     if notes:
         out += ["", "Why the others do not pass:", "", *notes]
     return out
+
+
+def render_scoreboard(record: dict) -> list[str]:
+    """The scoreboard section: each way's count per backend and onnx version, and the tests whose
+    outcome differs between the two ways."""
+    runs = record.get("scoreboard") or {}
+    if not runs:
+        return []
+    installed = record.get("onnx_version")
+    kinds = list(BACKEND_TEST_KINDS.values())
+    out = ["", "## The scoreboard's way", "",
+           "Two counts of the suites. **Mithril's runner** (the totals above, `--write-docs`) runs every node case "
+           "of `collect_testcases()` and the model tests of `onnx/backend/test/data`, compares them with "
+           "`mithril.conformance.compare_outputs` and counts each case once. **The scoreboard's way** "
+           "(`python scripts/conformance.py --scoreboard --backend numpy --write-docs`) runs "
+           "`onnx.backend.test.BackendTest` through `mithril.onnx_backend.backend(name)` as "
+           "[onnx.ai/backend-scoreboard](https://onnx.ai/backend-scoreboard/) runs a runtime (`pytest "
+           "test_backend.py -k 'not _cuda'`): every CPU test, no exclusion, onnx's own `assert_similar_outputs`, "
+           "and nine model-zoo networks (`real`: onnx ships them light, run on generated inputs against the "
+           "reference evaluator's outputs), which Mithril's runner leaves out. Score: passed / (passed + failed + "
+           f"skipped). Both ways run the same programs (`mithril.onnx_backend.MithrilRep`); C and GGML strictly. "
+           f"A test running past {BACKEND_TEST_TIMEOUT_S // 60} minutes counts as failed (the scoreboard sets no "
+           f"limit; Mithril's runner fails a case at {CASE_TIMEOUT_S} s).",
+           "",
+           f"The published scoreboard ({PUBLISHED_ON}, onnx {SCOREBOARD_ONNX}): "
+           + "; ".join(f"{who} {p:,} / {t:,}" for who, p, t in PUBLISHED) + ". "
+           f"A row for onnx {SCOREBOARD_ONNX} comes from the same command run with that onnx first on the path: "
+           f"`pip install --no-deps --target /tmp/onnx-{SCOREBOARD_ONNX} onnx=={SCOREBOARD_ONNX}`, then "
+           f"`PYTHONPATH=/tmp/onnx-{SCOREBOARD_ONNX} python scripts/conformance.py --scoreboard ...`.",
+           "",
+           "| backend | onnx | Mithril's runner | scoreboard's way | " + " | ".join(kinds) + " |",
+           "|---|---|---|---|" + "---|" * len(kinds)]
+    for b in sorted({b for per in runs.values() for b in per}):
+        for version in sorted(runs, key=_version_key, reverse=True):
+            entry = runs[version].get(b)
+            if entry is None:
+                continue
+            tests = entry["tests"]
+            cells = []
+            for kind in kinds:
+                of_kind = [t for n, t in tests.items() if BACKEND_TEST_KINDS.get(n.partition("::")[0]) == kind]
+                cells.append(f"{sum(t['status'] == 'pass' for t in of_kind)} / {len(of_kind)}")
+            passed = sum(t["status"] == "pass" for t in tests.values())
+            runner = "not run on this onnx"
+            cases = record.get("backends", {}).get(b, {}).get("cases")
+            if version == installed and cases:
+                runner = f"{sum(c['status'] == 'pass' for c in cases.values())} / {len(cases)}"
+            out.append(f"| {b} | {version} | {runner} | {passed} / {len(tests)} | " + " | ".join(cells) + " |")
+    differ = []
+    for b, entry in sorted((runs.get(installed) or {}).items()):
+        cases = record.get("backends", {}).get(b, {}).get("cases") or {}
+        for name, t in sorted(entry["tests"].items()):
+            case = cases.get(runner_case(name) or "")
+            if case is None or (case["status"] == "pass") == (t["status"] == "pass"):
+                continue
+            why = (f"passes BackendTest; Mithril's runner: {case['status']}: {case['reason']}" if t["status"] == "pass"
+                   else f"passes Mithril's runner; BackendTest: {t['status']}: {t['reason']}")
+            differ.append(f"- {b} {name}: {why}".replace("|", "\\|"))
+    if differ:
+        out += ["", f"Tests whose outcome differs between the two ways (onnx {installed}):", "", *differ]
+    return out
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version))
 
 
 def _check_backends(spec: str, start: bool) -> list[str]:
@@ -704,6 +884,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines on stderr")
     p.add_argument("--real", action="store_true",
                    help="run only the real-model corpus (--corpus); with --write-docs, update its table")
+    p.add_argument("--scoreboard", action="store_true",
+                   help="count onnx.backend.test.BackendTest through mithril.onnx_backend as the ONNX Backend "
+                        "Scoreboard does (every CPU test, no exclusion); with --write-docs, record it under "
+                        "this onnx's version")
     p.add_argument("--corpus", default=None, metavar="DIR",
                    help="the real-model corpus: ONNX files and their MANIFEST.json (a checkout's tests/data/real, "
                         "which scripts/conformance.py passes)")
@@ -721,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
         raise InputError(f"--output {args.output}: its folder does not exist")
     if args.real:
         return _main_real(args, backends, docs, corpus)
+    if args.scoreboard:
+        return _main_scoreboard(args, backends, docs, corpus)
     folder = _expected_failure_folder(args.expected_failures)
     names = case_names(args.filter, not args.no_models)
     if not names:
@@ -791,6 +977,43 @@ def _main_real(args, backends: list[str], docs: Path | None, corpus: Path) -> in
     if args.output:
         _write_output(args.output, output)
     return status
+
+
+def _main_scoreboard(args, backends: list[str], docs: Path | None, corpus: Path | None) -> int:
+    """``--scoreboard``: exit 0 once it ran (the score is a count, not a gate)."""
+    from mithril.errors import InputError
+
+    if args.filter:
+        try:
+            re.compile(args.filter)
+        except re.error as exc:
+            raise InputError(f"-k {args.filter!r} is not a regular expression: {exc}") from None
+    output = {"onnx_version": onnx.__version__, "scoreboard": {}}
+    for backend in backends:
+        results = run_scoreboard(backend, args.filter, args.jobs, progress=not args.no_progress)
+        if not results:
+            raise InputError(f"-k {args.filter!r} matches no BackendTest test")
+        counts = Counter(r.status for r in results)
+        for r in results:
+            if args.verbose or r.status != "pass":
+                print(f"{r.status.upper():5s} {r.name}  {r.reason}")
+        print(f"{backend} (onnx {onnx.__version__}, the scoreboard's way): {counts['pass']} / {len(results)} passed, "
+              f"{counts['fail']} failed, {counts['skip']} skipped")
+        entry = _scoreboard_entry(results)
+        output["scoreboard"][backend] = entry
+        if docs:
+            record = load_record()  # read now: a run takes minutes, and other runs may have written meanwhile
+            runs = record.setdefault("scoreboard", {}).setdefault(onnx.__version__, {})
+            if args.filter and backend in runs:  # a filtered run updates the tests it ran
+                runs[backend]["tests"].update(entry["tests"])
+            else:
+                runs[backend] = entry
+            write_record(record, corpus)
+            print(f"wrote {docs / 'conformance.md'} and {REPORTS / 'conformance.json'} "
+                  f"({backend}, the scoreboard's way, onnx {onnx.__version__})")
+    if args.output:
+        _write_output(args.output, output)
+    return 0
 
 
 def _write_output(path: str, data: dict) -> None:

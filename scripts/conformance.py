@@ -4,6 +4,7 @@
     python scripts/conformance.py --backend numpy,jax,torch,mlx --write-docs   # refresh docs/conformance.md and reports/conformance.json
     python scripts/conformance.py --real --backend numpy,jax,torch,mlx --write-docs   # the real-models table
     python scripts/conformance.py --backend numpy -k '^test_conv' -v            # a check: writes nothing
+    python scripts/conformance.py --scoreboard --backend numpy --write-docs     # onnx's BackendTest, the scoreboard's way
 
 Exit status 0 when every case passes or is an expected failure (mithril/expected_failures), 1 when
 another fails, 2 for a usage error; nothing is written without --write-docs or --output FILE.
