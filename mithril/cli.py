@@ -49,8 +49,15 @@ def available_backends() -> dict[str, type]:
 
 
 def make_backends(spec: str, dtype: str | None = None) -> tuple[list, dict[str, str]]:
-    """The backends ``--backend`` names, as runners, and (for ``all``) backend -> why it cannot run
-    here.
+    """The backends ``--backend`` names (Backend instances), and (for ``all``) backend -> why it
+    cannot run here: :func:`make_runners`' backends."""
+    runners, skipped = make_runners(spec, dtype)
+    return [r.backend for r in runners], skipped
+
+
+def make_runners(spec: str, dtype: str | None = None) -> tuple[list, dict[str, str]]:
+    """The backends ``--backend`` names, as runners labelled with their specs, and (for ``all``)
+    backend -> why it cannot run here.
 
     ``spec`` is ``all`` or comma-separated backend specs with options (``numpy``,
     ``ggml:quantize=q8_0``, ``torch:dtype=bfloat16``: :func:`mithril.runners.parse_backend_spec`).
@@ -260,7 +267,7 @@ def cmd_validate(args) -> int:
     check_input_names(model, input_files, "--input")  # a misspelt name before its file
     inputs = {k: _load_array(k, v) for k, v in input_files.items()} or None
     check_inputs(model, inputs, shapes, flags=("--input", "--shape"))
-    backends, skipped = make_backends(args.backend, args.dtype)
+    backends, skipped = make_runners(args.backend, args.dtype)
     say = _progress_printer() if not args.no_progress else None
     report = ml.validate(model, backends, inputs=inputs, shapes=shapes, per_node=args.per_node,
                          rtol=rtol, atol=atol, seed=args.seed,
@@ -383,8 +390,7 @@ def cmd_profile(args) -> int:
     shapes = {k: _parse_shape(k, v.replace("x", ",")) for k, v in _parse_kv(args.shape, "--shape").items()} or None
     model = ml.load_onnx(args.model)
     check_inputs(model, None, shapes, flags=("--input", "--shape"))
-    (runner,), _ = make_backends(names[0])
-    backend = runner.backend
+    (backend,), _ = make_backends(names[0])
     if args.threads is not None:
         if not backend.set_num_threads(args.threads):
             print(f"mithril: note: --threads does not apply to {backend.name}: its thread pool is fixed when it "

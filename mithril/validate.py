@@ -499,11 +499,10 @@ def random_inputs(model: OnnxModel, shapes: dict[str, Any] | None = None, seed: 
 
 
 def as_runner(backend) -> Runner:
-    """A Runner as given, a spec such as ``"torch:dtype=bfloat16"`` parsed
-    (:func:`~mithril.runners.parse_runner`); a Backend (or anything else: compile refuses it
-    clearly) behind a :class:`~mithril.runners.BackendRunner`."""
-    if isinstance(backend, (Runner, str)):
-        return parse_runner(backend)
+    """A Runner as given; a Backend (or anything else, a name included: compile refuses it
+    clearly, as ``ml.compile`` does) behind a :class:`~mithril.runners.BackendRunner`."""
+    if isinstance(backend, Runner):
+        return backend
     if isinstance(backend, Backend):
         return BackendRunner(backend)
     return BackendRunner(backend, name=repr(backend))

@@ -236,7 +236,7 @@ def test_validate_dtype_runs_a_float32_file_in_that_dtype(tmp_path, capsys):
 def test_validate_no_backend_can_run_the_model_is_an_error(tmp_path, monkeypatch, capsys):
     import mithril.cli as cli
 
-    monkeypatch.setattr(cli, "make_backends", lambda spec, dtype=None: ([], {"numpy": "switched off for the test"}))
+    monkeypatch.setattr(cli, "make_runners", lambda spec, dtype=None: ([], {"numpy": "switched off for the test"}))
     path = tmp_path / "relu.onnx"
     onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT, [2])],
                          [("y", TensorProto.FLOAT, [2])]), path)

@@ -1034,7 +1034,7 @@ static inline void MT_FN(mt_einsum_gemm)(const T *A, const T *B, T *Y, int nb, c
  * block's taps. image_shape and block_shape are read here: image_shape must be the compiled
  * image, and the block must give X's C * prod(block) rows and L columns. g holds nd, then the
  * image, dilations, pads (begin, then end) and strides, nd each. ------------------------------- */
-static inline int MT_FN(mt_col2im)(const T *X, T *restrict Y, const int64_t *image_shape, const int64_t *block_shape,
+static inline int MT_FN(mt_col2im_image)(const T *X, T *restrict Y, const int64_t *image_shape, const int64_t *block_shape,
                                    mt_i N, mt_i C, mt_i rows, mt_i L, const mt_i *g) {
     const int nd = (int)g[0];
     const mt_i *size = g + 1, *dil = g + 1 + nd, *pad = g + 1 + 2 * nd, *str = g + 1 + 4 * nd;

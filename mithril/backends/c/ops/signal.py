@@ -583,7 +583,7 @@ def col2im(pn, c):
     nd = len(ys) - 2
     dil, pads, st = _col2im_attrs(pn, nd)
     g = [nd, *ys[2:], *dil, *pads, *st]
-    c.checked(f"mt_col2im_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {c.buf(pn.inputs[1])}, {c.buf(pn.inputs[2])}, {xs[0]}, "
+    c.checked(f"mt_col2im_image_{c.sfx(y)}({c.buf(x)}, {c.buf(y)}, {c.buf(pn.inputs[1])}, {c.buf(pn.inputs[2])}, {xs[0]}, "
               f"{ys[1]}, {xs[1]}, {xs[2]}, {c.arr(g)})",
               f"image_shape and block_shape do not give the shapes {tuple(xs)} -> {tuple(ys)} the model was "
               f"compiled for")
